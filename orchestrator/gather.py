@@ -1,0 +1,381 @@
+"""Bring back every task's complete log and exit status, and the chief's checkpoints. Verified.
+
+Per file: the node streams it with the sha256 of the whole file; we hash what we write, into
+`NAME.part`, and rename only when size and sha256 match. An interrupted gather resumes: verified
+files are recorded in RUN/gather-state.json (with the node's size and mtime) and not copied again,
+and a `.part` file continues from where it stopped. Remote names are hostile input: absolute paths
+and `..` never leave the destination, and nothing is written through a symlink.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import select
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from worker_entry import wire
+
+from .events import EventBus
+from .plan import NodePlan, Plan
+from .rundir import RunDir, write_json_atomic
+from .transport import Connection
+
+TEMP_PREFIX = "workertemp_"
+IDLE_TIMEOUT_S = 60.0
+
+
+class UnsafePath(ValueError):
+    pass
+
+
+def safe_relpath(rel: str) -> PurePosixPath:
+    """A remote relative path we accept, or UnsafePath: no absolute, no '..', no NUL, not empty."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel:
+        raise UnsafePath(f"bad file name {rel!r}")
+    if rel.startswith("/") or rel.startswith("\\"):
+        raise UnsafePath(f"absolute path {rel!r}")
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if not parts or any(p == ".." for p in parts):
+        raise UnsafePath(f"path {rel!r} would leave the destination")
+    return PurePosixPath(*parts)
+
+
+def dest_path(base: Path, rel: str) -> Path:
+    """base/rel, creating real directories only; refuses anything that resolves outside base."""
+    rp = safe_relpath(rel)
+    base = base.resolve()
+    cur = base
+    for part in rp.parts[:-1]:
+        cur = cur / part
+        if cur.is_symlink():
+            raise UnsafePath(f"{cur} is a symlink; refusing to write through it")
+        cur.mkdir(mode=0o700, exist_ok=True)
+    target = base.joinpath(*rp.parts)
+    if target.is_symlink():
+        raise UnsafePath(f"{target} is a symlink; refusing to write through it")
+    real_parent = Path(os.path.realpath(target.parent))
+    if real_parent != base and base not in real_parent.parents:
+        raise UnsafePath(f"{rel!r} resolves outside {base}")
+    return target
+
+
+@dataclass
+class GatherState:
+    """Verified files by destination path, with the node-side size and mtime they were copied at."""
+
+    path: Path
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _saved_at: float = 0.0
+
+    @classmethod
+    def load(cls, path: Path) -> GatherState:
+        try:
+            data = json.loads(path.read_text())
+            return cls(path, dict(data.get("files", {})))
+        except (OSError, ValueError):
+            return cls(path)
+
+    def verified(self, dest: Path, size: int, mtime_ns: int | None) -> bool:
+        rec = self.files.get(str(dest))
+        return bool(
+            rec
+            and rec["size"] == size
+            and rec.get("mtime_ns") == mtime_ns
+            and dest.is_file()
+            and dest.stat().st_size == size
+        )
+
+    def record(self, dest: Path, size: int, mtime_ns: int | None, sha256: str) -> None:
+        self.files[str(dest)] = {"size": size, "mtime_ns": mtime_ns, "sha256": sha256}
+        if time.monotonic() - self._saved_at > 1.0:
+            self.save()
+
+    def save(self) -> None:
+        write_json_atomic(self.path, {"files": self.files}, indent=None)
+        self._saved_at = time.monotonic()
+
+
+@dataclass
+class Item:
+    rel: str  # path under the remote root
+    dest: Path
+    size: int
+    mtime_ns: int | None
+
+
+@dataclass
+class Totals:
+    files: int = 0
+    bytes: int = 0
+    skipped_verified: int = 0
+    errors: list[str] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Progress:
+    """A byte progress bar on a terminal, silence elsewhere."""
+
+    def __init__(self, total: int, enabled: bool | None = None) -> None:
+        enabled = sys.stderr.isatty() and os.environ.get("TERM") != "dumb" if enabled is None else enabled
+        self._bar = None
+        if enabled and total > 0:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+            self._bar = Progress("gathering", BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("gather", total=total)
+
+    def advance(self, n: int) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._task, n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def fetch(
+    conn: Connection, python: str, root: str, items: list[Item], state: GatherState, totals: Totals, progress: Progress
+) -> None:
+    """Copy `items` from `root` on the node, one exec channel for all of them."""
+    todo: list[Item] = []
+    for it in items:
+        if state.verified(it.dest, it.size, it.mtime_ns):
+            totals.skipped_verified += 1
+            progress.advance(it.size)
+        else:
+            todo.append(it)
+    if not todo:
+        return
+    by_rel = {it.rel: it for it in todo}
+    requests = []
+    for it in todo:
+        part = it.dest.with_name(it.dest.name + ".part")
+        offset = part.stat().st_size if part.is_file() and not part.is_symlink() else 0
+        requests.append({"path": it.rel, "offset": offset if offset <= it.size else 0})
+    chan = conn.exec([python, "-m", "worker_entry", "send"])
+    try:
+        chan.send(wire.command_line({"root": root, "files": requests}))
+        decoder = wire.FrameDecoder()
+        cur: dict[str, Any] | None = None
+        done = False
+
+        idle_since = time.monotonic()
+        while not done:
+            select.select(chan.filenos(), [], [], 5.0)
+            out, err, eof = chan.read()
+            if out or err:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > IDLE_TIMEOUT_S:
+                totals.errors.append(f"{root}: no data for {IDLE_TIMEOUT_S:g}s; the transfer was abandoned")
+                if cur is not None:
+                    cur["f"].close()
+                break
+            for fr in decoder.feed(out) if out else []:
+                if fr.type == wire.T_DATA:
+                    if cur is not None:
+                        cur["f"].write(fr.payload)
+                        cur["h"].update(fr.payload)
+                        cur["n"] += len(fr.payload)
+                        progress.advance(len(fr.payload))
+                    continue
+                m = fr.json()
+                kind = m.get("type")
+                if kind == "file":
+                    it = by_rel.get(m["path"])
+                    if it is None:
+                        totals.errors.append(f"{root}: node sent an unrequested file {m['path']!r}")
+                        cur = None
+                        continue
+                    cur = _open_part(it, int(m.get("offset") or 0))
+                    progress.advance(cur["n"])
+                elif kind == "end" and cur is not None:
+                    _close_part(cur, m, state, totals)
+                    cur = None
+                elif kind == "error":
+                    totals.errors.append(f"{root}/{m.get('path')}: {m.get('error')}")
+                elif kind == "done":
+                    done = True
+            if eof and not done:
+                status = chan.exit_status()
+                detail = err.decode("utf-8", "replace").strip()[-300:]
+                totals.errors.append(f"{root}: transfer ended early (status {status}) {detail}".strip())
+                if cur is not None:
+                    cur["f"].close()
+                break
+    finally:
+        chan.close()
+
+
+def _open_part(it: Item, offset: int) -> dict[str, Any]:
+    part = it.dest.with_name(it.dest.name + ".part")
+    h = hashlib.sha256()
+    if offset and part.is_file():
+        with open(part, "rb") as f:
+            left = offset
+            while left:
+                chunk = f.read(min(1 << 20, left))
+                if not chunk:
+                    break
+                h.update(chunk)
+                left -= len(chunk)
+        f = open(part, "r+b")  # noqa: SIM115
+        f.truncate(offset)
+        f.seek(offset)
+    else:
+        offset = 0
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        f = os.fdopen(fd, "wb")
+    return {"item": it, "part": part, "f": f, "h": h, "n": offset}
+
+
+def _close_part(cur: dict[str, Any], end: dict[str, Any], state: GatherState, totals: Totals) -> None:
+    f = cur["f"]
+    f.flush()
+    os.fsync(f.fileno())
+    f.close()
+    it: Item = cur["item"]
+    sha = cur["h"].hexdigest()
+    if cur["n"] != end.get("size") or sha != end.get("sha256"):
+        cur["part"].unlink(missing_ok=True)
+        totals.errors.append(
+            f"{it.rel}: verification failed (got {cur['n']} bytes sha256 {sha[:12]}, node says {end.get('size')} bytes "
+            f"sha256 {str(end.get('sha256'))[:12]}); the partial copy was removed, run `tfcluster gather` again"
+        )
+        return
+    os.replace(cur["part"], it.dest)
+    state.record(it.dest, cur["n"], it.mtime_ns, sha)
+    totals.files += 1
+    totals.bytes += cur["n"]
+
+
+def _manifest(conn: Connection, python: str, roots: list[str], clean: list[str]) -> list[dict[str, Any]]:
+    payload = {"roots": roots, "exclude_prefixes": [TEMP_PREFIX], "clean": clean}
+    code, out, err = conn.run([python, "-m", "worker_entry", "manifest"], wire.command_line(payload), timeout=120)
+    if code != 0:
+        raise RuntimeError(f"listing files failed (exit {code}): {err.decode('utf-8', 'replace').strip()[-300:]}")
+    line = out.strip().splitlines()[-1] if out.strip() else b"{}"
+    return json.loads(line)["manifests"]
+
+
+def _items(manifest: dict[str, Any], dest_base: Path, totals: Totals) -> list[Item]:
+    items = []
+    for f in manifest.get("files", []):
+        try:
+            dest = dest_path(dest_base, f["path"])
+        except UnsafePath as exc:
+            totals.skipped.append({"path": f.get("path"), "reason": str(exc)})
+            continue
+        items.append(Item(f["path"], dest, int(f["size"]), f.get("mtime_ns")))
+    for s in manifest.get("skipped", []):
+        totals.skipped.append(s)
+    return items
+
+
+def gather_after_run(
+    spec: Any, plan: Plan, conns: dict[str, Connection], rundir: RunDir, bus: EventBus, *, attempts: int
+) -> dict[str, Any]:
+    """Logs + exit status of every task and attempt; the chief's checkpoints. Returns a summary."""
+    bus.emit("gather_started", attempts=attempts)
+    state = GatherState.load(rundir.path / "gather-state.json")
+    totals = Totals()
+    plans: list[tuple[NodePlan, Connection, list[dict[str, Any]]]] = []
+    ckpt_summary: dict[str, Any] = {"gathered": False}
+    for node in plan.nodes:
+        conn = conns.get(str(node.task))
+        if conn is None or not conn.is_alive():
+            totals.errors.append(f"{node.task} ({node.host}): host not reachable; its node-side logs were not gathered")
+            continue
+        roots = [f"{node.remote_dir}/attempt-{a}" for a in range(attempts)]
+        want_ckpt = node.is_chief and spec.checkpoint.gather
+        if want_ckpt:
+            roots.append(node.checkpoint_dir)
+        clean = [] if node.is_chief else [node.checkpoint_dir, node.backup_dir]
+        try:
+            manifests = _manifest(conn, node.argv[0], roots, clean)
+        except Exception as exc:
+            totals.errors.append(f"{node.task} ({node.host}): {exc}")
+            continue
+        plans.append((node, conn, manifests))
+        if want_ckpt:
+            m = manifests[-1]
+            ckpt_summary = {
+                "gathered": m.get("exists", False),
+                "source": f"{node.host}:{m.get('root')}",
+                "task": str(node.task),
+            }
+
+    total_bytes = sum(f["size"] for _, _, ms in plans for m in ms for f in m.get("files", []))
+    progress = Progress(total_bytes)
+    try:
+        for node, conn, manifests in plans:
+            for a in range(attempts):
+                m = manifests[a]
+                if not m.get("exists"):
+                    continue
+                dest = rundir.gather_dir / node.task.slug / f"attempt-{a}"
+                dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+                fetch(conn, node.argv[0], m["root"], _items(m, dest, totals), state, totals, progress)
+                _complete_live_log(rundir, node, a, dest, bus)
+            if node.is_chief and spec.checkpoint.gather and manifests[-1].get("exists"):
+                m = manifests[-1]
+                rundir.checkpoints_dir.mkdir(exist_ok=True, mode=0o700)
+                fetch(conn, node.argv[0], m["root"], _items(m, rundir.checkpoints_dir, totals), state, totals, progress)
+    finally:
+        progress.close()
+        state.save()
+    summary = {
+        "files": totals.files,
+        "bytes": totals.bytes,
+        "already_verified": totals.skipped_verified,
+        "skipped": totals.skipped,
+        "errors": totals.errors,
+        "checkpoints": ckpt_summary,
+        "dest": str(rundir.path),
+    }
+    if totals.errors:
+        bus.emit("gather_failed", message="; ".join(totals.errors[:3]), errors=totals.errors)
+    bus.emit(
+        "gather_finished",
+        files=totals.files,
+        bytes=totals.bytes,
+        dest=str(rundir.path),
+        already_verified=totals.skipped_verified,
+        skipped=len(totals.skipped),
+        errors=len(totals.errors),
+    )
+    return summary
+
+
+def _complete_live_log(rundir: RunDir, node: NodePlan, attempt: int, dest: Path, bus: EventBus) -> None:
+    """If lines never arrived live (a broken channel), the node's copy completes RUN/logs/."""
+    node_log = dest / "output.log"
+    live = rundir.task_log(node.task.slug, attempt)
+    if not node_log.is_file():
+        return
+    live_size = live.stat().st_size if live.is_file() else 0
+    node_size = node_log.stat().st_size
+    if node_size > live_size:
+        tmp = live.with_name(live.name + ".tmp")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        with open(node_log, "rb") as src, open(tmp, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.replace(tmp, live)
+        bus.emit(
+            "warning",
+            task=str(node.task),
+            host=node.host,
+            message=f"{node_size - live_size} bytes of {node.task}'s output never arrived live; "
+            f"{live} was completed from the node's copy",
+        )

@@ -1,0 +1,294 @@
+"""The cluster spec (version 1): pydantic models, frozen, unknown keys rejected.
+
+Field names are a public contract (other tools write these files). Every field has a description
+because `tfcluster schema` hands them to editors.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import shlex
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+)
+
+JOB_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HOSTNAME_RE = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?$"
+)
+#: Variables tfcluster sets itself; a user value would silently break the cluster.
+RESERVED_ENV_PREFIXES = ("TFCLUSTER_",)
+RESERVED_ENV_NAMES = frozenset({"TF_CONFIG"})
+
+
+def _check_port(value: int) -> int:
+    if not 1 <= value <= 65535:
+        raise ValueError(f"must be a TCP port between 1 and 65535, got {value}")
+    return value
+
+
+def _check_address(value: str) -> str:
+    if not value or value != value.strip():
+        raise ValueError("must be an IP address or hostname without surrounding spaces")
+    if value.startswith("-"):
+        raise ValueError("must not start with '-' (it would read as an option)")
+    try:
+        ipaddress.ip_address(value.strip("[]"))
+        return value.strip("[]")
+    except ValueError:
+        pass
+    if not HOSTNAME_RE.match(value):
+        raise ValueError(
+            f"{value!r} is neither an IP address nor a valid hostname "
+            "(letters, digits, '-', '_' and dots; labels up to 63 characters)"
+        )
+    return value
+
+
+def _check_env_name(name: str) -> str:
+    if not ENV_NAME_RE.match(name):
+        raise ValueError(f"{name!r} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+    if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
+        raise ValueError(f"{name} is set by tfcluster from the spec; remove it from job.env")
+    return name
+
+
+def _scalar_to_str(value: Any) -> Any:
+    """YAML reads `--epochs, 3` and `NCCL_IB_DISABLE: 1` as numbers; accept them as their text.
+
+    Booleans are refused instead: `yes`/`on`/`no` silently become true/false in YAML 1.1, so the
+    user has to quote them to say what they mean.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"YAML read this as the boolean {str(value).lower()}; quote it to pass a string")
+    if isinstance(value, int | float):
+        return str(value)
+    return value
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters (a process argument cannot hold one)")
+    return value
+
+
+def _no_control_chars(value: str) -> str:
+    if "\x00" in value or "\n" in value or "\r" in value:
+        raise ValueError("must not contain NUL or newline characters")
+    return value
+
+
+StrictInt = Annotated[int, Field(strict=True)]
+Port = Annotated[int, Field(strict=True), AfterValidator(_check_port)]
+PosFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+NonEmptyStr = Annotated[str, Field(min_length=1, strict=True)]
+ArgStr = Annotated[str, BeforeValidator(_scalar_to_str), Field(strict=True), AfterValidator(_no_nul)]
+EnvValue = Annotated[str, BeforeValidator(_scalar_to_str), Field(strict=True), AfterValidator(_no_control_chars)]
+EnvName = Annotated[str, Field(strict=True), AfterValidator(_check_env_name)]
+Address = Annotated[str, Field(strict=True), AfterValidator(_check_address)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=False)
+
+
+class SshSpec(_Model):
+    """How to reach every host; each host may override user, port and identity_file."""
+
+    user: NonEmptyStr | None = Field(
+        None, description="Login user. Default: ~/.ssh/config's User for the host, else the current user."
+    )
+    port: Port | None = Field(None, description="sshd port. Default: ~/.ssh/config's Port, else 22.")
+    identity_file: NonEmptyStr | None = Field(
+        None,
+        description="Private key file on the launcher. The SSH agent and ~/.ssh/config are honoured too.",
+    )
+    known_hosts: NonEmptyStr = Field(
+        "~/.ssh/known_hosts",
+        description="known_hosts file on the launcher. Host keys are always verified; unknown keys are refused.",
+    )
+    connect_timeout_s: PosFloat = Field(10.0, description="TCP connect + SSH handshake timeout per host.")
+    config_file: NonEmptyStr | None = Field(
+        "~/.ssh/config",
+        description="OpenSSH client config to honour (HostName, User, Port, IdentityFile). null: none.",
+    )
+    keepalive_s: NonNegFloat = Field(5.0, description="SSH keepalive interval; 0 disables.")
+
+
+class HostSpec(_Model):
+    """One MWMS task. Hosts run in list order: task index = position (after the chief, if any)."""
+
+    address: Address = Field(description="IP address or hostname (or ~/.ssh/config alias) to ssh to.")
+    gpus: Annotated[int, Field(strict=True, ge=0)] = Field(
+        0, description="GPUs this task uses. MWMS needs the same count on every task."
+    )
+    port: Port | None = Field(None, description="sshd port of this host (overrides ssh.port).")
+    user: NonEmptyStr | None = Field(None, description="Login user on this host (overrides ssh.user).")
+    identity_file: NonEmptyStr | None = Field(
+        None, description="Private key for this host (overrides ssh.identity_file)."
+    )
+    tf_port: Port | None = Field(None, description="gRPC port of this task (overrides tensorflow.port).")
+    tf_address: Address | None = Field(
+        None,
+        description="Address the other tasks use to reach this one over gRPC, when it differs from the "
+        "SSH address (e.g. a private training network). Default: the resolved SSH address.",
+    )
+
+
+class TensorflowSpec(_Model):
+    port: Port = Field(12345, description="gRPC port of every task (hosts[].tf_port overrides).")
+    communication: Literal["auto", "nccl", "ring"] = Field(
+        "auto", description="Collective implementation. auto: nccl when the tasks have GPUs, else ring."
+    )
+    chief: bool = Field(False, description="true: the first host runs task type 'chief', the others 'worker'.")
+    collective_timeout_s: PosFloat | None = Field(
+        120.0,
+        description="CommunicationOptions(timeout_seconds): no collective waits longer. null: wait forever "
+        "(TensorFlow's default, not recommended).",
+    )
+    legacy_keras: bool = Field(
+        True,
+        description="Set TF_USE_LEGACY_KERAS=1 so tf.keras is tf_keras (Keras 2). Keras 3 breaks multi-worker "
+        "model.fit under MWMS in TF 2.21 (keras-team/keras#20585).",
+    )
+
+
+class JobSpec(_Model):
+    command: list[ArgStr] = Field(
+        description="The training command, as a list (preferred) or a string split like a shell would "
+        "(never run through a shell)."
+    )
+    workdir: NonEmptyStr | None = Field(
+        None, description="Working directory on each host. Default: the login directory."
+    )
+    python: NonEmptyStr = Field("python3", description="Interpreter that runs worker_entry on each host.")
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict, description="Extra environment for the training command."
+    )
+    instrument: bool = Field(
+        True,
+        description="Zero-code instrumentation (sitecustomize): progress heartbeats from Keras fit and fail-fast "
+        "MWMS options when the script sets none. false: liveness and resource heartbeats only.",
+    )
+    startup_timeout_s: PosFloat = Field(
+        300.0,
+        description="Every task must start (its TF server listens, or it reports a strategy or a step) within "
+        "this time, else the job is torn down: MWMS waits forever for a task that never starts.",
+    )
+    stop_grace_s: NonNegFloat = Field(10.0, description="On teardown: SIGTERM, wait this long, then SIGKILL.")
+    remote_dir: NonEmptyStr = Field(
+        "~/.tfcluster/runs",
+        description="Per-job, per-task directories on the hosts (logs, exit status) live under this directory.",
+    )
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _split_string_command(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return shlex.split(value)
+            except ValueError as exc:
+                raise ValueError(f"cannot split the command like a shell would: {exc}") from None
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _non_empty(cls, value: list[str]) -> list[str]:
+        if not value or not value[0]:
+            raise ValueError("must name a program to run, e.g. [python, train.py]")
+        return value
+
+
+class HeartbeatSpec(_Model):
+    interval_s: PosFloat = Field(1.0, description="Heartbeat period of every worker.")
+    timeout_s: PosFloat = Field(
+        10.0,
+        description="A worker silent this long is lost; a stopped (SIGSTOP) worker is hung. Must exceed interval_s.",
+    )
+    straggler_ratio: float = Field(
+        1.5, gt=1, description="Flag a worker whose pre-all-reduce time exceeds this multiple of the others'."
+    )
+    progress_timeout_s: PosFloat | None = Field(
+        600.0,
+        description="Whole job making no training progress this long after its first step (a wedged collective) "
+        "is hung. null: never.",
+    )
+    profile_interval_s: NonNegFloat = Field(
+        10.0, description="Seconds between profiler samples that find stragglers. 0: no profiling."
+    )
+    kill_stragglers: bool = Field(False, description="true: a confirmed straggler tears the job down.")
+
+
+class CheckpointSpec(_Model):
+    dir: NonEmptyStr | None = Field(
+        None,
+        description="Checkpoint directory on the hosts (exported as TFCLUSTER_CHECKPOINT_DIR); the chief's copy "
+        "is gathered. Default: a per-run directory under job.remote_dir.",
+    )
+    gather: bool = Field(True, description="Copy the chief's checkpoint directory to RUN/checkpoints after the job.")
+
+
+class RestartSpec(_Model):
+    max_restarts: Annotated[int, Field(strict=True, ge=0, le=100)] = Field(
+        0,
+        description="Relaunch all tasks together this many times after a failure (BackupAndRestore resumes).",
+    )
+    backup_dir: NonEmptyStr | None = Field(
+        None,
+        description="BackupAndRestore directory on the hosts (TFCLUSTER_BACKUP_DIR), the same for every attempt. "
+        "Default: a per-run directory under job.remote_dir.",
+    )
+
+
+class ClusterSpec(_Model):
+    """A tfcluster cluster spec: where to run, what to run, and how to supervise it."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        title="tfcluster cluster spec",
+        json_schema_extra={"$schema": "https://json-schema.org/draft/2020-12/schema"},
+    )
+
+    version: Literal[1] = Field(description="Spec format version. Only 1 exists.")
+    name: str = Field(
+        description="Job name: lowercase letters, digits and '-', 1-63 characters, starting with a letter or digit.",
+        json_schema_extra={"pattern": JOB_NAME_RE.pattern},
+    )
+    ssh: SshSpec = Field(default_factory=SshSpec)
+    hosts: list[HostSpec] = Field(min_length=1, description="One MWMS task per host, in this order.")
+    tensorflow: TensorflowSpec = Field(default_factory=TensorflowSpec)
+    job: JobSpec
+    heartbeat: HeartbeatSpec = Field(default_factory=HeartbeatSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    restart: RestartSpec = Field(default_factory=RestartSpec)
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, value: Any) -> Any:
+        if isinstance(value, str) and not JOB_NAME_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a valid job name: use lowercase letters, digits and '-', "
+                "1-63 characters, starting with a letter or digit"
+            )
+        return value
+
+
+def is_loopback(address: str) -> bool:
+    """Loopback addresses all reach this machine's one network stack."""
+    if address.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,141 @@
+"""YAML loading that remembers the line of every key and value and refuses duplicate keys.
+
+PyYAML silently keeps the last of two equal keys (`port: 22` ... `port: 2222`), which turns a typo
+into a wrong cluster. We construct mappings ourselves to catch that and to point errors at lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+Path_ = tuple[Any, ...]
+
+
+@dataclass
+class Positions:
+    """Line numbers (1-based) of values and keys by their path in the document."""
+
+    value_lines: dict[Path_, int] = field(default_factory=dict)
+    key_lines: dict[Path_, int] = field(default_factory=dict)
+
+    def line_of(self, path: Path_, *, key: bool = False) -> int | None:
+        """Line of `path`, or of its nearest ancestor that exists (a missing field points at its parent)."""
+        table = self.key_lines if key else self.value_lines
+        p = tuple(path)
+        while p:
+            if p in table:
+                return table[p]
+            if key and p in self.value_lines:
+                return self.value_lines[p]
+            p = p[:-1]
+        return self.value_lines.get((), 1)
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    path: Path_
+    line: int
+    first_line: int
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that records positions per container and collects duplicate keys."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._container_lines: dict[int, tuple[int, dict[Any, tuple[int, int]]]] = {}
+        self._duplicates: list[tuple[int, Any, int, int]] = []  # (container id, key, line, first line)
+        self._keep: list[Any] = []  # keep containers alive so their ids stay unique
+
+    def _positioned_mapping(self, node: yaml.MappingNode) -> dict:
+        self.flatten_mapping(node)
+        mapping: dict[Any, Any] = {}
+        lines: dict[Any, tuple[int, int]] = {}
+        for key_node, value_node in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    "found a key that is not a plain value",
+                    key_node.start_mark,
+                )
+            if key in mapping:
+                self._duplicates.append((id(mapping), key, key_node.start_mark.line + 1, lines[key][0]))
+            mapping[key] = self.construct_object(value_node, deep=True)
+            lines[key] = (key_node.start_mark.line + 1, value_node.start_mark.line + 1)
+        self._container_lines[id(mapping)] = (node.start_mark.line + 1, lines)
+        self._keep.append(mapping)
+        return mapping
+
+    def _positioned_sequence(self, node: yaml.SequenceNode) -> list:
+        items = [self.construct_object(child, deep=True) for child in node.value]
+        lines = {i: (child.start_mark.line + 1, child.start_mark.line + 1) for i, child in enumerate(node.value)}
+        self._container_lines[id(items)] = (node.start_mark.line + 1, lines)
+        self._keep.append(items)
+        return items
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", _Loader._positioned_mapping)
+_Loader.add_constructor("tag:yaml.org,2002:seq", _Loader._positioned_sequence)
+
+
+class YamlSyntaxError(Exception):
+    def __init__(self, line: int | None, message: str):
+        self.line = line
+        self.message = message
+        super().__init__(message)
+
+
+def load(text: str) -> tuple[Any, Positions, list[Duplicate]]:
+    """Parse one YAML document; return its data, the positions of everything, and duplicate keys."""
+    loader = _Loader(text)
+    try:
+        if not loader.check_node():
+            return None, Positions(value_lines={(): 1}), []
+        node = loader.get_node()
+        if loader.check_node():
+            extra = loader.get_node()
+            raise YamlSyntaxError(
+                extra.start_mark.line + 1,
+                "found a second YAML document ('---'); a cluster spec is one document",
+            )
+        data = loader.construct_document(node)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        what = " ".join(x for x in (exc.context, exc.problem) if x)
+        raise YamlSyntaxError(line, f"invalid YAML: {what}") from None
+    except yaml.YAMLError as exc:  # pragma: no cover - unmarked errors are rare
+        raise YamlSyntaxError(None, f"invalid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+
+    positions = Positions(value_lines={(): node.start_mark.line + 1})
+    by_id: dict[int, Path_] = {}
+
+    def walk(obj: Any, path: Path_) -> None:
+        info = loader._container_lines.get(id(obj))
+        if info is None:
+            return
+        by_id.setdefault(id(obj), path)
+        _, lines = info
+        children = obj.items() if isinstance(obj, dict) else enumerate(obj)
+        for k, child in children:
+            key_line, value_line = lines.get(k, (None, None))
+            if key_line is not None:
+                positions.key_lines[(*path, k)] = key_line
+                positions.value_lines[(*path, k)] = value_line
+            walk(child, (*path, k))
+
+    walk(data, ())
+    duplicates = [
+        Duplicate(path=(*by_id[cid], key), line=line, first_line=first)
+        for cid, key, line, first in loader._duplicates
+        if cid in by_id
+    ]
+    return data, positions, duplicates

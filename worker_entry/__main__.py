@@ -1,0 +1,63 @@
+"""`python -m worker_entry [run|probe|manifest|send]`: the node side of tfcluster.
+
+The configuration always arrives as one JSON line on stdin, never on the command line, so no
+user data ever passes through the remote login shell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def _read_config() -> tuple[dict, bytes]:
+    """Read exactly the first line of stdin with raw reads; return the rest for the runner."""
+    buf = b""
+    while b"\n" not in buf:
+        chunk = os.read(0, 65536)
+        if not chunk:
+            break
+        buf += chunk
+    line, _, rest = buf.partition(b"\n")
+    if not line.strip():
+        print("worker_entry: expected a JSON configuration line on stdin", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        config = json.loads(line)
+    except ValueError as exc:
+        print(f"worker_entry: bad configuration on stdin: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return config, rest
+
+
+def main(argv: list[str]) -> int:
+    mode = argv[0] if argv else "run"
+    if mode in ("--version", "version"):
+        from . import __version__
+
+        print(__version__)
+        return 0
+    if mode == "run":
+        from .runner import run
+
+        config, rest = _read_config()
+        return run(config, rest)
+    if mode == "probe":
+        from .sysinfo import node_facts
+
+        config, _ = _read_config()
+        json.dump(node_facts(config), sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    if mode in ("manifest", "send"):
+        from . import files
+
+        config, _ = _read_config()
+        return files.main(mode, config)
+    print(f"worker_entry: unknown mode {mode!r} (run, probe, manifest, send)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,164 @@
+"""Node side of gathering: list a directory, stream files with their sha256, clean temp copies.
+
+The launcher treats what we send as hostile, but we are careful too: nothing is opened through a
+symlink (every path component is opened with O_NOFOLLOW relative to its parent), so a link to
+/etc inside a checkpoint directory is reported, not read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import sys
+from typing import Any
+
+from . import wire
+
+CHUNK = 1024 * 1024
+TEMP_PREFIX = "workertemp_"
+
+
+def _root(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def manifest(root: str, exclude_prefixes: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Regular files under root (relative paths, size, mtime); symlinks and specials are skipped."""
+    root = _root(root)
+    out: dict[str, Any] = {"root": root, "exists": os.path.isdir(root), "files": [], "skipped": []}
+    if not out["exists"]:
+        return out
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        rel_dir = os.path.relpath(dirpath, root)
+        rel_dir = "" if rel_dir == "." else rel_dir
+        keep = []
+        for d in dirnames:
+            rel = os.path.join(rel_dir, d)
+            full = os.path.join(dirpath, d)
+            if os.path.islink(full):
+                out["skipped"].append({"path": rel, "reason": f"symlink to {os.readlink(full)} (not followed)"})
+            elif not rel_dir and d.startswith(exclude_prefixes):
+                out["skipped"].append({"path": rel, "reason": "excluded (temporary copy of a non-chief worker)"})
+            else:
+                keep.append(d)
+        dirnames[:] = sorted(keep)
+        for name in sorted(filenames):
+            rel = os.path.join(rel_dir, name)
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError as exc:
+                out["skipped"].append({"path": rel, "reason": exc.strerror})
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                target = os.readlink(os.path.join(dirpath, name))
+                out["skipped"].append({"path": rel, "reason": f"symlink to {target} (not followed)"})
+            elif not stat.S_ISREG(st.st_mode):
+                out["skipped"].append({"path": rel, "reason": "not a regular file"})
+            else:
+                out["files"].append({"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+    return out
+
+
+def open_beneath(root: str, rel: str) -> int:
+    """Open root/rel for reading without following any symlink and without leaving root."""
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if not parts or any(p == ".." for p in parts):
+        raise PermissionError(f"refusing path {rel!r}")
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    dfd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        for part in parts[:-1]:
+            nfd = os.open(part, flags | getattr(os, "O_DIRECTORY", 0), dir_fd=dfd)
+            os.close(dfd)
+            dfd = nfd
+        fd = os.open(parts[-1], flags, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PermissionError(f"{rel!r} is not a regular file")
+    return fd
+
+
+def send(root: str, files: list[dict[str, Any]], out_fd: int) -> int:
+    """Stream each requested file from its offset: header, data frames, trailer with the sha256 of
+    the WHOLE file (bytes before the offset are hashed but not sent: the launcher already has them)."""
+    root = _root(root)
+    w = os.fdopen(out_fd, "wb", buffering=0)
+
+    def put(data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = w.write(view)
+            view = view[n:]
+
+    put(wire.MARKER)
+    for req in files:
+        rel = req["path"]
+        offset = int(req.get("offset") or 0)
+        try:
+            fd = open_beneath(root, rel)
+        except OSError as exc:
+            put(wire.msg_frame({"type": "error", "path": rel, "error": exc.strerror or str(exc)}))
+            continue
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            h = hashlib.sha256()
+            if offset > size:
+                offset = 0
+            put(wire.msg_frame({"type": "file", "path": rel, "size": size, "offset": offset}))
+            left = offset
+            while left:
+                chunk = f.read(min(CHUNK, left))
+                if not chunk:
+                    break
+                h.update(chunk)
+                left -= len(chunk)
+            sent = offset
+            while True:
+                chunk = f.read(CHUNK)
+                if not chunk:
+                    break
+                h.update(chunk)
+                sent += len(chunk)
+                put(wire.data_frame(chunk))
+            put(wire.msg_frame({"type": "end", "path": rel, "size": sent, "sha256": h.hexdigest()}))
+    put(wire.msg_frame({"type": "done"}))
+    return 0
+
+
+def clean_temp_copies(dirs: list[str]) -> dict[str, Any]:
+    """Remove workertemp_* directories (MWMS non-chief checkpoint copies) directly under `dirs`."""
+    removed, errors = [], []
+    for d in dirs:
+        root = _root(d)
+        if not os.path.isdir(root) or os.path.islink(root):
+            continue
+        for name in os.listdir(root):
+            full = os.path.join(root, name)
+            if name.startswith(TEMP_PREFIX) and os.path.isdir(full) and not os.path.islink(full):
+                try:
+                    shutil.rmtree(full)
+                    removed.append(full)
+                except OSError as exc:
+                    errors.append(f"{full}: {exc.strerror}")
+    return {"removed": removed, "errors": errors}
+
+
+def main(mode: str, config: dict[str, Any]) -> int:
+    if mode == "manifest":
+        excl = tuple(config.get("exclude_prefixes") or ())
+        result = {"manifests": [manifest(r, excl) for r in config["roots"]]}
+        if config.get("clean"):
+            result["cleaned"] = clean_temp_copies(config["clean"])
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()
+        return 0
+    if mode == "send":
+        out_fd = os.dup(1)
+        os.dup2(2, 1)
+        return send(config["root"], config["files"], out_fd)
+    return 2

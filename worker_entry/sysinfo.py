@@ -1,0 +1,310 @@
+"""What a node knows about itself: facts for preflight and resource samples for heartbeats.
+
+Stdlib first; psutil and NVML (nvidia-ml-py) are used when importable. No GPU is not an error.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.metadata
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+try:
+    import psutil
+except ImportError:  # pragma: no cover - psutil is a dependency, but the node may lack it
+    psutil = None
+
+PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf_keras", "keras", "numpy", "tfcluster")
+
+
+def package_versions() -> dict[str, str | None]:
+    """Versions from package metadata: milliseconds, where importing TensorFlow takes seconds."""
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+        except Exception:
+            out[name] = None
+    return out
+
+
+class Nvml:
+    """NVML if a driver is there; otherwise an empty GPU list, checked once."""
+
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        self._handles: list[Any] = []
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except Exception:
+            self._nvml = None
+
+    @property
+    def available(self) -> bool:
+        return self._nvml is not None
+
+    def inventory(self) -> list[dict[str, Any]]:
+        out = []
+        for i, h in enumerate(self._handles):
+            try:
+                name = self._nvml.nvmlDeviceGetName(h)
+                mem = self._nvml.nvmlDeviceGetMemoryInfo(h)
+                out.append(
+                    {
+                        "index": i,
+                        "name": name.decode() if isinstance(name, bytes) else str(name),
+                        "memory_mb": int(mem.total // (1024 * 1024)),
+                    }
+                )
+            except Exception:
+                continue
+        return out
+
+    def utilization(self) -> list[dict[str, Any]]:
+        out = []
+        for i, h in enumerate(self._handles):
+            try:
+                util = self._nvml.nvmlDeviceGetUtilizationRates(h)
+                mem = self._nvml.nvmlDeviceGetMemoryInfo(h)
+                out.append({"index": i, "util": util.gpu, "mem_used_mb": int(mem.used // (1024 * 1024))})
+            except Exception:
+                continue
+        return out
+
+
+def gpu_inventory(nvml: Nvml | None = None) -> list[dict[str, Any]]:
+    """GPUs by NVML, else by nvidia-smi, else none."""
+    nvml = nvml or Nvml()
+    if nvml.available:
+        return nvml.inventory()
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except Exception:
+        return []
+    gpus = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3 and parts[0].isdigit():
+            gpus.append({"index": int(parts[0]), "name": parts[1], "memory_mb": int(float(parts[2] or 0))})
+    return gpus
+
+
+def port_in_use(port: int) -> str | None:
+    """None when a TF server could bind `port` on every address; else who holds it.
+
+    TensorFlow's gRPC server binds `*:port` with SO_REUSEADDR, so we test the same way (a TIME_WAIT
+    socket from the previous run is not a conflict, a listener is).
+    """
+    families = [(socket.AF_INET, "0.0.0.0")]
+    if socket.has_ipv6:
+        families.append((socket.AF_INET6, "::"))
+    for family, addr in families:
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            s.bind((addr, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return _listener_of(port) or ("in use" if exc.errno == errno.EADDRINUSE else "permission denied")
+            if exc.errno == errno.EADDRNOTAVAIL:
+                continue
+        finally:
+            s.close()
+    return None
+
+
+def _listener_of(port: int) -> str | None:
+    if psutil is None:
+        return None
+    try:
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
+                if c.pid:
+                    try:
+                        return f"in use by pid {c.pid} ({psutil.Process(c.pid).name()})"
+                    except Exception:
+                        return f"in use by pid {c.pid}"
+                return "in use"
+    except Exception:
+        return None
+    return None
+
+
+def listening(port: int) -> bool:
+    """Is anything listening on TCP `port` in this network namespace? (/proc, no psutil, cheap)."""
+    want = f":{port:04X}"
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                next(f, None)
+                for line in f:
+                    parts = line.split(None, 4)
+                    if len(parts) > 3 and parts[3] == "0A" and parts[1].endswith(want):
+                        return True
+        except OSError:
+            continue
+    return False
+
+
+def free_disk(path: str) -> tuple[str, int] | None:
+    """Free bytes at `path` or its nearest existing parent (the checkpoint dir may not exist yet)."""
+    p = os.path.abspath(os.path.expanduser(path))
+    while p and not os.path.exists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return None
+    return p, st.f_bavail * st.f_frsize
+
+
+def node_facts(config: dict[str, Any], nvml: Nvml | None = None) -> dict[str, Any]:
+    """Everything preflight compares across hosts, plus local problems that make starting pointless."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    workdir = config.get("workdir")
+    if workdir:
+        wd = os.path.expanduser(workdir)
+        if not os.path.isdir(wd):
+            problems.append(f"workdir {workdir} does not exist (create it or fix job.workdir)")
+    tf_port = config.get("tf_port")
+    if tf_port:
+        holder = port_in_use(int(tf_port))
+        if holder:
+            problems.append(
+                f"TF port {tf_port} is {holder}; stop that process or choose another tensorflow.port/tf_port"
+            )
+    gpus = gpu_inventory(nvml)
+    want = int(config.get("gpus") or 0)
+    if want > len(gpus):
+        problems.append(
+            f"the spec gives this task {want} GPU(s) but {len(gpus)} are visible"
+            + (" (no NVIDIA driver/NVML found)" if not gpus else "")
+        )
+    disk = None
+    ckpt = config.get("env", {}).get("TFCLUSTER_CHECKPOINT_DIR")
+    if ckpt:
+        found = free_disk(ckpt)
+        if found:
+            disk = {"path": found[0], "free_bytes": found[1]}
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    return {
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "platform": platform.platform(),
+        "packages": package_versions(),
+        "gpus": gpus,
+        "cpus": os.cpu_count(),
+        "mem_total_mb": int(psutil.virtual_memory().total // (1024 * 1024)) if psutil else None,
+        "load1": load[0],
+        "disk": disk,
+        "time": time.time(),
+        "problems": problems,
+        "warnings": warnings,
+    }
+
+
+class GroupSampler:
+    """CPU, memory and state of the training process and everything it started.
+
+    The descendant scan walks /proc, so it runs every `rescan_every` samples; the processes found
+    are remembered (pid + start time) so teardown can also reach those that left the group.
+    """
+
+    def __init__(self, pid: int, rescan_every: int = 5) -> None:
+        self.pid = pid
+        self._rescan_every = rescan_every
+        self._n = 0
+        self._procs: dict[int, Any] = {}
+        self._last_cpu: float | None = None
+        self._last_t: float | None = None
+        self.seen: dict[int, float] = {}  # pid -> create_time of every descendant ever seen
+        try:
+            self._main = psutil.Process(pid) if psutil else None
+        except Exception:
+            self._main = None
+
+    def _rescan(self) -> None:
+        if self._main is None:
+            return
+        try:
+            kids = self._main.children(recursive=True)
+        except Exception:
+            kids = []
+        procs = {self.pid: self._main}
+        for k in kids:
+            procs[k.pid] = self._procs.get(k.pid, k)
+            try:
+                self.seen.setdefault(k.pid, k.create_time())
+            except Exception:
+                pass
+        self._procs = procs
+
+    def sample(self) -> dict[str, Any]:
+        if self._main is None:
+            return {}
+        if self._n % self._rescan_every == 0:
+            self._rescan()
+        self._n += 1
+        cpu = 0.0
+        rss = 0
+        threads = 0
+        alive = 0
+        for pid, p in list(self._procs.items()):
+            try:
+                with p.oneshot():
+                    t = p.cpu_times()
+                    cpu += t.user + t.system
+                    rss += p.memory_info().rss
+                    threads += p.num_threads()
+                alive += 1
+            except Exception:
+                self._procs.pop(pid, None)
+        try:
+            state = self._main.status()
+        except Exception:
+            state = "gone"
+        now = time.monotonic()
+        cpu_pct = None
+        if self._last_cpu is not None and self._last_t is not None and now > self._last_t:
+            cpu_pct = max(0.0, (cpu - self._last_cpu) / (now - self._last_t) * 100.0)
+        self._last_cpu, self._last_t = cpu, now
+        return {
+            "state": state,
+            "cpu_pct": round(cpu_pct, 1) if cpu_pct is not None else None,
+            "cpu_s": round(cpu, 2),
+            "rss_mb": round(rss / (1024 * 1024), 1),
+            "threads": threads,
+            "nproc": alive,
+        }
