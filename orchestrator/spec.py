@@ -185,7 +185,14 @@ class JobSpec(_Model):
         description="Every task must start (its TF server listens, or it reports a strategy or a step) within "
         "this time, else the job is torn down: MWMS waits forever for a task that never starts.",
     )
-    stop_grace_s: NonNegFloat = Field(10.0, description="On teardown: SIGTERM, wait this long, then SIGKILL.")
+    stop_grace_s: NonNegFloat = Field(
+        10.0, description="On Ctrl-C / `tfcluster stop`: SIGTERM, wait this long (to save state), then SIGKILL."
+    )
+    failure_grace_s: NonNegFloat = Field(
+        1.0,
+        description="On teardown after a failure: SIGTERM, wait this long, then SIGKILL. An MWMS job that lost a "
+        "peer cannot save anything collectively, so waiting longer only keeps GPUs busy.",
+    )
     remote_dir: NonEmptyStr = Field(
         "~/.tfcluster/runs",
         description="Per-job, per-task directories on the hosts (logs, exit status) live under this directory.",

@@ -517,7 +517,7 @@ class Supervisor:
         self.failures.append(failure)
         if self.stopping_reason is None:
             where = f"{failure.task} ({failure.host})" if failure.task else "the job"
-            self._teardown(f"{where}: {failure.message}")
+            self._teardown(f"{where}: {failure.message}", grace=self.spec.job.failure_grace_s)
 
     def _teardown(self, reason: str, grace: float | None = None) -> None:
         grace = self.spec.job.stop_grace_s if grace is None else grace

@@ -1,0 +1,118 @@
+"""Shared helpers: run the real launcher (`python -m orchestrator`) against a real test bed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest_plugins = ["testbed_fixtures"]
+
+REPO = Path(__file__).resolve().parent.parent
+WORKLOADS = REPO / "tests" / "workloads"
+PY = sys.executable
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["NO_COLOR"] = "1"
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    return env
+
+
+@dataclass
+class Launched:
+    rc: int
+    stdout: str
+    stderr: str
+    run_dir: Path
+    seconds: float
+
+    @property
+    def result(self) -> dict[str, Any]:
+        return json.loads((self.run_dir / "result.json").read_text())
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return read_events(self.run_dir)
+
+    def log(self, slug: str, attempt: int = 0) -> str:
+        name = f"{slug}.log" if attempt == 0 else f"{slug}.attempt-{attempt}.log"
+        return (self.run_dir / "logs" / name).read_text()
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def launch_argv(tb, spec: Path, run_dir: Path, *extra: str) -> list[str]:
+    return tb.launcher_argv([PY, "-m", "orchestrator", "launch", str(spec), "--run-dir", str(run_dir), *extra])
+
+
+def start_launch(tb, spec: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        launch_argv(tb, spec, run_dir, *extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=str(REPO),
+    )
+
+
+def run_launch(tb, spec: Path, run_dir: Path, *extra: str, timeout: float = 300) -> Launched:
+    t0 = time.monotonic()
+    p = start_launch(tb, spec, run_dir, *extra)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+        raise AssertionError(
+            f"launcher did not finish within {timeout}s\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
+        ) from None
+    return Launched(p.returncode, out, err, run_dir, time.monotonic() - t0)
+
+
+def run_cli(*args: str, timeout: float = 120, tb=None, **kw: Any) -> subprocess.CompletedProcess:
+    argv = [PY, "-m", "orchestrator", *args]
+    if tb is not None:
+        argv = tb.launcher_argv(argv)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=str(REPO), **kw)
+
+
+def wait_until(pred: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def host_pids(tb) -> dict[str, list[int]]:
+    return {name: [p.pid for p in procs] for name, procs in tb.processes_by_host().items()}
+
+
+def no_processes_on_hosts(tb) -> bool:
+    return all(not procs for procs in tb.processes_by_host().values())
+
+
+@pytest.fixture
+def launcher_env() -> dict[str, str]:
+    return _env()
