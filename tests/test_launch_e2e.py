@@ -200,7 +200,7 @@ def test_ctrl_c_tears_down_cleanly_and_exits_130(testbed_factory, tmp_path):
             lambda: sum(1 for e in read_events(run_dir) if e["event"] == "task_spawned") == 2, 60, what="spawned"
         )
         p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=60)
+        _, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()

@@ -42,10 +42,7 @@ def test_tf_config_through_tensorflow_resolver(resolver_cls, monkeypatch, chief,
     for i, node in enumerate(plan.nodes):
         r = resolve(resolver_cls, monkeypatch, node.env["TF_CONFIG"])
         assert r.cluster_spec().as_dict() == expected_cluster
-        if chief:
-            want = ("chief", 0) if i == 0 else ("worker", i - 1)
-        else:
-            want = ("worker", i)
+        want = (("chief", 0) if i == 0 else ("worker", i - 1)) if chief else ("worker", i)
         assert (r.task_type, r.task_id) == want
         assert (node.task.type, node.task.index) == want
         assert r.rpc_layer == "grpc"

@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from orchestrator.errors import SpecError, UsageError
 from orchestrator.specload import check_spec_text, format_path, load_spec, load_spec_text
@@ -51,7 +52,7 @@ def test_example_specs_are_valid(path):
 
 def test_models_are_frozen():
     spec = load_spec_text(MINIMAL).spec
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         spec.name = "other"  # type: ignore[misc]
 
 
