@@ -397,7 +397,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return _exit_for_result(run_demo(hosts=args.hosts, mode=args.mode, epochs=args.epochs, run_dir=args.run_dir))
+    return run_demo(hosts=args.hosts, mode=args.mode, epochs=args.epochs, run_dir=args.run_dir)
 
 
 # --- entry point -----------------------------------------------------------------------------
