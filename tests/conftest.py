@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 pytest_plugins = ["testbed_fixtures"]
@@ -109,8 +110,34 @@ def host_pids(tb) -> dict[str, list[int]]:
     return {name: [p.pid for p in procs] for name, procs in tb.processes_by_host().items()}
 
 
+def job_processes(tb) -> dict[str, list[str]]:
+    """Processes of the job on each host: everything but sshd's own (a per-connection sshd on a cut
+    host lives until TCP gives up; it is the host's, not ours)."""
+    out: dict[str, list[str]] = {}
+    for name, procs in tb.processes_by_host().items():
+        for p in procs:
+            try:
+                if p.status() == psutil.STATUS_ZOMBIE or p.name() == "sshd":
+                    continue
+                out.setdefault(name, []).append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+            except psutil.Error:
+                continue
+    return out
+
+
 def no_processes_on_hosts(tb) -> bool:
-    return all(not procs for procs in tb.processes_by_host().values())
+    return not job_processes(tb)
+
+
+def assert_no_job_processes(tb, timeout: float = 5.0) -> None:
+    """Poll until no job process is left on any host; fail listing them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = job_processes(tb)
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    assert not left, f"processes left on hosts after {timeout}s: {left}"
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import PY, WORKLOADS, no_processes_on_hosts, read_events, run_launch, start_launch, wait_until
+from conftest import PY, WORKLOADS, assert_no_job_processes, read_events, run_launch, start_launch, wait_until
 from testbed_fixtures import requires_netns
 
 pytestmark = pytest.mark.e2e
@@ -44,7 +44,7 @@ def test_three_worker_mwms_training_succeeds(testbed_factory, tmp_path, mode):
     kinds = [e["event"] for e in r.events]
     assert kinds[0] == "job_started" and kinds[-1] == "job_finished"
     assert sum(1 for k in kinds if k == "task_started") == 3
-    assert no_processes_on_hosts(tb)
+    assert_no_job_processes(tb, 5)
 
 
 def test_worker_exit_3_tears_down_every_host(testbed_factory, tmp_path):
@@ -75,7 +75,7 @@ def test_worker_exit_3_tears_down_every_host(testbed_factory, tmp_path):
     pids = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
     assert len(pids) == 3
     assert not [p for p in pids if psutil.pid_exists(p)]
-    assert no_processes_on_hosts(tb)
+    assert_no_job_processes(tb, 5)
 
 
 def test_launcher_sigkill_leaves_no_orphans(testbed_factory, tmp_path):
@@ -96,7 +96,7 @@ def test_launcher_sigkill_leaves_no_orphans(testbed_factory, tmp_path):
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=10)
         t0 = time.monotonic()
-        wait_until(lambda: no_processes_on_hosts(tb), 15, what="every process on every host gone")
+        assert_no_job_processes(tb, 15)
         assert time.monotonic() - t0 < 15
     finally:
         if p.poll() is None:
@@ -116,7 +116,7 @@ def test_worker_that_never_starts_does_not_hang_past_startup_deadline(testbed_fa
     assert rc["kind"] == "startup_timeout" and rc["task"] == "worker:2"
     assert "did not start within 25s" in rc["message"]
     assert r.seconds < 25 + 30
-    assert no_processes_on_hosts(tb)
+    assert_no_job_processes(tb, 5)
 
 
 NASTY = {
@@ -208,7 +208,7 @@ def test_ctrl_c_tears_down_cleanly_and_exits_130(testbed_factory, tmp_path):
     result = json.loads((run_dir / "result.json").read_text())
     assert result["state"] == "interrupted_sigint"
     assert {t["state"] for t in result["tasks"].values()} == {"stopped"}
-    assert no_processes_on_hosts(tb)
+    assert_no_job_processes(tb, 5)
 
 
 def test_sigterm_on_launcher_exits_143(testbed_factory, tmp_path):
@@ -226,7 +226,7 @@ def test_sigterm_on_launcher_exits_143(testbed_factory, tmp_path):
         if p.poll() is None:
             p.kill()
     assert p.returncode == 143
-    assert no_processes_on_hosts(tb)
+    assert_no_job_processes(tb, 5)
 
 
 def test_command_not_found_is_a_clear_root_cause(testbed_factory, tmp_path):

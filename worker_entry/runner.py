@@ -144,6 +144,7 @@ class Runner:
         self.progress_fd: int | None = None
         self.last_launcher = time.monotonic()
         self.stop_reason: str | None = None
+        self.launcher_gone = False  # EOF, broken channel or no ping: nobody will read what we send
         self.kill_at: float | None = None
         self.started_how: str | None = None
         self.progress: dict[str, Any] | None = None
@@ -289,9 +290,11 @@ class Runner:
             if now >= next_beat:
                 self._heartbeat()
                 next_beat = now + self.interval
-            if self.writer.broken and not self.stop_reason:
+            if self.writer.broken and not self.launcher_gone:
+                self.launcher_gone = True
                 self._begin_stop("launcher channel broken", signal.SIGTERM)
-            if not self.stop_reason and now - self.last_launcher > self.launcher_timeout:
+            if not self.launcher_gone and now - self.last_launcher > self.launcher_timeout:
+                self.launcher_gone = True
                 self._begin_stop(f"launcher unreachable: no message for {self.launcher_timeout:g}s", signal.SIGTERM)
             if self.kill_at is not None and now >= self.kill_at:
                 self._kill_group(signal.SIGKILL)
@@ -338,8 +341,8 @@ class Runner:
             data = b""
         if not data:
             self.sel.unregister(self.in_fd)
-            if not self.stop_reason:
-                self._begin_stop("launcher closed the connection", signal.SIGTERM)
+            self.launcher_gone = True
+            self._begin_stop("launcher closed the connection", signal.SIGTERM)
             return []
         self.last_launcher = time.monotonic()
         self.stdin_buf += data
@@ -511,7 +514,8 @@ class Runner:
         }
         self._write_exit(status)
         self.msg({"type": "exited", **status})
-        self.writer.flush(30)
+        # Every line is on the node's disk already; wait for the channel only if someone listens.
+        self.writer.flush(1.0 if self.launcher_gone else 30.0)
         return code if code is not None else 128 + (sig or 0)
 
     def _write_exit(self, status: dict[str, Any]) -> None:
