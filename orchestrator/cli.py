@@ -152,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grep", metavar="PATTERN", help="only lines matching this regular expression")
     p.add_argument("--since", metavar="DURATION", help="only lines from the last DURATION (30s, 5m, 2h)")
     p.add_argument("--raw", action="store_true", help="without the [task host] prefix")
+    p.add_argument("--timestamps", "-t", action="store_true", help="show each line's UTC receive time")
     p.add_argument("--runs-dir", default="runs", help="where job names are looked up (default: ./runs)")
     p.set_defaults(func=cmd_logs)
 
@@ -339,10 +340,12 @@ def _exit_for_result(result) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from .logview import LogQuery, show_logs
-    from .rundir import resolve_run
+    from .rundir import resolve_run, wait_for_run
 
-    run = resolve_run(args.run, args.runs_dir)
-    query = LogQuery.from_args(tasks=args.task, grep=args.grep, since=args.since, raw=args.raw)
+    run = wait_for_run(args.run, args.runs_dir) if args.follow else resolve_run(args.run, args.runs_dir)
+    query = LogQuery.from_args(
+        tasks=args.task, grep=args.grep, since=args.since, raw=args.raw, timestamps=args.timestamps
+    )
     show_logs(run, query, follow=args.follow, out=sys.stdout)
     return EXIT_OK
 

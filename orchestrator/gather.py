@@ -115,6 +115,8 @@ class Totals:
     files: int = 0
     bytes: int = 0
     skipped_verified: int = 0
+    resumed_files: int = 0
+    resumed_bytes: int = 0
     errors: list[str] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
 
@@ -195,6 +197,9 @@ def fetch(
                         cur = None
                         continue
                     cur = _open_part(it, int(m.get("offset") or 0))
+                    if cur["n"]:
+                        totals.resumed_files += 1
+                        totals.resumed_bytes += cur["n"]
                     progress.advance(cur["n"])
                 elif kind == "end" and cur is not None:
                     _close_part(cur, m, state, totals)
@@ -335,6 +340,8 @@ def gather_after_run(
         "files": totals.files,
         "bytes": totals.bytes,
         "already_verified": totals.skipped_verified,
+        "resumed_files": totals.resumed_files,
+        "resumed_bytes": totals.resumed_bytes,
         "skipped": totals.skipped,
         "errors": totals.errors,
         "checkpoints": ckpt_summary,

@@ -231,6 +231,8 @@ def _finish(
 ) -> RunResult:
     result.ended_ts = time.time()
     data = result.to_dict()
+    logs.close()  # every line is on disk before result.json says the run is over (`logs -f` relies on it)
+    heartbeats.close()
     write_json_atomic(rundir.result_json, data)
     on_status(
         {
@@ -251,8 +253,6 @@ def _finish(
     )
     if rc is not None and result.state != "succeeded":
         _print_root_cause(rc)
-    logs.close()
-    heartbeats.close()
     bus.close()
     return result
 

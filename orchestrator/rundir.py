@@ -137,6 +137,22 @@ def resolve_run(arg: str, runs_dir: str | Path = "runs") -> RunDir:
     return RunDir(candidates[-1][2])
 
 
+def wait_for_run(arg: str, runs_dir: str | Path = "runs", timeout_s: float = 120.0) -> RunDir:
+    """Like resolve_run, but a run directory *path* that does not exist yet is waited for
+    (`logs --follow runs/x` started just before `launch --run-dir runs/x`)."""
+    import time
+
+    looks_like_path = "/" in arg or arg.startswith(".")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return resolve_run(arg, runs_dir)
+        except RunNotFound:
+            if not looks_like_path or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _job_of(plan: Path) -> str | None:
     try:
         return json.loads(plan.read_text()).get("job")

@@ -235,6 +235,8 @@ class LogRouter:
         self._dirty = False
 
     def close(self) -> None:
+        if self.combined.closed:
+            return
         self.flush()
         for f in self.files.values():
             f.close()

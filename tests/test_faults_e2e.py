@@ -27,14 +27,31 @@ def _job(tb, tmp_path, name):
     spec = tb.write_spec(
         tmp_path / "spec.yaml",
         name,
-        [PY, str(WORKLOADS / "mwms_job.py"), "--epochs", "1000", "--steps", "50", "--step-sleep", "0.02", "--pid-dir", str(pid_dir)],
+        [
+            PY,
+            str(WORKLOADS / "mwms_job.py"),
+            "--epochs",
+            "1000",
+            "--steps",
+            "50",
+            "--step-sleep",
+            "0.02",
+            "--pid-dir",
+            str(pid_dir),
+        ],
         heartbeat={"interval_s": INTERVAL, "timeout_s": TIMEOUT},
     )
     run_dir = tmp_path / "run"
     proc = start_launch(tb, spec, run_dir, "--no-gather", "-q")
     try:
-        wait_until(lambda: any(e["event"] == "task_started" and e.get("how") == "progress" for e in read_events(run_dir))
-                   or sum(1 for e in read_events(run_dir) if e["event"] == "task_started") == 3, 180, what="training started")
+        wait_until(
+            lambda: (
+                any(e["event"] == "task_started" and e.get("how") == "progress" for e in read_events(run_dir))
+                or sum(1 for e in read_events(run_dir) if e["event"] == "task_started") == 3
+            ),
+            180,
+            what="training started",
+        )
         # Training steps are being made (progress heartbeats), so the job is past MWMS setup.
         wait_until(lambda: _steps(run_dir) >= 5, 120, what="training steps")
     except BaseException:

@@ -126,7 +126,13 @@ def test_suspects_are_the_silent_and_the_stopped():
 
 
 def profile(pre, step=100.0, inp=1.0, cpu=20.0, coll=None):
-    return {"pre_collective_ms": pre, "step_ms": step, "input_ms": inp, "cpu_ms": cpu, "collective_ms": coll if coll is not None else step - pre}
+    return {
+        "pre_collective_ms": pre,
+        "step_ms": step,
+        "input_ms": inp,
+        "cpu_ms": cpu,
+        "collective_ms": coll if coll is not None else step - pre,
+    }
 
 
 def test_find_straggler_input_bound():
@@ -156,11 +162,18 @@ def test_find_straggler_other_cause():
 
 
 def test_homogeneous_noise_is_not_a_straggler():
-    assert find_straggler({"worker:0": profile(3.0), "worker:1": profile(4.0), "worker:2": profile(3.5)}, 1.5, 5.0) is None
+    assert (
+        find_straggler({"worker:0": profile(3.0), "worker:1": profile(4.0), "worker:2": profile(3.5)}, 1.5, 5.0) is None
+    )
     # ratio high but absolute excess tiny
-    assert find_straggler({"worker:0": profile(0.5), "worker:1": profile(0.5), "worker:2": profile(3.0)}, 1.5, 5.0) is None
+    assert (
+        find_straggler({"worker:0": profile(0.5), "worker:1": profile(0.5), "worker:2": profile(3.0)}, 1.5, 5.0) is None
+    )
     # absolute excess large but ratio below threshold
-    assert find_straggler({"worker:0": profile(40.0), "worker:1": profile(42.0), "worker:2": profile(55.0)}, 1.5, 5.0) is None
+    assert (
+        find_straggler({"worker:0": profile(40.0), "worker:1": profile(42.0), "worker:2": profile(55.0)}, 1.5, 5.0)
+        is None
+    )
 
 
 def test_single_worker_has_no_straggler():

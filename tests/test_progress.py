@@ -30,14 +30,13 @@ def pipe(monkeypatch):
     r, w = os.pipe()
     monkeypatch.setenv(progress.ENV_FD, str(w))
     monkeypatch.setattr(progress, "_counters", {})
+    monkeypatch.setattr(progress, "_writer", None)  # fds are reused between tests: never keep a writer
     yield r
     for fd in (r, w):
         try:
             os.close(fd)
         except OSError:
             pass
-    # Forget the writer bound to the closed fd.
-    monkeypatch.setattr(progress, "_writer", None)
 
 
 def test_no_fd_is_a_noop(monkeypatch):
