@@ -200,6 +200,7 @@ def launch(loaded: LoadedSpec, plan: Plan, opts: LaunchOptions) -> RunResult:
                             )
                         )
                         break
+                _sync_backup(plan, conns, bus)
             result.state = result.attempts[-1].state.value if result.attempts else "failed"
             if result.failures and result.state == "succeeded":
                 result.state = "failed"
@@ -208,6 +209,16 @@ def launch(loaded: LoadedSpec, plan: Plan, opts: LaunchOptions) -> RunResult:
             return _finish(result, rundir, bus, logs, heartbeats, on_status)
     finally:
         close_all(conns)
+
+
+def _sync_backup(plan: Plan, conns: dict, bus: EventBus) -> None:
+    """Every task must restore from the chief's backup; copy it where storage is not shared."""
+    from .backup import sync_backup
+
+    try:
+        sync_backup(plan, conns, bus)
+    except Exception as exc:  # the restart still happens; Keras then starts those tasks from scratch
+        bus.emit("warning", message=f"could not copy the chief's backup to the other tasks: {exc}")
 
 
 def _gather(

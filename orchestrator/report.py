@@ -186,7 +186,7 @@ def report_text(rep: dict[str, Any]) -> str:
         lines += ["", f"a step takes {s:.1f} ms (median over workers' profiler samples):"]
         lines += [f"  {label:<46}{ms:8.1f} ms  {ms / s:6.1%}" for label, ms in parts]
         lines += [
-            f"scaling efficiency ≈ {rep['efficiency']:.0%} (useful work / step time: what N workers get of N× one worker)",
+            f"scaling efficiency ≈ {rep['efficiency']:.0%} (useful work / step time: N workers give efficiency x N times one worker)",
         ]
     if rep.get("stragglers"):
         lines += ["", "straggler events:"] + [f"  {s['task']} ({s['host']}): {s['message']}" for s in rep["stragglers"]]

@@ -193,7 +193,7 @@ def test_sampler_on_a_real_fit_in_memory_and_xspace(tmp_path):
 # ------------------------------------------------------------------------------ the experiment
 
 
-def run_experiment(slow_ms: float, num_workers: int = 3, steps: int = 120, interval_s: float = 1.0):
+def run_experiment(slow_ms: float, num_workers: int = 3, steps: int = 100, interval_s: float = 1.0):
     """Run the demo on ``num_workers`` local MWMS workers (worker:1 slowed by ``slow_ms`` per batch in
     its tf.data pipeline) under the instrumentation; return each worker's profile records."""
     from worker_entry.examples.local_cluster import run_local_cluster
@@ -230,7 +230,9 @@ def _run_until_no_tf_crash(slow_ms: float):
 
 @pytest.mark.e2e
 def test_straggler_is_separated_and_homogeneous_run_is_flat():
-    slow = _run_until_no_tf_crash(30)
+    # prefetch hides up to one natural step (~20-30 ms with 3 workers on 2 cores) of input slowness:
+    # a 60 ms sleep leaves the straggler clearly input-bound on a loaded machine too.
+    slow = _run_until_no_tf_crash(60)
     flat = _run_until_no_tf_crash(0)
     report = {}
     for name, results in (("slow worker:1", slow), ("homogeneous", flat)):
@@ -241,7 +243,7 @@ def test_straggler_is_separated_and_homogeneous_run_is_flat():
     print(json.dumps(report, indent=1))
     pre, inp = _medians(slow, "pre_collective_ms"), _medians(slow, "input_ms")
     others_pre = [pre[0], pre[2]]
-    assert pre[1] > 3 * max(others_pre) and pre[1] > 8, report  # ~15 ms vs ~1-2 ms measured
+    assert pre[1] > 3 * max(others_pre) and pre[1] > 8, report
     assert inp[1] > 5 * max(inp[0], inp[2], 0.5), report
     flat_pre = _medians(flat, "pre_collective_ms")
     assert max(flat_pre) < 6 and max(flat_pre) < 3 * max(min(flat_pre), 1.0), report

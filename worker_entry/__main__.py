@@ -1,4 +1,4 @@
-"""`python -m worker_entry [run|probe|manifest|send]`: the node side of tfcluster.
+"""`python -m worker_entry [run|probe|manifest|send|receive]`: the node side of tfcluster.
 
 The configuration always arrives as one JSON line on stdin, never on the command line, so no
 user data ever passes through the remote login shell.
@@ -50,11 +50,11 @@ def main(argv: list[str]) -> int:
         json.dump(node_facts(config), sys.stdout)
         sys.stdout.write("\n")
         return 0
-    if mode in ("manifest", "send"):
+    if mode in ("manifest", "send", "receive"):
         from . import files
 
-        config, _ = _read_config()
-        return files.main(mode, config)
+        config, rest = _read_config()
+        return files.main(mode, config, rest)
     print(f"worker_entry: unknown mode {mode!r} (run, probe, manifest, send)", file=sys.stderr)
     return 2
 

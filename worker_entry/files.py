@@ -130,6 +130,69 @@ def send(root: str, files: list[dict[str, Any]], out_fd: int) -> int:
     return 0
 
 
+def receive(root: str, in_fd: int, first: bytes = b"") -> dict[str, Any]:
+    """Replace directory `root` with files streamed on stdin (header, data frames, end + sha256).
+
+    Files land in a fresh sibling directory; only when every file verified is it swapped in, so a
+    broken transfer never leaves a half-written backup where BackupAndRestore would read it.
+    """
+    root = _root(root)
+    parent = os.path.dirname(root)
+    os.makedirs(parent, exist_ok=True)
+    incoming = f"{root}.incoming-{os.getpid()}"
+    shutil.rmtree(incoming, ignore_errors=True)
+    os.makedirs(incoming, mode=0o700)
+    decoder = wire.FrameDecoder()
+    decoder.synced = True  # the launcher sends frames without a marker
+    cur: dict[str, Any] | None = None
+    files = 0
+    done = False
+    try:
+        pending = first
+        while not done:
+            data = pending or os.read(in_fd, CHUNK)
+            pending = b""
+            if not data:
+                break
+            for fr in decoder.feed(data):
+                if fr.type == wire.T_DATA and cur is not None:
+                    cur["f"].write(fr.payload)
+                    cur["h"].update(fr.payload)
+                    continue
+                m = fr.json()
+                if m.get("type") == "file":
+                    rel = m["path"]
+                    parts = [p for p in rel.split("/") if p not in ("", ".")]
+                    if not parts or ".." in parts or rel.startswith("/"):
+                        raise PermissionError(f"refusing path {rel!r}")
+                    target = os.path.join(incoming, *parts)
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+                    cur = {"f": os.fdopen(fd, "wb"), "h": hashlib.sha256(), "path": target, "m": m}
+                elif m.get("type") == "end" and cur is not None:
+                    cur["f"].close()
+                    if cur["h"].hexdigest() != m.get("sha256"):
+                        raise OSError(f"{m.get('path')}: sha256 mismatch")
+                    mtime = cur["m"].get("mtime_ns")
+                    if mtime:
+                        os.utime(cur["path"], ns=(mtime, mtime))
+                    files += 1
+                    cur = None
+                elif m.get("type") == "done":
+                    done = True
+        if not done:
+            raise OSError("transfer ended before it was complete")
+        old = f"{root}.old-{os.getpid()}"
+        if os.path.lexists(root):
+            os.rename(root, old)
+        os.rename(incoming, root)
+        shutil.rmtree(old, ignore_errors=True)
+        return {"ok": True, "files": files, "root": root}
+    except OSError as exc:
+        shutil.rmtree(incoming, ignore_errors=True)
+        return {"ok": False, "error": str(exc), "root": root}
+
+
 def clean_temp_copies(dirs: list[str]) -> dict[str, Any]:
     """Remove workertemp_* directories (MWMS non-chief checkpoint copies) directly under `dirs`."""
     removed, errors = [], []
@@ -148,7 +211,7 @@ def clean_temp_copies(dirs: list[str]) -> dict[str, Any]:
     return {"removed": removed, "errors": errors}
 
 
-def main(mode: str, config: dict[str, Any]) -> int:
+def main(mode: str, config: dict[str, Any], rest: bytes = b"") -> int:
     if mode == "manifest":
         excl = tuple(config.get("exclude_prefixes") or ())
         result = {"manifests": [manifest(r, excl) for r in config["roots"]]}
@@ -161,4 +224,8 @@ def main(mode: str, config: dict[str, Any]) -> int:
         out_fd = os.dup(1)
         os.dup2(2, 1)
         return send(config["root"], config["files"], out_fd)
+    if mode == "receive":
+        result = receive(config["root"], 0, rest)
+        sys.stdout.write(json.dumps(result) + "\n")
+        return 0 if result["ok"] else 1
     return 2
