@@ -48,10 +48,14 @@ def evaluate(
     """Rules across hosts. `facts` and `hosts` are keyed by task ('worker:0'); skews in seconds."""
     out: list[Finding] = []
     for task, f in facts.items():
-        for problem in f.get("problems", []):
-            out.append(Finding("node", False, problem, task, hosts.get(task)))
-        for warning in f.get("warnings", []):
-            out.append(Finding("node", False, warning, task, hosts.get(task), severity="warning"))
+        for severity, key in (("error", "problems"), ("warning", "warnings")):
+            for p in f.get(key, []):
+                p = p if isinstance(p, dict) else {"message": str(p)}
+                out.append(
+                    Finding(
+                        p.get("check", "node"), False, p["message"], task, hosts.get(task), severity, p.get("fix", "")
+                    )
+                )
 
     def same(check: str, value_of: Any, what: str, fix: str, severity: str = "error") -> None:
         values = {t: value_of(f) for t, f in facts.items()}

@@ -190,26 +190,40 @@ def free_disk(path: str) -> tuple[str, int] | None:
 
 def node_facts(config: dict[str, Any], nvml: Nvml | None = None) -> dict[str, Any]:
     """Everything preflight compares across hosts, plus local problems that make starting pointless."""
-    problems: list[str] = []
-    warnings: list[str] = []
+    problems: list[dict[str, str]] = []  # {check, message, fix}: these stop the launch
+    warnings: list[dict[str, str]] = []
     workdir = config.get("workdir")
     if workdir:
         wd = os.path.expanduser(workdir)
         if not os.path.isdir(wd):
-            problems.append(f"workdir {workdir} does not exist (create it or fix job.workdir)")
+            problems.append(
+                {
+                    "check": "workdir",
+                    "message": f"workdir {workdir} does not exist",
+                    "fix": "create it or fix job.workdir",
+                }
+            )
     tf_port = config.get("tf_port")
     if tf_port:
         holder = port_in_use(int(tf_port))
         if holder:
             problems.append(
-                f"TF port {tf_port} is {holder}; stop that process or choose another tensorflow.port/tf_port"
+                {
+                    "check": "tf_port",
+                    "message": f"TF port {tf_port} is {holder}",
+                    "fix": "stop that process, or choose another tensorflow.port / hosts[].tf_port",
+                }
             )
     gpus = gpu_inventory(nvml)
     want = int(config.get("gpus") or 0)
     if want > len(gpus):
         problems.append(
-            f"the spec gives this task {want} GPU(s) but {len(gpus)} are visible"
-            + (" (no NVIDIA driver/NVML found)" if not gpus else "")
+            {
+                "check": "gpus",
+                "message": f"the spec gives this task {want} GPU(s) but {len(gpus)} are visible"
+                + (" (no NVIDIA driver/NVML found)" if not gpus else ""),
+                "fix": "fix hosts[].gpus, or the host's driver / CUDA_VISIBLE_DEVICES",
+            }
         )
     disk = None
     ckpt = config.get("env", {}).get("TFCLUSTER_CHECKPOINT_DIR")
