@@ -257,7 +257,7 @@ class Supervisor:
                 if now >= next_ping:
                     self._ping_all()
                     next_ping = now + self.policy.interval_s
-                if self.state in (JobState.RUNNING, JobState.STOPPING):
+                if self.state == JobState.RUNNING:  # while stopping, the teardown deadline rules
                     for v in self.monitor.check(now):
                         self._verdict(v)
                 if self.teardown_deadline is not None and now >= self.teardown_deadline:
