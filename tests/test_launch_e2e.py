@@ -190,42 +190,28 @@ def test_100k_lines_per_worker_then_crash_nothing_lost(testbed_factory, tmp_path
     assert combined.count(" line ") >= 300000
 
 
-def test_ctrl_c_tears_down_cleanly_and_exits_130(testbed_factory, tmp_path):
+@pytest.mark.parametrize(
+    "sig, code, state", [(signal.SIGINT, 130, "interrupted_sigint"), (signal.SIGTERM, 143, "interrupted_sigterm")]
+)
+def test_signal_on_launcher_tears_down_cleanly(testbed_factory, tmp_path, sig, code, state):
+    """Ctrl-C (SIGINT) or SIGTERM on the launcher: the same clean teardown, exit 130 / 143."""
     tb = testbed_factory(2)
-    spec = tb.write_spec(tmp_path / "spec.yaml", "sigint", [PY, "-c", "import time\nwhile True: time.sleep(0.2)"])
+    spec = tb.write_spec(tmp_path / "spec.yaml", "sig", [PY, "-c", "import time\nwhile True: time.sleep(0.2)"])
     run_dir = tmp_path / "run"
     p = start_launch(tb, spec, run_dir)
     try:
         wait_until(
             lambda: sum(1 for e in read_events(run_dir) if e["event"] == "task_spawned") == 2, 60, what="spawned"
         )
-        p.send_signal(signal.SIGINT)
+        p.send_signal(sig)
         _, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
-    assert p.returncode == 130, err[-2000:]
+    assert p.returncode == code, err[-2000:]
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["state"] == "interrupted_sigint"
+    assert result["state"] == state
     assert {t["state"] for t in result["tasks"].values()} == {"stopped"}
-    assert_no_job_processes(tb, 5)
-
-
-def test_sigterm_on_launcher_exits_143(testbed_factory, tmp_path):
-    tb = testbed_factory(2)
-    spec = tb.write_spec(tmp_path / "spec.yaml", "sigterm", [PY, "-c", "import time\nwhile True: time.sleep(0.2)"])
-    run_dir = tmp_path / "run"
-    p = start_launch(tb, spec, run_dir)
-    try:
-        wait_until(
-            lambda: sum(1 for e in read_events(run_dir) if e["event"] == "task_spawned") == 2, 60, what="spawned"
-        )
-        p.send_signal(signal.SIGTERM)
-        p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == 143
     assert_no_job_processes(tb, 5)
 
 
