@@ -1,0 +1,1 @@
+"""Example training scripts (plain TensorFlow: they run with and without tfcluster)."""

@@ -1,0 +1,285 @@
+"""Zero-code instrumentation of training scripts (like ``opentelemetry-instrument`` / ``ddtrace-run``).
+
+worker_entry runs the user's command with ``worker_entry/_site`` first on PYTHONPATH when
+``TFCLUSTER_INSTRUMENT=1``; its ``sitecustomize.py`` loads this file by path and calls ``install()``.
+``install()`` registers post-import hooks so that, once TensorFlow / Keras are imported:
+
+- ``tf.distribute.MultiWorkerMirroredStrategy`` (``CollectiveAllReduceStrategy.__init__``) gets the
+  tfcluster communication options when the script passes none, the coordination heartbeat is
+  pre-configured, and a ``strategy`` progress record is emitted once the strategy exists;
+- ``Model.fit`` (tf_keras, Keras 2, Keras 3) gets our ProgressCallback appended unless one is there.
+
+Every hook is wrapped: a failure prints one ``tfcluster:`` warning line on stderr and the user's call
+proceeds exactly as it would without us. This module must import with the standard library only (it
+runs in the user's interpreter, which may not have our package installed): it reaches its siblings
+through relative imports, whatever name its package was loaded under.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import inspect
+import os
+import sys
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from .progress import warn_once
+
+ENV_INSTRUMENT = "TFCLUSTER_INSTRUMENT"
+_WRAPPED = "_tfcluster_wrapped"
+_OFF_VALUES = ("0", "false", "no", "off")
+
+
+def enabled(env: Any = os.environ) -> bool:
+    """Instrumentation is on unless ``TFCLUSTER_INSTRUMENT`` is 0/false/no/off."""
+    return env.get(ENV_INSTRUMENT, "1").strip().lower() not in _OFF_VALUES
+
+
+def _guard(key: str, what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Run the decorated hook body, turning any exception into one warning line."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                warn_once(key, f"instrumentation: {what} failed ({exc!r}); continuing without it")
+                return None
+
+        return run
+
+    return deco
+
+
+# ------------------------------------------------------------------------------------- MWMS hook
+
+
+def patch_mwms(module: ModuleType) -> bool:
+    """Wrap ``CollectiveAllReduceStrategy.__init__`` (what ``tf.distribute.MultiWorkerMirroredStrategy`` is)."""
+    cls = module.CollectiveAllReduceStrategy
+    original = cls.__init__
+    if getattr(original, _WRAPPED, False):
+        return False
+    signature = inspect.signature(original)
+
+    @_guard("mwms-before", "configuring MultiWorkerMirroredStrategy")
+    def before(self: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        from . import strategy as st
+
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError:
+            return None  # let TensorFlow raise its own error for the user's bad call
+        resolver = bound.arguments.get("cluster_resolver")
+        if bound.arguments.get("communication_options") is None and st.env_configures_communication():
+            bound.arguments["communication_options"] = st.communication_options()
+            args, kwargs = bound.args[1:], dict(bound.kwargs)
+        else:
+            args, kwargs = tuple(args), dict(kwargs)
+        st.configure_coordination_heartbeat(cluster_resolver=resolver)
+        return args, kwargs
+
+    @_guard("mwms-after", "reporting the strategy")
+    def after(self: Any) -> None:
+        from . import strategy as st
+
+        st.report_strategy(self)
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        changed = before(self, args, kwargs)
+        if changed is not None:
+            args, kwargs = changed
+        original(self, *args, **kwargs)
+        after(self)
+
+    setattr(__init__, _WRAPPED, True)
+    __init__.__signature__ = signature  # type: ignore[attr-defined]
+    cls.__init__ = __init__
+    return True
+
+
+# -------------------------------------------------------------------------------------- fit hook
+
+
+def _callback_base(keras_package: str) -> type:
+    module = sys.modules.get(keras_package) or importlib.import_module(keras_package)
+    return module.callbacks.Callback
+
+
+def _profiling_user_callback(callbacks: list) -> bool:
+    """True if a TensorBoard callback will run the profiler itself (two sessions cannot coexist)."""
+    return any(type(c).__name__ == "TensorBoard" and (getattr(c, "_start_batch", 0) or 0) > 0 for c in callbacks)
+
+
+def _global_batch_size(x: Any, batch_size: Any) -> int | None:
+    """Examples per step if evident: a tf.data dataset's static batch dim, or fit's batch_size for arrays."""
+    spec = getattr(x, "element_spec", None)
+    if spec is not None:
+        if type(x).__module__.startswith("tensorflow.python.distribute"):
+            return None  # a distributed dataset's spec is per replica and its batch dim usually unknown
+        first = spec
+        while isinstance(first, (tuple, list)) and first:
+            first = first[0]
+        if isinstance(first, dict) and first:
+            first = next(iter(first.values()))
+        shape = getattr(first, "shape", None)
+        if shape is not None and len(shape) > 0 and shape[0] is not None:
+            return int(shape[0])
+        return None
+    if hasattr(x, "shape") or isinstance(x, (list, tuple, dict)):
+        return int(batch_size) if batch_size else 32  # Keras's default batch size for arrays
+    return None
+
+
+def patch_fit(cls: type, keras_package: str) -> bool:
+    """Wrap ``cls.fit`` to append a ProgressCallback unless the call already has one."""
+    original = cls.fit
+    if getattr(original, _WRAPPED, False):
+        return False
+    signature = inspect.signature(original)
+    names = list(signature.parameters)
+    cb_pos = names.index("callbacks") - 1 if "callbacks" in names else None  # position after self
+    x_pos = names.index("x") - 1 if "x" in names else None
+    bs_pos = names.index("batch_size") - 1 if "batch_size" in names else None
+
+    def _arg(args: tuple, kwargs: dict, pos: int | None, name: str) -> Any:
+        if pos is not None and len(args) > pos:
+            return args[pos]
+        return kwargs.get(name)
+
+    @_guard("fit-hook", "adding the progress callback to fit")
+    def add_callback(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        from .progress import callback_class
+
+        given = _arg(args, kwargs, cb_pos, "callbacks")
+        existing = list(getattr(given, "callbacks", given) or [])
+        if any(getattr(c, "_tfcluster_progress", False) for c in existing):
+            return None
+        cb = callback_class(_callback_base(keras_package))(
+            batch_size=_global_batch_size(_arg(args, kwargs, x_pos, "x"), _arg(args, kwargs, bs_pos, "batch_size")),
+            profile=not _profiling_user_callback(existing),
+        )
+        if given is not None and hasattr(given, "callbacks") and hasattr(given, "append"):
+            given.append(cb)  # a CallbackList: Keras uses it as is
+            return None
+        new = [*existing, cb]
+        if cb_pos is not None and len(args) > cb_pos:
+            args = (*args[:cb_pos], new, *args[cb_pos + 1 :])
+        else:
+            kwargs = {**kwargs, "callbacks": new}
+        return args, kwargs
+
+    @functools.wraps(original)
+    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        changed = add_callback(args, kwargs)
+        if changed is not None:
+            args, kwargs = changed
+        return original(self, *args, **kwargs)
+
+    setattr(fit, _WRAPPED, True)
+    cls.fit = fit
+    return True
+
+
+# ---------------------------------------------------------------------------- post-import hooks
+
+# module name -> hook run right after that module has executed
+HOOKS: dict[str, Callable[[ModuleType], Any]] = {
+    "tensorflow.python.distribute.collective_all_reduce_strategy": patch_mwms,
+    "tf_keras.src.engine.training": lambda m: patch_fit(m.Model, "tf_keras"),
+    "keras.src.backend.tensorflow.trainer": lambda m: patch_fit(m.TensorFlowTrainer, "keras"),
+    "keras.src.engine.training": lambda m: patch_fit(m.Model, "keras"),  # Keras 2.13-2.15
+    "keras.engine.training": lambda m: patch_fit(m.Model, "keras"),  # Keras <= 2.12
+}
+
+
+def _run_hook(name: str, hook: Callable[[ModuleType], Any], module: ModuleType) -> None:
+    try:
+        hook(module)
+    except Exception as exc:
+        warn_once(f"hook-{name}", f"instrumentation: hook for {name} failed ({exc!r}); continuing without it")
+
+
+class PostImportFinder(importlib.abc.MetaPathFinder):
+    """A meta path finder that finds nothing itself: it asks the other finders and wraps the loader's
+    ``exec_module`` so a hook runs right after one of the watched modules has been executed."""
+
+    def __init__(self, hooks: dict[str, Callable[[ModuleType], Any]]) -> None:
+        self.hooks = hooks
+        self._local = threading.local()
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        hook = self.hooks.get(fullname)
+        if hook is None:
+            return None
+        busy = self._local.__dict__.setdefault("busy", set())
+        if fullname in busy:
+            return None
+        busy.add(fullname)
+        try:
+            spec = None
+            for finder in list(sys.meta_path):
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        except Exception:
+            return None  # let the normal machinery (without us) find it and report its own errors
+        finally:
+            busy.discard(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        try:
+            _wrap_exec_module(spec.loader, fullname, hook)
+        except Exception as exc:
+            warn_once(f"wrap-{fullname}", f"instrumentation: cannot hook {fullname} ({exc!r})")
+        return spec
+
+
+def _wrap_exec_module(loader: Any, name: str, hook: Callable[[ModuleType], Any]) -> None:
+    original = loader.exec_module  # bound method of this module's own loader instance
+
+    def exec_module(module: ModuleType) -> None:
+        try:
+            del loader.exec_module  # leave the loader as we found it
+        except AttributeError:
+            pass
+        original(module)
+        _run_hook(name, hook, module)
+
+    loader.exec_module = exec_module
+
+
+_installed: PostImportFinder | None = None
+
+
+def install(env: Any = os.environ) -> bool:
+    """Register the post-import hooks (idempotent); patch at once what is already imported."""
+    global _installed
+    if not enabled(env) or _installed is not None:
+        return False
+    _installed = PostImportFinder(HOOKS)
+    sys.meta_path.insert(0, _installed)
+    for name, hook in HOOKS.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            _run_hook(name, hook, module)
+    return True
+
+
+def uninstall() -> None:
+    """Remove the post-import hooks (patches already applied stay)."""
+    global _installed
+    if _installed is not None:
+        try:
+            sys.meta_path.remove(_installed)
+        except ValueError:
+            pass
+        _installed = None

@@ -1,0 +1,435 @@
+"""Straggler signals from short samples of the TensorFlow profiler.
+
+Under synchronous all-reduce every worker's wall step time is the same — the fast workers wait inside
+the collective for the slow one — so step times cannot point at a straggler. What differs is *where*
+each worker spends the step:
+
+- ``pre_collective_ms``: per step, from the start of the step function's execution to the moment the
+  first collective kernel of the step is entered (``CollectiveOpV2Kernel::Run``, i.e. this worker's
+  gradients are ready and it joins the all-reduce; fallback: the start of the first ``CollectiveReduce*``
+  op event). The straggler's is large, everyone else's small and flat.
+- ``collective_ms``: time inside ``CollectiveReduce*`` ops per step (waiting for the peers + transfer);
+  smallest for the straggler, but noisy between healthy workers.
+- ``input_ms``: time inside ``IteratorGetNext`` per step: large for an input-bound straggler.
+- ``cpu_ms``: process CPU time per step over the window: large for a compute-bound straggler.
+- ``step_ms``: mean wall time of the step function.
+
+``ProfileSampler`` profiles ~10 steps every ``TFCLUSTER_PROFILE_INTERVAL_S`` seconds (0/unset = off),
+starting at a batch begin and stopping at a batch end, parses the result in a background thread and
+emits one ``profile`` record. Any failure prints one warning and disables the sampler.
+
+Known hazard (TF 2.21): stopping a profiler session can crash the process inside TensorFlow
+(``TraceMeRecorder::Consume``: a use-after-free while merging cross-thread events). Measured in
+multi-worker runs: about one crash per 20-60 windows per process, worse with py_function input
+pipelines. It cannot be caught from Python, which is why sampling is off unless the interval is set.
+See docs/instrumentation.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import progress
+from .progress import warn_once
+
+ENV_INTERVAL = "TFCLUSTER_PROFILE_INTERVAL_S"
+ENV_DEBUG = "TFCLUSTER_PROFILE_DEBUG"  # 1: one stderr line per window with its cost (experiments)
+DEFAULT_WINDOW_STEPS = 10
+
+# Op types whose time is "inside a collective" (waiting for the peers and moving data).
+COLLECTIVE_OPS = frozenset(
+    {
+        "CollectiveReduce",
+        "CollectiveReduceV2",
+        "CollectiveReduceV3",
+        "CollectiveReduceScatterV2",
+        "CollectiveGather",
+        "CollectiveGatherV2",
+        "CollectiveAllToAllV2",
+        "CollectiveAllToAllV3",
+        "NcclAllReduce",
+    }
+)
+# The executor's trace of a collective kernel being entered (its inputs are ready).
+COLLECTIVE_ENTER = "CollectiveOpV2Kernel::Run"
+# The iterator's trace around the blocking get_next of an input pipeline (TF 2.21), then op types.
+INPUT_EVENT = "IteratorGetNextOp::DoCompute"
+INPUT_OPS = frozenset(
+    {"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional", "MultiDeviceIteratorGetNextFromShard"}
+)
+STEP_PREFIX = "EagerLocalExecute: __inference_"
+PYTHON_THREAD = "python"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One trace event, normalised from the trace-events proto or an XSpace."""
+
+    name: str  # TraceMe name; for op events the op type
+    thread: str  # resource / XLine name ("python", "tf_Compute/…", "collective_ops/…")
+    start_ns: float
+    dur_ns: float
+    long_name: str = ""  # op events: "node/name:OpType"
+
+    @property
+    def end_ns(self) -> float:
+        return self.start_ns + self.dur_ns
+
+
+# ------------------------------------------------------------------------------------------ parsing
+
+
+def events_from_trace(data: bytes) -> list[Event]:
+    """Events of the serialized ``tensorflow.profiler.Trace`` that ``ProfilerSession.stop()`` returns."""
+    from tensorflow.tsl.profiler.protobuf import trace_events_pb2
+
+    trace = trace_events_pb2.Trace()
+    trace.ParseFromString(data)
+    threads = {
+        (device_id, rid): res.name
+        for device_id, device in trace.devices.items()
+        for rid, res in device.resources.items()
+    }
+    return [
+        Event(
+            e.name,
+            threads.get((e.device_id, e.resource_id), ""),
+            e.timestamp_ps / 1e3,
+            e.duration_ps / 1e3,
+            e.args.get("long_name", ""),
+        )
+        for e in trace.trace_events
+    ]
+
+
+def events_from_xspace(data: bytes) -> list[Event]:
+    """Events of the host plane of a serialized XSpace (``*.xplane.pb`` written by ``export_to_tb``)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(data)
+    events: list[Event] = []
+    for plane in space.planes:
+        if not plane.name.startswith("/host:"):
+            continue
+        meta = plane.event_metadata
+        for line in plane.lines:
+            thread = line.name or line.display_name
+            base_ps = line.timestamp_ns * 1000
+            for e in line.events:
+                md = meta.get(e.metadata_id)
+                raw = md.name if md is not None else ""
+                name, long_name = raw, ""
+                # TF op events are named "node/name:OpType" in the XSpace (TraceMe names such as
+                # "IteratorGetNextOp::DoCompute" or "EagerLocalExecute: f" are not).
+                if ":" in raw and "::" not in raw and " " not in raw and not raw.endswith(":"):
+                    long_name, name = raw, raw.rsplit(":", 1)[1]
+                events.append(Event(name, thread, (base_ps + e.offset_ps) / 1e3, e.duration_ps / 1e3, long_name))
+    return events
+
+
+@dataclass
+class WindowSummary:
+    """Per-step means over one profiled window (milliseconds)."""
+
+    steps: int
+    step_ms: float
+    collective_ms: float
+    input_ms: float
+    pre_collective_ms: float | None
+    pre_collective_steps: int = 0
+    step_function: str = ""
+    per_step_pre_collective_ms: list[float] = field(default_factory=list)
+
+
+def _is_collective(e: Event) -> bool:
+    return e.name in COLLECTIVE_OPS and (not e.long_name or e.long_name.endswith(":" + e.name))
+
+
+def find_steps(events: Iterable[Event]) -> tuple[str, list[tuple[float, float]]]:
+    """The step function and its executions: the ``EagerLocalExecute: __inference_*`` events on the
+    Python thread with the largest total time (Keras: ``train_function``; custom loops: the function
+    the loop calls)."""
+    totals: dict[str, float] = {}
+    runs: dict[str, list[tuple[float, float]]] = {}
+    for e in events:
+        if e.thread == PYTHON_THREAD and e.name.startswith(STEP_PREFIX):
+            totals[e.name] = totals.get(e.name, 0.0) + e.dur_ns
+            runs.setdefault(e.name, []).append((e.start_ns, e.end_ns))
+    if not totals:
+        return "", []
+    name = max(totals, key=lambda k: totals[k])
+    return name[len("EagerLocalExecute: ") :], sorted(runs[name])
+
+
+def summarize(events: list[Event]) -> WindowSummary | None:
+    """Per-step means of the straggler signals for one window; None if no step was found.
+
+    Only events that start inside a step execution are counted, so partial steps at the window edges
+    and work between steps (callbacks, Python) do not skew the means.
+    """
+    fn, steps = find_steps(events)
+    if not steps:
+        return None
+
+    def step_of(t: float) -> int | None:
+        # binary search for the step whose [start, end] contains t
+        lo, hi = 0, len(steps) - 1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            s, e = steps[mid]
+            if t < s:
+                hi = mid - 1
+            elif t > e:
+                lo = mid + 1
+            else:
+                return mid
+        return None
+
+    collective = 0.0
+    input_event = 0.0
+    input_ops = 0.0
+    enter: dict[int, float] = {}
+    first_collective: dict[int, float] = {}
+    for e in events:
+        idx = step_of(e.start_ns)
+        if idx is None:
+            continue
+        if e.name == COLLECTIVE_ENTER:
+            enter[idx] = min(enter.get(idx, e.start_ns), e.start_ns)
+        elif _is_collective(e):
+            collective += e.dur_ns
+            first_collective[idx] = min(first_collective.get(idx, e.start_ns), e.start_ns)
+        elif e.name == INPUT_EVENT:
+            input_event += e.dur_ns
+        elif e.name in INPUT_OPS:
+            input_ops += e.dur_ns
+    pre: list[float] = []
+    for idx, (s, _) in enumerate(steps):
+        t = enter.get(idx, first_collective.get(idx))
+        if t is not None:
+            pre.append((t - s) / 1e6)
+    n = len(steps)
+    return WindowSummary(
+        steps=n,
+        step_ms=sum(e - s for s, e in steps) / n / 1e6,
+        collective_ms=collective / n / 1e6,
+        input_ms=(input_event if input_event else input_ops) / n / 1e6,
+        pre_collective_ms=(sum(pre) / len(pre)) if pre else None,
+        pre_collective_steps=len(pre),
+        step_function=fn,
+        per_step_pre_collective_ms=pre,
+    )
+
+
+# ------------------------------------------------------------------------------------------ sampler
+
+
+def interval_from_env(env: Mapping[str, str] = os.environ) -> float:
+    """``TFCLUSTER_PROFILE_INTERVAL_S`` in seconds; 0 (off) when unset or invalid."""
+    raw = env.get(ENV_INTERVAL, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        warn_once("profile-interval", f"{ENV_INTERVAL}={raw!r} is not a number; profiling off")
+        return 0.0
+    return value if value > 0 else 0.0
+
+
+class _Session:
+    """One profiler session: in memory (``ProfilerSession.stop()`` returns the trace-events proto in
+    TF 2.21) or, if that is unavailable, a temporary logdir holding an ``.xplane.pb`` that we delete."""
+
+    # Host ops only: the signals are host-side and device tracing (CUPTI) would add cost on GPUs.
+    OPTIONS = {"host_tracer_level": 2, "python_tracer_level": 0, "device_tracer_level": 0}
+
+    def __init__(self, in_memory: bool = True) -> None:
+        from tensorflow.python.profiler import profiler_v2
+        from tensorflow.python.profiler.internal import _pywrap_profiler
+
+        if getattr(profiler_v2, "_profiler", None) is not None:
+            raise _Busy("the program is profiling itself")
+        self.in_memory = in_memory
+        self.logdir = ""
+        if not in_memory:
+            import tempfile
+
+            self.logdir = tempfile.mkdtemp(prefix="tfcluster-prof-")
+        self._session = _pywrap_profiler.ProfilerSession()
+        self._session.start(self.logdir, dict(self.OPTIONS))
+
+    def stop(self) -> tuple[str, bytes]:
+        """Stop tracing; returns ("trace", bytes) or ("xspace", bytes)."""
+        if self.in_memory:
+            data = self._session.stop()
+            if isinstance(data, bytes) and data:
+                return "trace", data
+            raise RuntimeError("ProfilerSession.stop() returned no trace")
+        try:
+            self._session.export_to_tb()
+            import glob
+
+            files = glob.glob(os.path.join(self.logdir, "plugins", "profile", "*", "*.xplane.pb"))
+            if not files:
+                raise RuntimeError("the profiler wrote no .xplane.pb")
+            with open(files[0], "rb") as f:
+                return "xspace", f.read()
+        finally:
+            self.cleanup()
+
+    def cleanup(self) -> None:
+        if self.logdir:
+            import shutil
+
+            shutil.rmtree(self.logdir, ignore_errors=True)
+            self.logdir = ""
+
+
+class _Busy(Exception):
+    """Profiling is not possible right now (someone else is profiling): skip this window."""
+
+
+class ProfileSampler:
+    """Profiles ~``window_steps`` steps every ``interval_s`` seconds and emits ``profile`` records.
+
+    Driven by a Keras callback (or a custom loop): call ``on_batch_begin()`` before and
+    ``on_batch_end(steps)`` after each step. Costs nothing between windows but a clock read.
+    """
+
+    def __init__(
+        self,
+        interval_s: float,
+        window_steps: int = DEFAULT_WINDOW_STEPS,
+        emit: Callable[..., Any] = progress.emit,
+        in_memory: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        first_delay_s: float | None = None,
+    ) -> None:
+        self.interval_s = interval_s
+        self.window_steps = max(1, int(window_steps))
+        self.enabled = interval_s > 0
+        self._emit = emit
+        self._in_memory = in_memory
+        self._clock = clock
+        # The first window waits one interval (so it misses tracing and warm-up), at least 2 s.
+        delay = interval_s if first_delay_s is None else first_delay_s
+        self._next_due = clock() + delay
+        self._session: _Session | None = None
+        self._window_steps = 0
+        self._cpu0 = 0.0
+        self._wall0 = 0.0
+        self._parser: threading.Thread | None = None
+        self.windows = 0
+        self.last_cost: dict[str, float] = {}
+        self.last_record: dict[str, Any] | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ, **kwargs: Any) -> ProfileSampler:
+        return cls(interval_from_env(env), **kwargs)
+
+    def _disable(self, what: str, exc: BaseException) -> None:
+        self.enabled = False
+        warn_once("profiler-sampler", f"profiler sampling disabled ({what}: {exc!r}); training continues")
+        if self._session is not None:
+            try:
+                self._session.cleanup()
+            except Exception:
+                pass
+            self._session = None
+
+    def on_batch_begin(self) -> None:
+        """Start a window if one is due (and the previous one has been parsed)."""
+        if not self.enabled or self._session is not None:
+            return
+        if self._clock() < self._next_due:
+            return
+        if self._parser is not None and self._parser.is_alive():
+            return
+        try:
+            t0 = time.perf_counter()
+            self._session = _Session(self._in_memory)
+            self.last_cost = {"start_ms": (time.perf_counter() - t0) * 1e3}
+        except _Busy:
+            self._next_due = self._clock() + self.interval_s
+            return
+        except Exception as exc:
+            self._disable("start", exc)
+            return
+        self._window_steps = 0
+        self._cpu0 = time.process_time()
+        self._wall0 = time.perf_counter()
+
+    def on_batch_end(self, steps: int = 1) -> None:
+        """Count steps of an open window; stop it after ``window_steps`` steps."""
+        if self._session is None:
+            return
+        self._window_steps += max(1, int(steps))
+        if self._window_steps < self.window_steps:
+            return
+        self._finish()
+
+    def _finish(self) -> None:
+        session, self._session = self._session, None
+        if session is None:
+            return
+        cpu = time.process_time() - self._cpu0
+        steps = self._window_steps
+        self._next_due = self._clock() + self.interval_s
+        try:
+            t0 = time.perf_counter()
+            kind, data = session.stop()
+            self.last_cost["stop_ms"] = (time.perf_counter() - t0) * 1e3
+        except Exception as exc:
+            self._disable("stop", exc)
+            return
+        self.windows += 1
+        cpu_ms = cpu * 1e3 / steps if steps else None
+        self._parser = threading.Thread(
+            target=self._parse, args=(kind, data, cpu_ms), name="tfcluster-profile-parse", daemon=True
+        )
+        self._parser.start()
+
+    def _parse(self, kind: str, data: bytes, cpu_ms: float | None) -> None:
+        try:
+            t0 = time.perf_counter()
+            events = events_from_trace(data) if kind == "trace" else events_from_xspace(data)
+            summary = summarize(events)
+            self.last_cost["parse_ms"] = (time.perf_counter() - t0) * 1e3
+            if summary is None:
+                return
+            record = {
+                "steps": summary.steps,
+                "step_ms": round(summary.step_ms, 3),
+                "collective_ms": round(summary.collective_ms, 3),
+                "input_ms": round(summary.input_ms, 3),
+                "pre_collective_ms": None if summary.pre_collective_ms is None else round(summary.pre_collective_ms, 3),
+                "cpu_ms": None if cpu_ms is None else round(cpu_ms, 3),
+            }
+            self.last_record = record
+            self._emit("profile", **record)
+            if os.environ.get(ENV_DEBUG) == "1":
+                costs = " ".join(f"{k}={v:.2f}" for k, v in self.last_cost.items())
+                print(f"tfcluster-profile window={self.windows} {costs} events={len(events)}", file=sys.stderr)
+        except Exception as exc:
+            self._disable("parse", exc)
+
+    def close(self, wait_s: float = 5.0) -> None:
+        """Discard an open window and wait briefly for a pending parse (so its record is not lost)."""
+        session, self._session = self._session, None
+        if session is not None:
+            try:
+                session.stop()
+            except Exception:
+                pass
+            session.cleanup()
+        parser = self._parser
+        if parser is not None and parser.is_alive():
+            parser.join(wait_s)
