@@ -31,6 +31,7 @@ class Policy:
     progress_timeout_s: float | None = 600.0
     straggler_ratio: float = 1.5
     straggler_min_ms: float = 5.0  # an excess below this is noise, whatever the ratio
+    straggler_min_share: float = 0.1  # ... and so is one below this share of the step
     straggler_confirmations: int = 2  # consecutive profile rounds naming the same worker
     kill_stragglers: bool = False
 
@@ -83,7 +84,9 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def find_straggler(profiles: dict[str, dict[str, Any]], ratio: float, min_ms: float) -> StragglerFinding | None:
+def find_straggler(
+    profiles: dict[str, dict[str, Any]], ratio: float, min_ms: float, min_share: float = 0.0
+) -> StragglerFinding | None:
     """The worker the others wait for, from one profile per worker, or None when nobody stands out."""
     pre = {t: float(p["pre_collective_ms"]) for t, p in profiles.items() if p.get("pre_collective_ms") is not None}
     if len(pre) < 2:
@@ -93,6 +96,9 @@ def find_straggler(profiles: dict[str, dict[str, Any]], ratio: float, min_ms: fl
     base = _median([pre[t] for t in others])
     excess = pre[cand] - base
     if excess < min_ms or pre[cand] < ratio * max(base, 0.1):
+        return None
+    step_ms = _median([float(p.get("step_ms") or 0.0) for p in profiles.values()])
+    if step_ms > 0 and excess < min_share * step_ms:
         return None
 
     def excess_of(key: str) -> float | None:
@@ -113,7 +119,6 @@ def find_straggler(profiles: dict[str, dict[str, Any]], ratio: float, min_ms: fl
     else:
         cause = "other"
         detail = "not its input pipeline nor its own CPU time: host contention, a slower device, or its network"
-    step_ms = _median([float(p.get("step_ms") or 0.0) for p in profiles.values()])
     return StragglerFinding(task=cand, wait_ms=excess, step_ms=step_ms, cause=cause, pre_ms=pre, detail=detail)
 
 

@@ -123,7 +123,7 @@ def analyse(workers: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
     efficiency = useful / step if step > 0 else None
     advice = []
-    finding = find_straggler({t: dict(w) for t, w in prof.items()}, ratio=1.5, min_ms=5.0)
+    finding = find_straggler({t: dict(w) for t, w in prof.items()}, ratio=1.5, min_ms=5.0, min_share=0.1)
     if finding is not None:
         advice.append(
             f"{finding.task} is a straggler: the others wait ≈{finding.wait_ms:.0f} ms per step for it "
