@@ -15,7 +15,9 @@ import json
 import os
 import select
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -73,6 +75,7 @@ class GatherState:
     path: Path
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     _saved_at: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def load(cls, path: Path) -> GatherState:
@@ -93,13 +96,17 @@ class GatherState:
         )
 
     def record(self, dest: Path, size: int, mtime_ns: int | None, sha256: str) -> None:
-        self.files[str(dest)] = {"size": size, "mtime_ns": mtime_ns, "sha256": sha256}
-        if time.monotonic() - self._saved_at > 1.0:
+        with self._lock:
+            self.files[str(dest)] = {"size": size, "mtime_ns": mtime_ns, "sha256": sha256}
+            due = time.monotonic() - self._saved_at > 1.0
+        if due:
             self.save()
 
     def save(self) -> None:
-        write_json_atomic(self.path, {"files": self.files}, indent=None)
-        self._saved_at = time.monotonic()
+        with self._lock:
+            snapshot = dict(self.files)
+            self._saved_at = time.monotonic()
+        write_json_atomic(self.path, {"files": snapshot}, indent=None)
 
 
 @dataclass
@@ -120,6 +127,15 @@ class Totals:
     errors: list[str] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
 
+    def merge(self, other: Totals) -> None:
+        self.files += other.files
+        self.bytes += other.bytes
+        self.skipped_verified += other.skipped_verified
+        self.resumed_files += other.resumed_files
+        self.resumed_bytes += other.resumed_bytes
+        self.errors += other.errors
+        self.skipped += other.skipped
+
 
 class Progress:
     """A byte progress bar on a terminal, silence elsewhere."""
@@ -127,6 +143,7 @@ class Progress:
     def __init__(self, total: int, enabled: bool | None = None) -> None:
         enabled = sys.stderr.isatty() and os.environ.get("TERM") != "dumb" if enabled is None else enabled
         self._bar = None
+        self._lock = threading.Lock()
         if enabled and total > 0:
             from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
@@ -135,8 +152,9 @@ class Progress:
             self._task = self._bar.add_task("gather", total=total)
 
     def advance(self, n: int) -> None:
-        if self._bar is not None:
-            self._bar.advance(self._task, n)
+        if self._bar is not None and n:
+            with self._lock:
+                self._bar.advance(self._task, n)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -287,55 +305,94 @@ def _items(manifest: dict[str, Any], dest_base: Path, totals: Totals) -> list[It
 def gather_after_run(
     spec: Any, plan: Plan, conns: dict[str, Connection], rundir: RunDir, bus: EventBus, *, attempts: int
 ) -> dict[str, Any]:
-    """Logs + exit status of every task and attempt; the chief's checkpoints. Returns a summary."""
+    """Logs + exit status of every task and attempt; the chief's checkpoints. Returns a summary.
+
+    Hosts are gathered in parallel; a task's node-side log is copied only when it differs in size
+    from what arrived live (then the node's copy completes RUN/logs/).
+    """
     bus.emit("gather_started", attempts=attempts)
     state = GatherState.load(rundir.path / "gather-state.json")
     totals = Totals()
-    plans: list[tuple[NodePlan, Connection, list[dict[str, Any]]]] = []
-    ckpt_summary: dict[str, Any] = {"gathered": False}
+    reachable = []
     for node in plan.nodes:
         conn = conns.get(str(node.task))
         if conn is None or not conn.is_alive():
             totals.errors.append(f"{node.task} ({node.host}): host not reachable; its node-side logs were not gathered")
-            continue
+        else:
+            reachable.append((node, conn))
+
+    def listing(pair: tuple[NodePlan, Connection]) -> tuple[NodePlan, Connection, list[dict[str, Any]] | str]:
+        node, conn = pair
         roots = [f"{node.remote_dir}/attempt-{a}" for a in range(attempts)]
-        want_ckpt = node.is_chief and spec.checkpoint.gather
-        if want_ckpt:
+        if node.is_chief and spec.checkpoint.gather:
             roots.append(node.checkpoint_dir)
         clean = [] if node.is_chief else [node.checkpoint_dir, node.backup_dir]
         try:
-            manifests = _manifest(conn, node.argv[0], roots, clean)
+            return node, conn, _manifest(conn, node.argv[0], roots, clean)
         except Exception as exc:
-            totals.errors.append(f"{node.task} ({node.host}): {exc}")
+            return node, conn, f"{node.task} ({node.host}): {exc}"
+
+    workers = max(1, min(16, len(reachable)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        listed = list(pool.map(listing, reachable))
+
+    ckpt_summary: dict[str, Any] = {"gathered": False}
+    logs_summary: dict[str, str] = {}
+    work: list[tuple[NodePlan, Connection, list[tuple[str, list[Item]]]]] = []
+    for node, conn, manifests in listed:
+        if isinstance(manifests, str):
+            totals.errors.append(manifests)
             continue
-        plans.append((node, conn, manifests))
-        if want_ckpt:
+        jobs: list[tuple[str, list[Item]]] = []
+        for a in range(attempts):
+            m = manifests[a]
+            key = f"{node.task}" + (f" attempt {a}" if a else "")
+            if not m.get("exists"):
+                logs_summary[key] = "no node-side directory"
+                continue
+            dest = rundir.gather_dir / node.task.slug / f"attempt-{a}"
+            dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+            items = _items(m, dest, totals)
+            live = rundir.task_log(node.task.slug, a)
+            live_size = live.stat().st_size if live.is_file() else -1
+            node_log = next((i for i in items if i.rel == "output.log"), None)
+            if node_log is not None and node_log.size == live_size:
+                items.remove(node_log)
+                logs_summary[key] = f"complete: all {live_size} bytes arrived live"
+            elif node_log is not None:
+                logs_summary[key] = f"completed from the node: {node_log.size - max(live_size, 0)} bytes missed live"
+            jobs.append((m["root"], items))
+        if node.is_chief and spec.checkpoint.gather:
             m = manifests[-1]
             ckpt_summary = {
                 "gathered": m.get("exists", False),
                 "source": f"{node.host}:{m.get('root')}",
                 "task": str(node.task),
             }
-
-    total_bytes = sum(f["size"] for _, _, ms in plans for m in ms for f in m.get("files", []))
-    progress = Progress(total_bytes)
-    try:
-        for node, conn, manifests in plans:
-            for a in range(attempts):
-                m = manifests[a]
-                if not m.get("exists"):
-                    continue
-                dest = rundir.gather_dir / node.task.slug / f"attempt-{a}"
-                dest.mkdir(parents=True, exist_ok=True, mode=0o700)
-                fetch(conn, node.argv[0], m["root"], _items(m, dest, totals), state, totals, progress)
-                _complete_live_log(rundir, node, a, dest, bus)
-            if node.is_chief and spec.checkpoint.gather and manifests[-1].get("exists"):
-                m = manifests[-1]
+            if m.get("exists"):
                 rundir.checkpoints_dir.mkdir(exist_ok=True, mode=0o700)
-                fetch(conn, node.argv[0], m["root"], _items(m, rundir.checkpoints_dir, totals), state, totals, progress)
+                jobs.append((m["root"], _items(m, rundir.checkpoints_dir, totals)))
+        work.append((node, conn, jobs))
+
+    progress = Progress(sum(it.size for _, _, jobs in work for _, items in jobs for it in items))
+
+    def copy(entry: tuple[NodePlan, Connection, list[tuple[str, list[Item]]]]) -> Totals:
+        node, conn, jobs = entry
+        mine = Totals()
+        for root, items in jobs:
+            fetch(conn, node.argv[0], root, items, state, mine, progress)
+        return mine
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(work)))) as pool:
+            for t in pool.map(copy, work):
+                totals.merge(t)
     finally:
         progress.close()
         state.save()
+    for node, _, _ in work:
+        for a in range(attempts):
+            _complete_live_log(rundir, node, a, rundir.gather_dir / node.task.slug / f"attempt-{a}", bus)
     summary = {
         "files": totals.files,
         "bytes": totals.bytes,
@@ -344,6 +401,7 @@ def gather_after_run(
         "resumed_bytes": totals.resumed_bytes,
         "skipped": totals.skipped,
         "errors": totals.errors,
+        "logs": logs_summary,
         "checkpoints": ckpt_summary,
         "dest": str(rundir.path),
     }

@@ -103,11 +103,17 @@ def launch(loaded: LoadedSpec, plan: Plan, opts: LaunchOptions) -> RunResult:
         live = LiveTable(plan)
         logs.console_hook = live.print_log
 
+    last_tasks: dict[str, dict[str, Any]] = {}
+
     def on_status(status: dict[str, Any]) -> None:
+        if status.get("finished"):  # keep the last metrics, take states and exit codes from the result
+            status["tasks"] = {t: {**last_tasks.get(t, {}), **v} for t, v in status.get("tasks", {}).items()}
+        else:
+            last_tasks.update(status.get("tasks", {}))
         status = {"job": plan.job, "run_id": plan.run_id, "launcher_pid": os.getpid(), **status}
         with contextlib.suppress(OSError):
             write_json_atomic(rundir.status_json, status)
-        if live is not None:
+        if live is not None and live.active:
             live.update(status)
 
     for w in loaded.warnings:
@@ -125,7 +131,9 @@ def launch(loaded: LoadedSpec, plan: Plan, opts: LaunchOptions) -> RunResult:
     keys = KeyCache()
     conns: dict = {}
     try:
-        with signals_to(interrupt), live or contextlib.nullcontext():
+        with signals_to(interrupt):
+            if live is not None:
+                live.start()
             conns, failures, secs = connect_all(plan.nodes, keys)
             if failures:
                 for f in failures:
@@ -204,10 +212,14 @@ def launch(loaded: LoadedSpec, plan: Plan, opts: LaunchOptions) -> RunResult:
             result.state = result.attempts[-1].state.value if result.attempts else "failed"
             if result.failures and result.state == "succeeded":
                 result.state = "failed"
+            if live is not None:
+                live.stop()  # the gather's progress bar and the summary print below it
             if opts.gather and not interrupt.count >= 2:
                 _gather(spec, plan, conns, rundir, bus, logs, result)
             return _finish(result, rundir, bus, logs, heartbeats, on_status)
     finally:
+        if live is not None:
+            live.stop()
         close_all(conns)
 
 

@@ -33,14 +33,22 @@ class LiveTable:
             transient=False,
         )
 
-    def __enter__(self) -> LiveTable:
-        self.live.__enter__()
-        return self
+    @property
+    def active(self) -> bool:
+        return self.live.is_started
 
-    def __exit__(self, *exc: Any) -> None:
-        self.live.__exit__(*exc)
+    def start(self) -> None:
+        if not self.live.is_started:
+            self.live.start()
+
+    def stop(self) -> None:
+        if self.live.is_started:
+            self.live.stop()
 
     def print_log(self, data: bytes) -> None:
+        if not self.live.is_started:
+            sys.stdout.buffer.write(data)
+            return
         text = data.decode("utf-8", "replace")
         self.console.print(Text.from_ansi(text.rstrip("\n")), soft_wrap=True, highlight=False, markup=False)
 

@@ -226,6 +226,10 @@ def test_round_waits_for_every_live_worker():
 
 def test_small_share_of_a_long_step_is_not_a_straggler():
     # 12 ms extra on a 400 ms step: 3% — noise on a busy host, not worth a warning
-    profiles = {"worker:0": profile(4.0, step=400), "worker:1": profile(16.0, step=400), "worker:2": profile(4.5, step=400)}
+    profiles = {
+        "worker:0": profile(4.0, step=400),
+        "worker:1": profile(16.0, step=400),
+        "worker:2": profile(4.5, step=400),
+    }
     assert find_straggler(profiles, 1.5, 5.0, min_share=0.1) is None
     assert find_straggler(profiles, 1.5, 5.0, min_share=0.0) is not None

@@ -26,6 +26,9 @@ def main() -> int:
     p.add_argument("--never-start", default="")
     p.add_argument("--pid-dir", default="")
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--slow-task", default="", help="this task's input pipeline sleeps --slow-ms per batch ...")
+    p.add_argument("--slow-ms", type=float, default=60.0)
+    p.add_argument("--slow-after-s", type=float, default=0.0, help="... starting this long after training began")
     args = p.parse_args()
     cfg = json.loads(os.environ.get("TF_CONFIG", "{}"))
     task = f"{cfg['task']['type']}:{cfg['task']['index']}" if cfg else "local"
@@ -45,6 +48,21 @@ def main() -> int:
     x = rng.normal(size=(2048, 32)).astype("float32")
     y = x.sum(axis=1, keepdims=True).astype("float32")
     ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(64)
+    if task == args.slow_task:
+        state = {"t0": None, "announced": False}
+
+        def slow(batch):
+            now = time.time()
+            if state["t0"] is None:
+                state["t0"] = now
+            if now - state["t0"] >= args.slow_after_s:
+                if not state["announced"]:
+                    state["announced"] = True
+                    print(f"{task}: input pipeline slowed by {args.slow_ms:g} ms/batch from now", flush=True)
+                time.sleep(args.slow_ms / 1000.0)
+            return batch
+
+        ds = ds.map(lambda a, b: (tf.ensure_shape(tf.py_function(slow, [a], tf.float32), [None, 32]), b))
     with strategy.scope():
         model = tf.keras.Sequential([tf.keras.layers.Dense(64, activation="relu"), tf.keras.layers.Dense(1)])
         model.compile(optimizer="adam", loss="mse")
