@@ -1,0 +1,239 @@
+"""worker_entry on its own (a local subprocess, the wire protocol by hand): lifecycle guarantees."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from worker_entry import wire
+
+PY = sys.executable
+
+
+class Entry:
+    """Drive `python -m worker_entry` like the launcher does: config line, go, pings, stop."""
+
+    def __init__(self, tmp_path: Path, argv: list[str], **cfg) -> None:
+        config = {
+            "argv": argv,
+            "env": cfg.pop("env", {}),
+            "remote_dir": str(tmp_path / "task"),
+            "heartbeat_interval_s": 0.2,
+            "launcher_timeout_s": cfg.pop("launcher_timeout_s", 30),
+            "stop_grace_s": cfg.pop("stop_grace_s", 2),
+            "wait_for_go": True,
+            **cfg,
+        }
+        self.p = subprocess.Popen(
+            [PY, "-m", "worker_entry"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        self.decoder = wire.FrameDecoder()
+        self.msgs: list[dict] = []
+        self.logs = bytearray()
+        self.send(config)
+
+    def send(self, obj: dict) -> None:
+        self.p.stdin.write(wire.command_line(obj))
+        self.p.stdin.flush()
+
+    def pump(self, timeout: float = 0.2) -> None:
+        ready, _, _ = select.select([self.p.stdout], [], [], timeout)
+        if ready:
+            data = os.read(self.p.stdout.fileno(), 1 << 20)
+            for fr in self.decoder.feed(data):
+                if fr.type == wire.T_LOG:
+                    self.logs += fr.payload
+                else:
+                    self.msgs.append(fr.json())
+
+    def wait_msg(self, kind: str, timeout: float = 20.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for m in self.msgs:
+                if m["type"] == kind:
+                    return m
+            self.pump()
+        raise AssertionError(f"no {kind!r} within {timeout}s; got {[m['type'] for m in self.msgs]}")
+
+    def finish(self, timeout: float = 30.0) -> int:
+        deadline = time.monotonic() + timeout
+        while self.p.poll() is None and time.monotonic() < deadline:
+            self.pump(0.05)
+        if self.p.poll() is None:
+            self.p.kill()
+        while True:
+            ready, _, _ = select.select([self.p.stdout], [], [], 0)
+            if not ready:
+                break
+            data = os.read(self.p.stdout.fileno(), 1 << 20)
+            if not data:
+                break
+            for fr in self.decoder.feed(data):
+                if fr.type == wire.T_LOG:
+                    self.logs += fr.payload
+                else:
+                    self.msgs.append(fr.json())
+        return self.p.wait()
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_dead(pids, timeout=10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    left = list(pids)
+    while left and time.monotonic() < deadline:
+        left = [p for p in left if alive(p)]
+        time.sleep(0.05)
+    return left
+
+
+FAMILY = """
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)          # stubborn: only SIGKILL ends it
+kid = subprocess.Popen([sys.executable, "-c", "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+escaped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+with open(sys.argv[1], "w") as f:
+    f.write(f"{os.getpid()} {kid.pid} {escaped.pid}")
+print("family ready", flush=True)
+time.sleep(600)
+"""
+
+
+def _family(tmp_path: Path, **cfg) -> tuple[Entry, list[int]]:
+    pids_file = tmp_path / "pids"
+    e = Entry(tmp_path, [PY, "-c", FAMILY, str(pids_file)], **cfg)
+    e.wait_msg("hello")
+    e.send({"op": "go"})
+    e.wait_msg("spawned")
+    deadline = time.monotonic() + 20
+    while not (pids_file.exists() and len(pids_file.read_text().split()) == 3) and time.monotonic() < deadline:
+        e.pump(0.1)
+    pids = [int(x) for x in pids_file.read_text().split()]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(m["type"] == "heartbeat" and m.get("nproc", 0) >= 3 for m in e.msgs):
+        e.pump(0.1)  # let a heartbeat scan see the escaped child
+    return e, pids
+
+
+def test_stop_escalates_to_kill_and_reaches_escaped_descendants(tmp_path):
+    e, pids = _family(tmp_path, stop_grace_s=1.0)
+    try:
+        e.send({"op": "stop", "grace_s": 1.0, "reason": "test"})
+        code = e.finish()
+        exited = e.wait_msg("exited")
+        assert exited["signal_name"] == "SIGKILL" and exited["stopped"] is True
+        assert code == 128 + signal.SIGKILL
+        assert wait_dead(pids) == []
+    finally:
+        for p in pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_closed_channel_kills_the_whole_group(tmp_path):
+    e, pids = _family(tmp_path, stop_grace_s=0.5)
+    try:
+        e.p.stdin.close()  # the launcher went away (its SSH session closed)
+        e.finish()
+        assert "launcher closed the connection" in e.wait_msg("stopping")["reason"]
+        assert wait_dead(pids) == []
+    finally:
+        for p in pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_no_ping_means_the_launcher_is_gone(tmp_path):
+    e, pids = _family(tmp_path, launcher_timeout_s=1.5, stop_grace_s=0.5)
+    try:
+        # stdin stays open but silent: a dead network never closes a TCP session
+        e.finish(timeout=20)
+        assert "launcher unreachable" in e.wait_msg("stopping")["reason"]
+        assert wait_dead(pids) == []
+    finally:
+        e.p.stdin.close()
+        for p in pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_worker_entry_sigkill_takes_the_child_with_it(tmp_path):
+    e = Entry(tmp_path, [PY, "-c", "import time; print('up', flush=True); time.sleep(600)"])
+    e.wait_msg("hello")
+    e.send({"op": "go"})
+    child = e.wait_msg("spawned")["pid"]
+    e.p.kill()  # PR_SET_PDEATHSIG: the kernel kills the child too
+    e.p.wait()
+    assert wait_dead([child], 5) == []
+
+
+def test_every_line_and_the_partial_last_one_are_sent_and_kept(tmp_path):
+    script = "import sys\nfor i in range(20000): print(f'o{i}')\nprint('e', file=sys.stderr)\nsys.stdout.write('no newline at the end')"
+    e = Entry(tmp_path, [PY, "-c", script])
+    e.wait_msg("hello")
+    e.send({"op": "go"})
+    assert e.finish() == 0
+    lines = e.logs.decode().splitlines()
+    assert [ln for ln in lines if ln.startswith("o")] == [f"o{i}" for i in range(20000)]
+    assert "e" in lines  # stderr counts
+    assert "no newline at the end" in lines  # the partial last line is flushed as a line
+    node_log = (tmp_path / "task" / "output.log").read_bytes()
+    assert node_log == bytes(e.logs)
+    exit_info = json.loads((tmp_path / "task" / "exit.json").read_text())
+    assert exit_info["code"] == 0 and exit_info["log_bytes"] == len(node_log)
+
+
+def test_stop_before_go_starts_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    e = Entry(tmp_path, [PY, "-c", f"open({str(marker)!r}, 'w')"])
+    e.wait_msg("hello")
+    e.send({"op": "stop", "reason": "preflight failed"})
+    assert e.finish() == 0
+    assert e.wait_msg("exited")["not_started"] is True
+    assert not marker.exists()
+
+
+def test_hello_reports_local_problems(tmp_path):
+    e = Entry(tmp_path, ["true"], workdir=str(tmp_path / "missing"), gpus=4)
+    facts = e.wait_msg("hello")["facts"]
+    e.send({"op": "stop"})
+    e.finish()
+    checks = {p["check"] for p in facts["problems"]}
+    assert checks == {"workdir", "gpus"}
+    assert facts["packages"]["tfcluster"] == "0.1.0"
+
+
+def test_frame_decoder_skips_shell_noise_and_reassembles():
+    stream = (
+        b"Welcome to host!\nlast login...\n"
+        + wire.MARKER
+        + wire.msg_frame({"type": "hello"})
+        + wire.log_frame(1, b"a\nb\n")
+    )
+    dec = wire.FrameDecoder()
+    frames = []
+    for i in range(0, len(stream), 3):  # byte-dribbled, as a slow network would
+        frames += dec.feed(stream[i : i + 3])
+    assert bytes(dec.preamble) == b"Welcome to host!\nlast login...\n"
+    assert [f.type for f in frames] == [wire.T_MSG, wire.T_LOG]
+    assert frames[0].json() == {"type": "hello"} and frames[1].payload == b"a\nb\n"
+
+
+def test_frame_decoder_rejects_garbage_after_sync():
+    dec = wire.FrameDecoder()
+    with pytest.raises(wire.ProtocolError):
+        dec.feed(wire.MARKER + b"\xff\x00\x00\x00\x00\x10")
