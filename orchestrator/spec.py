@@ -152,9 +152,11 @@ class TensorflowSpec(_Model):
     )
     chief: bool = Field(False, description="true: the first host runs task type 'chief', the others 'worker'.")
     collective_timeout_s: PosFloat | None = Field(
-        120.0,
-        description="CommunicationOptions(timeout_seconds): no collective waits longer. null: wait forever "
-        "(TensorFlow's default, not recommended).",
+        None,
+        description="CommunicationOptions(timeout_seconds). Default null: in TF 2.21 a timeout starts one "
+        "thread per collective that sleeps for the whole timeout (thousands of threads, 3x slower steps, "
+        "PID exhaustion); tfcluster's heartbeats and the pre-configured coordination-service heartbeat "
+        "catch hung peers instead.",
     )
     legacy_keras: bool = Field(
         True,

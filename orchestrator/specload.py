@@ -286,6 +286,15 @@ def _cross_field_problems(data: dict, filename: str, positions: Positions) -> li
             "heartbeats (use at least 3x the interval)",
         )
 
+    if isinstance(_get(tf, "collective_timeout_s"), int | float) and not isinstance(_get(tf, "collective_timeout_s"), bool):
+        add(
+            ("tensorflow", "collective_timeout_s"),
+            "TensorFlow 2.21 starts one thread per collective that lives for the whole timeout: at ~100 "
+            "collectives/s that is thousands of threads and much slower steps (docs/benchmarks.md). "
+            "tfcluster's heartbeats already catch hung peers; prefer null",
+            "warning",
+        )
+
     comm = _get(tf, "communication", "auto")
     if comm == "nccl" and gpu_counts and all(g == 0 for _, g in gpu_counts):
         add(

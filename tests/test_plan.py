@@ -78,7 +78,7 @@ def test_environment_of_a_cpu_node():
     assert env["MY_VAR"] == "a b"
     assert env["TF_USE_LEGACY_KERAS"] == "1"
     assert env["TFCLUSTER_COMMUNICATION"] == "ring"
-    assert env["TFCLUSTER_COLLECTIVE_TIMEOUT_S"] == "120"
+    assert "TFCLUSTER_COLLECTIVE_TIMEOUT_S" not in env  # no timeout unless asked for (TF 2.21 thread leak)
     assert env["TFCLUSTER_HEARTBEAT_TIMEOUT_S"] == "10"
     assert env["TFCLUSTER_TASK_TYPE"] == "worker" and env["TFCLUSTER_TASK_INDEX"] == "1"
     assert env["TFCLUSTER_NUM_TASKS"] == "2"
