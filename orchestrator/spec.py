@@ -191,9 +191,10 @@ class JobSpec(_Model):
         10.0, description="On Ctrl-C / `tfcluster stop`: SIGTERM, wait this long (to save state), then SIGKILL."
     )
     failure_grace_s: NonNegFloat = Field(
-        1.0,
+        0.3,
         description="On teardown after a failure: SIGTERM, wait this long, then SIGKILL. An MWMS job that lost a "
-        "peer cannot save anything collectively, so waiting longer only keeps GPUs busy.",
+        "peer cannot save anything collectively (and TensorFlow catches SIGTERM once MWMS exists), so waiting "
+        "longer only keeps GPUs busy.",
     )
     remote_dir: NonEmptyStr = Field(
         "~/.tfcluster/runs",

@@ -493,6 +493,13 @@ class Supervisor:
         event = {"lost": "worker_lost", "hung": "worker_hung", "stalled": "job_stalled"}.get(v.kind, v.kind)
         w = self.workers.get(v.task) if v.task else None
         self.bus.emit(event, task=v.task, host=w.host if w else None, message=v.message, **v.data)
+        if v.kind == "lost" and w is not None and not v.data.get("suspect") and not w.state.is_terminal:
+            # Silent past the timeout: waiting for its exit status would only delay the teardown.
+            # Its worker_entry stops the task by itself when our pings stop reaching it.
+            if w.chan is not None:
+                w.chan.close()
+            w.state = TaskState.LOST
+            self.monitor.on_terminal(w.task)
         if v.fatal:
             self._fail(
                 Failure(
@@ -519,7 +526,7 @@ class Supervisor:
             where = f"{failure.task} ({failure.host})" if failure.task else "the job"
             self._teardown(f"{where}: {failure.message}", grace=self.spec.job.failure_grace_s)
 
-    def _teardown(self, reason: str, grace: float | None = None) -> None:
+    def _teardown(self, reason: str, grace: float | None = None, signum: int = signal.SIGTERM) -> None:
         grace = self.spec.job.stop_grace_s if grace is None else grace
         if self.stopping_reason is None:
             self.stopping_reason = reason
@@ -530,7 +537,7 @@ class Supervisor:
                 w.stop_sent = True
                 if w.state in (TaskState.RUNNING, TaskState.READY, TaskState.STARTING):
                     w.state = TaskState.STOPPING
-                self._send(w, {"op": "stop", "grace_s": grace, "reason": reason})
+                self._send(w, {"op": "stop", "grace_s": grace, "reason": reason, "signal": int(signum)})
         deadline = self.clock() + grace + TEARDOWN_MARGIN_S
         self.teardown_deadline = min(self.teardown_deadline or deadline, deadline)
 
@@ -559,12 +566,15 @@ class Supervisor:
         self._handled_interrupts = self.interrupt.count
         sig = self.interrupt.signum or signal.SIGINT
         name = signal.Signals(sig).name
+        # Ctrl-C reaches the training processes as SIGINT (KeyboardInterrupt in Python, which TF's
+        # own SIGTERM handler does not swallow); SIGTERM/SIGHUP as SIGTERM.
+        forward = signal.SIGINT if sig == signal.SIGINT else signal.SIGTERM
         if self.interrupted_by is None:
             self.interrupted_by = sig
             self.bus.emit("interrupted", signal=name)
-            self._teardown(f"interrupted by {name}")
+            self._teardown(f"interrupted by {name}", signum=forward)
         else:
-            self._teardown(f"interrupted again by {name}: killing now", grace=0)
+            self._teardown(f"interrupted again by {name}: killing now", grace=0, signum=forward)
 
     def _send(self, w: Worker, obj: dict[str, Any]) -> None:
         if w.chan is None or w.state.is_terminal:

@@ -360,7 +360,8 @@ class Runner:
         op = cmd.get("op")
         if op == "stop":
             grace = float(cmd.get("grace_s", self.grace))
-            self._begin_stop(cmd.get("reason") or "stopped by the launcher", signal.SIGTERM, grace)
+            sig = signal.SIGINT if cmd.get("signal") == signal.SIGINT else signal.SIGTERM
+            self._begin_stop(cmd.get("reason") or "stopped by the launcher", sig, grace)
 
     def _begin_stop(self, reason: str, sig: int, grace: float | None = None) -> None:
         if self.stop_reason is None:

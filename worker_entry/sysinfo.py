@@ -11,6 +11,7 @@ import os
 import platform
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -43,6 +44,8 @@ class Nvml:
     def __init__(self) -> None:
         self._nvml: Any = None
         self._handles: list[Any] = []
+        if not os.path.exists("/dev/nvidiactl") and not os.environ.get("NVIDIA_VISIBLE_DEVICES"):
+            return  # no NVIDIA driver here: skip importing pynvml and a failing nvmlInit
         try:
             import pynvml
 
@@ -157,8 +160,48 @@ def _listener_of(port: int) -> str | None:
     return None
 
 
+_NETLINK_SOCK_DIAG = 4
+_SOCK_DIAG_BY_FAMILY = 20
+_TCP_LISTEN = 10
+
+
+def _listening_netlink(port: int) -> bool:
+    """Ask the kernel (sock_diag) for LISTEN sockets only: a few entries, where /proc/net/tcp lists
+    every connection of the namespace (milliseconds per read on a busy host)."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+            nl.settimeout(2.0)
+            sockid = struct.pack("!HH", 0, 0) + bytes(32) + struct.pack("=III", 0, 0xFFFFFFFF, 0xFFFFFFFF)
+            req = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_LISTEN) + sockid
+            nl.send(struct.pack("=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY, 0x301, 1, 0) + req)
+            done = False
+            while not done:
+                data = nl.recv(65536)
+                off = 0
+                while off + 16 <= len(data):
+                    length, mtype = struct.unpack_from("=IH", data, off)
+                    if mtype == 3:  # NLMSG_DONE
+                        done = True
+                        break
+                    if mtype == 2:  # NLMSG_ERROR
+                        raise OSError("sock_diag error")
+                    if struct.unpack_from("!H", data, off + 16 + 4)[0] == port:
+                        return True
+                    off += (length + 3) & ~3
+                if not data:
+                    break
+    return False
+
+
 def listening(port: int) -> bool:
-    """Is anything listening on TCP `port` in this network namespace? (/proc, no psutil, cheap)."""
+    """Is anything listening on TCP `port` in this network namespace?"""
+    try:
+        return _listening_netlink(port)
+    except (OSError, struct.error, AttributeError):
+        return _listening_proc(port)
+
+
+def _listening_proc(port: int) -> bool:
     want = f":{port:04X}"
     for path in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:

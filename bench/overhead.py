@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""Training overhead: steps/s of the same 3-worker MWMS job under tfcluster vs started by hand.
+
+    python bench/overhead.py [--quick] [--json] [--repeat N] [--epochs 8] [--steps 100]
+
+Loopback test bed, 3 workers (bench/workloads/mwms_steps.py: Dense 32-64-1, batch 64 per worker;
+two warm-up epochs, then --epochs measured epochs of --steps steps; each task prints its own steps/s,
+the chief's figure is used). Variants, run in ABBA order (drift cancels):
+
+* by hand: three local processes with the TF_CONFIGs of `tfcluster plan --json` (no tfcluster);
+* tfcluster default: instrumentation on (progress heartbeats from Keras fit) and TF-profiler
+  sampling every heartbeat.profile_interval_s (default 10 s);
+* tfcluster, profiling off: heartbeat.profile_interval_s: 0;
+* tfcluster, instrument off: job.instrument: false (liveness heartbeats only).
+
+The launcher, every worker_entry and sshd share the machine's 2 cores with the 3 workers: their CPU
+is part of the overhead measured. Ratio printed last: tfcluster default / by hand (target >= 0.98).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (
+    PY,
+    REPO,
+    Report,
+    base_parser,
+    launcher_argv,
+    launcher_env,
+    median,
+    run_measured,
+    say,
+    set_verbose,
+    testbed,
+)
+
+WARMUP = 2
+WORKLOAD = REPO / "bench" / "workloads" / "mwms_steps.py"
+VARIANTS = {
+    "by hand": None,
+    "tfcluster default": {},
+    "tfcluster profiling off": {"heartbeat": {"profile_interval_s": 0}},
+    "tfcluster instrument off": {"job": {"instrument": False}},
+}
+# --diagnose: by-hand runs that each apply one thing tfcluster's instrumentation does (worker_entry/strategy.py).
+DIAGNOSE = {
+    "tfcluster default, collective_timeout_s: null": {"tensorflow": {"collective_timeout_s": None}},
+    "tfcluster collective_timeout_s: null, profiling off": {
+        "tensorflow": {"collective_timeout_s": None},
+        "heartbeat": {"profile_interval_s": 0},
+    },
+    "by hand + CommunicationOptions(RING, timeout 120 s)": ["--comm-impl", "ring", "--comm-timeout", "120"],
+    "by hand + CommunicationOptions(RING, no timeout)": ["--comm-impl", "ring"],
+    "by hand + coordination heartbeat 10 s": ["--coord-heartbeat-s", "10"],
+}
+RESULT_RE = re.compile(r"RESULT (\{.*\})")
+EPOCH_RE = re.compile(r"^(\S+): epoch (\d+) ([\d.]+) steps/s", re.M)
+# A worker whose thread count passes this is stopped (the run is marked): TensorFlow leaks one thread per
+# collective while a collective timeout is set, and the box's pid_max (32768 here) is shared by everyone.
+THREAD_LIMIT = 3000
+
+
+def chief_rate(texts: list[str], steps: int) -> dict | None:
+    """The chief's steps/s: its RESULT line, else (run stopped or crashed) its completed measured epochs."""
+    for t in texts:
+        for m in RESULT_RE.finditer(t):
+            r = json.loads(m.group(1))
+            if r["task"] == "worker:0":
+                return {"steps_per_s": r["steps_per_s"], "epochs": r["steps"] // steps, "complete": True}
+    rates = [float(m.group(3)) for t in texts for m in EPOCH_RE.finditer(t)
+             if m.group(1) == "worker:0" and int(m.group(2)) >= WARMUP]  # fmt: skip
+    if not rates:
+        return None
+    return {"steps_per_s": len(rates) / sum(1 / r for r in rates), "epochs": len(rates), "complete": False}
+
+
+class ThreadWatch(threading.Thread):
+    """Polls the thread count of the job's processes; past THREAD_LIMIT calls `abort` once."""
+
+    def __init__(self, procs: Callable[[], list[psutil.Process]], abort: Callable[[], None]) -> None:
+        super().__init__(daemon=True)
+        self.procs, self.abort = procs, abort
+        self.max_threads = 0
+        self.aborted = False
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            for p in self.procs():
+                with contextlib.suppress(psutil.Error):
+                    if p.is_running():  # is_running() also rules out a reused pid (create time)
+                        self.max_threads = max(self.max_threads, p.num_threads())
+            if self.max_threads > THREAD_LIMIT and not self.aborted:
+                self.aborted = True
+                self.abort()
+
+
+def job_pythons(tb) -> list[psutil.Process]:
+    out = []
+    for procs in tb.processes_by_host().values():
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                if "mwms_steps" in " ".join(p.cmdline()):
+                    out.append(p)
+    return out
+
+
+def run_tfcluster(tb, work: Path, tag: str, sections: dict, argv: list[str], steps: int) -> dict:
+    import copy
+
+    sec = copy.deepcopy(sections)
+    sec.setdefault("job", {})["remote_dir"] = str(tb.dir / "remote")
+    spec = tb.write_spec(work / f"{tag}.yaml", "overhead", argv, **sec)
+    run_dir = work / f"run-{tag}"
+    watch: list[ThreadWatch] = []
+
+    found: list[psutil.Process] = []
+
+    def workers() -> list[psutil.Process]:
+        # Scan /proc (costly) only until the 3 training processes exist; then poll just those.
+        if len(found) < 3:
+            found[:] = job_pythons(tb)
+        return found
+
+    def on_start(p: subprocess.Popen) -> None:
+        w = ThreadWatch(workers, lambda: p.send_signal(signal.SIGTERM))
+        w.start()
+        watch.append(w)
+
+    m = run_measured(
+        launcher_argv(tb, "launch", str(spec), "--run-dir", str(run_dir), "-q", "--no-gather"),
+        env=launcher_env(),
+        timeout=600,
+        on_start=on_start,
+    )
+    watch[0].stop.set()
+    texts = [(run_dir / "logs" / f"worker-{i}.log").read_text() for i in range(3)]
+    rate = chief_rate(texts, steps)
+    out: dict = {"launcher_cpu_s": m.cpu_s, "wall_s": m.wall_s, "max_threads": watch[0].max_threads}
+    if rate:
+        out.update(rate)
+    if watch[0].aborted:
+        out["note"] = f"stopped at {watch[0].max_threads} threads"
+    elif m.rc != 0:
+        rc = json.loads((run_dir / "result.json").read_text()).get("root_cause") or {}
+        out["note"] = f"rc {m.rc}: {rc.get('task')} {rc.get('message')}; " + " | ".join(
+            (rc.get("last_lines") or [])[-2:]
+        )
+    if not rate:
+        out["failed"] = out.get("note", "no steps/s in the output")
+    return out
+
+
+def run_hand(tb, work: Path, tag: str, tf_configs: list[dict], argv: list[str], steps: int) -> dict:
+    procs, files = [], []
+    t0 = time.monotonic()
+    for i in range(3):
+        env = dict(os.environ)
+        env.update({"TF_CONFIG": json.dumps(tf_configs[i]), "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"})
+        env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        f = open(work / f"{tag}-{i}.log", "w+")  # noqa: SIM115
+        files.append(f)
+        procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env))
+
+    def kill_all() -> None:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+
+    ps = [psutil.Process(p.pid) for p in procs]
+    watch = ThreadWatch(lambda: ps, kill_all)
+    watch.start()
+    try:
+        for p in procs:
+            p.wait(timeout=600)
+    finally:
+        watch.stop.set()
+        kill_all()
+        for p in procs:
+            p.wait()
+    texts = []
+    for f in files:
+        f.seek(0)
+        texts.append(f.read())
+        f.close()
+    rate = chief_rate(texts, steps)
+    out: dict = {"wall_s": time.monotonic() - t0, "max_threads": watch.max_threads}
+    if rate:
+        out.update(rate)
+    if watch.aborted:
+        out["note"] = f"stopped at {watch.max_threads} threads"
+    elif any(p.returncode != 0 for p in procs):
+        out["note"] = f"exit codes {[p.returncode for p in procs]}: {texts[0][-300:]}"
+    if not rate:
+        out["failed"] = out.get("note", "no steps/s in the output")
+    return out
+
+
+def main() -> int:
+    ap = base_parser(__doc__)
+    ap.add_argument("--epochs", type=int, default=None, help="measured epochs (default 8, quick 4)")
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--diagnose", action="store_true", help="add by-hand variants applying one tfcluster option each")
+    ap.add_argument("--only", default="", help="comma-separated names or substrings: run only those variants")
+    args = ap.parse_args()
+    set_verbose(args.verbose)
+    reps = args.repeat or (1 if args.quick else 2)
+    epochs = args.epochs or (4 if args.quick else 8)
+    job = [PY, str(WORKLOAD), "--warmup-epochs", str(WARMUP), "--epochs", str(epochs), "--steps", str(args.steps)]
+    names = list(VARIANTS) + (list(DIAGNOSE) if args.diagnose else [])
+    if args.only:
+        wanted = [o.strip() for o in args.only.split(",") if o.strip()]
+        # an entry equal to a variant's name selects just that one; otherwise it is a substring
+        names = [n for n in names if any(o == n or (o not in names and o in n) for o in wanted)]
+    results: dict[str, list[dict]] = {n: [] for n in names}
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as wd, testbed(3, mode="loopback") as tb:
+        work = Path(wd)
+        spec = tb.write_spec(work / "plan.yaml", "overhead", job)
+        plan = subprocess.run(
+            [PY, "-m", "orchestrator", "plan", str(spec), "--json"],
+            capture_output=True, text=True, env=launcher_env(), cwd=str(REPO), check=True,
+        )  # fmt: skip
+        tf_configs = [n["tf_config"] for n in json.loads(plan.stdout)["nodes"]]
+        order = []
+        for rep in range(reps):
+            order += names if rep % 2 == 0 else names[::-1]  # ABCD DCBA ...: linear drift cancels
+        for k, name in enumerate(order):
+            tag = f"{k}-{name.replace(' ', '_')}"
+            if name in DIAGNOSE and isinstance(DIAGNOSE[name], dict):
+                r = run_tfcluster(tb, work, tag, DIAGNOSE[name], job, args.steps)
+            elif name in DIAGNOSE:
+                r = run_hand(tb, work, tag, tf_configs, job + DIAGNOSE[name], args.steps)
+            elif VARIANTS[name] is None:
+                r = run_hand(tb, work, tag, tf_configs, job, args.steps)
+            else:
+                r = run_tfcluster(tb, work, tag, VARIANTS[name], job, args.steps)
+            results[name].append(r)
+            if "failed" in r:
+                say(f"{k + 1}/{len(order)} {name}: FAILED {r['failed'][:300]}")
+            else:
+                extra = f" ({r['note'][:200]})" if r.get("note") else ""
+                say(f"{k + 1}/{len(order)} {name}: {r['steps_per_s']:.1f} steps/s over {r['epochs']} epochs{extra}")
+    ok = {n: [r for r in rs if "failed" not in r] for n, rs in results.items()}
+    base = median([r["steps_per_s"] for r in ok.get("by hand", [])])
+    report = Report(
+        f"training overhead: steps/s of 3 MWMS workers, tfcluster vs by hand (loopback, {epochs}x{args.steps} steps)",
+        [
+            ("variant", "variant"),
+            ("runs", "runs"),
+            ("steps_per_s", "steps/s (median)"),
+            ("each", "each run"),
+            ("ratio", "vs by hand"),
+            ("launcher_cpu_s", "launcher CPU s"),
+            ("threads", "chief max threads"),
+            ("failed", "runs stopped/failed"),
+        ],
+    )
+    failures = []
+    for name in names:
+        rs = ok[name]
+        failures += [f"{name}: {r['note']}" for r in results[name] if r.get("note")]
+        sps = median([r["steps_per_s"] for r in rs])
+        report.rows.append(
+            {
+                "variant": name,
+                "runs": len(rs),
+                "failed": sum(1 for r in results[name] if r.get("note")),
+                "threads": max((r.get("max_threads") or 0 for r in results[name]), default=None),
+                "steps_per_s": sps,
+                "each": " ".join(
+                    "FAIL" if "failed" in r else f"{r['steps_per_s']:.1f}" + ("" if r["complete"] else "*")
+                    for r in results[name]
+                ),
+                "ratio": sps / base,
+                "launcher_cpu_s": median([r["launcher_cpu_s"] for r in rs if "launcher_cpu_s" in r]) if rs else None,
+            }
+        )
+    report.notes.append(
+        f"order {' / '.join(order)}; the chief's own steps/s over the measured epochs (after {WARMUP} warm-up epochs)"
+    )
+    for f in failures:
+        report.notes.append(f"run stopped or failed: {f[:300]}")
+    if failures:
+        report.notes.append(
+            f"* = run did not finish (a worker passed {THREAD_LIMIT} threads and the benchmark stopped it, or it "
+            "crashed): steps/s of its completed measured epochs"
+        )
+    report.data = {"raw": results, "order": order, "warmup_epochs": WARMUP}
+    ratio = median([r["steps_per_s"] for r in ok.get("tfcluster default", [])]) / base
+    report.set_ratio("tfcluster default / by hand steps/s", ratio, ">= 0.98", ratio >= 0.98)
+    report.emit(args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
