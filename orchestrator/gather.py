@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import os
+import queue
 import select
 import sys
 import threading
@@ -161,6 +162,52 @@ class Progress:
             self._bar.stop()
 
 
+class _PartWriter(threading.Thread):
+    """Writes, hashes, fsyncs and renames received files off the receive loop.
+
+    hashlib, file writes and fsync release the GIL, so this overlaps with paramiko decrypting the
+    next packets; a bounded queue keeps memory flat when the disk is slower than the network.
+    """
+
+    def __init__(self, state: GatherState, totals: Totals, progress: Progress) -> None:
+        super().__init__(name="gather-writer", daemon=True)
+        self.q: queue.Queue = queue.Queue(maxsize=64)
+        self.state = state
+        self.totals = totals
+        self.progress = progress
+        self.cur: dict[str, Any] | None = None
+
+    def run(self) -> None:
+        while True:
+            op, arg = self.q.get()
+            try:
+                if op == "open":
+                    it, offset = arg
+                    self.cur = _open_part(it, offset)
+                    if self.cur["n"]:
+                        self.totals.resumed_files += 1
+                        self.totals.resumed_bytes += self.cur["n"]
+                    self.progress.advance(self.cur["n"])
+                elif op == "data" and self.cur is not None:
+                    self.cur["f"].write(arg)
+                    self.cur["h"].update(arg)
+                    self.cur["n"] += len(arg)
+                    self.progress.advance(len(arg))
+                elif op == "end" and self.cur is not None:
+                    _close_part(self.cur, arg, self.state, self.totals)
+                    self.cur = None
+                elif op == "stop":
+                    if self.cur is not None:
+                        self.cur["f"].close()  # an unfinished .part stays: the next gather resumes it
+                        self.cur = None
+                    return
+            except OSError as exc:
+                self.totals.errors.append(f"writing {self.cur['item'].dest if self.cur else '?'}: {exc}")
+                if self.cur is not None:
+                    self.cur["f"].close()
+                    self.cur = None
+
+
 def fetch(
     conn: Connection, python: str, root: str, items: list[Item], state: GatherState, totals: Totals, progress: Progress
 ) -> None:
@@ -180,13 +227,14 @@ def fetch(
         part = it.dest.with_name(it.dest.name + ".part")
         offset = part.stat().st_size if part.is_file() and not part.is_symlink() else 0
         requests.append({"path": it.rel, "offset": offset if offset <= it.size else 0})
+    writer = _PartWriter(state, totals, progress)
+    writer.start()
     chan = conn.exec([python, "-m", "worker_entry", "send"])
     try:
         chan.send(wire.command_line({"root": root, "files": requests}))
         decoder = wire.FrameDecoder()
-        cur: dict[str, Any] | None = None
+        receiving = False
         done = False
-
         idle_since = time.monotonic()
         while not done:
             select.select(chan.filenos(), [], [], 5.0)
@@ -195,33 +243,24 @@ def fetch(
                 idle_since = time.monotonic()
             elif time.monotonic() - idle_since > IDLE_TIMEOUT_S:
                 totals.errors.append(f"{root}: no data for {IDLE_TIMEOUT_S:g}s; the transfer was abandoned")
-                if cur is not None:
-                    cur["f"].close()
                 break
             for fr in decoder.feed(out) if out else []:
                 if fr.type == wire.T_DATA:
-                    if cur is not None:
-                        cur["f"].write(fr.payload)
-                        cur["h"].update(fr.payload)
-                        cur["n"] += len(fr.payload)
-                        progress.advance(len(fr.payload))
+                    if receiving:
+                        writer.q.put(("data", fr.payload))
                     continue
                 m = fr.json()
                 kind = m.get("type")
                 if kind == "file":
                     it = by_rel.get(m["path"])
+                    receiving = it is not None
                     if it is None:
                         totals.errors.append(f"{root}: node sent an unrequested file {m['path']!r}")
-                        cur = None
-                        continue
-                    cur = _open_part(it, int(m.get("offset") or 0))
-                    if cur["n"]:
-                        totals.resumed_files += 1
-                        totals.resumed_bytes += cur["n"]
-                    progress.advance(cur["n"])
-                elif kind == "end" and cur is not None:
-                    _close_part(cur, m, state, totals)
-                    cur = None
+                    else:
+                        writer.q.put(("open", (it, int(m.get("offset") or 0))))
+                elif kind == "end" and receiving:
+                    writer.q.put(("end", m))
+                    receiving = False
                 elif kind == "error":
                     totals.errors.append(f"{root}/{m.get('path')}: {m.get('error')}")
                 elif kind == "done":
@@ -230,10 +269,10 @@ def fetch(
                 status = chan.exit_status()
                 detail = err.decode("utf-8", "replace").strip()[-300:]
                 totals.errors.append(f"{root}: transfer ended early (status {status}) {detail}".strip())
-                if cur is not None:
-                    cur["f"].close()
                 break
     finally:
+        writer.q.put(("stop", None))
+        writer.join()
         chan.close()
 
 

@@ -110,8 +110,11 @@ class NodePlan:
             "tf_port": self.tf_port,
             "gpus": self.gpus,
             "heartbeat_interval_s": spec.heartbeat.interval_s,
-            "launcher_timeout_s": spec.heartbeat.timeout_s,
+            # The node gives up on a silent launcher a little before the launcher gives up on the
+            # node, so a cut-off host has stopped its task by the time the job is declared lost.
+            "launcher_timeout_s": max(spec.heartbeat.timeout_s - 1.0, 2.0 * spec.heartbeat.interval_s),
             "stop_grace_s": spec.job.stop_grace_s,
+            "failure_grace_s": spec.job.failure_grace_s,
             "instrument": spec.job.instrument,
             "wait_for_go": wait_for_go,
         }

@@ -286,7 +286,9 @@ def _cross_field_problems(data: dict, filename: str, positions: Positions) -> li
             "heartbeats (use at least 3x the interval)",
         )
 
-    if isinstance(_get(tf, "collective_timeout_s"), int | float) and not isinstance(_get(tf, "collective_timeout_s"), bool):
+    if isinstance(_get(tf, "collective_timeout_s"), int | float) and not isinstance(
+        _get(tf, "collective_timeout_s"), bool
+    ):
         add(
             ("tensorflow", "collective_timeout_s"),
             "TensorFlow 2.21 starts one thread per collective that lives for the whole timeout: at ~100 "

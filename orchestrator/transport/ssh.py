@@ -23,6 +23,20 @@ WINDOW_SIZE = 2 * 1024 * 1024
 MAX_PACKET = 32 * 1024
 
 
+#: AES-GCM first: one authenticated-encryption call per packet instead of a cipher plus an HMAC,
+#: half the launcher CPU per byte (measured: 0.53 vs 0.8-1.05 s per 256 MiB). Others remain as fallbacks.
+PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes192-ctr", "aes256-ctr")
+
+
+def _transport_factory(sock, **kwargs) -> paramiko.Transport:
+    transport = paramiko.Transport(sock, **kwargs)
+    opts = transport.get_security_options()
+    supported = set(opts.ciphers)
+    preferred = [c for c in PREFERRED_CIPHERS if c in supported]
+    opts.ciphers = tuple(preferred + [c for c in opts.ciphers if c not in preferred])
+    return transport
+
+
 class SshChannel(Channel):
     def __init__(self, chan: paramiko.Channel) -> None:
         self.chan = chan
@@ -175,6 +189,7 @@ class SshConnection(Connection):
                 allow_agent=True,
                 look_for_keys=not pkeys,
                 sock=sock,
+                transport_factory=_transport_factory,
             )
         except paramiko.BadHostKeyException as exc:
             client.close()
