@@ -130,6 +130,8 @@ class Runner:
         self.interval = float(config.get("heartbeat_interval_s", 1.0))
         self.launcher_timeout = float(config.get("launcher_timeout_s", 10.0))
         self.grace = float(config.get("stop_grace_s", 10.0))
+        # Without a launcher the job is lost anyway: no point waiting out the full grace.
+        self.lost_grace = float(config.get("failure_grace_s", 1.0))
         self.tf_port = config.get("tf_port")
         self.remote_dir = os.path.expanduser(config["remote_dir"])
         self.sel = selectors.DefaultSelector()
@@ -292,10 +294,12 @@ class Runner:
                 next_beat = now + self.interval
             if self.writer.broken and not self.launcher_gone:
                 self.launcher_gone = True
-                self._begin_stop("launcher channel broken", signal.SIGTERM)
+                self._begin_stop("launcher channel broken", signal.SIGTERM, self.lost_grace)
             if not self.launcher_gone and now - self.last_launcher > self.launcher_timeout:
                 self.launcher_gone = True
-                self._begin_stop(f"launcher unreachable: no message for {self.launcher_timeout:g}s", signal.SIGTERM)
+                self._begin_stop(
+                    f"launcher unreachable: no message for {self.launcher_timeout:g}s", signal.SIGTERM, self.lost_grace
+                )
             if self.kill_at is not None and now >= self.kill_at:
                 self._kill_group(signal.SIGKILL)
                 self.kill_at = None
@@ -342,7 +346,7 @@ class Runner:
         if not data:
             self.sel.unregister(self.in_fd)
             self.launcher_gone = True
-            self._begin_stop("launcher closed the connection", signal.SIGTERM)
+            self._begin_stop("launcher closed the connection", signal.SIGTERM, self.lost_grace)
             return []
         self.last_launcher = time.monotonic()
         self.stdin_buf += data
