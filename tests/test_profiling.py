@@ -148,6 +148,7 @@ def test_progress_callback_never_starts_a_profiler_by_default(monkeypatch):
     try:
         monkeypatch.setenv(progress.ENV_FD, str(w))
         monkeypatch.setattr(progress, "_writer", None)
+        monkeypatch.setattr(progress, "_counters", {})
 
         class Base:
             def __init__(self) -> None:

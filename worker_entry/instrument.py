@@ -7,7 +7,11 @@ worker_entry runs the user's command with ``worker_entry/_site`` first on PYTHON
 - ``tf.distribute.MultiWorkerMirroredStrategy`` (``CollectiveAllReduceStrategy.__init__``) gets the
   tfcluster communication options when the script passes none, the coordination heartbeat is
   pre-configured, and a ``strategy`` progress record is emitted once the strategy exists;
-- ``Model.fit`` (tf_keras, Keras 2, Keras 3) gets our ProgressCallback appended unless one is there.
+- ``Model.fit`` (tf_keras, Keras 2, Keras 3) gets our ProgressCallback appended unless one is there;
+  with tf_keras / Keras 2 it also wraps the model instance's ``train_step`` for the step clock's batch
+  stamp for the duration of the call;
+- ``all_reduce_sum_gradients`` of tf_keras's (Keras 2's) ``optimizers.utils`` is wrapped by the step
+  clock (``stepclock.py``) right after that module executes, before any optimizer can be built.
 
 Every hook is wrapped: a failure prints one ``tfcluster:`` warning line on stderr and the user's call
 proceeds exactly as it would without us. This module must import with the standard library only (it
@@ -137,8 +141,10 @@ def _global_batch_size(x: Any, batch_size: Any) -> int | None:
     return None
 
 
-def patch_fit(cls: type, keras_package: str) -> bool:
-    """Wrap ``cls.fit`` to append a ProgressCallback unless the call already has one."""
+def patch_fit(cls: type, keras_package: str, step_clock: bool = False) -> bool:
+    """Wrap ``cls.fit`` to append a ProgressCallback unless the call already has one; with
+    ``step_clock`` also wrap the instance's ``train_step`` (and adopt a legacy optimizer built before
+    the all-reduce was patched) for the duration of the call."""
     original = cls.fit
     if getattr(original, _WRAPPED, False):
         return False
@@ -163,7 +169,7 @@ def patch_fit(cls: type, keras_package: str) -> bool:
             return None
         cb = callback_class(_callback_base(keras_package))(
             batch_size=_global_batch_size(_arg(args, kwargs, x_pos, "x"), _arg(args, kwargs, bs_pos, "batch_size")),
-            profile=not _profiling_user_callback(existing),
+            tf_profiler=not _profiling_user_callback(existing),
         )
         if given is not None and hasattr(given, "callbacks") and hasattr(given, "append"):
             given.append(cb)  # a CallbackList: Keras uses it as is
@@ -175,12 +181,30 @@ def patch_fit(cls: type, keras_package: str) -> bool:
             kwargs = {**kwargs, "callbacks": new}
         return args, kwargs
 
+    @_guard("fit-step-clock", "preparing the step clock")
+    def prepare_step_clock(model: Any) -> Callable[[], None] | None:
+        from . import stepclock
+
+        if stepclock.mode() == "off":
+            return None
+        stepclock.adopt_optimizer(getattr(model, "optimizer", None))
+        return stepclock.wrap_train_step(model)
+
+    @_guard("fit-step-clock-undo", "restoring train_step")
+    def undo_step_clock(undo: Callable[[], None]) -> None:
+        undo()
+
     @functools.wraps(original)
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
         changed = add_callback(args, kwargs)
         if changed is not None:
             args, kwargs = changed
-        return original(self, *args, **kwargs)
+        undo = prepare_step_clock(self) if step_clock else None
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if undo is not None:
+                undo_step_clock(undo)
 
     setattr(fit, _WRAPPED, True)
     cls.fit = fit
@@ -189,13 +213,24 @@ def patch_fit(cls: type, keras_package: str) -> bool:
 
 # ---------------------------------------------------------------------------- post-import hooks
 
+
+def patch_optimizer_utils(module: ModuleType) -> bool:
+    from . import stepclock
+
+    return stepclock.patch_optimizer_utils(module)
+
+
 # module name -> hook run right after that module has executed
 HOOKS: dict[str, Callable[[ModuleType], Any]] = {
     "tensorflow.python.distribute.collective_all_reduce_strategy": patch_mwms,
-    "tf_keras.src.engine.training": lambda m: patch_fit(m.Model, "tf_keras"),
-    "keras.src.backend.tensorflow.trainer": lambda m: patch_fit(m.TensorFlowTrainer, "keras"),
-    "keras.src.engine.training": lambda m: patch_fit(m.Model, "keras"),  # Keras 2.13-2.15
-    "keras.engine.training": lambda m: patch_fit(m.Model, "keras"),  # Keras <= 2.12
+    "tf_keras.src.optimizers.utils": patch_optimizer_utils,
+    "tf_keras.src.engine.training": lambda m: patch_fit(m.Model, "tf_keras", step_clock=True),
+    "keras.src.backend.tensorflow.trainer": lambda m: patch_fit(m.TensorFlowTrainer, "keras"),  # Keras 3
+    "keras.src.optimizers.utils": patch_optimizer_utils,  # Keras 2.13-2.15 (absent in Keras 3)
+    "keras.src.engine.training": lambda m: patch_fit(m.Model, "keras", step_clock=True),  # Keras 2.13-2.15
+    "keras.optimizers.utils": patch_optimizer_utils,  # Keras 2.11-2.12
+    "keras.optimizers.optimizer_v2.utils": patch_optimizer_utils,  # Keras <= 2.12, legacy optimizers
+    "keras.engine.training": lambda m: patch_fit(m.Model, "keras", step_clock=True),  # Keras <= 2.12
 }
 
 

@@ -1,4 +1,9 @@
-"""Straggler signals from short samples of the TensorFlow profiler.
+"""Straggler signals from short samples of the TensorFlow profiler — an explicit opt-in only.
+
+The default source of ``profile`` records is the step clock (``stepclock.py``: timestamps inside the
+train step, no profiler). This sampler runs only with ``TFCLUSTER_PROFILER=1`` (and a positive
+``TFCLUSTER_PROFILE_INTERVAL_S``), because stopping a profiler session can crash TensorFlow 2.21
+(see below). Its records carry ``"source": "profiler"``.
 
 Under synchronous all-reduce every worker's wall step time is the same — the fast workers wait inside
 the collective for the slow one — so step times cannot point at a straggler. What differs is *where*
@@ -21,7 +26,7 @@ emits one ``profile`` record. Any failure prints one warning and disables the sa
 Known hazard (TF 2.21): stopping a profiler session can crash the process inside TensorFlow
 (``TraceMeRecorder::Consume``: a use-after-free while merging cross-thread events). Measured in
 multi-worker runs: about one crash per 20-60 windows per process, worse with py_function input
-pipelines. It cannot be caught from Python, which is why sampling is off unless the interval is set.
+pipelines. It cannot be caught from Python, which is why the sampler never runs by default.
 See docs/instrumentation.md.
 """
 
@@ -39,6 +44,7 @@ from . import progress
 from .progress import warn_once
 
 ENV_INTERVAL = "TFCLUSTER_PROFILE_INTERVAL_S"
+ENV_OPT_IN = "TFCLUSTER_PROFILER"  # 1: use this sampler (instead of the step clock)
 ENV_DEBUG = "TFCLUSTER_PROFILE_DEBUG"  # 1: one stderr line per window with its cost (experiments)
 DEFAULT_WINDOW_STEPS = 10
 
@@ -244,6 +250,11 @@ def interval_from_env(env: Mapping[str, str] = os.environ) -> float:
     return value if value > 0 else 0.0
 
 
+def opted_in(env: Mapping[str, str] = os.environ) -> bool:
+    """``TFCLUSTER_PROFILER=1``: the user accepts the crash risk of TF 2.21's profiler."""
+    return (env.get(ENV_OPT_IN) or "").strip().lower() in ("1", "true", "yes", "on")
+
+
 class _Session:
     """One profiler session: in memory (``ProfilerSession.stop()`` returns the trace-events proto in
     TF 2.21) or, if that is unavailable, a temporary logdir holding an ``.xplane.pb`` that we delete."""
@@ -333,7 +344,8 @@ class ProfileSampler:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ, **kwargs: Any) -> ProfileSampler:
-        return cls(interval_from_env(env), **kwargs)
+        """Enabled only with ``TFCLUSTER_PROFILER=1`` and a positive ``TFCLUSTER_PROFILE_INTERVAL_S``."""
+        return cls(interval_from_env(env) if opted_in(env) else 0.0, **kwargs)
 
     def _disable(self, what: str, exc: BaseException) -> None:
         self.enabled = False
@@ -412,6 +424,7 @@ class ProfileSampler:
                 "input_ms": round(summary.input_ms, 3),
                 "pre_collective_ms": None if summary.pre_collective_ms is None else round(summary.pre_collective_ms, 3),
                 "cpu_ms": None if cpu_ms is None else round(cpu_ms, 3),
+                "source": "profiler",
             }
             self.last_record = record
             self._emit("profile", **record)

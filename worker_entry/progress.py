@@ -243,27 +243,33 @@ def callback_class(base: type | None = None) -> type:
     return cls
 
 
-def progress_callback(batch_size: int | None = None, profile: bool = True, base: type | None = None) -> Any:
-    """A Keras callback reporting train/test/predict steps and sampling the profiler.
+def progress_callback(
+    batch_size: int | None = None, profile: bool = True, base: type | None = None, tf_profiler: bool = True
+) -> Any:
+    """A Keras callback reporting train/test/predict steps and the straggler signals (``profile`` records).
 
     ``batch_size`` is the global batch size (examples per step across all replicas) if known; the
-    records then carry cumulative ``examples``. ``profile=False`` turns the straggler sampler off.
+    records then carry cumulative ``examples``. ``profile=False`` turns the straggler signals off.
+    The signals come from the step clock (``stepclock.py``), or with ``TFCLUSTER_PROFILER=1`` from the
+    TF-profiler sampler (``profiling.py``); ``tf_profiler=False`` (another callback profiles) keeps
+    the latter off.
     """
-    return callback_class(base)(batch_size=batch_size, profile=profile)
+    return callback_class(base)(batch_size=batch_size, profile=profile, tf_profiler=tf_profiler)
 
 
 def _build_callback_class(base: type) -> type:
     class ProgressCallback(base):  # type: ignore[misc, valid-type]
-        """Reports steps to worker_entry; drives the straggler profiler sampler during training."""
+        """Reports steps to worker_entry; drives the straggler signals (step clock) during training."""
 
         _tfcluster_progress = True  # marker: the instrumentation adds no second one
 
-        def __init__(self, batch_size: int | None = None, profile: bool = True) -> None:
+        def __init__(self, batch_size: int | None = None, profile: bool = True, tf_profiler: bool = True) -> None:
             super().__init__()
             # Keep Keras from converting the logs to numpy for us: that would force a sync per step.
             self._supports_tf_logs = True
             self.batch_size = batch_size
             self.profile = profile
+            self.tf_profiler = tf_profiler
             self._epoch = 0
             self._last_batch: dict[str, int] = {}
             self._sampler = None
@@ -287,13 +293,12 @@ def _build_callback_class(base: type) -> type:
         # -- train
         def on_train_begin(self, logs=None) -> None:
             try:
-                if self.profile and self._sampler is None:
-                    from .profiling import ProfileSampler
+                if self.profile and self._sampler is None and get_writer().enabled:
+                    from .stepclock import sampler_from_env
 
-                    sampler = ProfileSampler.from_env()
-                    self._sampler = sampler if sampler.enabled else None
+                    self._sampler = sampler_from_env(tf_profiler=self.tf_profiler)
             except Exception as exc:
-                warn_once("sampler-init", f"profiler sampler disabled: {exc!r}")
+                warn_once("sampler-init", f"straggler signals disabled: {exc!r}")
                 self._sampler = None
 
         def on_epoch_begin(self, epoch, logs=None) -> None:
@@ -302,17 +307,18 @@ def _build_callback_class(base: type) -> type:
 
         def on_train_batch_begin(self, batch, logs=None) -> None:
             try:
-                counter("train").begin()
                 if self._sampler is not None:
-                    self._sampler.on_batch_begin()
+                    self._sampler.on_batch_begin()  # first: the step clock's stamp of the step start
+                counter("train").begin()
             except Exception as exc:
                 warn_once("cb-train-begin", f"progress callback error: {exc!r}")
 
         def on_train_batch_end(self, batch, logs=None) -> None:
             try:
-                steps = self._batch_end("train", batch)
+                steps = self._steps_since("train", int(batch))
                 if self._sampler is not None:
-                    self._sampler.on_batch_end(steps)
+                    self._sampler.on_batch_end(steps)  # first: the step clock's stamp of the step end
+                counter("train").add(steps, self._examples(steps), self._epoch)
             except Exception as exc:
                 warn_once("cb-train-end", f"progress callback error: {exc!r}")
 

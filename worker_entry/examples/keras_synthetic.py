@@ -1,13 +1,15 @@
 """Demo: a small Keras model on synthetic data under a plain MultiWorkerMirroredStrategy.
 
     python -m worker_entry.examples.keras_synthetic --epochs 3 --steps-per-epoch 50 \
-        [--batch-size 64] [--slow-input-ms 0] [--slow-task worker:1] [--backup]
+        [--batch-size 64] [--slow-input-ms 0] [--extra-matmuls 0] [--slow-task worker:1] [--backup]
 
 It uses nothing from tfcluster, so it runs alone (one process, no TF_CONFIG), under any MWMS launcher,
 and under tfcluster (which adds progress reporting through its instrumentation). Every task prints one
 flushed line per epoch. ``--batch-size`` is per worker (the global batch is that times the number of
 workers). ``--slow-input-ms N`` sleeps N ms per batch inside a tf.data map, on ``--slow-task`` only
-(every task if omitted): a reproducible input-bound straggler.
+(every task if omitted): a reproducible input-bound straggler. ``--extra-matmuls N`` makes the model's
+forward pass multiply N extra 256x256 matrices on ``--matmul-task`` (default: ``--slow-task``) only (the
+result is added times a zero variable, so the losses do not change): a compute-bound straggler.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps-per-epoch", type=int, default=50)
     p.add_argument("--batch-size", type=int, default=64, help="per-worker batch size")
     p.add_argument("--slow-input-ms", type=float, default=0.0, help="sleep per batch in the input pipeline")
+    p.add_argument("--extra-matmuls", type=int, default=0, help="extra 256x256 matmuls per forward pass")
     p.add_argument("--slow-task", default="", help="TYPE:INDEX of the slowed task (default: every task)")
+    p.add_argument("--matmul-task", default=None, help="TYPE:INDEX doing the extra matmuls (default: --slow-task)")
+    p.add_argument("--steps-per-execution", type=int, default=1, help="model.compile(steps_per_execution=...)")
     p.add_argument("--backup", action="store_true", help="BackupAndRestore into $TFCLUSTER_BACKUP_DIR")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -73,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    keras.utils.set_random_seed(args.seed)  # same initial weights in every run with this seed
     slow_here = args.slow_input_ms > 0 and (not args.slow_task or args.slow_task == task)
+    matmul_task = args.slow_task if args.matmul_task is None else args.matmul_task
+    matmuls_here = args.extra_matmuls if (not matmul_task or matmul_task == task) else 0
     rng = np.random.default_rng(args.seed + 1000 * task_index)
     features = rng.random((4096, 10), dtype=np.float32)
     labels = (features @ rng.random((10, 1), dtype=np.float32)).astype(np.float32)
@@ -93,16 +101,36 @@ def main(argv: list[str] | None = None) -> int:
 
     dataset = strategy.distribute_datasets_from_function(dataset_fn)
 
+    class Burn(keras.layers.Layer):
+        """Identity with ``n`` extra matmuls (every task builds the layer: MWMS needs the same variables)."""
+
+        def __init__(self, n: int, size: int = 256, **kwargs):
+            super().__init__(**kwargs)
+            self.n, self.size = n, size
+
+        def build(self, input_shape):
+            # A variable, not a constant: grappler must not fold the extra work away.
+            self.zero = self.add_weight(name="zero", shape=(), initializer="zeros", trainable=False)
+
+        def call(self, x):
+            if self.n <= 0:
+                return x
+            a = tf.eye(self.size) * (0.5 + self.zero)
+            for _ in range(self.n):
+                a = tf.tanh(tf.matmul(a, a) + 0.1)
+            return x + self.zero * tf.reduce_mean(a)  # == x: zero times a finite value
+
     with strategy.scope():
-        model = keras.Sequential(
-            [
-                keras.layers.Input(shape=(10,)),
-                keras.layers.Dense(32, activation="relu"),
-                keras.layers.Dense(64, activation="relu"),
-                keras.layers.Dense(1),
-            ]
-        )
-        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        layers = [keras.layers.Input(shape=(10,))]
+        if args.extra_matmuls > 0:
+            layers.append(Burn(matmuls_here))
+        layers += [
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+        model = keras.Sequential(layers)
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", steps_per_execution=args.steps_per_execution)
 
     class EpochLine(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
