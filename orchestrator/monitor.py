@@ -109,10 +109,17 @@ def find_straggler(
         return float(mine) - _median([float(x) for x in theirs])
 
     input_excess = excess_of("input_ms")
+    compute_excess = excess_of("compute_ms")  # batch ready -> gradients ready (step clock)
     cpu_excess = excess_of("cpu_ms")
     if input_excess is not None and input_excess >= 0.5 * excess:
         cause = "input pipeline"
-        detail = f"its input pipeline (IteratorGetNext) takes {input_excess:.1f} ms/step longer than the others'"
+        detail = f"its input pipeline takes {input_excess:.1f} ms/step longer than the others' to deliver a batch"
+    elif compute_excess is not None and compute_excess >= 0.5 * excess:
+        cause = "compute"
+        detail = (
+            f"its forward/backward pass takes {compute_excess:.1f} ms/step longer than the others' "
+            "(slower CPU/GPU, thermal throttling, or more work on that task)"
+        )
     elif cpu_excess is not None and cpu_excess >= 0.5 * excess:
         cause = "compute"
         detail = f"it spends {cpu_excess:.1f} ms/step more CPU than the others (slower CPU/GPU or more work)"

@@ -1,11 +1,11 @@
-"""`tfcluster report`: why a job does (not) scale, from its heartbeats and profiler samples.
+"""`tfcluster report`: why a job does (not) scale, from its heartbeats and step-clock samples.
 
 Under synchronous all-reduce a step lasts as long as the slowest worker's work plus the all-reduce:
 
     step ≈ max_i(pre_i) + allreduce       pre_i = work before entering the all-reduce (input + compute)
 
 Every worker spends `step - pre_i` inside the collective; the straggler spends the least there.
-From the per-worker profile medians we split a step into useful work (the median worker's pre),
+From the per-worker step-clock medians we split a step into useful work (the median worker's pre),
 time lost waiting for the slowest worker (max pre - median pre), and communication (the rest), and
 estimate the scaling efficiency as useful / step: the fraction of each step doing work that a
 single worker would also do.
@@ -21,7 +21,7 @@ from .monitor import find_straggler
 from .render import table
 from .rundir import RunDir
 
-PROFILE_KEYS = ("step_ms", "collective_ms", "input_ms", "pre_collective_ms", "cpu_ms")
+PROFILE_KEYS = ("step_ms", "collective_ms", "input_ms", "compute_ms", "pre_collective_ms", "cpu_ms")
 
 
 def _median(xs: list[float]) -> float | None:
@@ -95,15 +95,15 @@ def _round(x: float | None, scale: float = 1.0) -> float | None:
 
 
 def analyse(workers: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Step split and efficiency from per-worker profile medians; advice in plain words."""
+    """Step split and efficiency from per-worker step-clock medians; advice in plain words."""
     prof = {t: w for t, w in workers.items() if w.get("pre_collective_ms") is not None and w.get("step_ms")}
     if not prof:
         return {
             "efficiency": None,
             "split": None,
             "advice": [
-                "no profiler samples: run with job.instrument: true and heartbeat.profile_interval_s > 0 "
-                "(Keras fit is instrumented automatically; custom loops call worker_entry.report_step)"
+                "no step-clock samples: run with job.instrument: true and heartbeat.profile_interval_s > 0 "
+                "(Keras fit under MWMS is instrumented automatically)"
             ],
         }
     step = statistics.median(w["step_ms"] for w in prof.values())
@@ -183,7 +183,7 @@ def report_text(rep: dict[str, Any]) -> str:
             (f"waiting for the slowest ({split['slowest_worker']})", split["waiting_for_slowest_ms"]),
             ("all-reduce communication", split["communication_ms"]),
         ]
-        lines += ["", f"a step takes {s:.1f} ms (median over workers' profiler samples):"]
+        lines += ["", f"a step takes {s:.1f} ms (median over the workers' step-clock samples):"]
         lines += [f"  {label:<46}{ms:8.1f} ms  {ms / s:6.1%}" for label, ms in parts]
         lines += [
             f"scaling efficiency ≈ {rep['efficiency']:.0%} (useful work / step time: N workers give efficiency x N times one worker)",

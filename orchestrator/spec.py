@@ -234,7 +234,9 @@ class HeartbeatSpec(_Model):
         "is hung. null: never.",
     )
     profile_interval_s: NonNegFloat = Field(
-        10.0, description="Seconds between profiler samples that find stragglers. 0: no profiling."
+        10.0,
+        description="Window of the step clock (in-graph timestamps around the gradient all-reduce) that finds "
+        "stragglers: one sample per window. 0: off.",
     )
     kill_stragglers: bool = Field(False, description="true: a confirmed straggler tears the job down.")
 

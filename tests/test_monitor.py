@@ -233,3 +233,13 @@ def test_small_share_of_a_long_step_is_not_a_straggler():
     }
     assert find_straggler(profiles, 1.5, 5.0, min_share=0.1) is None
     assert find_straggler(profiles, 1.5, 5.0, min_share=0.0) is not None
+
+
+def test_compute_excess_from_the_step_clock_names_compute():
+    prof = {t: profile(2.4, step=30.0, inp=2.2) for t in TASKS}
+    for t in TASKS:
+        prof[t]["compute_ms"] = 0.2
+    prof["worker:1"] = {**profile(15.8, step=30.0, inp=2.1), "compute_ms": 13.6}
+    f = find_straggler(prof, 1.5, 5.0, 0.1)
+    assert f is not None and (f.task, f.cause) == ("worker:1", "compute")
+    assert "forward/backward pass takes 13.4 ms/step longer" in f.detail
