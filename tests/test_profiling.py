@@ -211,13 +211,17 @@ def test_sampler_on_a_real_fit_in_memory_and_xspace(tmp_path):
     env = dict(
         os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(tmp_path), PYTHONPATH=str(ROOT)
     )
-    for _ in range(2):  # a signal death is TF's profiler crash (see profiling.py): try once more
+    # TF 2.21's profiler (opt-in for this reason, see profiling.py) sometimes dies on stop or hands
+    # back a trace without the step events: such a run is retried; our parsing must succeed in one.
+    for _ in range(3):
         rc, out = _run([sys.executable, "-c", script], env)
-        if rc >= 0:
+        lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
+        if rc < 0 or not lines:
+            continue
+        result = json.loads(lines[0][7:])
+        if all(result[m]["records"] for m in ("memory", "xspace")):
             break
-    lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
     assert rc == 0 and lines, out[-3000:]
-    result = json.loads(lines[0][7:])
     for mode in ("memory", "xspace"):
         r = result[mode]
         assert r["windows"] >= 2 and len(r["records"]) >= 1, r
