@@ -70,7 +70,6 @@ INPUT_OPS = frozenset(
     {"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional", "MultiDeviceIteratorGetNextFromShard"}
 )
 STEP_PREFIX = "EagerLocalExecute: __inference_"
-PYTHON_THREAD = "python"
 
 
 @dataclass(frozen=True)
@@ -159,19 +158,24 @@ def _is_collective(e: Event) -> bool:
 
 
 def find_steps(events: Iterable[Event]) -> tuple[str, list[tuple[float, float]]]:
-    """The step function and its executions: the ``EagerLocalExecute: __inference_*`` events on the
-    Python thread with the largest total time (Keras: ``train_function``; custom loops: the function
-    the loop calls)."""
-    totals: dict[str, float] = {}
-    runs: dict[str, list[tuple[float, float]]] = {}
+    """The step function and its executions: the ``EagerLocalExecute: __inference_*`` events of the
+    (thread, function) pair with the largest total time (Keras: ``train_function``; custom loops: the
+    function the loop calls).
+
+    The thread is not matched by name: TF names the main thread after the process (``python``,
+    ``python3``, ``python3.11``, a launcher script's name), so any fixed name misses some workers.
+    """
+    totals: dict[tuple[str, str], float] = {}
+    runs: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for e in events:
-        if e.thread == PYTHON_THREAD and e.name.startswith(STEP_PREFIX):
-            totals[e.name] = totals.get(e.name, 0.0) + e.dur_ns
-            runs.setdefault(e.name, []).append((e.start_ns, e.end_ns))
+        if e.name.startswith(STEP_PREFIX):
+            key = (e.thread, e.name)
+            totals[key] = totals.get(key, 0.0) + e.dur_ns
+            runs.setdefault(key, []).append((e.start_ns, e.end_ns))
     if not totals:
         return "", []
-    name = max(totals, key=lambda k: totals[k])
-    return name[len("EagerLocalExecute: ") :], sorted(runs[name])
+    key = max(totals, key=lambda k: totals[k])
+    return key[1][len("EagerLocalExecute: ") :], sorted(runs[key])
 
 
 def summarize(events: list[Event]) -> WindowSummary | None:
@@ -415,6 +419,13 @@ class ProfileSampler:
             events = events_from_trace(data) if kind == "trace" else events_from_xspace(data)
             summary = summarize(events)
             self.last_cost["parse_ms"] = (time.perf_counter() - t0) * 1e3
+            if os.environ.get(ENV_DEBUG) == "1":
+                costs = " ".join(f"{k}={v:.2f}" for k, v in self.last_cost.items())
+                names = sorted({e.name for e in events})[:40]
+                print(
+                    f"tfcluster-profile window={self.windows} {costs} events={len(events)} names={names}",
+                    file=sys.stderr,
+                )
             if summary is None:
                 return
             record = {
@@ -428,9 +439,6 @@ class ProfileSampler:
             }
             self.last_record = record
             self._emit("profile", **record)
-            if os.environ.get(ENV_DEBUG) == "1":
-                costs = " ".join(f"{k}={v:.2f}" for k, v in self.last_cost.items())
-                print(f"tfcluster-profile window={self.windows} {costs} events={len(events)}", file=sys.stderr)
         except Exception as exc:
             self._disable("parse", exc)
 
