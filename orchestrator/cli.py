@@ -202,10 +202,16 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "report",
         "Explain a run's scaling: per-worker step time, time split, stragglers, efficiency.",
-        "tfcluster report resnet-4x8\ntfcluster report runs/resnet-4x8-20261122T101500Z --json",
+        "tfcluster report resnet-4x8\ntfcluster report resnet-4x8 --last 60s\n"
+        "tfcluster report runs/resnet-4x8-20261122T101500Z --json",
     )
     p.add_argument("run", metavar="RUN")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--last",
+        metavar="DURATION",
+        help="only samples from the run's last DURATION (30s, 5m): the split after a slowdown, not diluted by the whole run",
+    )
     p.add_argument("--runs-dir", default="runs")
     p.set_defaults(func=cmd_report)
 
@@ -389,10 +395,12 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from .logview import parse_duration
     from .report import build_report, report_text
     from .rundir import resolve_run
 
-    report = build_report(resolve_run(args.run, args.runs_dir))
+    last_s = parse_duration(args.last, "--last") if args.last else None
+    report = build_report(resolve_run(args.run, args.runs_dir), last_s=last_s)
     print(json.dumps(report, indent=2) if args.json else report_text(report))
     return EXIT_OK
 

@@ -19,10 +19,10 @@ UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 POLL_S = 0.2
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, option: str = "--since") -> float:
     m = DURATION_RE.match(text.strip())
     if not m:
-        raise UsageError(f"--since {text!r}: expected a duration like 30s, 5m, 2h or 1d")
+        raise UsageError(f"{option} {text!r}: expected a duration like 30s, 5m, 2h or 1d")
     return float(m.group(1)) * UNITS[m.group(2)]
 
 

@@ -211,6 +211,13 @@ class Monitor:
 
     # --- decisions ---------------------------------------------------------------------------
 
+    def silent_past_timeout(self, now: float) -> list[str]:
+        """Tasks not done and not heard from for ``timeout_s``: during a teardown, waiting longer
+        for their exit confirmation only delays the launcher (their node stops them by itself)."""
+        if self.armed_at is None:  # before the go, the startup deadline rules
+            return []
+        return [t for t, w in self.watch.items() if not w.done and now - w.last_seen >= self.policy.timeout_s]
+
     def _judge_stragglers(self, finding: StragglerFinding | None) -> list[Verdict]:
         p = self.policy
         name = finding.task if finding else None

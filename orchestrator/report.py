@@ -14,6 +14,7 @@ single worker would also do.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from typing import Any
 
@@ -29,7 +30,9 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def build_report(run: RunDir) -> dict[str, Any]:
+def build_report(run: RunDir, last_s: float | None = None) -> dict[str, Any]:
+    """The report of a run; ``last_s`` keeps only samples from the run's last ``last_s`` seconds
+    (a straggler that appeared mid-run is diluted in whole-run medians)."""
     profiles: dict[str, list[dict[str, Any]]] = {}
     beats: dict[str, list[dict[str, Any]]] = {}
     path = run.heartbeats_jsonl
@@ -47,7 +50,19 @@ def build_report(run: RunDir) -> dict[str, Any]:
                     profiles.setdefault(task, []).append(rec)
                 else:
                     beats.setdefault(task, []).append(rec)
+    window = None
+    # the end of training: the last step-clock sample (heartbeats go on through teardown)
+    end = max((r.get("ts") or 0 for rs in profiles.values() for r in rs), default=0) or max(
+        (r.get("ts") or 0 for rs in beats.values() for r in rs), default=0
+    )
+    if last_s is not None:
+        start = end - last_s
+        profiles = {t: [r for r in rs if start <= (r.get("ts") or 0)] for t, rs in profiles.items()}
+        beats = {t: [r for r in rs if start <= (r.get("ts") or 0) <= end] for t, rs in beats.items()}
+        window = {"last_s": last_s, "from_ts": round(start, 3), "to_ts": round(end, 3)}
     plan = run.read_json(run.plan_json) or {}
+    nodes = plan.get("nodes") or [{}]
+    profile_window_s = float((nodes[0].get("env") or {}).get("TFCLUSTER_PROFILE_INTERVAL_S") or 10)
     hosts = {f"{n['task']['type']}:{n['task']['index']}": n["host"] for n in plan.get("nodes", [])}
     stragglers = []
     if run.events_jsonl.exists():
@@ -87,7 +102,19 @@ def build_report(run: RunDir) -> dict[str, Any]:
         workers[task] = w
 
     analysis = analyse(workers)
-    return {"run_dir": str(run.path), "job": plan.get("job"), "workers": workers, "stragglers": stragglers, **analysis}
+    if stragglers and end:
+        # detection needs two slow windows in a row: the event follows the second one, so the
+        # windows since ~1.5 windows before the first event are the slow ones
+        first = min(x["ts"] or end for x in stragglers)
+        analysis["suggested_last_s"] = math.ceil(end - first + 1.5 * profile_window_s)
+    return {
+        "run_dir": str(run.path),
+        "job": plan.get("job"),
+        "window": window,
+        "workers": workers,
+        "stragglers": stragglers,
+        **analysis,
+    }
 
 
 def _round(x: float | None, scale: float = 1.0) -> float | None:
@@ -183,13 +210,21 @@ def report_text(rep: dict[str, Any]) -> str:
             (f"waiting for the slowest ({split['slowest_worker']})", split["waiting_for_slowest_ms"]),
             ("all-reduce communication", split["communication_ms"]),
         ]
-        lines += ["", f"a step takes {s:.1f} ms (median over the workers' step-clock samples):"]
+        over = "the workers' step-clock samples"
+        if rep.get("window"):
+            over += f" of the last {rep['window']['last_s']:g} s"
+        lines += ["", f"a step takes {s:.1f} ms (median over {over}):"]
         lines += [f"  {label:<46}{ms:8.1f} ms  {ms / s:6.1%}" for label, ms in parts]
         lines += [
             f"scaling efficiency ≈ {rep['efficiency']:.0%} (useful work / step time: N workers give efficiency x N times one worker)",
         ]
     if rep.get("stragglers"):
         lines += ["", "straggler events:"] + [f"  {s['task']} ({s['host']}): {s['message']}" for s in rep["stragglers"]]
+        if not rep.get("window") and rep.get("suggested_last_s"):
+            lines.append(
+                f"  (the split above is over the whole run; `--last {rep['suggested_last_s']}s` splits only the "
+                "steps since the first straggler appeared)"
+            )
     lines += ["", "advice:"] + [f"  - {a}" for a in rep["advice"]]
     return "\n".join(lines)
 

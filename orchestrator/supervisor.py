@@ -260,8 +260,12 @@ class Supervisor:
                 if self.state == JobState.RUNNING:  # while stopping, the teardown deadline rules
                     for v in self.monitor.check(now):
                         self._verdict(v)
-                if self.teardown_deadline is not None and now >= self.teardown_deadline:
-                    self._abandon_remaining()
+                if self.teardown_deadline is not None:
+                    if now >= self.teardown_deadline:
+                        self._abandon_remaining()
+                    else:
+                        for task in self.monitor.silent_past_timeout(now):
+                            self._abandon(self.workers[task], "silent past the heartbeat timeout during the teardown")
                 self.logs.flush()
                 if now >= next_status:
                     self._publish_status()
@@ -544,21 +548,18 @@ class Supervisor:
     def _abandon_remaining(self) -> None:
         """Past the teardown deadline: close the channels; worker_entry kills its group on EOF."""
         for w in self.workers.values():
-            if not w.state.is_terminal:
-                if w.chan is not None:
-                    w.chan.close()
-                w.state = TaskState.LOST if not w.stop_sent else TaskState.STOPPED
-                self.monitor.on_terminal(w.task)
-                self.bus.emit(
-                    "task_exited",
-                    task=w.task,
-                    host=w.host,
-                    code=None,
-                    signal=None,
-                    stopped=True,
-                    reason="no exit confirmation before the teardown deadline",
-                )
+            self._abandon(w, "no exit confirmation before the teardown deadline")
         self.teardown_deadline = None
+
+    def _abandon(self, w: Worker, reason: str) -> None:
+        """Stop waiting for one task's exit status (its node stops it when our channel or pings go)."""
+        if w.state.is_terminal:
+            return
+        if w.chan is not None:
+            w.chan.close()
+        w.state = TaskState.LOST if not w.stop_sent else TaskState.STOPPED
+        self.monitor.on_terminal(w.task)
+        self.bus.emit("task_exited", task=w.task, host=w.host, code=None, signal=None, stopped=True, reason=reason)
 
     def _check_interrupt(self) -> None:
         if self.interrupt.count == self._handled_interrupts:

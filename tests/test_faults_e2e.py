@@ -142,6 +142,8 @@ def test_cut_link_is_a_lost_worker(testbed_factory, tmp_path):
     assert lost_ts is not None and lost_ts - t_cut < TIMEOUT + 2
     rc = json.loads((run_dir / "result.json").read_text())["root_cause"]
     assert (rc["task"], rc["kind"]) == ("worker:2", "lost")
+    # The launcher does not wait for the exit status of a host it cannot hear from.
+    assert _event_ts(run_dir, "job_finished") - t_cut < TIMEOUT + 2
     # The cut host's worker_entry stops its task by itself: the launcher's pings stopped.
     assert_no_job_processes(tb, TIMEOUT + 15)
     tb.restore(tb.hosts[2])

@@ -31,6 +31,19 @@ def test_silence_past_timeout_is_lost_once():
     assert m.check(25.0) == [] or all(v.task != "worker:2" for v in m.check(25.0))
 
 
+def test_silent_past_timeout_during_teardown_only_after_go_and_not_done():
+    m = Monitor(TASKS, POLICY, now=0.0)
+    assert m.silent_past_timeout(50.0) == []  # before the go: the startup deadline rules
+    m.arm(0.0)
+    beat_all(m, 1.0)
+    for t in ("worker:0", "worker:1"):
+        m.on_heartbeat(t, {"state": "stopping"}, 10.5)
+    assert m.silent_past_timeout(10.5) == []  # worker:2 silent 9.5 s < 10 s
+    assert m.silent_past_timeout(11.0) == ["worker:2"]
+    m.on_terminal("worker:2")
+    assert m.silent_past_timeout(30.0) == ["worker:0", "worker:1"]  # done tasks are never listed
+
+
 def test_finished_task_is_never_lost():
     m = Monitor(TASKS, POLICY, now=0.0)
     m.arm(0.0)

@@ -1,0 +1,122 @@
+"""`tfcluster report` on a synthetic run directory: the step split, efficiency, a straggler that
+appears mid-run (diluted over the whole run, visible with --last), and the CLI's errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_cli
+
+from orchestrator.report import build_report, report_text
+from orchestrator.rundir import RunDir
+
+T0 = 1_800_000_000.0
+WINDOW_S = 2
+
+
+def _profile(task: str, ts: float, pre: float, inp: float, step: float) -> dict:
+    return {
+        "task": task,
+        "kind": "profile",
+        "ts": ts,
+        "source": "stepclock",
+        "steps": 30,
+        "step_ms": step,
+        "pre_collective_ms": pre,
+        "input_ms": inp,
+        "compute_ms": pre - inp,
+        "collective_ms": step - pre,
+        "cpu_ms": 9.0,
+    }
+
+
+def _run_dir(tmp_path, healthy_windows: int, slow_windows: int) -> RunDir:
+    """3 workers; worker:1 gets 40 ms slower in its input pipeline after `healthy_windows` windows."""
+    plan = {
+        "job": "rep",
+        "nodes": [
+            {
+                "host": f"10.0.0.{i + 1}",
+                "task": {"type": "worker", "index": i},
+                "env": {"TFCLUSTER_PROFILE_INTERVAL_S": str(WINDOW_S)},
+            }
+            for i in range(3)
+        ],
+    }
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    lines = []
+    for w in range(healthy_windows + slow_windows):
+        ts = T0 + w * WINDOW_S
+        slow = w >= healthy_windows
+        for i in range(3):
+            task = f"worker:{i}"
+            if slow and i == 1:
+                lines.append(_profile(task, ts, pre=44.0, inp=42.0, step=60.0))
+            else:
+                lines.append(_profile(task, ts, pre=4.0, inp=2.0, step=60.0 if slow else 20.0))
+            lines.append(
+                {
+                    "task": task,
+                    "kind": "heartbeat",
+                    "ts": ts,
+                    "cpu_pct": 50.0,
+                    "rss_mb": 500,
+                    "progress": {"steps": 30 * w, "ts": ts},
+                }
+            )
+    (tmp_path / "heartbeats.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    events = []
+    if slow_windows >= 2:
+        events.append(
+            {
+                "ts": T0 + (healthy_windows + 1) * WINDOW_S,
+                "event": "straggler",
+                "task": "worker:1",
+                "host": "10.0.0.2",
+                "wait_ms": 40.0,
+                "share": 0.67,
+                "cause": "input pipeline",
+                "message": "straggler: worker:1",
+            }
+        )
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return RunDir(tmp_path)
+
+
+def test_homogeneous_split_and_efficiency(tmp_path):
+    rep = build_report(_run_dir(tmp_path, 10, 0))
+    split = rep["split"]
+    assert split["step_ms"] == 20.0 and split["work_ms"] == 4.0 and split["waiting_for_slowest_ms"] == 0
+    assert split["communication_ms"] == 16.0
+    assert rep["efficiency"] == pytest.approx(0.2)
+    assert rep["stragglers"] == [] and "suggested_last_s" not in rep
+    assert any("communication-bound" in a for a in rep["advice"])
+    assert rep["workers"]["worker:1"]["steps_per_s"] == pytest.approx(15.0)
+
+
+def test_midrun_straggler_is_diluted_over_the_run_and_clear_with_last(tmp_path):
+    run = _run_dir(tmp_path, 20, 4)
+    whole = build_report(run)
+    assert whole["split"]["waiting_for_slowest_ms"] == 0  # 4 slow windows of 24: the medians hide it
+    assert [s["task"] for s in whole["stragglers"]] == ["worker:1"]
+    suggested = whole["suggested_last_s"]
+    text = report_text(whole)
+    assert f"--last {suggested}s" in text
+    recent = build_report(run, last_s=suggested)
+    assert recent["window"]["last_s"] == suggested
+    assert all(w["profiles"] == 4 for w in recent["workers"].values())  # exactly the slow windows
+    assert recent["split"]["slowest_worker"] == "worker:1"
+    assert recent["split"]["waiting_for_slowest_ms"] == 40.0
+    assert any(a.startswith("worker:1 is a straggler") and "input pipeline" in a for a in recent["advice"])
+    assert "of the last" in report_text(recent)
+
+
+def test_no_samples_and_cli_errors(tmp_path):
+    (tmp_path / "plan.json").write_text(json.dumps({"job": "x", "nodes": []}))
+    rep = build_report(RunDir(tmp_path))
+    assert rep["split"] is None and "no step-clock samples" in rep["advice"][0]
+    r = run_cli("report", str(tmp_path), "--last", "2x")
+    assert r.returncode == 2 and "--last '2x'" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("report", str(tmp_path / "nope"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
