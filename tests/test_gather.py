@@ -197,6 +197,20 @@ def test_interrupted_gather_resumes_without_recopying(testbed_factory, tmp_path)
     summary = json.loads((r.run_dir / "result.json").read_text())["gather"]
     assert summary["files"] == 0 and summary["already_verified"] >= 11
 
+    # 3b) A crash after a batch was written but before its renames: complete .part files, no
+    #     records. They are verified where they lie and renamed; no byte is sent again.
+    state = json.loads(state_path.read_text())
+    for i in (0, 1):
+        os.replace(dest / f"small-{i}", dest / f"small-{i}.part")
+    state["files"] = {k: v for k, v in state["files"].items() if not k.endswith(("small-0", "small-1"))}
+    state_path.write_text(json.dumps(state))
+    g = run_cli("gather", str(r.run_dir))
+    assert g.returncode == 0, g.stderr
+    summary = json.loads((r.run_dir / "result.json").read_text())["gather"]
+    assert summary["resumed_files"] == 2 and summary["resumed_bytes"] == 2 * 4096 and summary["files"] == 2
+    for i in (0, 1):
+        assert sha(dest / f"small-{i}") == sha(ckpt / f"small-{i}") and not (dest / f"small-{i}.part").exists()
+
     # 4) A corrupted partial copy is detected, removed, and the next gather gets it right.
     (dest / "big.bin").unlink()
     with open(part, "wb") as f:
@@ -211,3 +225,27 @@ def test_interrupted_gather_resumes_without_recopying(testbed_factory, tmp_path)
     assert g.returncode == 0
     assert sha(dest / "big.bin") == sha(big)
     assert_no_job_processes(tb, 5)
+
+
+@pytest.mark.parametrize("with_syncfs", [True, False])
+def test_commit_makes_verified_parts_final_with_or_without_syncfs(tmp_path, monkeypatch, with_syncfs):
+    from orchestrator import gather
+
+    if not with_syncfs:
+        monkeypatch.setattr(gather, "_SYNCFS", None)
+    state = gather.GatherState.load(tmp_path / "state.json")
+    totals = gather.Totals()
+    batch = []
+    for i in range(3):
+        dest = tmp_path / "out" / f"f{i}"
+        dest.parent.mkdir(exist_ok=True)
+        part = dest.with_name(dest.name + ".part")
+        part.write_bytes(b"x" * (i + 1))
+        item = gather.Item(f"f{i}", dest, i + 1, 123)
+        batch.append({"item": item, "part": part, "n": i + 1, "sha": hashlib.sha256(b"x" * (i + 1)).hexdigest()})
+    gather._commit_parts(batch, state, totals)
+    assert totals.errors == [] and totals.files == 3 and totals.bytes == 6
+    for i in range(3):
+        dest = tmp_path / "out" / f"f{i}"
+        assert dest.read_bytes() == b"x" * (i + 1) and not dest.with_name(f"f{i}.part").exists()
+        assert state.verified(dest, i + 1, 123)
