@@ -80,8 +80,8 @@ def launch(loaded: LoadedSpec, plan: Plan, opts: LaunchOptions) -> RunResult:
     rundir = RunDir.create(opts.run_dir or os.path.join("runs", plan.run_id))
     rundir.spec_yaml.write_text(loaded.text)
     os.chmod(rundir.spec_yaml, 0o600)
-    write_json_atomic(rundir.plan_json, plan.to_dict())
-    write_json_atomic(rundir.launcher_json, _launcher_info())
+    write_json_atomic(rundir.plan_json, plan.to_dict(), durable=False)
+    write_json_atomic(rundir.launcher_json, _launcher_info(), durable=False)
 
     bus = EventBus([EventFileSink(rundir.events_jsonl), ConsoleSink()])
     logs = LogRouter(rundir, echo=opts.echo_logs)
@@ -112,7 +112,7 @@ def launch(loaded: LoadedSpec, plan: Plan, opts: LaunchOptions) -> RunResult:
             last_tasks.update(status.get("tasks", {}))
         status = {"job": plan.job, "run_id": plan.run_id, "launcher_pid": os.getpid(), **status}
         with contextlib.suppress(OSError):
-            write_json_atomic(rundir.status_json, status)
+            write_json_atomic(rundir.status_json, status, indent=None, durable=False)
         if live is not None and live.active:
             live.update(status)
 

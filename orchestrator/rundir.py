@@ -97,15 +97,20 @@ class RunDir:
         return self.result_json.exists()
 
 
-def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2) -> None:
-    """Readers (status, logs --follow) never see half a file: write a temp file, fsync, rename."""
+def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2, durable: bool = True) -> None:
+    """Readers (status, logs --follow) never see half a file: write a temp file, rename.
+
+    ``durable`` fsyncs before the rename (results, gather state); live files rewritten every second
+    (status.json) skip it: the rename alone keeps readers safe, and an fsync a second is disk load.
+    """
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=indent, default=str)
             f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -237,3 +237,30 @@ def test_frame_decoder_rejects_garbage_after_sync():
     dec = wire.FrameDecoder()
     with pytest.raises(wire.ProtocolError):
         dec.feed(wire.MARKER + b"\xff\x00\x00\x00\x00\x10")
+
+
+def test_package_versions_match_importlib_metadata(tmp_path, monkeypatch):
+    """The dist-info-name fast path gives what importlib.metadata gives, first on sys.path winning."""
+    import importlib.metadata
+
+    from worker_entry import sysinfo
+
+    def reference() -> dict:
+        out = {}
+        for name in sysinfo.PACKAGES:
+            try:
+                out[name] = importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                out[name] = None
+        return out
+
+    assert sysinfo.package_versions() == reference()
+    # a shadowing install earlier on sys.path, with a non-normalised name, wins in both
+    shadow = tmp_path / "shadow"
+    meta = shadow / "Tf.Keras-9.9.9.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: tf-keras\nVersion: 9.9.9\n")
+    monkeypatch.syspath_prepend(str(shadow))
+    importlib.invalidate_caches()
+    got = sysinfo.package_versions()
+    assert got["tf_keras"] == "9.9.9" and got == reference()
