@@ -39,13 +39,13 @@ def run_demo(*, hosts: int = 3, mode: str = "auto", epochs: int = 3, run_dir: st
                 "--epochs",
                 str(epochs),
                 "--steps-per-epoch",
-                "50",
+                "100",
             ]
             spec = tb.write_spec(
                 work / "demo.yaml",
                 "demo",
                 command,
-                heartbeat={"profile_interval_s": 5},
+                heartbeat={"profile_interval_s": 1},  # a short job: 1 s step-clock windows for `report`
                 job={"env": {"TF_CPP_MIN_LOG_LEVEL": "1"}},  # TensorFlow's INFO chatter hides the training
             )
             where = ", ".join(f"{h.address}:{h.ssh_port}" for h in tb.hosts)

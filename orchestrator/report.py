@@ -125,14 +125,18 @@ def analyse(workers: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Step split and efficiency from per-worker step-clock medians; advice in plain words."""
     prof = {t: w for t, w in workers.items() if w.get("pre_collective_ms") is not None and w.get("step_ms")}
     if not prof:
-        return {
-            "efficiency": None,
-            "split": None,
-            "advice": [
+        if any(w.get("steps") for w in workers.values()):
+            why = (
+                "no step-clock samples, although training steps were reported: the training was shorter than "
+                "one step-clock window (heartbeat.profile_interval_s), or the step clock is off "
+                "(TFCLUSTER_STEPCLOCK=0, or a custom loop: see docs/instrumentation.md)"
+            )
+        else:
+            why = (
                 "no step-clock samples: run with job.instrument: true and heartbeat.profile_interval_s > 0 "
                 "(Keras fit under MWMS is instrumented automatically)"
-            ],
-        }
+            )
+        return {"efficiency": None, "split": None, "advice": [why]}
     step = statistics.median(w["step_ms"] for w in prof.values())
     pres = {t: w["pre_collective_ms"] for t, w in prof.items()}
     median_pre = statistics.median(pres.values())

@@ -120,3 +120,12 @@ def test_no_samples_and_cli_errors(tmp_path):
     assert r.returncode == 2 and "--last '2x'" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("report", str(tmp_path / "nope"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_steps_without_step_clock_samples_say_why(tmp_path):
+    run = _run_dir(tmp_path, 3, 0)
+    beats = [x for x in run.heartbeats_jsonl.read_text().splitlines() if '"profile"' not in x]
+    run.heartbeats_jsonl.write_text("\n".join(beats) + "\n")
+    rep = build_report(run)
+    assert rep["split"] is None and rep["workers"]["worker:0"]["steps"] == 60
+    assert "shorter than one step-clock window" in rep["advice"][0]
