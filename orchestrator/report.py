@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from .monitor import find_straggler
@@ -30,26 +32,29 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def _records(path: Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a .jsonl file; a torn or foreign line (a crash mid-write) is skipped."""
+    if not path.exists():
+        return
+    with open(path) as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                yield rec
+
+
 def build_report(run: RunDir, last_s: float | None = None) -> dict[str, Any]:
     """The report of a run; ``last_s`` keeps only samples from the run's last ``last_s`` seconds
     (a straggler that appeared mid-run is diluted in whole-run medians)."""
     profiles: dict[str, list[dict[str, Any]]] = {}
     beats: dict[str, list[dict[str, Any]]] = {}
-    path = run.heartbeats_jsonl
-    if path.exists():
-        with open(path) as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                task = rec.get("task")
-                if not task:
-                    continue
-                if rec.get("kind") == "profile":
-                    profiles.setdefault(task, []).append(rec)
-                else:
-                    beats.setdefault(task, []).append(rec)
+    for rec in _records(run.heartbeats_jsonl):
+        task = rec.get("task")
+        if task:
+            (profiles if rec.get("kind") == "profile" else beats).setdefault(task, []).append(rec)
     window = None
     # the end of training: the last step-clock sample (heartbeats go on through teardown)
     end = max((r.get("ts") or 0 for rs in profiles.values() for r in rs), default=0) or max(
@@ -64,17 +69,11 @@ def build_report(run: RunDir, last_s: float | None = None) -> dict[str, Any]:
     nodes = plan.get("nodes") or [{}]
     profile_window_s = float((nodes[0].get("env") or {}).get("TFCLUSTER_PROFILE_INTERVAL_S") or 10)
     hosts = {f"{n['task']['type']}:{n['task']['index']}": n["host"] for n in plan.get("nodes", [])}
-    stragglers = []
-    if run.events_jsonl.exists():
-        for line in run.events_jsonl.read_text().splitlines():
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if ev.get("event") == "straggler":
-                stragglers.append(
-                    {k: ev.get(k) for k in ("ts", "task", "host", "wait_ms", "share", "cause", "message")}
-                )
+    stragglers = [
+        {k: ev.get(k) for k in ("ts", "task", "host", "wait_ms", "share", "cause", "message")}
+        for ev in _records(run.events_jsonl)
+        if ev.get("event") == "straggler"
+    ]
 
     workers: dict[str, dict[str, Any]] = {}
     for task in sorted(set(hosts) | set(beats) | set(profiles)):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from worker_entry import profiling
+from worker_entry import profiling, progress
 from worker_entry.profiling import Event, ProfileSampler, find_steps, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,10 +139,10 @@ def test_sampler_failure_warns_once_and_disables(monkeypatch, capsys):
 
 
 def test_sampler_off_by_default_and_only_an_explicit_opt_in():
-    assert profiling.interval_from_env({}) == 0
-    assert profiling.interval_from_env({"TFCLUSTER_PROFILE_INTERVAL_S": "0"}) == 0
-    assert profiling.interval_from_env({"TFCLUSTER_PROFILE_INTERVAL_S": "junk"}) == 0
-    assert profiling.interval_from_env({"TFCLUSTER_PROFILE_INTERVAL_S": "2.5"}) == 2.5
+    assert progress.profile_interval_from_env({}) == 0
+    assert progress.profile_interval_from_env({"TFCLUSTER_PROFILE_INTERVAL_S": "0"}) == 0
+    assert progress.profile_interval_from_env({"TFCLUSTER_PROFILE_INTERVAL_S": "junk"}) == 0
+    assert progress.profile_interval_from_env({"TFCLUSTER_PROFILE_INTERVAL_S": "2.5"}) == 2.5
     assert ProfileSampler.from_env({}).enabled is False
     # an interval alone (what the launcher always sets) never starts a profiler session
     assert ProfileSampler.from_env({"TFCLUSTER_PROFILE_INTERVAL_S": "2.5"}).enabled is False

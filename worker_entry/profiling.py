@@ -43,7 +43,6 @@ from typing import Any
 from . import progress
 from .progress import warn_once
 
-ENV_INTERVAL = "TFCLUSTER_PROFILE_INTERVAL_S"
 ENV_OPT_IN = "TFCLUSTER_PROFILER"  # 1: use this sampler (instead of the step clock)
 ENV_DEBUG = "TFCLUSTER_PROFILE_DEBUG"  # 1: one stderr line per window with its cost (experiments)
 DEFAULT_WINDOW_STEPS = 10
@@ -241,19 +240,6 @@ def summarize(events: list[Event]) -> WindowSummary | None:
 # ------------------------------------------------------------------------------------------ sampler
 
 
-def interval_from_env(env: Mapping[str, str] = os.environ) -> float:
-    """``TFCLUSTER_PROFILE_INTERVAL_S`` in seconds; 0 (off) when unset or invalid."""
-    raw = env.get(ENV_INTERVAL, "").strip()
-    if not raw:
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        warn_once("profile-interval", f"{ENV_INTERVAL}={raw!r} is not a number; profiling off")
-        return 0.0
-    return value if value > 0 else 0.0
-
-
 def opted_in(env: Mapping[str, str] = os.environ) -> bool:
     """``TFCLUSTER_PROFILER=1``: the user accepts the crash risk of TF 2.21's profiler."""
     return (env.get(ENV_OPT_IN) or "").strip().lower() in ("1", "true", "yes", "on")
@@ -334,7 +320,7 @@ class ProfileSampler:
         self._emit = emit
         self._in_memory = in_memory
         self._clock = clock
-        # The first window waits one interval (so it misses tracing and warm-up), at least 2 s.
+        # The first window waits one interval (so it misses tracing and warm-up).
         delay = interval_s if first_delay_s is None else first_delay_s
         self._next_due = clock() + delay
         self._session: _Session | None = None
@@ -349,7 +335,7 @@ class ProfileSampler:
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ, **kwargs: Any) -> ProfileSampler:
         """Enabled only with ``TFCLUSTER_PROFILER=1`` and a positive ``TFCLUSTER_PROFILE_INTERVAL_S``."""
-        return cls(interval_from_env(env) if opted_in(env) else 0.0, **kwargs)
+        return cls(progress.profile_interval_from_env(env) if opted_in(env) else 0.0, **kwargs)
 
     def _disable(self, what: str, exc: BaseException) -> None:
         self.enabled = False

@@ -24,6 +24,7 @@ ENV_FD = "TFCLUSTER_PROGRESS_FD"
 # A record no longer than PIPE_BUF is written atomically: whole or not at all (POSIX).
 MAX_RECORD_BYTES = 4096
 MIN_INTERVAL_S = 0.25  # at most ~4 progress records per second
+ENV_PROFILE_INTERVAL = "TFCLUSTER_PROFILE_INTERVAL_S"
 
 
 def warn_once(key: str, message: str, _seen: set[str] = set()) -> None:  # noqa: B006 - process-wide memo
@@ -36,6 +37,20 @@ def warn_once(key: str, message: str, _seen: set[str] = set()) -> None:  # noqa:
         sys.stderr.flush()
     except Exception:
         pass
+
+
+def profile_interval_from_env(env: Mapping[str, str] = os.environ) -> float:
+    """``TFCLUSTER_PROFILE_INTERVAL_S``: the window of ``profile`` records (step clock or profiler)
+    in seconds; 0 (off) when unset, invalid or not positive."""
+    raw = (env.get(ENV_PROFILE_INTERVAL) or "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        warn_once("profile-interval", f"{ENV_PROFILE_INTERVAL}={raw!r} is not a number; profile records off")
+        return 0.0
+    return value if value > 0 else 0.0
 
 
 class ProgressWriter:

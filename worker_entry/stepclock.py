@@ -59,7 +59,6 @@ from . import progress
 from .progress import warn_once
 
 ENV_MODE = "TFCLUSTER_STEPCLOCK"  # auto (default) | 1 (any strategy) | 0 (off)
-ENV_INTERVAL = "TFCLUSTER_PROFILE_INTERVAL_S"
 ENV_PROFILER = "TFCLUSTER_PROFILER"  # 1: the TF-profiler sampler instead (crash-prone, see profiling.py)
 ENV_DELIVERY = "TFCLUSTER_STEPCLOCK_DELIVERY"  # ring (default) | pyfunc
 DEFAULT_MIN_STEPS = 10  # a window has at least this many steps
@@ -75,19 +74,6 @@ _MISSING = -1.0  # t_data when no train_step stamp exists in the graph
 # ------------------------------------------------------------------------------------ configuration
 
 
-def interval_from_env(env: Mapping[str, str] = os.environ) -> float:
-    """``TFCLUSTER_PROFILE_INTERVAL_S`` in seconds; 0 (off) when unset, invalid or not positive."""
-    raw = (env.get(ENV_INTERVAL) or "").strip()
-    if not raw:
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        warn_once("profile-interval", f"{ENV_INTERVAL}={raw!r} is not a number; profile records off")
-        return 0.0
-    return value if value > 0 else 0.0
-
-
 def profiler_opt_in(env: Mapping[str, str] = os.environ) -> bool:
     """``TFCLUSTER_PROFILER=1``: sample the TF profiler instead of the step clock (see profiling.py)."""
     from .profiling import opted_in
@@ -98,7 +84,7 @@ def profiler_opt_in(env: Mapping[str, str] = os.environ) -> bool:
 def mode(env: Mapping[str, str] = os.environ) -> str:
     """``off``, ``auto`` (multi-worker MWMS only) or ``force`` (any strategy), from the environment."""
     raw = (env.get(ENV_MODE) or "auto").strip().lower()
-    if raw in _OFF or interval_from_env(env) <= 0 or profiler_opt_in(env):
+    if raw in _OFF or progress.profile_interval_from_env(env) <= 0 or profiler_opt_in(env):
         return "off"
     if raw in _ON:
         return "force"
@@ -600,7 +586,7 @@ class StepClock:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ, **kwargs: Any) -> StepClock:
-        return cls(interval_from_env(env) if mode(env) != "off" else 0.0, **kwargs)
+        return cls(progress.profile_interval_from_env(env) if mode(env) != "off" else 0.0, **kwargs)
 
     def _disable(self, exc: BaseException) -> None:
         self.enabled = False
