@@ -2,7 +2,7 @@
 
 Every script measures tfcluster's figure and its baseline side by side in ONE run (this machine is
 shared and noisy: only ratios measured together mean something), on the project's SSH test bed
-(orchestrator.testbed.Testbed: loopback addresses or the test bed's own network namespaces, never
+(tfcluster_testbed.Testbed: loopback addresses or the test bed's own network namespaces, never
 anything else), cleans up everything it started, prints a small table and its ratio LAST, or one
 JSON object with ``--json``.
 """
@@ -36,7 +36,7 @@ if str(REPO) not in sys.path:
 
 import psutil  # noqa: E402
 
-from orchestrator.testbed import Testbed, leftovers  # noqa: E402
+from tfcluster_testbed import Testbed, leftovers  # noqa: E402
 
 PY = sys.executable  # the real interpreter (not a pyenv shim): what the launcher and job.python use
 

@@ -50,7 +50,7 @@ from common import (
     wait_until,
 )
 
-from orchestrator.testbed import MARKER_ENV, netns_available
+from tfcluster_testbed import MARKER_ENV, netns_available
 
 INTERVAL = 0.5
 TIMEOUT = 5.0

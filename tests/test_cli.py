@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import build_parser, main
+from orchestrator.cli.main import main
+from orchestrator.cli.parser import build_parser
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -62,7 +63,8 @@ def test_validate_many_files_and_json(tmp_path, capsys):
     assert out[1]["problems"][0] == {
         "file": str(bad),
         "line": 2,
-        "path": "name",
+        "field": "name",
+        "code": "spec",
         "message": "'My Job' is not a valid job name: use lowercase letters, digits and '-', 1-63 characters, starting with a letter or digit",
         "severity": "error",
     }

@@ -123,9 +123,9 @@ def test_status_and_stop_from_another_process(testbed_factory, tmp_path):
 
 def test_stop_refuses_another_users_run(tmp_path, monkeypatch):
     """The run directory is 0700 and stop checks ownership: another uid is refused before any signal."""
-    from orchestrator.control import stop_job
-    from orchestrator.errors import UsageError
-    from orchestrator.rundir import RunDir
+    from orchestrator.core.errors import UsageError
+    from orchestrator.runs import RunDir
+    from orchestrator.views.control import stop_job
 
     run = tmp_path / "run"
     run.mkdir()

@@ -12,7 +12,7 @@ import psutil
 import pytest
 from conftest import PY, REPO, _env
 
-from orchestrator.testbed import MARKER_ENV
+from tfcluster_testbed import MARKER_ENV
 
 pytestmark = pytest.mark.e2e
 

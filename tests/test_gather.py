@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import PY, REPO, _env, assert_no_job_processes, run_cli, run_launch
 
-from orchestrator.gather import Totals, UnsafePath, _items, dest_path, safe_relpath
+from orchestrator.transfer.fetch import items_of
+from orchestrator.transfer.paths import UnsafePath, dest_path, safe_relpath
+from orchestrator.transfer.state import Totals
+from worker_entry.protocol import Manifest
 
 
 def sha(path: Path) -> str:
@@ -54,15 +57,18 @@ def test_dest_path_never_writes_through_a_planted_symlink(tmp_path):
 
 def test_hostile_manifest_entries_are_skipped(tmp_path):
     totals = Totals()
-    manifest = {
-        "files": [
-            {"path": "../../evil", "size": 1},
-            {"path": "/etc/cron.d/x", "size": 1},
-            {"path": "ok/file", "size": 3},
-        ],
-        "skipped": [{"path": "etc", "reason": "symlink to /etc (not followed)"}],
-    }
-    items = _items(manifest, tmp_path, totals)
+    manifest = Manifest.from_dict(
+        {
+            "root": "/r",
+            "files": [
+                {"path": "../../evil", "size": 1},
+                {"path": "/etc/cron.d/x", "size": 1},
+                {"path": "ok/file", "size": 3},
+            ],
+            "skipped": [{"path": "etc", "reason": "symlink to /etc (not followed)"}],
+        }
+    )
+    items = items_of(manifest, tmp_path, totals)
     assert [i.rel for i in items] == ["ok/file"]
     assert {s["path"] for s in totals.skipped} == {"../../evil", "/etc/cron.d/x", "etc"}
 
@@ -229,19 +235,20 @@ def test_interrupted_gather_resumes_without_recopying(testbed_factory, tmp_path)
 
 @pytest.mark.parametrize("with_syncfs", [True, False])
 def test_commit_makes_verified_parts_final_with_or_without_syncfs(tmp_path, monkeypatch, with_syncfs):
-    from orchestrator import gather
+    from orchestrator.transfer import fetch as gather
+    from orchestrator.transfer.state import GatherState, Item
 
     if not with_syncfs:
         monkeypatch.setattr(gather, "_SYNCFS", None)
-    state = gather.GatherState.load(tmp_path / "state.json")
-    totals = gather.Totals()
+    state = GatherState.load(tmp_path / "state.json")
+    totals = Totals()
     batch = []
     for i in range(3):
         dest = tmp_path / "out" / f"f{i}"
         dest.parent.mkdir(exist_ok=True)
         part = dest.with_name(dest.name + ".part")
         part.write_bytes(b"x" * (i + 1))
-        item = gather.Item(f"f{i}", dest, i + 1, 123)
+        item = Item(f"f{i}", dest, i + 1, 123)
         batch.append({"item": item, "part": part, "n": i + 1, "sha": hashlib.sha256(b"x" * (i + 1)).hexdigest()})
     gather._commit_parts(batch, state, totals)
     assert totals.errors == [] and totals.files == 3 and totals.bytes == 6

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from worker_entry import instrument, progress
+from worker_entry import instrument, keras_callback, progress
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / "worker_entry" / "_site"
@@ -187,7 +187,7 @@ def test_fit_hook_appends_once_and_keeps_user_list(monkeypatch):
     got = Model().fit(None, None, None, 1, 0, [])["callbacks"]  # positional callbacks
     assert len(got) == 1 and got[0]._tfcluster_progress
 
-    already = progress.callback_class(_FakeCallbackBase)()
+    already = keras_callback.callback_class(_FakeCallbackBase)()
     got = Model().fit(callbacks=[already])["callbacks"]
     assert got == [already]  # no second progress callback
 
@@ -383,3 +383,40 @@ def test_module_types():
     code = "import sys; import worker_entry.instrument, worker_entry.progress, worker_entry.profiling, worker_entry.strategy; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_global_batch_size_of_distributed_datasets():
+    """examples/s needs the global batch: from the original dataset, or per-replica batch x replicas."""
+    code = r"""
+import os, json
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import tensorflow as tf
+from worker_entry.instrument import _global_batch_size
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+s = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+rows = tf.data.Dataset.from_tensor_slices((tf.zeros([64, 3]), tf.zeros([64, 1]))).repeat()
+def fn(ctx):
+    return rows.batch(ctx.get_per_replica_batch_size(16), drop_remainder=True)
+out = {
+    "plain": _global_batch_size(rows.batch(16, drop_remainder=True), None),
+    "unknown": _global_batch_size(rows.batch(16), None),
+    "distribute": _global_batch_size(s.experimental_distribute_dataset(rows.batch(16, drop_remainder=True)), None),
+    "from_function": _global_batch_size(s.distribute_datasets_from_function(fn), None),
+    "from_function_unknown": _global_batch_size(s.distribute_datasets_from_function(lambda c: rows.batch(8)), None),
+    "arrays": _global_batch_size(tf.zeros([10, 3]).numpy(), 5),
+}
+print(json.dumps(out))
+"""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {
+        "plain": 16,
+        "unknown": None,
+        "distribute": 16,
+        "from_function": 16,
+        "from_function_unknown": None,
+        "arrays": 5,
+    }

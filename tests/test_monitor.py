@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-from orchestrator.monitor import Monitor, Policy, find_straggler
+from orchestrator.supervise import Monitor, Policy, find_straggler
+from worker_entry import protocol as p
 
 TASKS = ["worker:0", "worker:1", "worker:2"]
 POLICY = Policy(interval_s=1.0, timeout_s=10.0, startup_timeout_s=60.0, progress_timeout_s=30.0)
 
 
+def beat(fields: dict) -> p.Heartbeat:
+    """A heartbeat as the supervisor hands it to the monitor: parsed and validated."""
+    return p.Heartbeat.from_dict({"seq": 0, **fields})
+
+
 def beat_all(m: Monitor, now: float, **hb) -> None:
     for t in TASKS:
-        m.on_heartbeat(t, {"state": "running", **hb}, now)
+        m.on_heartbeat(t, beat({"state": "running", **hb}), now)
 
 
 def kinds(verdicts) -> list[tuple[str, str | None]]:
@@ -23,7 +29,7 @@ def test_silence_past_timeout_is_lost_once():
     for t in range(0, 10):
         beat_all(m, float(t))
     for t in TASKS[:2]:
-        m.on_heartbeat(t, {"state": "running"}, 15.0)
+        m.on_heartbeat(t, beat({"state": "running"}), 15.0)
     assert m.check(15.0) == []  # worker:2 silent for 6 s < 10 s
     out = m.check(19.5)
     assert kinds(out) == [("lost", "worker:2")] and out[0].fatal
@@ -37,7 +43,7 @@ def test_silent_past_timeout_during_teardown_only_after_go_and_not_done():
     m.arm(0.0)
     beat_all(m, 1.0)
     for t in ("worker:0", "worker:1"):
-        m.on_heartbeat(t, {"state": "stopping"}, 10.5)
+        m.on_heartbeat(t, beat({"state": "stopping"}), 10.5)
     assert m.silent_past_timeout(10.5) == []  # worker:2 silent 9.5 s < 10 s
     assert m.silent_past_timeout(11.0) == ["worker:2"]
     m.on_terminal("worker:2")
@@ -50,7 +56,7 @@ def test_finished_task_is_never_lost():
     beat_all(m, 1.0)
     m.on_terminal("worker:1")
     for t in ("worker:0", "worker:2"):
-        m.on_heartbeat(t, {"state": "running"}, 20.0)
+        m.on_heartbeat(t, beat({"state": "running"}), 20.0)
     assert ("lost", "worker:1") not in kinds(m.check(20.0))
 
 
@@ -58,11 +64,11 @@ def test_stopped_process_is_hung_after_two_intervals():
     m = Monitor(TASKS, POLICY, now=0.0)
     m.arm(0.0)
     beat_all(m, 1.0)
-    m.on_heartbeat("worker:1", {"state": "stopped"}, 2.0)
+    m.on_heartbeat("worker:1", beat({"state": "stopped"}), 2.0)
     assert m.check(2.5) == []
-    m.on_heartbeat("worker:1", {"state": "stopped"}, 3.0)
+    m.on_heartbeat("worker:1", beat({"state": "stopped"}), 3.0)
     assert m.check(3.5) == []
-    m.on_heartbeat("worker:1", {"state": "stopped"}, 4.0)
+    m.on_heartbeat("worker:1", beat({"state": "stopped"}), 4.0)
     out = m.check(4.0)
     assert kinds(out) == [("hung", "worker:1")]
     assert "stopped (state stopped" in out[0].message
@@ -71,8 +77,8 @@ def test_stopped_process_is_hung_after_two_intervals():
 def test_stopped_then_continued_is_not_hung():
     m = Monitor(TASKS, POLICY, now=0.0)
     m.arm(0.0)
-    m.on_heartbeat("worker:1", {"state": "stopped"}, 1.0)
-    m.on_heartbeat("worker:1", {"state": "running"}, 2.0)
+    m.on_heartbeat("worker:1", beat({"state": "stopped"}), 1.0)
+    m.on_heartbeat("worker:1", beat({"state": "running"}), 2.0)
     beat_all(m, 3.0)
     assert m.check(5.0) == []
 
@@ -115,7 +121,7 @@ def test_one_worker_without_progress_while_others_progress_is_hung():
     for t in range(0, 45):
         for task in TASKS:
             steps = 5 if task == "worker:2" else t * 10
-            m.on_heartbeat(task, {"state": "running", "progress": {"steps": steps}}, float(t))
+            m.on_heartbeat(task, beat({"state": "running", "progress": {"steps": steps}}), float(t))
     out = m.check(44.0)
     assert kinds(out) == [("hung", "worker:2")]
     assert "while other workers progress" in out[0].message
@@ -125,8 +131,8 @@ def test_suspects_are_the_silent_and_the_stopped():
     m = Monitor(TASKS, POLICY, now=0.0)
     m.arm(0.0)
     beat_all(m, 1.0)
-    m.on_heartbeat("worker:0", {"state": "running"}, 5.0)
-    m.on_heartbeat("worker:1", {"state": "stopped"}, 5.0)
+    m.on_heartbeat("worker:0", beat({"state": "running"}), 5.0)
+    m.on_heartbeat("worker:1", beat({"state": "stopped"}), 5.0)
     out = m.suspects(5.0, exclude="worker:0")
     assert kinds(out) == [("hung", "worker:1"), ("lost", "worker:2")]
     assert all(v.data["suspect"] for v in out)

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from orchestrator.plan import TaskId, build_plan, redact_env, resolve_communication
-from orchestrator.shellquote import exec_line, quote_arg
-from orchestrator.specload import load_spec_text
+from orchestrator.plan.quoting import exec_line, quote_arg
+from orchestrator.spec import load_spec_text
+from worker_entry.protocol import NodeConfig, command_line
 
 
 def spec_of(hosts: str, extra: str = "") -> object:
@@ -127,10 +128,15 @@ def test_argv_and_shell_line_hold_no_user_data():
     node = plan.nodes[0]
     assert node.argv == ("python3", "-m", "worker_entry")
     assert node.shell_line() == "exec python3 -m worker_entry"
-    cfg = node.worker_config(attempt=2, spec=spec_of("  - {address: a}"))
-    assert cfg["argv"] == ["python", "train.py"]
-    assert cfg["env"]["TFCLUSTER_ATTEMPT"] == "2"
-    assert cfg["remote_dir"] == "~/.tfcluster/runs/job-20260101T000000Z/worker-0/attempt-2"
+    cfg = node.node_config(2)
+    assert cfg.argv == ["python", "train.py"]
+    assert cfg.env["TFCLUSTER_ATTEMPT"] == "2"
+    assert cfg.remote_dir == "~/.tfcluster/runs/job-20260101T000000Z/worker-0/attempt-2"
+    assert (cfg.task.type, cfg.task.index, cfg.attempt) == ("worker", 0, 2)
+    # what the node receives is what the plan built: the config survives its own wire format
+    assert NodeConfig.parse_line(command_line(cfg)) == cfg
+    # the node gives up on a silent launcher a little before the launcher gives up on the node
+    assert cfg.launcher_timeout_s == 9.0 and cfg.heartbeat_interval_s == 1.0
 
 
 def test_quoting_of_the_interpreter():

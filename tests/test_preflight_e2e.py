@@ -10,7 +10,8 @@ import pytest
 import yaml
 from conftest import PY, assert_no_job_processes, run_cli, run_launch
 
-from orchestrator.checks import evaluate
+from orchestrator.supervise import evaluate, failed
+from worker_entry.protocol import NodeFacts
 
 pytestmark = pytest.mark.e2e
 
@@ -63,13 +64,13 @@ def test_preflight_names_each_problem_on_its_host(testbed_factory, tmp_path):
     report = json.loads(r.stdout)
     ssh = {h["task"]: h["ssh"] for h in report["hosts"]}
     assert ssh == {"worker:0": "host_key_changed", "worker:1": "auth", "worker:2": "refused", "worker:3": "ok"}
-    errors = [f for f in report["findings"] if not f["ok"] and f["severity"] == "error"]
+    errors = [f for f in report["findings"] if f["severity"] == "error"]
     by_task = {f["task"]: f for f in errors}
     assert "host key CHANGED" in by_task["worker:0"]["message"]
     assert "authentication as" in by_task["worker:1"]["message"]
     assert "connection refused" in by_task["worker:2"]["message"]
     assert f"TF port {tb.hosts[3].tf_port} is in use" in by_task["worker:3"]["message"]
-    assert all(f["fix"] for f in errors)
+    assert all(f["hint"] for f in errors)  # every error says what to do about it
     facts = next(h["facts"] for h in report["hosts"] if h["task"] == "worker:3")
     assert facts["python"] and facts["packages"]["tensorflow-cpu"]
     assert human.returncode == 4 and "preflight FAILED" in human.stdout and "fix:" in human.stdout
@@ -111,28 +112,30 @@ def test_preflight_passes_on_a_healthy_cluster(testbed_factory, tmp_path):
 
 
 def _facts(tf="2.21.0", tfk="2.21.0", keras="3.15.1", gpus=(), py="3.11.7", problems=()):
-    return {
-        "python": py,
-        "packages": {"tensorflow-cpu": tf, "tf_keras": tfk, "keras": keras, "tfcluster": "0.1.0"},
-        "gpus": [{"name": g, "memory_mb": 1} for g in gpus],
-        "problems": list(problems),
-    }
+    return NodeFacts.from_dict(
+        {
+            "python": py,
+            "packages": {"tensorflow-cpu": tf, "tf_keras": tfk, "keras": keras, "tfcluster": "0.1.0"},
+            "gpus": [{"index": i, "name": g, "memory_mb": 1} for i, g in enumerate(gpus)],
+            "problems": list(problems),
+        }
+    )
 
 
 def test_version_mismatch_and_keras_trap():
     facts = {"worker:0": _facts(), "worker:1": _facts(tf="2.20.0"), "worker:2": _facts(tfk=None)}
     out = evaluate(facts, {t: t for t in facts}, legacy_keras=True, gpus=0)
-    blocking = {(f.check, f.task) for f in out if f.blocks}
+    blocking = {(f.code, f.task) for f in out if f.blocks}
     assert ("tensorflow", "worker:1") in blocking
     assert ("keras", "worker:2") in blocking and ("tf_keras", "worker:2") in blocking
     out = evaluate({"a": _facts(), "b": _facts()}, {"a": "a", "b": "b"}, legacy_keras=False, gpus=0)
-    assert any(f.check == "keras" and f.blocks and "keras-team/keras#20585" in f.message for f in out)
+    assert any(f.code == "keras" and f.blocks and "keras-team/keras#20585" in f.message for f in out)
 
 
 def test_mixed_gpu_models_warn_and_clock_skew_warns():
     facts = {"worker:0": _facts(gpus=["A100"] * 2), "worker:1": _facts(gpus=["V100"] * 2)}
     out = evaluate(facts, {t: t for t in facts}, legacy_keras=True, gpus=2, skews={"worker:1": 3.2})
-    gpu = [f for f in out if f.check == "gpus" and not f.ok]
+    gpu = [f for f in out if f.code == "gpus" and failed(f)]
     assert gpu and gpu[0].severity == "warning" and "mixed GPU models" in gpu[0].message
-    assert any(f.check == "clock" and f.task == "worker:1" and "+3.2s" in f.message for f in out)
+    assert any(f.code == "clock" and f.task == "worker:1" and "+3.2s" in f.message for f in out)
     assert not any(f.blocks for f in out)

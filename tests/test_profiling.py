@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from worker_entry import profiling, progress
+from worker_entry import keras_callback, profiling, progress
 from worker_entry.profiling import Event, ProfileSampler, find_steps, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,7 +167,7 @@ def test_progress_callback_never_starts_a_profiler_by_default(monkeypatch):
             def __init__(self) -> None:
                 pass
 
-        cb = progress.progress_callback(base=Base)
+        cb = keras_callback.progress_callback(base=Base)
         cb.on_train_begin()
         assert isinstance(cb._sampler, stepclock.StepClock)
         for i in range(30):
@@ -175,7 +175,7 @@ def test_progress_callback_never_starts_a_profiler_by_default(monkeypatch):
             cb.on_train_batch_end(i)
         cb.on_train_end()
         monkeypatch.setenv("TFCLUSTER_PROFILER", "1")
-        cb = progress.progress_callback(base=Base)
+        cb = keras_callback.progress_callback(base=Base)
         cb.on_train_begin()
         assert isinstance(cb._sampler, ProfileSampler)  # the opt-in
     finally:
@@ -258,7 +258,7 @@ def test_straggler_is_separated_and_homogeneous_run_is_flat():
     cause "input pipeline"; a homogeneous run stays flat and nobody is named."""
     from test_stepclock import medians, run_cluster
 
-    from orchestrator.monitor import find_straggler
+    from orchestrator.supervise import find_straggler
 
     # prefetch hides up to one natural step (~25 ms with 3 workers on 2 cores) of input slowness:
     # a 60 ms sleep leaves the straggler clearly input-bound on a loaded machine too.

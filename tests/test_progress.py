@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from worker_entry import progress
+from worker_entry import keras_callback, progress
 
 
 def _read_records(fd: int) -> list[dict]:
@@ -116,7 +116,7 @@ def test_keras_callback_reports_train_test_predict(pipe, monkeypatch):
     y = np.random.rand(256, 1).astype("float32")
     model = tf_keras.Sequential([tf_keras.layers.Input((4,)), tf_keras.layers.Dense(1)])
     model.compile("sgd", "mse", steps_per_execution=2)
-    cb = progress.progress_callback(batch_size=32, profile=False, base=tf_keras.callbacks.Callback)
+    cb = keras_callback.progress_callback(batch_size=32, profile=False, base=tf_keras.callbacks.Callback)
     assert isinstance(cb, tf_keras.callbacks.Callback) and cb._tfcluster_progress
     model.fit(x, y, batch_size=32, epochs=2, validation_data=(x, y), callbacks=[cb], verbose=0)
     model.predict(x, batch_size=64, callbacks=[cb], verbose=0)

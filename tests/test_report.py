@@ -8,8 +8,8 @@ import json
 import pytest
 from conftest import run_cli
 
-from orchestrator.report import build_report, report_text
-from orchestrator.rundir import RunDir
+from orchestrator.runs import RunDir
+from orchestrator.views.report import build_report, report_text
 
 T0 = 1_800_000_000.0
 WINDOW_S = 2

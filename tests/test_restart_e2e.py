@@ -13,11 +13,11 @@ import time
 import pytest
 from conftest import PY, assert_no_job_processes, read_events, start_launch, wait_until
 
-from orchestrator.backup import sync_backup
-from orchestrator.connect import close_all, connect_all
+from orchestrator.backends.ssh import close_all, connect_all
 from orchestrator.events import EventBus
 from orchestrator.plan import build_plan
-from orchestrator.specload import load_spec
+from orchestrator.spec import load_spec
+from orchestrator.transfer import sync_backup
 
 pytestmark = pytest.mark.e2e
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.errors import SpecError, UsageError
-from orchestrator.specload import check_spec_text, format_path, load_spec, load_spec_text
+from orchestrator.core.errors import SpecError, UsageError
+from orchestrator.spec import check_spec_text, format_path, load_spec, load_spec_text
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -324,5 +324,5 @@ def test_format_path():
 def test_a_collective_timeout_is_allowed_but_warned_about():
     loaded = load_spec_text(MINIMAL + "tensorflow: {collective_timeout_s: 60}\n")
     assert loaded.spec.tensorflow.collective_timeout_s == 60
-    assert [w.path for w in loaded.warnings] == ["tensorflow.collective_timeout_s"]
+    assert [w.field for w in loaded.warnings] == ["tensorflow.collective_timeout_s"]
     assert "one thread per collective" in loaded.warnings[0].message

@@ -215,7 +215,7 @@ FIT_SCRIPT = textwrap.dedent(
         tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
     import numpy as np
     import tf_keras.src.optimizers.utils as optimizer_utils
-    from worker_entry import stepclock
+    from worker_entry import stamps, stepclock
 
     original = optimizer_utils.all_reduce_sum_gradients
     calls = {"n": 0}
@@ -230,10 +230,10 @@ FIT_SCRIPT = textwrap.dedent(
         os.environ["TFCLUSTER_STEPCLOCK"] = "1" if clock else "0"
         os.environ["TFCLUSTER_STEPCLOCK_DELIVERY"] = how
         if fail:
-            saved = getattr(stepclock, fail)
+            saved = getattr(stamps, fail)
             def boom(*a, **k):
                 raise RuntimeError("injected " + fail)
-            setattr(stepclock, fail, boom)
+            setattr(stamps, fail, boom)
         keras.utils.set_random_seed(7)
         strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(devices)])
         rng = np.random.default_rng(3)
@@ -258,7 +258,7 @@ FIT_SCRIPT = textwrap.dedent(
         h = model.fit(ds, epochs=epochs, steps_per_epoch=12, verbose=0, callbacks=[sc])
         undo()
         if fail:
-            setattr(stepclock, fail, saved)
+            setattr(stamps, fail, saved)
         chained = []  # our stamps / py_function with a control input from another stamp (program-order chain)
         for f in model.train_tf_function._list_all_concrete_functions():
             for op in f.graph.get_operations():
@@ -416,7 +416,7 @@ def medians(
 def test_compute_bound_straggler_shows_as_compute_not_input():
     """worker:2 multiplies 30 extra 256x256 matrices per forward pass: its excess before the all-reduce
     is between batch and gradients (compute_ms), not waiting for the batch (input_ms)."""
-    from orchestrator.monitor import find_straggler
+    from orchestrator.supervise import find_straggler
 
     results = run_cluster(["--extra-matmuls", "30", "--slow-task", "worker:2"], steps=150)
     profiles = [r.of_kind("profile") for r in results]

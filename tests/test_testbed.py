@@ -17,8 +17,9 @@ import psutil
 import pytest
 import yaml
 
-import orchestrator.testbed as testbed_mod
-from orchestrator.testbed import (
+import tfcluster_testbed.net as testbed_net
+import tfcluster_testbed.sshd as testbed_sshd
+from tfcluster_testbed import (
     MARKER_ENV,
     Testbed,
     TestbedError,
@@ -295,7 +296,7 @@ time.sleep(600)
 
 
 def test_start_failure_cleans_up(tmp_path, monkeypatch):
-    monkeypatch.setattr(testbed_mod, "SSHD", "/bin/false")
+    monkeypatch.setattr(testbed_sshd, "SSHD", "/bin/false")  # read there at call time
     tb = Testbed(2, mode="loopback", base_dir=tmp_path)
     with pytest.raises(TestbedError, match="sshd exited"):
         tb.start()
@@ -317,13 +318,13 @@ def test_lost_ssh_port_race_is_retried(testbed_factory, monkeypatch):
     busy = socket.socket()
     busy.bind(("127.0.0.2", 0))
     busy.listen()
-    real, calls = testbed_mod._free_port, []
+    real, calls = testbed_net._free_port, []
 
     def racy_free_port(addr: str) -> int:  # the first pick is taken by someone else meanwhile
         calls.append(addr)
         return busy.getsockname()[1] if len(calls) == 1 else real(addr)
 
-    monkeypatch.setattr(testbed_mod, "_free_port", racy_free_port)
+    monkeypatch.setattr(testbed_net, "_free_port", racy_free_port)  # read there at call time
     try:
         tb = testbed_factory(1, mode="loopback")
         assert tb.hosts[0].ssh_port != busy.getsockname()[1] and len(calls) == 2
@@ -337,7 +338,7 @@ def test_lost_ssh_port_race_is_retried(testbed_factory, monkeypatch):
 def test_reap_stale_cleans_up_after_a_killed_owner(tmp_path, mode):
     owner = r"""
 import json, os, signal, sys, paramiko
-from orchestrator.testbed import Testbed
+from tfcluster_testbed import Testbed
 tb = Testbed(2, mode=sys.argv[2], base_dir=sys.argv[1]).start()
 if tb.mode == "netns":
     tb.exec_on_host(tb.hosts[0], ["sh", "-c", "sleep 305 >/dev/null 2>&1 &"])
@@ -382,7 +383,7 @@ os.kill(os.getpid(), signal.SIGKILL)  # no stop(), no atexit
 
 def test_cli_entry_point(tmp_path):
     spec = tmp_path / "spec.yaml"
-    argv = [sys.executable, "-m", "orchestrator.testbed", "--hosts", "2", "--mode", "loopback"]
+    argv = [sys.executable, "-m", "tfcluster_testbed", "--hosts", "2", "--mode", "loopback"]
     argv += ["--spec-out", str(spec), "--name", "cli-test", "--", "python3", "train.py"]
     p = subprocess.Popen(
         argv,

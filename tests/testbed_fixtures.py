@@ -1,4 +1,4 @@
-"""Pytest fixtures and helpers for the SSH test bed (orchestrator/testbed.py).
+"""Pytest fixtures and helpers for the SSH test bed (the tfcluster_testbed package).
 
 Use from conftest.py with either of::
 
@@ -31,7 +31,7 @@ from typing import Any
 import paramiko
 import pytest
 
-from orchestrator.testbed import Testbed, TestHost, leftovers, netns_available, reap_stale
+from tfcluster_testbed import Testbed, TestHost, leftovers, netns_available, reap_stale
 
 __all__ = [
     "connect",

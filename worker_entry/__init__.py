@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "make_strategy": ("strategy", "make_strategy"),
     "report_step": ("progress", "report_step"),
-    "progress_callback": ("progress", "progress_callback"),
+    "progress_callback": ("keras_callback", "progress_callback"),
 }
 
 

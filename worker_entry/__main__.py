@@ -13,8 +13,10 @@ import sys
 
 def _read_config() -> tuple[dict, bytes]:
     """Read exactly the first line of stdin with raw reads; return the rest for the runner."""
+    from .protocol import MAX_COMMAND_LINE
+
     buf = b""
-    while b"\n" not in buf:
+    while b"\n" not in buf and len(buf) <= MAX_COMMAND_LINE:
         chunk = os.read(0, 65536)
         if not chunk:
             break
@@ -39,9 +41,15 @@ def main(argv: list[str]) -> int:
         print(__version__)
         return 0
     if mode == "run":
+        from .protocol import NodeConfig, ProtocolError
         from .runner import run
 
-        config, rest = _read_config()
+        raw, rest = _read_config()
+        try:
+            config = NodeConfig.from_dict(raw)
+        except ProtocolError as exc:
+            print(f"worker_entry: bad configuration on stdin: {exc}", file=sys.stderr)
+            return 2
         return run(config, rest)
     if mode == "probe":
         from .sysinfo import node_facts

@@ -15,7 +15,7 @@ import stat
 import sys
 from typing import Any
 
-from . import wire
+from . import protocol as p
 
 CHUNK = 1024 * 1024
 TEMP_PREFIX = "workertemp_"
@@ -64,8 +64,8 @@ def manifest(root: str, exclude_prefixes: tuple[str, ...] = ()) -> dict[str, Any
 
 def open_beneath(root: str, rel: str) -> int:
     """Open root/rel for reading without following any symlink and without leaving root."""
-    parts = [p for p in rel.split("/") if p not in ("", ".")]
-    if not parts or any(p == ".." for p in parts):
+    parts = [x for x in rel.split("/") if x not in ("", ".")]
+    if not parts or any(x == ".." for x in parts):
         raise PermissionError(f"refusing path {rel!r}")
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     dfd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -95,21 +95,21 @@ def send(root: str, files: list[dict[str, Any]], out_fd: int) -> int:
             n = w.write(view)
             view = view[n:]
 
-    put(wire.MARKER)
+    put(p.MARKER)
     for req in files:
         rel = req["path"]
         offset = int(req.get("offset") or 0)
         try:
             fd = open_beneath(root, rel)
         except OSError as exc:
-            put(wire.msg_frame({"type": "error", "path": rel, "error": exc.strerror or str(exc)}))
+            put(p.msg_frame(p.FileError(path=rel, error=exc.strerror or str(exc))))
             continue
         with os.fdopen(fd, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
             h = hashlib.sha256()
             if offset > size:
                 offset = 0
-            put(wire.msg_frame({"type": "file", "path": rel, "size": size, "offset": offset}))
+            put(p.msg_frame(p.FileStart(path=rel, size=size, offset=offset)))
             left = offset
             while left:
                 chunk = f.read(min(CHUNK, left))
@@ -124,9 +124,9 @@ def send(root: str, files: list[dict[str, Any]], out_fd: int) -> int:
                     break
                 h.update(chunk)
                 sent += len(chunk)
-                put(wire.data_frame(chunk))
-            put(wire.msg_frame({"type": "end", "path": rel, "size": sent, "sha256": h.hexdigest()}))
-    put(wire.msg_frame({"type": "done"}))
+                put(p.data_frame(chunk))
+            put(p.msg_frame(p.FileEnd(path=rel, size=sent, sha256=h.hexdigest())))
+    put(p.msg_frame(p.Done()))
     return 0
 
 
@@ -142,8 +142,7 @@ def receive(root: str, in_fd: int, first: bytes = b"") -> dict[str, Any]:
     incoming = f"{root}.incoming-{os.getpid()}"
     shutil.rmtree(incoming, ignore_errors=True)
     os.makedirs(incoming, mode=0o700)
-    decoder = wire.FrameDecoder()
-    decoder.synced = True  # the launcher sends frames without a marker
+    decoder = p.FrameDecoder(synced=True)  # the launcher sends frames without a marker
     cur: dict[str, Any] | None = None
     files = 0
     done = False
@@ -155,30 +154,30 @@ def receive(root: str, in_fd: int, first: bytes = b"") -> dict[str, Any]:
             if not data:
                 break
             for fr in decoder.feed(data):
-                if fr.type == wire.T_DATA and cur is not None:
+                if fr.type == p.T_DATA and cur is not None:
                     cur["f"].write(fr.payload)
                     cur["h"].update(fr.payload)
                     continue
-                m = fr.json()
-                if m.get("type") == "file":
-                    rel = m["path"]
-                    parts = [p for p in rel.split("/") if p not in ("", ".")]
+                m = p.parse(fr.payload, p.TRANSFER_MESSAGES)
+                if isinstance(m, p.FileStart):
+                    rel = m.path
+                    parts = [x for x in rel.split("/") if x not in ("", ".")]
                     if not parts or ".." in parts or rel.startswith("/"):
                         raise PermissionError(f"refusing path {rel!r}")
                     target = os.path.join(incoming, *parts)
                     os.makedirs(os.path.dirname(target), exist_ok=True)
                     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
                     cur = {"f": os.fdopen(fd, "wb"), "h": hashlib.sha256(), "path": target, "m": m}
-                elif m.get("type") == "end" and cur is not None:
+                elif isinstance(m, p.FileEnd) and cur is not None:
                     cur["f"].close()
-                    if cur["h"].hexdigest() != m.get("sha256"):
-                        raise OSError(f"{m.get('path')}: sha256 mismatch")
-                    mtime = cur["m"].get("mtime_ns")
+                    if cur["h"].hexdigest() != m.sha256:
+                        raise OSError(f"{m.path}: sha256 mismatch")
+                    mtime = cur["m"].mtime_ns
                     if mtime:
                         os.utime(cur["path"], ns=(mtime, mtime))
                     files += 1
                     cur = None
-                elif m.get("type") == "done":
+                elif isinstance(m, p.Done):
                     done = True
         if not done:
             raise OSError("transfer ended before it was complete")
@@ -188,7 +187,7 @@ def receive(root: str, in_fd: int, first: bytes = b"") -> dict[str, Any]:
         os.rename(incoming, root)
         shutil.rmtree(old, ignore_errors=True)
         return {"ok": True, "files": files, "root": root}
-    except OSError as exc:
+    except (OSError, p.ProtocolError) as exc:
         shutil.rmtree(incoming, ignore_errors=True)
         return {"ok": False, "error": str(exc), "root": root}
 

@@ -32,15 +32,15 @@ from types import ModuleType
 from typing import Any
 
 from .progress import warn_once
+from .protocol.env import OFF_VALUES, Env
 
-ENV_INSTRUMENT = "TFCLUSTER_INSTRUMENT"
+ENV_INSTRUMENT = Env.INSTRUMENT
 _WRAPPED = "_tfcluster_wrapped"
-_OFF_VALUES = ("0", "false", "no", "off")
 
 
 def enabled(env: Any = os.environ) -> bool:
     """Instrumentation is on unless ``TFCLUSTER_INSTRUMENT`` is 0/false/no/off."""
-    return env.get(ENV_INSTRUMENT, "1").strip().lower() not in _OFF_VALUES
+    return env.get(ENV_INSTRUMENT, "1").strip().lower() not in OFF_VALUES
 
 
 def _guard(key: str, what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -121,21 +121,40 @@ def _profiling_user_callback(callbacks: list) -> bool:
     return any(type(c).__name__ == "TensorBoard" and (getattr(c, "_start_batch", 0) or 0) > 0 for c in callbacks)
 
 
+def _batch_dim(spec: Any) -> int | None:
+    """The static first dimension of a dataset element's first tensor, if any (for a distributed
+    dataset: of its first replica's)."""
+    first = spec
+    while True:
+        if isinstance(first, (tuple, list)) and first:
+            first = first[0]
+        elif isinstance(first, dict) and first:
+            first = next(iter(first.values()))
+        elif getattr(first, "_value_specs", None):  # PerReplicaSpec: one spec per local replica
+            first = first._value_specs[0]
+        else:
+            break
+    shape = getattr(first, "shape", None)
+    if shape is not None and len(shape) > 0 and shape[0] is not None:
+        return int(shape[0])
+    return None
+
+
 def _global_batch_size(x: Any, batch_size: Any) -> int | None:
-    """Examples per step if evident: a tf.data dataset's static batch dim, or fit's batch_size for arrays."""
+    """Examples per step across all replicas, if evident: a tf.data dataset's static batch dimension
+    (for ``experimental_distribute_dataset`` the original dataset's; for
+    ``distribute_datasets_from_function`` the per-replica batch times the replicas in sync), or fit's
+    ``batch_size`` for arrays."""
     spec = getattr(x, "element_spec", None)
     if spec is not None:
         if type(x).__module__.startswith("tensorflow.python.distribute"):
-            return None  # a distributed dataset's spec is per replica and its batch dim usually unknown
-        first = spec
-        while isinstance(first, (tuple, list)) and first:
-            first = first[0]
-        if isinstance(first, dict) and first:
-            first = next(iter(first.values()))
-        shape = getattr(first, "shape", None)
-        if shape is not None and len(shape) > 0 and shape[0] is not None:
-            return int(shape[0])
-        return None
+            original = getattr(x, "_original_dataset", None)
+            if original is not None:  # experimental_distribute_dataset: the dataset holds the global batch
+                return _batch_dim(original.element_spec)
+            replicas = getattr(getattr(x, "_strategy", None), "num_replicas_in_sync", None)
+            per_replica = _batch_dim(spec)
+            return per_replica * int(replicas) if per_replica and replicas else None
+        return _batch_dim(spec)
     if hasattr(x, "shape") or isinstance(x, (list, tuple, dict)):
         return int(batch_size) if batch_size else 32  # Keras's default batch size for arrays
     return None
@@ -161,7 +180,7 @@ def patch_fit(cls: type, keras_package: str, step_clock: bool = False) -> bool:
 
     @_guard("fit-hook", "adding the progress callback to fit")
     def add_callback(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        from .progress import callback_class
+        from .keras_callback import callback_class
 
         given = _arg(args, kwargs, cb_pos, "callbacks")
         existing = list(getattr(given, "callbacks", given) or [])

@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from .progress import emit, warn_once
+from .protocol.env import Env
 
-ENV_COMMUNICATION = "TFCLUSTER_COMMUNICATION"
-ENV_COLLECTIVE_TIMEOUT = "TFCLUSTER_COLLECTIVE_TIMEOUT_S"
-ENV_HEARTBEAT_TIMEOUT = "TFCLUSTER_HEARTBEAT_TIMEOUT_S"
+ENV_COMMUNICATION = Env.COMMUNICATION
+ENV_COLLECTIVE_TIMEOUT = Env.COLLECTIVE_TIMEOUT_S
+ENV_HEARTBEAT_TIMEOUT = Env.HEARTBEAT_TIMEOUT_S
 
 _IMPLEMENTATIONS = {"nccl": "NCCL", "ring": "RING", "auto": "AUTO", "": "AUTO"}
 # MWMS's own choice of coordinated jobs (collective_all_reduce_strategy._initialize_multi_worker).

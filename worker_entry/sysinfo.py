@@ -18,6 +18,8 @@ import sys
 import time
 from typing import Any
 
+from .protocol.env import Env
+
 try:
     import psutil
 except ImportError:  # pragma: no cover - psutil is a dependency, but the node may lack it
@@ -308,7 +310,7 @@ def node_facts(config: dict[str, Any], nvml: Nvml | None = None) -> dict[str, An
             }
         )
     disk = None
-    ckpt = config.get("env", {}).get("TFCLUSTER_CHECKPOINT_DIR")
+    ckpt = (config.get("env") or {}).get(Env.CHECKPOINT_DIR)
     if ckpt:
         found = free_disk(ckpt)
         if found:

@@ -88,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         ds = tf.data.Dataset.from_tensor_slices((features, labels)).repeat()
-        ds = ds.batch(ctx.get_per_replica_batch_size(args.batch_size * ctx.num_replicas_in_sync))
+        per_replica = ctx.get_per_replica_batch_size(args.batch_size * ctx.num_replicas_in_sync)
+        # A static batch size (drop_remainder on a repeated dataset drops nothing): shapes are known
+        # to TensorFlow, and tfcluster's instrumentation can count examples/s from it.
+        ds = ds.batch(per_replica, drop_remainder=True)
         if slow_here:
             delay = args.slow_input_ms / 1000.0
 
@@ -96,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(delay)
                 return x
 
-            ds = ds.map(lambda x, y: (tf.ensure_shape(tf.py_function(_sleep, [x], tf.float32), [None, 10]), y))
+            ds = ds.map(lambda x, y: (tf.ensure_shape(tf.py_function(_sleep, [x], tf.float32), [per_replica, 10]), y))
         return ds.prefetch(1)
 
     dataset = strategy.distribute_datasets_from_function(dataset_fn)

@@ -1,0 +1,73 @@
+"""The backend seam: the one place that decides how tasks reach their nodes and how bytes come back.
+
+The supervisor asks a backend to start tasks and gets ``Channel``s back, delivered asynchronously as
+they come up (``start_all``): over SSH each is an exec channel opened by the launcher; a scheduler
+backend (Slurm, Kubernetes) has the scheduler start worker_entry, which connects back to the
+supervisor over TCP with a per-run secret (``backends.tcp``). Either way the supervisor sees the same
+``Channel`` contract and never knows which.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from worker_entry.protocol import NodeConfig
+
+from ..core.diagnostics import Diagnostic
+from ..plan import NodePlan
+from .base import Channel, Connection
+
+#: start_all's callback: (task, its channel) or (task, why it could not start).
+Deliver = Callable[[str, "Channel | BaseException"], None]
+
+
+class Backend(abc.ABC):
+    """How the tasks of one plan are started and reached."""
+
+    name: str = "backend"
+
+    @abc.abstractmethod
+    def connect(self, nodes: Sequence[NodePlan]) -> list[Diagnostic]:
+        """Make ``nodes`` reachable (idempotent: nodes already reachable are kept). Returns one
+        diagnostic per node that is not; an empty list means every node is ready."""
+
+    @abc.abstractmethod
+    def start(self, node: NodePlan, config: NodeConfig) -> Channel:
+        """Start worker_entry for one task and hand it its config; raises OSError on failure."""
+
+    def start_all(self, starts: Sequence[tuple[NodePlan, NodeConfig]], deliver: Deliver) -> threading.Thread:
+        """Start every task in parallel, in the background; ``deliver`` gets each channel (or error)
+        as soon as it is there. Returns the thread doing it (joined by the caller when it likes)."""
+
+        def one(item: tuple[NodePlan, NodeConfig]) -> None:
+            node, config = item
+            try:
+                chan = self.start(node, config)
+            except Exception as exc:  # per task, never a crash of the launcher
+                deliver(str(node.task), exc)
+            else:
+                deliver(str(node.task), chan)
+
+        def run() -> None:
+            with ThreadPoolExecutor(max_workers=max(1, min(64, len(starts)))) as pool:
+                list(pool.map(one, starts))
+
+        thread = threading.Thread(target=run, name=f"{self.name}-start", daemon=True)
+        thread.start()
+        return thread
+
+    def connection(self, task: str) -> Connection | None:
+        """A connection for helper commands on this task's node (transfers), or None."""
+        return None
+
+    def alive(self, task: str) -> bool:
+        """Can this task's node still be reached (without waiting for a timeout)?"""
+        conn = self.connection(task)
+        return conn is not None and conn.is_alive()
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close every connection; idempotent."""

@@ -1,0 +1,25 @@
+"""Why worker_entry did not start on a node, from its exit status and stderr (the one place that says)."""
+
+from __future__ import annotations
+
+from ..core.diagnostics import Diagnostic
+
+
+def entry_failure(status: int | None, stderr: str, python: str, *, synced: bool = False) -> Diagnostic | None:
+    """The diagnosis when ``python -m worker_entry`` could not run: interpreter missing, or tfcluster not
+    installed for it. None when the text shows neither (``synced``: worker_entry already spoke)."""
+    if "No module named worker_entry" in stderr or "No module named 'worker_entry'" in stderr:
+        return Diagnostic(
+            f"tfcluster is not installed for {python} on the host",
+            f"pip install tfcluster there (into the environment of {python}), or point job.python at "
+            "the interpreter that has it",
+            code="not_installed",
+        )
+    missing = status == 127 or "command not found" in stderr or ("No such file" in stderr and not synced)
+    if missing:
+        return Diagnostic(
+            f"cannot run {python!r} on the host (exit {status})",
+            "set job.python to the interpreter's full path on the hosts (e.g. /opt/venv/bin/python)",
+            code="interpreter",
+        )
+    return None

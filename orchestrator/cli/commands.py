@@ -1,0 +1,166 @@
+"""The commands: each loads what it needs (lazily, so `tfcluster --help` stays fast) and returns an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ..core.diagnostics import Diagnostic
+from ..core.errors import SpecError, UsageError
+from .exitcodes import EXIT_CONNECT, EXIT_OK, EXIT_USAGE, exit_code_for
+
+
+def version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from ..spec import load_spec
+
+    results = []
+    for path in args.specs:
+        try:
+            loaded = load_spec(path)
+            problems = list(loaded.warnings)
+            ok = True
+        except SpecError as exc:
+            problems, ok = exc.problems, False
+        except UsageError as exc:
+            problems = [_usage_problem(path, str(exc))]
+            ok = False
+        results.append({"file": path, "valid": ok, "problems": [p.to_dict() for p in problems]})
+        if not args.json:
+            for p in problems:
+                print(p.render(), file=sys.stderr)
+            if ok:
+                print(f"{path}: valid")
+            else:
+                n = sum(1 for p in problems if p.severity == "error")
+                print(f"{path}: invalid ({n} problem{'s' if n != 1 else ''})", file=sys.stderr)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    return EXIT_OK if all(r["valid"] for r in results) else EXIT_USAGE
+
+
+def _usage_problem(path: str, message: str) -> Diagnostic:
+    return Diagnostic.at(path, None, "spec", message.removeprefix(f"{path}: "))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from ..plan import load_plan
+    from ..plan.render import plan_text
+
+    loaded, plan = load_plan(args.spec, args.run_id)
+    for w in loaded.warnings:
+        print(str(w), file=sys.stderr)
+    if args.json:
+        print(plan.to_json(show_secrets=args.show_secrets))
+    else:
+        print(plan_text(plan, show_secrets=args.show_secrets))
+    return EXIT_OK
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from ..spec import ClusterSpec
+
+    print(json.dumps(ClusterSpec.model_json_schema(), indent=2))
+    return EXIT_OK
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from ..job import LaunchOptions, launch
+    from ..plan import load_plan
+
+    command = list(args.cmd) or None
+    loaded, plan = load_plan(args.spec, _run_id_from_dir(args.run_dir), command)
+    result = launch(
+        loaded,
+        plan,
+        LaunchOptions(
+            run_dir=args.run_dir,
+            preflight=not args.no_preflight,
+            gather=not args.no_gather,
+            live=not args.no_live,
+            echo_logs=not args.quiet,
+        ),
+    )
+    return exit_code_for(result)
+
+
+def _run_id_from_dir(run_dir: str | None) -> str | None:
+    return os.path.basename(os.path.normpath(run_dir)) if run_dir else None
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from ..runs import resolve_run, wait_for_run
+    from ..views.logs import LogQuery, show_logs
+
+    run = wait_for_run(args.run, args.runs_dir) if args.follow else resolve_run(args.run, args.runs_dir)
+    query = LogQuery.from_args(
+        tasks=args.task, grep=args.grep, since=args.since, raw=args.raw, timestamps=args.timestamps
+    )
+    show_logs(run, query, follow=args.follow, out=sys.stdout)
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from ..runs import resolve_run
+    from ..views.control import job_status, status_text
+
+    status = job_status(resolve_run(args.run, args.runs_dir))
+    print(json.dumps(status, indent=2) if args.json else status_text(status))
+    return EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from ..runs import resolve_run
+    from ..views.control import stop_job
+
+    message = stop_job(resolve_run(args.run, args.runs_dir), timeout_s=args.timeout)
+    print(message)
+    return EXIT_OK
+
+
+def cmd_gather(args: argparse.Namespace) -> int:
+    from ..job import gather_run
+    from ..runs import resolve_run
+
+    gather_run(resolve_run(args.run, args.runs_dir))
+    return EXIT_OK
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from ..job import preflight_text, run_preflight
+    from ..plan import load_plan
+
+    loaded, plan = load_plan(args.spec)
+    report = run_preflight(loaded.spec, plan)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(preflight_text(report))
+    return EXIT_OK if report.ok else EXIT_CONNECT
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ..runs import resolve_run
+    from ..views.logs import parse_duration
+    from ..views.report import build_report, report_text
+
+    last_s = parse_duration(args.last, "--last") if args.last else None
+    report = build_report(resolve_run(args.run, args.runs_dir), last_s=last_s)
+    print(json.dumps(report, indent=2) if args.json else report_text(report))
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(hosts=args.hosts, mode=args.mode, epochs=args.epochs, run_dir=args.run_dir)
+
+

@@ -1,0 +1,53 @@
+"""The one place that maps errors and final job states to exit codes (documented in the README).
+
+  0   success
+  1   internal error (a bug in tfcluster; rerun with --debug for the traceback)
+  2   bad spec or usage
+  3   the job failed (a worker failed, was lost or hung, or did not start in time)
+  4   connection, start or preflight failure (nothing ran)
+  5   the job succeeded but gathering logs/checkpoints failed verification
+  129 / 130 / 143 interrupted by SIGHUP / SIGINT (Ctrl-C) / SIGTERM (or `tfcluster stop`)
+"""
+
+from __future__ import annotations
+
+from ..core.errors import ConnectError, GatherError, PreflightError, SpecError, TfclusterError, UsageError
+from ..core.result import RunResult
+from ..core.states import JobState
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+EXIT_JOB_FAILED = 3
+EXIT_CONNECT = 4
+EXIT_GATHER = 5
+EXIT_SIGHUP = 129
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+
+ERROR_EXIT_CODES: list[tuple[type[BaseException], int]] = [
+    (SpecError, EXIT_USAGE),
+    (UsageError, EXIT_USAGE),
+    (ConnectError, EXIT_CONNECT),
+    (PreflightError, EXIT_CONNECT),
+    (GatherError, EXIT_GATHER),
+    (TfclusterError, EXIT_USAGE),
+]
+
+#: Final job state -> exit code (every terminal JobState is here; a test checks it).
+STATE_EXIT_CODES = {
+    JobState.SUCCEEDED: EXIT_OK,
+    JobState.FAILED: EXIT_JOB_FAILED,
+    JobState.CONNECT_FAILED: EXIT_CONNECT,
+    JobState.START_FAILED: EXIT_CONNECT,
+    JobState.PREFLIGHT_FAILED: EXIT_CONNECT,
+    JobState.INTERRUPTED_SIGHUP: EXIT_SIGHUP,
+    JobState.INTERRUPTED_SIGINT: EXIT_SIGINT,
+    JobState.INTERRUPTED_SIGTERM: EXIT_SIGTERM,
+}
+
+
+def exit_code_for(result: RunResult) -> int:
+    if result.state == JobState.SUCCEEDED and result.gather_error:
+        return EXIT_GATHER
+    return STATE_EXIT_CODES.get(result.state, EXIT_JOB_FAILED)

@@ -1,0 +1,183 @@
+"""The argument parser: every command with its help, an example and --json where scripts read output."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+from . import commands as c
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32, width=100)
+
+
+def _cmd(sub: argparse._SubParsersAction, name: str, summary: str, example: str) -> argparse.ArgumentParser:
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=summary,
+        epilog="example:\n" + textwrap.indent(textwrap.dedent(example).strip(), "  "),
+        formatter_class=_Formatter,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfcluster",
+        description="Launch, supervise and explain multi-machine TensorFlow MultiWorkerMirroredStrategy jobs over SSH.",
+        epilog=textwrap.dedent(
+            """\
+            typical session:
+              tfcluster validate cluster.yaml        # catch mistakes before touching any machine
+              tfcluster plan cluster.yaml            # what every node will run (dry run)
+              tfcluster preflight cluster.yaml       # ssh, versions, GPUs, ports on every host
+              tfcluster launch cluster.yaml          # run it; Ctrl-C tears everything down
+              tfcluster logs resnet-4x8 --follow     # from another terminal
+            exit codes: 0 ok, 2 bad spec/usage, 3 job failed, 4 connection/preflight failed,
+                        5 gather failed, 130/143 interrupted, 1 internal error"""
+        ),
+        formatter_class=_Formatter,
+    )
+    parser.add_argument("--version", action="version", version=f"tfcluster {c.version()}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = _cmd(
+        sub,
+        "validate",
+        "Check cluster spec files; report every problem as FILE:LINE: field: message.",
+        "tfcluster validate cluster_specs/*.yaml\ntfcluster validate cluster.yaml --json | jq '.[].problems'",
+    )
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="cluster spec YAML file(s)")
+    p.add_argument("--json", action="store_true", help="print a machine-readable result list on stdout")
+    p.set_defaults(func=c.cmd_validate)
+
+    p = _cmd(
+        sub,
+        "plan",
+        "Dry run: show the TF_CONFIG, environment and remote command of every node. Touches no host.",
+        "tfcluster plan cluster_specs/gpu-4x8.yaml\ntfcluster plan cluster.yaml --json | jq '.nodes[0].tf_config'",
+    )
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--show-secrets", action="store_true", help="do not redact env values named like *KEY*/*TOKEN*")
+    p.add_argument("--run-id", help="run id to plan with (default: NAME-<UTC timestamp>, as launch would)")
+    p.set_defaults(func=c.cmd_plan)
+
+    p = _cmd(
+        sub,
+        "schema",
+        "Print the JSON Schema of the cluster spec (for editor completion and checks).",
+        "tfcluster schema > cluster.schema.json   # then: # yaml-language-server: $schema=cluster.schema.json",
+    )
+    p.set_defaults(func=c.cmd_schema)
+
+    p = _cmd(
+        sub,
+        "launch",
+        "Start the job on every host over SSH, stream logs, supervise, tear down on failure, gather.",
+        "tfcluster launch cluster.yaml\ntfcluster launch cluster.yaml --run-dir runs/try1 -- python train.py --epochs 1",
+    )
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--run-dir", help="run directory (default: ./runs/NAME-<UTC timestamp>)")
+    p.add_argument("--no-preflight", action="store_true", help="skip the version/port/GPU checks before starting")
+    p.add_argument("--no-gather", action="store_true", help="do not copy logs and checkpoints back after the job")
+    p.add_argument("--no-live", action="store_true", help="no live status table, even on a terminal")
+    p.add_argument("--quiet", "-q", action="store_true", help="do not print worker output (it is still stored)")
+    p.set_defaults(func=c.cmd_launch, cmd=[])
+    p.usage = "tfcluster launch [options] SPEC [-- COMMAND...]   (COMMAND overrides job.command)"
+
+    p = _cmd(
+        sub,
+        "logs",
+        "Print a run's aggregated worker logs; --follow keeps printing until the job ends.",
+        "tfcluster logs resnet-4x8 --follow\ntfcluster logs runs/resnet-4x8-20261122T101500Z --task worker:1 --grep loss",
+    )
+    p.add_argument("run", metavar="RUN", help="run directory, or job name (its newest run under ./runs)")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines; exit when the job ends")
+    p.add_argument("--task", action="append", help="only this task (chief:0, worker:1); repeatable")
+    p.add_argument("--grep", metavar="PATTERN", help="only lines matching this regular expression")
+    p.add_argument("--since", metavar="DURATION", help="only lines from the last DURATION (30s, 5m, 2h)")
+    p.add_argument("--raw", action="store_true", help="without the [task host] prefix")
+    p.add_argument("--timestamps", "-t", action="store_true", help="show each line's UTC receive time")
+    p.add_argument("--runs-dir", default="runs", help="where job names are looked up (default: ./runs)")
+    p.set_defaults(func=c.cmd_logs)
+
+    p = _cmd(
+        sub,
+        "status",
+        "State of a job and of each task (running, exited, lost), last heartbeat and step.",
+        "tfcluster status resnet-4x8\ntfcluster status runs/resnet-4x8-20261122T101500Z --json",
+    )
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--runs-dir", default="runs")
+    p.set_defaults(func=c.cmd_status)
+
+    p = _cmd(
+        sub,
+        "stop",
+        "Ask a running launcher to tear its job down cleanly (like Ctrl-C) and wait until it is done.",
+        "tfcluster stop resnet-4x8",
+    )
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the teardown (default 120)")
+    p.add_argument("--runs-dir", default="runs")
+    p.set_defaults(func=c.cmd_stop)
+
+    p = _cmd(
+        sub,
+        "gather",
+        "Copy (or finish copying) a run's logs and the chief's checkpoints into RUN/, verified by sha256.",
+        "tfcluster gather runs/resnet-4x8-20261122T101500Z",
+    )
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--runs-dir", default="runs")
+    p.set_defaults(func=c.cmd_gather)
+
+    p = _cmd(
+        sub,
+        "preflight",
+        "Check every host in parallel: SSH, interpreter and TF versions, GPUs, TF port, workdir, disk, clock.",
+        "tfcluster preflight cluster.yaml\ntfcluster preflight cluster.yaml --json",
+    )
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=c.cmd_preflight)
+
+    p = _cmd(
+        sub,
+        "report",
+        "Explain a run's scaling: per-worker step time, time split, stragglers, efficiency.",
+        "tfcluster report resnet-4x8\ntfcluster report resnet-4x8 --last 60s\n"
+        "tfcluster report runs/resnet-4x8-20261122T101500Z --json",
+    )
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--last",
+        metavar="DURATION",
+        help="only samples from the run's last DURATION (30s, 5m): the split after a slowdown, not diluted by the whole run",
+    )
+    p.add_argument("--runs-dir", default="runs")
+    p.set_defaults(func=c.cmd_report)
+
+    p = _cmd(
+        sub,
+        "demo",
+        "Start a 3-host SSH test bed on this machine and run a real 3-worker MWMS training on it.",
+        "tfcluster demo\ntfcluster demo --hosts 2 --mode loopback --epochs 2",
+    )
+    p.add_argument("--hosts", type=int, default=3, help="number of hosts/workers (default 3)")
+    p.add_argument(
+        "--mode",
+        choices=["auto", "loopback", "netns"],
+        default="auto",
+        help="loopback: 127.0.0.x addresses; netns: network namespaces (root); auto: netns if root",
+    )
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--run-dir", help="run directory (default: ./runs/demo-<UTC timestamp>)")
+    p.set_defaults(func=c.cmd_demo)
+    return parser

@@ -1,0 +1,141 @@
+"""Failures are data: what happened to each task and the job; the first failure is the root cause."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .diagnostics import Diagnostic
+from .states import JobState, TaskState
+
+#: Failure.kind values (docs/events.md): what kind of thing went wrong.
+FAILURE_KINDS = frozenset(
+    {
+        "exit",  # non-zero exit of the training command
+        "signal",  # killed by a signal it did not get from us
+        "lost",  # connection closed without an exit status, or silent past the heartbeat timeout
+        "hung",  # stopped (SIGSTOP) or no progress while others progress
+        "stalled",  # no progress anywhere
+        "startup_timeout",  # not started in time (MWMS would wait forever)
+        "straggler",  # a confirmed straggler, with heartbeat.kill_stragglers
+        "spawn",  # worker_entry could not be started
+        "protocol",  # the node sent something the protocol does not allow
+        "connect",  # a host could not be reached
+        "preflight",  # hosts unfit to run the job
+    }
+)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One thing that went wrong, attributed to a task where possible."""
+
+    kind: str
+    message: str
+    ts: float
+    task: str | None = None
+    host: str | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    attempt: int = 0
+    last_lines: tuple[str, ...] = ()
+    hint: str = ""
+
+    def __post_init__(self) -> None:
+        assert self.kind in FAILURE_KINDS, self.kind
+
+    @property
+    def diagnostic(self) -> Diagnostic:
+        return Diagnostic(self.message, self.hint, task=self.task, host=self.host, code=self.kind)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["last_lines"] = list(self.last_lines)
+        return d
+
+
+@dataclass
+class TaskResult:
+    task: str
+    host: str
+    state: TaskState = TaskState.PENDING
+    exit_code: int | None = None
+    signal: str | None = None
+    reason: str | None = None
+    started: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["state"] = self.state.value
+        return d
+
+
+@dataclass
+class AttemptResult:
+    attempt: int
+    state: JobState
+    started_ts: float
+    ended_ts: float
+    tasks: dict[str, TaskResult]
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def root_cause(self) -> Failure | None:
+        return self.failures[0] if self.failures else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "state": self.state.value,
+            "started_ts": self.started_ts,
+            "ended_ts": self.ended_ts,
+            "root_cause": self.root_cause.to_dict() if self.root_cause else None,
+            "failures": [f.to_dict() for f in self.failures],
+            "tasks": {k: v.to_dict() for k, v in self.tasks.items()},
+        }
+
+
+@dataclass
+class RunResult:
+    job: str
+    run_id: str
+    run_dir: str
+    state: JobState
+    started_ts: float
+    ended_ts: float
+    attempts: list[AttemptResult] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)  # failures outside attempts (connect)
+    gather: dict[str, Any] | None = None
+    gather_error: str | None = None
+
+    @property
+    def root_cause(self) -> Failure | None:
+        if self.failures:
+            return self.failures[0]
+        for a in reversed(self.attempts):
+            if a.root_cause:
+                return a.root_cause
+        return None
+
+    @property
+    def tasks(self) -> dict[str, TaskResult]:
+        return self.attempts[-1].tasks if self.attempts else {}
+
+    def to_dict(self) -> dict[str, Any]:
+        rc = self.root_cause
+        return {
+            "job": self.job,
+            "run_id": self.run_id,
+            "run_dir": self.run_dir,
+            "state": self.state.value,
+            "started_ts": self.started_ts,
+            "ended_ts": self.ended_ts,
+            "wall_time_s": round(self.ended_ts - self.started_ts, 3),
+            "root_cause": rc.to_dict() if rc else None,
+            "tasks": {k: v.to_dict() for k, v in self.tasks.items()},
+            "attempts": [a.to_dict() for a in self.attempts],
+            "restarts": max(0, len(self.attempts) - 1),
+            "failures": [f.to_dict() for f in self.failures],
+            "gather": self.gather,
+            "gather_error": self.gather_error,
+        }

@@ -1,0 +1,85 @@
+"""Task and job states, as enums with predicates; one function from a signal to a job state."""
+
+from __future__ import annotations
+
+import enum
+import signal
+
+
+class TaskState(str, enum.Enum):
+    PENDING = "pending"  # not started yet
+    STARTING = "starting"  # worker_entry started, waiting for its hello
+    READY = "ready"  # hello received, waiting for the go
+    RUNNING = "running"  # the training command runs
+    STOPPING = "stopping"  # asked to stop
+    SUCCEEDED = "succeeded"  # exited 0
+    FAILED = "failed"  # non-zero exit, a signal of its own, or a protocol error
+    STOPPED = "stopped"  # ended by our teardown
+    LOST = "lost"  # no exit status: connection or host gone
+    NOT_STARTED = "not_started"  # never ran (preflight refused, or teardown before the go)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL_TASK
+
+    @property
+    def is_alive(self) -> bool:
+        return self in (TaskState.STARTING, TaskState.READY, TaskState.RUNNING, TaskState.STOPPING)
+
+
+_TERMINAL_TASK = frozenset(
+    {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED, TaskState.LOST, TaskState.NOT_STARTED}
+)
+
+
+class JobState(str, enum.Enum):
+    CONNECTING = "connecting"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    RESTARTING = "restarting"
+    GATHERING = "gathering"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CONNECT_FAILED = "connect_failed"  # a host could not be reached: nothing ran
+    START_FAILED = "start_failed"  # a task's worker_entry could not start or broke the protocol: nothing ran
+    PREFLIGHT_FAILED = "preflight_failed"  # hosts unfit (versions, ports, GPUs): nothing ran
+    INTERRUPTED_SIGINT = "interrupted_sigint"
+    INTERRUPTED_SIGTERM = "interrupted_sigterm"
+    INTERRUPTED_SIGHUP = "interrupted_sighup"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in _LIVE_JOB
+
+    @property
+    def is_interrupted(self) -> bool:
+        return self in (JobState.INTERRUPTED_SIGINT, JobState.INTERRUPTED_SIGTERM, JobState.INTERRUPTED_SIGHUP)
+
+    @property
+    def nothing_ran(self) -> bool:
+        """Failures before the go: no training command was started."""
+        return self in (JobState.CONNECT_FAILED, JobState.START_FAILED, JobState.PREFLIGHT_FAILED)
+
+
+_LIVE_JOB = frozenset(
+    {
+        JobState.CONNECTING,
+        JobState.STARTING,
+        JobState.RUNNING,
+        JobState.STOPPING,
+        JobState.RESTARTING,
+        JobState.GATHERING,
+    }
+)
+
+_SIGNAL_STATES = {
+    signal.SIGINT: JobState.INTERRUPTED_SIGINT,
+    signal.SIGTERM: JobState.INTERRUPTED_SIGTERM,
+    signal.SIGHUP: JobState.INTERRUPTED_SIGHUP,
+}
+
+
+def interrupted_state(signum: int) -> JobState:
+    """The final state of a job interrupted by ``signum`` (SIGINT, SIGTERM or SIGHUP)."""
+    return _SIGNAL_STATES.get(signal.Signals(signum), JobState.INTERRUPTED_SIGTERM)

@@ -1,0 +1,269 @@
+"""A launched job: run directory, connections, attempts and restarts, backup sync, gather, result.
+
+``Job.run()`` returns a ``RunResult``; the CLI alone turns it into an exit code. The backend is a
+parameter (the SSH fleet by default), so a test can drive the whole job with a fake one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends import Backend
+from ..core.result import AttemptResult, Failure, RunResult
+from ..core.states import JobState, interrupted_state
+from ..events import EventBus
+from ..plan import Plan
+from ..runs import RunDir, write_json_atomic
+from ..sinks import ConsoleSink, EventFileSink, HeartbeatFile, LogRouter, use_color
+from ..sinks.status import StatusWriter
+from ..spec import LoadedSpec
+from ..supervise import Interrupt, Supervisor
+from .signals import signals_to
+
+try:
+    import psutil
+except ImportError:  # pragma: no cover
+    psutil = None
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    run_dir: str | None = None
+    preflight: bool = True
+    gather: bool = True
+    live: bool = True
+    echo_logs: bool = True
+
+
+class Job:
+    def __init__(self, loaded: LoadedSpec, plan: Plan, opts: LaunchOptions, backend: Backend | None = None) -> None:
+        self.loaded = loaded
+        self.spec = loaded.spec
+        self.plan = plan
+        self.opts = opts
+        if backend is None:
+            from ..backends.ssh import SshBackend
+
+            backend = SshBackend()
+        self.backend = backend
+        self.interrupt = Interrupt()
+        self.rundir = RunDir.create(opts.run_dir or os.path.join("runs", plan.run_id))
+        started = time.time()
+        self.result = RunResult(
+            job=plan.job,
+            run_id=plan.run_id,
+            run_dir=str(self.rundir.path),
+            state=JobState.CONNECTING,
+            started_ts=started,
+            ended_ts=started,
+        )
+        self.live: Any = None
+        if opts.live and opts.echo_logs and use_color(sys.stdout) and sys.stdout.isatty():
+            from ..sinks.live import LiveTable
+
+            self.live = LiveTable(plan)
+        self.bus = EventBus([EventFileSink(self.rundir.events_jsonl), ConsoleSink()])
+        self.logs = LogRouter(self.rundir, echo=opts.echo_logs)
+        if self.live is not None:
+            self.logs.console_hook = self.live.print_log
+        self.heartbeats = HeartbeatFile(self.rundir.heartbeats_jsonl)
+        self.status = StatusWriter(self.rundir, plan.job, plan.run_id, self.live)
+
+    # --- the whole job ---------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        self._write_run_files()
+        try:
+            with signals_to(self.interrupt):
+                if self.live is not None:
+                    self.live.start()
+                if self._connect():
+                    self._attempts()
+                if self.live is not None:
+                    self.live.stop()  # the gather's progress bar and the summary print below it
+                if self.opts.gather and self.result.attempts and self.interrupt.count < 2:
+                    self._gather()
+                return self._finish()
+        finally:
+            if self.live is not None:
+                self.live.stop()
+            self.backend.close()
+
+    def _write_run_files(self) -> None:
+        rd = self.rundir
+        rd.spec_yaml.write_text(self.loaded.text)
+        os.chmod(rd.spec_yaml, 0o600)
+        write_json_atomic(rd.plan_json, self.plan.to_dict(), durable=False)
+        write_json_atomic(rd.launcher_json, _launcher_info(), durable=False)
+        for w in self.loaded.warnings:
+            self.bus.emit("warning", message=str(w))
+        for w in self.plan.warnings:
+            self.bus.emit("warning", message=w)
+        self.bus.emit(
+            "job_started",
+            job=self.plan.job,
+            run_id=self.plan.run_id,
+            run_dir=str(rd.path),
+            tasks=len(self.plan.nodes),
+            attempt_limit=self.spec.restart.max_restarts + 1,
+        )
+
+    def _connect(self, nodes: Any = None, attempt: int = 0) -> bool:
+        """Reach every node (or ``nodes``); every unreachable one is reported, then the job ends."""
+        t0 = time.monotonic()
+        problems = self.backend.connect(nodes if nodes is not None else self.plan.nodes)
+        if problems:
+            for d in problems:
+                self.bus.emit("connect_failed", task=d.task, host=d.host, kind=d.code, message=d.render())
+            text = "\n".join([f"cannot reach {len(problems)} host(s):"] + ["  " + d.render() for d in problems])
+            first = problems[0]
+            self.result.failures.append(Failure("connect", text, time.time(), first.task, first.host, attempt=attempt))
+            self.result.state = JobState.CONNECT_FAILED
+            return False
+        if nodes is None:
+            self.bus.emit("connected", hosts=len(self.plan.nodes), seconds=round(time.monotonic() - t0, 3))
+        if self.interrupt.count:
+            self.result.state = interrupted_state(self.interrupt.signum or 2)
+            return False
+        return True
+
+    def _attempts(self) -> None:
+        """Run attempts until one does not fail, the restart budget is spent, or we are interrupted."""
+        attempt = 0
+        while True:
+            self.result.state = JobState.STARTING
+            res = self._attempt(attempt)
+            self.result.attempts.append(res)
+            self.result.state = res.state
+            self.bus.emit(
+                "attempt_finished",
+                attempt=attempt,
+                state=res.state.value,
+                root_cause=res.root_cause.to_dict() if res.root_cause else None,
+            )
+            if res.state != JobState.FAILED or attempt >= self.spec.restart.max_restarts or self.interrupt.count:
+                return
+            attempt += 1
+            self.result.state = JobState.RESTARTING
+            self.bus.emit(
+                "restart",
+                attempt=attempt,
+                max_attempts=self.spec.restart.max_restarts + 1,
+                reason=res.root_cause.message if res.root_cause else "failed",
+            )
+            if not self._connect(self.plan.nodes, attempt):  # reconnects only the hosts whose connection died
+                return
+            self._sync_backup()
+
+    def _attempt(self, attempt: int) -> AttemptResult:
+        self.logs.open_attempt(attempt, [(str(n.task), n.task.slug, n.host) for n in self.plan.nodes])
+        sup = Supervisor(
+            self.spec,
+            self.plan,
+            self.backend,
+            attempt=attempt,
+            bus=self.bus,
+            logs=self.logs,
+            heartbeats=self.heartbeats,
+            interrupt=self.interrupt,
+            preflight=self.opts.preflight,
+            on_status=self.status,
+        )
+        return sup.run()
+
+    def _sync_backup(self) -> None:
+        """Every task must restore from the chief's backup; copy it where storage is not shared."""
+        from ..transfer import sync_backup
+
+        try:
+            sync_backup(self.plan, self._connections(), self.bus)
+        except Exception as exc:  # the restart still happens; Keras then starts those tasks from scratch
+            self.bus.emit("warning", message=f"could not copy the chief's backup to the other tasks: {exc}")
+
+    def _connections(self) -> dict[str, Any]:
+        found = {str(n.task): self.backend.connection(str(n.task)) for n in self.plan.nodes}
+        return {t: c for t, c in found.items() if c is not None}
+
+    def _gather(self) -> None:
+        from ..transfer import gather_after_run
+
+        self.logs.flush()
+        try:
+            self.result.gather = gather_after_run(
+                self.spec, self.plan, self._connections(), self.rundir, self.bus, attempts=len(self.result.attempts)
+            )
+        except Exception as exc:  # gathering must never hide the job's own outcome
+            self.result.gather_error = f"{type(exc).__name__}: {exc}"
+            self.bus.emit("gather_failed", message=self.result.gather_error)
+        else:
+            if self.result.gather and self.result.gather.get("errors"):
+                self.result.gather_error = "; ".join(self.result.gather["errors"][:5])
+
+    def _finish(self) -> RunResult:
+        result = self.result
+        if result.failures and result.state == JobState.SUCCEEDED:
+            result.state = JobState.FAILED
+        result.ended_ts = time.time()
+        data = result.to_dict()
+        self.logs.close()  # every line is on disk before result.json says the run is over (`logs -f`)
+        self.heartbeats.close()
+        write_json_atomic(self.rundir.result_json, data)
+        self.status(
+            {
+                "state": result.state.value,
+                "attempt": len(result.attempts) - 1,
+                "updated": time.time(),
+                "tasks": data["tasks"],
+                "finished": True,
+            }
+        )
+        rc = result.root_cause
+        self.bus.emit(
+            "job_finished",
+            state=result.state.value,
+            wall_time_s=round(result.ended_ts - result.started_ts, 3),
+            run_dir=str(self.rundir.path),
+            root_cause=rc.to_dict() if rc else None,
+        )
+        if rc is not None and result.state != JobState.SUCCEEDED:
+            _print_root_cause(rc)
+        self.bus.close()
+        return result
+
+
+def launch(loaded: LoadedSpec, plan: Plan, opts: LaunchOptions, backend: Backend | None = None) -> RunResult:
+    """`tfcluster launch`: run the job to its end."""
+    return Job(loaded, plan, opts, backend).run()
+
+
+def _launcher_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "pid": os.getpid(),
+        "uid": os.getuid(),
+        "hostname": socket.gethostname(),
+        "argv": sys.argv,
+        "started": time.time(),
+    }
+    if psutil is not None:
+        with contextlib.suppress(Exception):
+            info["create_time"] = psutil.Process().create_time()
+    return info
+
+
+def _print_root_cause(rc: Failure) -> None:
+    out = sys.stderr
+    where = f"{rc.task} on {rc.host}" if rc.task else "the job"
+    print(f"\nroot cause: {where}: {rc.message}", file=out)
+    if rc.hint:
+        print(f"  fix: {rc.hint}", file=out)
+    if rc.last_lines:
+        print(f"last lines of {rc.task}:", file=out)
+        for line in rc.last_lines[-10:]:
+            print(f"  | {line}", file=out)
+

@@ -1,0 +1,23 @@
+"""Stage 2: the plan. A pure, printable function of the spec (and ~/.ssh/config): the task, TF_CONFIG,
+environment and ``NodeConfig`` of every node. ``tfcluster plan`` prints exactly what ``launch`` uses."""
+
+from .build import SshLookup, build_plan, resolve_communication
+from .load import default_run_id, load_plan
+from .model import NodePlan, Plan, Runtime, SshTarget, TaskId, bracket
+from .secrets import REDACTED, redact_env
+
+__all__ = [
+    "REDACTED",
+    "NodePlan",
+    "Plan",
+    "Runtime",
+    "SshLookup",
+    "SshTarget",
+    "TaskId",
+    "bracket",
+    "build_plan",
+    "default_run_id",
+    "load_plan",
+    "redact_env",
+    "resolve_communication",
+]

@@ -1,0 +1,178 @@
+"""Build the plan from a spec: task per host, TF_CONFIG, environment, SSH target. Pure."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from worker_entry.protocol import Env
+
+from ..spec import ClusterSpec
+from .model import WORKER_ENTRY_MODULE, NodePlan, Plan, Runtime, SshTarget, TaskId, bracket
+
+SshLookup = Callable[[str], Mapping[str, Any]]
+
+
+def build_plan(
+    spec: ClusterSpec,
+    *,
+    run_id: str,
+    local_user: str,
+    ssh_lookup: SshLookup | None = None,
+) -> Plan:
+    """Resolve every host's SSH target, task, TF_CONFIG and environment. Pure: same input, same plan.
+
+    `ssh_lookup(address)` returns the ~/.ssh/config options for a host (paramiko's SSHConfig.lookup
+    shape: hostname, user, port, identityfile, proxycommand); explicit spec values win over it.
+    """
+    targets = [_ssh_target(spec, h, local_user, ssh_lookup) for h in spec.hosts]
+    tf_addrs = [h.tf_address or t.hostname for h, t in zip(spec.hosts, targets, strict=True)]
+    tf_ports = [h.tf_port or spec.tensorflow.port for h in spec.hosts]
+    endpoints = [f"{bracket(a)}:{p}" for a, p in zip(tf_addrs, tf_ports, strict=True)]
+
+    tasks: list[TaskId] = []
+    cluster: dict[str, list[str]] = {}
+    for i, ep in enumerate(endpoints):
+        if spec.tensorflow.chief and i == 0:
+            tasks.append(TaskId("chief", 0))
+            cluster.setdefault("chief", []).append(ep)
+        else:
+            tasks.append(TaskId("worker", len(cluster.get("worker", []))))
+            cluster.setdefault("worker", []).append(ep)
+
+    gpus = spec.hosts[0].gpus
+    communication = resolve_communication(spec.tensorflow.communication, gpus)
+    job_root = f"{spec.job.remote_dir.rstrip('/')}/{run_id}"
+    checkpoint_dir = spec.checkpoint.dir or f"{job_root}/checkpoints"
+    backup_dir = spec.restart.backup_dir or f"{job_root}/backup"
+
+    warnings = []
+    if spec.tensorflow.communication == "nccl" and gpus == 0:
+        warnings.append("communication: nccl without GPUs; TensorFlow falls back to ring with a warning")
+
+    hb = spec.heartbeat
+    runtime = Runtime(
+        job=spec.name,
+        heartbeat_interval_s=hb.interval_s,
+        heartbeat_timeout_s=hb.timeout_s,
+        stop_grace_s=spec.job.stop_grace_s,
+        failure_grace_s=spec.job.failure_grace_s,
+        instrument=spec.job.instrument,
+    )
+    nodes = []
+    for i, host in enumerate(spec.hosts):
+        task = tasks[i]
+        tf_config = {
+            "cluster": cluster,
+            "task": {"type": task.type, "index": task.index},
+            "rpc_layer": "grpc",
+        }
+        env = _node_env(spec, task, tf_config, communication, run_id, len(spec.hosts), checkpoint_dir, backup_dir)
+        nodes.append(
+            NodePlan(
+                task=task,
+                ssh=targets[i],
+                tf_address=tf_addrs[i],
+                tf_port=tf_ports[i],
+                gpus=host.gpus,
+                tf_config=tf_config,
+                env=env,
+                argv=(spec.job.python, "-m", WORKER_ENTRY_MODULE),
+                command=tuple(spec.job.command),
+                workdir=spec.job.workdir,
+                remote_dir=f"{job_root}/{task.slug}",
+                checkpoint_dir=checkpoint_dir,
+                backup_dir=backup_dir,
+                runtime=runtime,
+            )
+        )
+    return Plan(
+        job=spec.name,
+        run_id=run_id,
+        communication=communication,
+        nodes=tuple(nodes),
+        warnings=tuple(warnings),
+    )
+
+
+def resolve_communication(setting: str, gpus: int) -> str:
+    """auto → nccl on GPU tasks (fastest all-reduce between GPUs), ring on CPU (gRPC)."""
+    if setting == "auto":
+        return "nccl" if gpus > 0 else "ring"
+    return setting
+
+
+def _node_env(
+    spec: ClusterSpec,
+    task: TaskId,
+    tf_config: dict,
+    communication: str,
+    run_id: str,
+    num_tasks: int,
+    checkpoint_dir: str,
+    backup_dir: str,
+) -> dict[str, str]:
+    is_chief = task.type == "chief" or (task.type == "worker" and task.index == 0 and not spec.tensorflow.chief)
+    hb = spec.heartbeat
+    env: dict[str, str] = {
+        # Lines must reach the launcher as they are printed, not when a 8 KiB buffer fills.
+        "PYTHONUNBUFFERED": "1",
+        Env.TF_CONFIG: json.dumps(tf_config, separators=(",", ":")),
+    }
+    if spec.tensorflow.legacy_keras:
+        env[Env.LEGACY_KERAS] = "1"
+    env.update(
+        {
+            Env.JOB: spec.name,
+            Env.RUN_ID: run_id,
+            Env.TASK_TYPE: task.type,
+            Env.TASK_INDEX: str(task.index),
+            Env.NUM_TASKS: str(num_tasks),
+            Env.IS_CHIEF: "1" if is_chief else "0",
+            Env.NUM_GPUS: str(spec.hosts[0].gpus),
+            Env.COMMUNICATION: communication,
+            Env.CHECKPOINT_DIR: checkpoint_dir,
+            Env.BACKUP_DIR: backup_dir,
+            Env.INSTRUMENT: "1" if spec.job.instrument else "0",
+            Env.HEARTBEAT_TIMEOUT_S: _num(hb.timeout_s),
+            Env.PROFILE_INTERVAL_S: _num(hb.profile_interval_s),
+        }
+    )
+    if spec.tensorflow.collective_timeout_s is not None:
+        env[Env.COLLECTIVE_TIMEOUT_S] = _num(spec.tensorflow.collective_timeout_s)
+    if communication == "nccl":
+        # NCCL is silent on failure by default; WARN puts the reason of a failed all-reduce in the log.
+        env["NCCL_DEBUG"] = "WARN"
+    env.update(spec.job.env)
+    return env
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _ssh_target(spec: ClusterSpec, host: Any, local_user: str, ssh_lookup: SshLookup | None) -> SshTarget:
+    cfg: Mapping[str, Any] = ssh_lookup(host.address) if ssh_lookup else {}
+    identity = host.identity_file or spec.ssh.identity_file
+    identities: tuple[str, ...] = (identity,) if identity else tuple(cfg.get("identityfile", ()) or ())
+    port = host.port or spec.ssh.port or _int(cfg.get("port")) or 22
+    known_hosts = spec.ssh.known_hosts
+    return SshTarget(
+        address=host.address,
+        hostname=str(cfg.get("hostname") or host.address),
+        port=port,
+        user=host.user or spec.ssh.user or str(cfg.get("user") or local_user),
+        identity_files=identities,
+        proxy_command=cfg.get("proxycommand") or None,
+        known_hosts=known_hosts,
+        connect_timeout_s=spec.ssh.connect_timeout_s,
+        keepalive_s=spec.ssh.keepalive_s,
+    )
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,30 @@
+"""Spec file → (LoadedSpec, Plan), the way every command builds its plan (with ~/.ssh/config)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from ..spec import LoadedSpec, load_spec
+from .build import build_plan
+from .model import Plan
+from .sshconfig import local_user, ssh_config_lookup
+
+
+def default_run_id(name: str) -> str:
+    return f"{name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
+
+
+def load_plan(spec_path: str, run_id: str | None = None, command: list[str] | None = None) -> tuple[LoadedSpec, Plan]:
+    """Validate the spec (``command`` overrides job.command) and plan it as ``launch`` would."""
+    loaded = load_spec(spec_path)
+    spec = loaded.spec
+    if command:
+        spec = spec.model_copy(update={"job": spec.job.model_copy(update={"command": command})})
+        loaded = LoadedSpec(spec=spec, path=loaded.path, text=loaded.text, warnings=loaded.warnings)
+    plan = build_plan(
+        spec,
+        run_id=run_id or default_run_id(spec.name),
+        local_user=local_user(),
+        ssh_lookup=ssh_config_lookup(spec.ssh.config_file),
+    )
+    return loaded, plan

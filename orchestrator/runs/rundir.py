@@ -1,0 +1,180 @@
+"""The run directory: everything a run leaves on the launcher, in one place, private to its user.
+
+RUN/
+  spec.yaml  plan.json  launcher.json  status.json  events.jsonl  heartbeats.jsonl
+  combined.log            every task's lines, prefixed with time, task and host
+  logs/<type>-<index>.log raw lines of a task (attempt 0); logs/<type>-<index>.attempt-N.log after restarts
+  result.json             written once, at the end
+  checkpoints/            the chief's checkpoint directory, gathered and verified
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import RunNotFound, UsageError
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @property
+    def spec_yaml(self) -> Path:
+        return self.path / "spec.yaml"
+
+    @property
+    def plan_json(self) -> Path:
+        return self.path / "plan.json"
+
+    @property
+    def launcher_json(self) -> Path:
+        return self.path / "launcher.json"
+
+    @property
+    def status_json(self) -> Path:
+        return self.path / "status.json"
+
+    @property
+    def events_jsonl(self) -> Path:
+        return self.path / "events.jsonl"
+
+    @property
+    def heartbeats_jsonl(self) -> Path:
+        return self.path / "heartbeats.jsonl"
+
+    @property
+    def combined_log(self) -> Path:
+        return self.path / "combined.log"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def result_json(self) -> Path:
+        return self.path / "result.json"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def gather_dir(self) -> Path:
+        """Node-side task directories (complete logs, exit status) copied back after the job."""
+        return self.path / "nodes"
+
+    def task_log(self, slug: str, attempt: int = 0) -> Path:
+        name = f"{slug}.log" if attempt == 0 else f"{slug}.attempt-{attempt}.log"
+        return self.logs_dir / name
+
+    @classmethod
+    def create(cls, path: str | Path) -> RunDir:
+        """Make the directory private (0700): logs and env may hold secrets; only its owner may stop the job."""
+        p = Path(path)
+        if p.exists() and any(p.iterdir()):
+            raise UsageError(f"run directory {p} already exists and is not empty; choose another --run-dir")
+        try:
+            p.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(p, 0o700)
+            (p / "logs").mkdir(exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise UsageError(f"cannot create run directory {p}: {exc.strerror}") from None
+        return cls(p)
+
+    def read_json(self, path: Path) -> Any:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def is_finished(self) -> bool:
+        return self.result_json.exists()
+
+
+def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2, durable: bool = True) -> None:
+    """Readers (status, logs --follow) never see half a file: write a temp file, rename.
+
+    ``durable`` fsyncs before the rename (results, gather state); live files rewritten every second
+    (status.json) skip it: the rename alone keeps readers safe, and an fsync a second is disk load.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=indent, default=str)
+            f.write("\n")
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def resolve_run(arg: str, runs_dir: str | Path = "runs") -> RunDir:
+    """A run directory path, or a job name meaning its newest run under `runs_dir`."""
+    p = Path(arg)
+    if p.is_dir():
+        if not (p / "plan.json").exists():
+            raise RunNotFound(f"{arg} is a directory but not a tfcluster run (no plan.json)")
+        return RunDir(p)
+    base = Path(runs_dir)
+    candidates = []
+    if base.is_dir():
+        for d in base.iterdir():
+            plan = d / "plan.json"
+            if not plan.is_file():
+                continue
+            if d.name.startswith(f"{arg}-") or _job_of(plan) == arg:
+                candidates.append((plan.stat().st_mtime, d.name, d))
+    if not candidates:
+        raise RunNotFound(f"no run directory or job named {arg!r} (looked in {base}/); pass the run directory path")
+    candidates.sort()
+    return RunDir(candidates[-1][2])
+
+
+def wait_for_run(arg: str, runs_dir: str | Path = "runs", timeout_s: float = 120.0) -> RunDir:
+    """Like resolve_run, but a run directory *path* that does not exist yet is waited for
+    (`logs --follow runs/x` started just before `launch --run-dir runs/x`)."""
+    import time
+
+    looks_like_path = "/" in arg or arg.startswith(".")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return resolve_run(arg, runs_dir)
+        except RunNotFound:
+            if not looks_like_path or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _job_of(plan: Path) -> str | None:
+    try:
+        return json.loads(plan.read_text()).get("job")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a .jsonl file; a torn or foreign line (a crash mid-write) is skipped."""
+    if not path.exists():
+        return
+    with open(path, errors="replace") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                yield rec

@@ -1,0 +1,9 @@
+"""Stage 7: sinks. Where events, heartbeats and output lines go: run-directory files, the console,
+the live table on a terminal."""
+
+from .console import ConsoleSink, describe
+from .files import EventFileSink, HeartbeatFile
+from .logs import LogRouter
+from .style import PALETTE, iso, use_color
+
+__all__ = ["PALETTE", "ConsoleSink", "EventFileSink", "HeartbeatFile", "LogRouter", "describe", "iso", "use_color"]

@@ -1,0 +1,42 @@
+"""Run-directory files of events and heartbeats (append-only JSON lines)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ..events import Event
+
+
+class EventFileSink:
+    """events.jsonl: one JSON object a line, flushed per event so `status`/`logs -f` see it at once."""
+
+    def __init__(self, path: Path) -> None:
+        self.f = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the run
+
+    def handle(self, event: Event) -> None:
+        self.f.write(json.dumps(event.to_dict(), default=str, separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class HeartbeatFile:
+    """heartbeats.jsonl: compact samples per task, for `status`, `report` and post-mortems."""
+
+    def __init__(self, path: Path) -> None:
+        self.f = open(path, "a")  # noqa: SIM115
+        self._last_flush = time.monotonic()
+
+    def write(self, task: str, record: dict[str, Any]) -> None:
+        rec = {"task": task, **record}
+        self.f.write(json.dumps(rec, default=str, separators=(",", ":")) + "\n")
+        now = time.monotonic()
+        if now - self._last_flush > 1.0:
+            self.f.flush()
+            self._last_flush = now
+
+    def close(self) -> None:
+        self.f.close()

@@ -1,0 +1,96 @@
+"""Every output line of every task: raw per-task file, prefixed combined.log, and the console."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO, Any
+
+from ..runs import RunDir
+from .style import PALETTE, iso, use_color
+
+
+class LogRouter:
+    """Every line of every task: raw per-task file, prefixed combined.log, and the console.
+
+    Frames carry whole lines, so prefixing is one bytes.replace per frame, not a loop per line.
+    """
+
+    def __init__(self, rundir: RunDir, *, echo: bool = True, out: IO[bytes] | None = None, color: bool | None = None):
+        self.rundir = rundir
+        self.echo = echo
+        self.out = out or sys.stdout.buffer
+        self.color = use_color(sys.stdout) if color is None else color
+        self.combined = open(rundir.combined_log, "ab")  # noqa: SIM115
+        self.files: dict[str, IO[bytes]] = {}
+        self.prefix: dict[str, bytes] = {}
+        self.console_prefix: dict[str, bytes] = {}
+        self.lines_written: dict[str, int] = {}
+        self.console_hook: Any = None  # set by the live display to print above its table
+        self._dirty = False
+
+    def open_attempt(self, attempt: int, tasks: list[tuple[str, str, str]]) -> None:
+        """tasks: (task, slug, host). Opens this attempt's per-task files."""
+        for f in self.files.values():
+            f.close()
+        self.files = {}
+        for i, (task, slug, host) in enumerate(tasks):
+            self.files[task] = open(self.rundir.task_log(slug, attempt), "ab")  # noqa: SIM115
+            tag = f"[{task} {host}] "
+            self.prefix[task] = tag.encode()
+            color = PALETTE[i % len(PALETTE)]
+            self.console_prefix[task] = (f"\x1b[{color}m{tag}\x1b[0m" if self.color else tag).encode()
+            self.lines_written.setdefault(task, 0)
+        if attempt:
+            self.note(f"=== attempt {attempt} ===")
+
+    def write(self, task: str, data: bytes, ts: float | None = None) -> None:
+        """`data` is one or more complete lines (ending in a newline)."""
+        if not data:
+            return
+        f = self.files.get(task)
+        if f is not None:
+            f.write(data)
+        self.lines_written[task] = self.lines_written.get(task, 0) + data.count(b"\n")
+        body = data[:-1] if data.endswith(b"\n") else data
+        stamp = (iso(ts or time.time()) + " ").encode()
+        tag = stamp + self.prefix.get(task, f"[{task}] ".encode())
+        self.combined.write(tag + body.replace(b"\n", b"\n" + tag) + b"\n")
+        if self.echo:
+            ctag = self.console_prefix.get(task, tag)
+            text = ctag + body.replace(b"\n", b"\n" + ctag) + b"\n"
+            if self.console_hook is not None:
+                self.console_hook(text)
+            else:
+                try:
+                    self.out.write(text)
+                except (OSError, ValueError):
+                    self.echo = False
+        self._dirty = True
+
+    def note(self, text: str) -> None:
+        """A launcher line in combined.log (attempt boundaries)."""
+        self.combined.write(f"{iso(time.time())} [tfcluster] {text}\n".encode())
+        self._dirty = True
+
+    def flush(self) -> None:
+        if not self._dirty:
+            return
+        for f in self.files.values():
+            f.flush()
+        self.combined.flush()
+        if self.echo and self.console_hook is None:
+            try:
+                self.out.flush()
+            except (OSError, ValueError):
+                self.echo = False
+        self._dirty = False
+
+    def close(self) -> None:
+        if self.combined.closed:
+            return
+        self.flush()
+        for f in self.files.values():
+            f.close()
+        self.files = {}
+        self.combined.close()

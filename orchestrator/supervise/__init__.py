@@ -1,0 +1,23 @@
+"""Stage 6: supervision. Per-task sessions (bytes → typed messages), one decision loop (go, verdicts,
+teardown), pure policy (monitor, stragglers, cross-host checks) and the status/result it reports."""
+
+from .checks import evaluate, failed, finding
+from .inputs import Interrupt
+from .monitor import Monitor, Policy, Verdict
+from .session import TaskSession
+from .stragglers import StragglerFinding, find_straggler
+from .supervisor import Supervisor
+
+__all__ = [
+    "Interrupt",
+    "Monitor",
+    "Policy",
+    "StragglerFinding",
+    "Supervisor",
+    "TaskSession",
+    "Verdict",
+    "evaluate",
+    "failed",
+    "find_straggler",
+    "finding",
+]

@@ -1,0 +1,321 @@
+"""Pure supervision policy: from heartbeats, progress and profiles to verdicts. No I/O, no clock.
+
+The supervisor feeds it observations stamped with a monotonic `now` and asks `check(now)`; tests do
+the same with made-up times.
+
+Why these rules:
+- lost: a worker (or its host, or the link) silent for `timeout_s` will never finish a collective;
+- hung: a stopped process (SIGSTOP, state T) holds every peer inside the next all-reduce. We do not
+  wait for TensorFlow's own ~10 s heartbeat: 2 intervals of evidence is enough and names the culprit
+  before its peers fail and look guilty;
+- stalled: no step anywhere for `progress_timeout_s` after training began = a wedged collective;
+- startup: MWMS waits forever in the strategy constructor for a task that never starts;
+- straggler: under synchronous all-reduce all wall step times are equal (the fast wait inside the
+  collective), so we compare the time each worker spends *before* entering the all-reduce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker_entry import protocol as p
+
+from .stragglers import StragglerFinding, find_straggler
+
+STOPPED_STATES = frozenset({"stopped", "tracing-stop"})
+
+
+@dataclass(frozen=True)
+class Policy:
+    interval_s: float = 1.0
+    timeout_s: float = 10.0
+    startup_timeout_s: float = 300.0
+    progress_timeout_s: float | None = 600.0
+    straggler_ratio: float = 1.5
+    straggler_min_ms: float = 5.0  # an excess below this is noise, whatever the ratio
+    straggler_min_share: float = 0.1  # ... and so is one below this share of the step
+    straggler_confirmations: int = 2  # consecutive profile rounds naming the same worker
+    kill_stragglers: bool = False
+
+    @property
+    def stopped_after_s(self) -> float:
+        return min(self.timeout_s, max(2.0 * self.interval_s, 1.0))
+
+    @property
+    def suspect_after_s(self) -> float:
+        """Silence long enough to blame a task for a peer's failure (3 missed heartbeats)."""
+        return min(self.timeout_s, 3.0 * self.interval_s)
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> Policy:
+        hb = spec.heartbeat
+        return cls(
+            interval_s=hb.interval_s,
+            timeout_s=hb.timeout_s,
+            startup_timeout_s=spec.job.startup_timeout_s,
+            progress_timeout_s=hb.progress_timeout_s,
+            straggler_ratio=hb.straggler_ratio,
+            kill_stragglers=hb.kill_stragglers,
+        )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str  # lost | hung | stalled | startup_timeout | straggler | straggler_cleared
+    task: str | None
+    message: str
+    fatal: bool
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Watch:
+    last_seen: float
+    proc_state: str | None = None
+    stopped_since: float | None = None
+    started: bool = False
+    steps: int | None = None
+    steps_changed_at: float | None = None
+    profile: dict[str, Any] | None = None
+    profile_round: int = -1
+    done: bool = False
+    reported: set[str] = field(default_factory=set)
+
+
+class Monitor:
+    def __init__(self, tasks: list[str], policy: Policy, now: float) -> None:
+        self.policy = policy
+        self.watch = {t: _Watch(last_seen=now) for t in tasks}
+        self.armed_at: float | None = None
+        self._round = 0
+        self._straggler: str | None = None
+        self._candidate: tuple[str | None, int] = (None, 0)
+        self._clear_count = 0
+        self.last_finding: StragglerFinding | None = None
+
+    # --- observations ------------------------------------------------------------------------
+
+    def arm(self, now: float) -> None:
+        """The go was sent: the startup deadline and heartbeat timeouts start now."""
+        self.armed_at = now
+        for w in self.watch.values():
+            w.last_seen = max(w.last_seen, now)
+
+    def seen(self, task: str, now: float) -> None:
+        self.watch[task].last_seen = now
+
+    def on_heartbeat(self, task: str, hb: p.Heartbeat, now: float) -> None:
+        w = self.watch[task]
+        w.last_seen = now
+        state = hb.state
+        if state is not None:
+            w.proc_state = state
+            if state in STOPPED_STATES:
+                if w.stopped_since is None:
+                    w.stopped_since = now
+            else:
+                w.stopped_since = None
+        if hb.progress is not None:
+            self.on_steps(task, hb.progress.steps, now)
+
+    def on_steps(self, task: str, steps: int, now: float) -> None:
+        w = self.watch[task]
+        w.started = True
+        if w.steps is None or steps != w.steps:
+            w.steps = steps
+            w.steps_changed_at = now
+
+    def on_started(self, task: str, now: float) -> None:
+        self.watch[task].started = True
+        self.watch[task].last_seen = now
+
+    def on_profile(self, task: str, record: dict[str, Any], now: float) -> list[Verdict]:
+        """Store a profile; when every live worker has one for this round, evaluate stragglers."""
+        w = self.watch[task]
+        w.last_seen = now
+        w.profile = record
+        w.profile_round = self._round
+        live = [t for t, x in self.watch.items() if not x.done]
+        if len(live) < 2 or any(self.watch[t].profile_round != self._round for t in live):
+            return []
+        profiles = {t: self.watch[t].profile for t in live if self.watch[t].profile}
+        self._round += 1
+        return self._judge_stragglers(
+            find_straggler(profiles, self.policy.straggler_ratio, self.policy.straggler_min_ms)
+        )
+
+    def on_terminal(self, task: str) -> None:
+        self.watch[task].done = True
+
+    # --- decisions ---------------------------------------------------------------------------
+
+    def silent_past_timeout(self, now: float) -> list[str]:
+        """Tasks not done and not heard from for ``timeout_s``: during a teardown, waiting longer
+        for their exit confirmation only delays the launcher (their node stops them by itself)."""
+        if self.armed_at is None:  # before the go, the startup deadline rules
+            return []
+        return [t for t, w in self.watch.items() if not w.done and now - w.last_seen >= self.policy.timeout_s]
+
+    def _judge_stragglers(self, finding: StragglerFinding | None) -> list[Verdict]:
+        p = self.policy
+        name = finding.task if finding else None
+        prev, count = self._candidate
+        count = count + 1 if name == prev else 1
+        self._candidate = (name, count)
+        out: list[Verdict] = []
+        if finding is not None:
+            self.last_finding = finding
+        if finding is not None and count >= p.straggler_confirmations and self._straggler != name:
+            self._straggler = name
+            self._clear_count = 0
+            msg = (
+                f"straggler: the other workers wait ≈{finding.wait_ms:.0f} ms per step for it "
+                f"({finding.share:.0%} of a {finding.step_ms:.0f} ms step); likely cause: {finding.cause} — "
+                f"{finding.detail}"
+            )
+            out.append(
+                Verdict(
+                    "straggler",
+                    name,
+                    msg,
+                    fatal=p.kill_stragglers,
+                    data={
+                        "wait_ms": round(finding.wait_ms, 2),
+                        "step_ms": round(finding.step_ms, 2),
+                        "share": round(finding.share, 3),
+                        "cause": finding.cause,
+                        "pre_collective_ms": {k: round(v, 2) for k, v in finding.pre_ms.items()},
+                    },
+                )
+            )
+        elif self._straggler is not None and name != self._straggler:
+            self._clear_count += 1
+            if self._clear_count >= p.straggler_confirmations:
+                out.append(Verdict("straggler_cleared", self._straggler, "no longer a straggler", fatal=False))
+                self._straggler = None
+                self._clear_count = 0
+        elif name == self._straggler:
+            self._clear_count = 0
+        return out
+
+    @property
+    def straggler(self) -> str | None:
+        return self._straggler
+
+    def check(self, now: float) -> list[Verdict]:
+        p = self.policy
+        out: list[Verdict] = []
+        live = {t: w for t, w in self.watch.items() if not w.done}
+        for t, w in live.items():
+            silent = now - w.last_seen
+            if silent > p.timeout_s and "lost" not in w.reported:
+                w.reported.add("lost")
+                out.append(
+                    Verdict(
+                        "lost",
+                        t,
+                        f"no heartbeat for {silent:.1f}s (timeout {p.timeout_s:g}s): process, host or network gone",
+                        fatal=True,
+                        data={"silent_s": round(silent, 2)},
+                    )
+                )
+            if w.stopped_since is not None and now - w.stopped_since >= p.stopped_after_s and "hung" not in w.reported:
+                w.reported.add("hung")
+                out.append(
+                    Verdict(
+                        "hung",
+                        t,
+                        f"training process stopped (state {w.proc_state}, e.g. SIGSTOP) for "
+                        f"{now - w.stopped_since:.1f}s; every peer waits for it in the next all-reduce",
+                        fatal=True,
+                        data={"state": w.proc_state},
+                    )
+                )
+        if self.armed_at is not None and now - self.armed_at > p.startup_timeout_s:
+            late = [t for t, w in live.items() if not w.started and "startup" not in w.reported]
+            if late:
+                for t in late:
+                    self.watch[t].reported.add("startup")
+                out.append(
+                    Verdict(
+                        "startup_timeout",
+                        late[0],
+                        f"{', '.join(late)} did not start within {p.startup_timeout_s:g}s (no TF server, strategy "
+                        "or training step); MWMS would wait for it forever",
+                        fatal=True,
+                        data={"not_started": late},
+                    )
+                )
+        out.extend(self._progress_verdicts(now, live))
+        return out
+
+    def _progress_verdicts(self, now: float, live: dict[str, _Watch]) -> list[Verdict]:
+        limit = self.policy.progress_timeout_s
+        if limit is None:
+            return []
+        stepping = {t: w for t, w in live.items() if w.steps_changed_at is not None}
+        if not stepping:
+            return []
+        newest = max(w.steps_changed_at for w in stepping.values())  # type: ignore[type-var]
+        out = []
+        if now - newest > limit:
+            if "stalled" not in self.watch[next(iter(stepping))].reported:
+                for w in stepping.values():
+                    w.reported.add("stalled")
+                laggard = min(stepping, key=lambda t: stepping[t].steps or 0)
+                distinct = len({w.steps for w in stepping.values()}) > 1
+                out.append(
+                    Verdict(
+                        "stalled",
+                        laggard if distinct else None,
+                        f"no training step on any worker for {now - newest:.0f}s (progress_timeout_s {limit:g}): "
+                        "a collective is wedged or the job is stuck",
+                        fatal=True,
+                        data={"steps": {t: w.steps for t, w in stepping.items()}},
+                    )
+                )
+            return out
+        for t, w in stepping.items():
+            if now - w.steps_changed_at > limit and "hung" not in w.reported:  # type: ignore[operator]
+                w.reported.add("hung")
+                out.append(
+                    Verdict(
+                        "hung",
+                        t,
+                        f"no training progress for {now - w.steps_changed_at:.0f}s while other workers progress",  # type: ignore[operator]
+                        fatal=True,
+                        data={"steps": w.steps},
+                    )
+                )
+        return out
+
+    def suspects(self, now: float, exclude: str | None = None) -> list[Verdict]:
+        """Tasks already silent or stopped: when a peer fails now, they are the likely cause."""
+        out = []
+        for t, w in self.watch.items():
+            if w.done or t == exclude:
+                continue
+            if w.stopped_since is not None:
+                out.append(
+                    Verdict(
+                        "hung",
+                        t,
+                        f"training process was stopped (state {w.proc_state}) for {now - w.stopped_since:.1f}s "
+                        "before its peers failed",
+                        fatal=True,
+                        data={"state": w.proc_state, "suspect": True},
+                    )
+                )
+            elif now - w.last_seen > self.policy.suspect_after_s:
+                out.append(
+                    Verdict(
+                        "lost",
+                        t,
+                        f"silent for {now - w.last_seen:.1f}s before its peers failed: its process, host or "
+                        "network was gone first",
+                        fatal=True,
+                        data={"silent_s": round(now - w.last_seen, 2), "suspect": True},
+                    )
+                )
+        return out

@@ -1,0 +1,250 @@
+"""One live task as the launcher sees it: bytes in, typed messages out, bounded memory, its state.
+
+A ``TaskSession`` decodes its channel's bytes (frames, login-shell noise, worker_entry's own stderr),
+validates every message (``worker_entry.protocol``) and its order against the task's state, keeps the
+last output lines for a root cause, and applies the state transitions a message implies. It decides
+nothing about the job: the supervisor reads what ``receive`` returns and acts.
+
+Everything a node sends is bounded here: output tail 16 KiB, worker_entry's stderr 64 KiB (the last
+bytes), the decoder's buffer (by the protocol's frame limits), the login shell's preamble 64 KiB.
+After the first protocol error nothing more from that node is decoded.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass
+
+from worker_entry import protocol as p
+
+from ..backends import Channel
+from ..core.states import TaskState
+from ..plan import NodePlan
+
+TAIL_BYTES = 16 * 1024
+DIAG_BYTES = 64 * 1024
+LAST_LINES = 20
+RATE_WINDOW_S = 1.0  # examples/s and steps/s over at least this much time
+
+
+@dataclass(frozen=True)
+class Output:
+    """Complete lines the training process printed (or worker_entry's own stderr, ``own=True``)."""
+
+    data: bytes
+    own: bool = False
+
+
+@dataclass(frozen=True)
+class ShellNoise:
+    """What the login shell printed before worker_entry started."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Violation:
+    """The node broke the protocol: the task fails with this as its cause."""
+
+    error: str
+
+
+Incoming = Output | ShellNoise | Violation | p.Message
+
+#: Which messages a task may send in which state (the supervisor sends go in READY).
+_ALLOWED: dict[TaskState, frozenset[str]] = {
+    TaskState.STARTING: frozenset({"hello"}),
+    TaskState.READY: frozenset({"heartbeat", "stopping", "exited", "spawned"}),
+    TaskState.RUNNING: frozenset({"heartbeat", "started", "strategy", "profile", "stopping", "exited"}),
+    TaskState.STOPPING: frozenset(
+        {"hello", "heartbeat", "started", "strategy", "profile", "stopping", "exited", "spawned"}
+    ),
+}
+
+
+class TaskSession:
+    """The live task; its ``node`` (NodePlan) is the blueprint."""
+
+    def __init__(self, node: NodePlan, attempt: int = 0) -> None:
+        self.node = node
+        self.attempt = attempt
+        self.task = str(node.task)
+        self.host = node.host
+        self.state = TaskState.PENDING
+        self.channel: Channel | None = None
+        self.decoder = p.FrameDecoder()
+        self.facts: p.NodeFacts | None = None
+        self.pid: int | None = None
+        self.started_how: str | None = None
+        self.heartbeat: p.Heartbeat | None = None
+        self.heartbeat_wall: float | None = None
+        self.profile: p.Profile | None = None
+        self.exit: p.Exited | None = None
+        self.go_sent = False
+        self.spawned = False
+        self.stop_sent = False
+        self.config_sent_at: float | None = None
+        self.skew_s: float | None = None
+        self.violation: str | None = None
+        self.rates: dict[str, float | None] = {"steps_per_s": None, "examples_per_s": None}
+        self._rate_base: p.Progress | None = None
+        self._tail: collections.deque[bytes] = collections.deque()
+        self._tail_bytes = 0
+        self._diag = bytearray()
+
+    # --- channel --------------------------------------------------------------------------------
+
+    def attach(self, channel: Channel) -> None:
+        self.channel = channel
+        self.config_sent_at = time.time()
+        self.state = TaskState.STARTING
+
+    def send(self, command: p.Message) -> bool:
+        """Send a command; False when the channel is gone (its EOF tells the rest)."""
+        if self.channel is None or self.state.is_terminal:
+            return False
+        try:
+            self.channel.send(p.command_line(command))
+        except OSError:
+            return False
+        if isinstance(command, p.Go):
+            self.go_sent = True
+        return True
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+
+    # --- bytes in --------------------------------------------------------------------------------
+
+    def receive(self, out: bytes, err: bytes) -> list[Incoming]:
+        """Decode what arrived; apply the transitions messages imply; return what the job must hear."""
+        items: list[Incoming] = []
+        if err:
+            self._keep_diag(err)
+            items.append(Output(err if err.endswith(b"\n") else err + b"\n", own=True))
+        if not out or self.violation is not None:
+            return items
+        try:
+            frames = self.decoder.feed(out)
+        except p.ProtocolError as exc:
+            frames = []
+            self._violate(items, str(exc))
+        if self.decoder.preamble:
+            noise = bytes(self.decoder.preamble)
+            self.decoder.preamble.clear()
+            items.append(Output(noise if noise.endswith(b"\n") else noise + b"\n", own=True))
+            if noise.strip():
+                items.append(ShellNoise(noise.decode("utf-8", "replace").strip()))
+        for fr in frames:
+            if self.violation is not None:
+                break
+            if fr.type == p.T_LOG:
+                self._remember(fr.payload)
+                items.append(Output(fr.payload))
+            elif fr.type == p.T_MSG:
+                try:
+                    msg = p.parse_message(fr.payload)
+                    self._accept(msg)
+                except p.ProtocolError as exc:
+                    self._violate(items, str(exc))
+                    break
+                items.append(msg)
+            else:
+                self._violate(items, f"unexpected frame type {fr.type} on a task channel")
+        if self.violation is None and self.decoder.failed is not None:
+            self._violate(items, str(self.decoder.failed))
+        return items
+
+    def _violate(self, items: list[Incoming], error: str) -> None:
+        if self.violation is None:
+            self.violation = error
+            items.append(Violation(error))
+
+    def _accept(self, msg: p.Message) -> None:
+        """Check the message's order and identity; update what it changes."""
+        allowed = _ALLOWED.get(self.state, frozenset())
+        if msg.TYPE not in allowed:
+            where = f"after it {self.state.value}" if self.state.is_terminal else f"while {self.state.value}"
+            raise p.ProtocolError(f"out of order: {msg.TYPE!r} {where}")
+        if isinstance(msg, p.Hello):
+            if self.facts is not None:
+                raise p.ProtocolError("out of order: 'hello' twice")
+            if msg.task is not None and str(msg.task) != self.task:
+                raise p.ProtocolError(f"hello.task: this channel is {self.task}, the node claims {msg.task}")
+            self.facts = msg.facts
+            if self.config_sent_at is not None and msg.facts.time:
+                self.skew_s = msg.facts.time - (self.config_sent_at + time.time()) / 2
+            self.pid = msg.pid
+            if self.state == TaskState.STARTING:
+                self.state = TaskState.READY
+        elif isinstance(msg, p.Spawned):
+            if not self.go_sent or self.facts is None or self.spawned:
+                raise p.ProtocolError("out of order: 'spawned' before the go, or twice")
+            self.spawned = True
+            self.pid = msg.pid
+            self.state = TaskState.STOPPING if self.stop_sent else TaskState.RUNNING
+        elif isinstance(msg, p.Started):
+            if self.started_how is not None:
+                raise p.ProtocolError("out of order: 'started' twice")
+            self.started_how = msg.how
+        elif isinstance(msg, p.Heartbeat):
+            self.heartbeat = msg
+            self.heartbeat_wall = time.time()
+            if msg.progress is not None:
+                self._update_rates(msg.progress)
+        elif isinstance(msg, p.Profile):
+            self.profile = msg
+        elif isinstance(msg, p.Exited):
+            self.exit = msg
+
+    def finish(self, exited: p.Exited, job_stopping: bool) -> TaskState:
+        """The terminal state an ``exited`` message means."""
+        if exited.not_started:
+            self.state = TaskState.NOT_STARTED
+        elif exited.code == 0:
+            self.state = TaskState.SUCCEEDED
+        elif self.stop_sent or (exited.stopped and job_stopping):
+            self.state = TaskState.STOPPED
+        else:
+            self.state = TaskState.FAILED
+        return self.state
+
+    def _update_rates(self, prog: p.Progress) -> None:
+        base = self._rate_base
+        if base is None or prog.steps < base.steps or prog.ts < base.ts:
+            self._rate_base = prog
+            return
+        dt = prog.ts - base.ts
+        if dt < RATE_WINDOW_S:
+            return
+        self.rates["steps_per_s"] = round((prog.steps - base.steps) / dt, 2)
+        if prog.examples is not None and base.examples is not None:
+            self.rates["examples_per_s"] = round((prog.examples - base.examples) / dt, 1)
+        self._rate_base = prog
+
+    # --- what it printed -----------------------------------------------------------------------
+
+    def _remember(self, data: bytes) -> None:
+        self._tail.append(data)
+        self._tail_bytes += len(data)
+        while self._tail_bytes > TAIL_BYTES and len(self._tail) > 1:
+            self._tail_bytes -= len(self._tail.popleft())
+
+    def _keep_diag(self, data: bytes) -> None:
+        self._diag += data
+        if len(self._diag) > DIAG_BYTES:
+            del self._diag[: len(self._diag) - DIAG_BYTES]
+
+    @property
+    def diag_text(self) -> str:
+        """worker_entry's own stderr (and the shell's), the last 64 KiB."""
+        return self._diag.decode("utf-8", "replace")
+
+    def last_lines(self, n: int = LAST_LINES) -> tuple[str, ...]:
+        text = b"".join(self._tail)[-TAIL_BYTES:].decode("utf-8", "replace")
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        if not lines and self._diag:
+            lines = [ln for ln in self.diag_text.splitlines() if ln.strip()]
+        return tuple(line[:1000] for line in lines[-n:])

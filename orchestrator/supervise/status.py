@@ -1,0 +1,97 @@
+"""What the supervisor reports: the live status snapshot and the attempt's result. Pure."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from ..core.result import AttemptResult, Failure, TaskResult
+from ..core.states import JobState, TaskState, interrupted_state
+from .session import TaskSession
+
+
+def task_status(s: TaskSession, *, straggler: bool, now_wall: float) -> dict[str, Any]:
+    hb = s.heartbeat
+    prog = hb.progress if hb is not None else None
+    ex = s.exit
+    return {
+        "host": s.host,
+        "hostname": s.facts.hostname if s.facts else None,
+        "state": s.state.value,
+        "pid": s.pid,
+        "started": s.started_how is not None,
+        "last_heartbeat_age_s": round(now_wall - s.heartbeat_wall, 1) if s.heartbeat_wall else None,
+        "proc_state": hb.state if hb else None,
+        "cpu_pct": hb.cpu_pct if hb else None,
+        "rss_mb": hb.rss_mb if hb else None,
+        "gpus": [g.to_dict() for g in hb.gpus] if hb and hb.gpus else None,
+        "steps": prog.steps if prog else None,
+        "epoch": prog.epoch if prog else None,
+        "step_time_s": prog.step_time_s if prog else None,
+        "steps_per_s": s.rates["steps_per_s"],
+        "examples_per_s": s.rates["examples_per_s"],
+        "exit_code": ex.code if ex else None,
+        "signal": ex.signal_name if ex else None,
+        "straggler": straggler,
+    }
+
+
+def snapshot(
+    sessions: Iterable[TaskSession],
+    *,
+    state: JobState,
+    attempt: int,
+    stopping_reason: str | None,
+    straggler: str | None,
+) -> dict[str, Any]:
+    now = time.time()
+    return {
+        "state": state.value,
+        "attempt": attempt,
+        "updated": now,
+        "stopping_reason": stopping_reason,
+        "tasks": {s.task: task_status(s, straggler=straggler == s.task, now_wall=now) for s in sessions},
+    }
+
+
+def attempt_result(
+    sessions: Iterable[TaskSession],
+    *,
+    attempt: int,
+    failures: list[Failure],
+    interrupted_by: int | None,
+    started_ts: float,
+    went: bool = True,
+) -> AttemptResult:
+    """The attempt's outcome; ``went``: the go was sent (a failure before it means nothing ran)."""
+    tasks = {}
+    for s in sessions:
+        ex = s.exit
+        tasks[s.task] = TaskResult(
+            task=s.task,
+            host=s.host,
+            state=s.state,
+            exit_code=ex.code if ex else None,
+            signal=ex.signal_name if ex else None,
+            reason=ex.reason if ex else (s.violation and f"protocol error: {s.violation}"),
+            started=s.started_how is not None,
+        )
+    if interrupted_by is not None:
+        state = interrupted_state(interrupted_by)
+    elif failures and failures[0].kind == "preflight":
+        state = JobState.PREFLIGHT_FAILED
+    elif failures and not went and failures[0].kind in ("spawn", "protocol"):
+        state = JobState.START_FAILED
+    elif failures or any(t.state != TaskState.SUCCEEDED for t in tasks.values()):
+        state = JobState.FAILED
+    else:
+        state = JobState.SUCCEEDED
+    return AttemptResult(
+        attempt=attempt,
+        state=state,
+        started_ts=started_ts,
+        ended_ts=time.time(),
+        tasks=tasks,
+        failures=list(failures),
+    )

@@ -1,0 +1,409 @@
+"""The supervisor of one attempt: one decision loop over typed inputs — start, go, verdicts, teardown.
+
+Inputs arrive on one queue: channels as the backend brings tasks up (``ChannelReady``) and bytes the
+pump read (``Received``), which each task's ``TaskSession`` turns into typed messages. This loop is
+the only place that changes the job's state, so decisions are simple and ordered. Policy lives in
+``monitor``, cross-host rules in ``checks``, reporting in ``status``; here is the wiring.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from worker_entry import protocol as p
+
+from ..backends import Backend, Channel, entry_failure
+from ..core.result import AttemptResult, Failure
+from ..core.states import JobState, TaskState
+from ..events import EventBus, HeartbeatSink, LogSink
+from ..plan import Plan
+from ..spec import ClusterSpec
+from .gate import check_before_go
+from .inputs import QUEUE_ITEMS, ChannelPump, ChannelReady, Interrupt, Received
+from .monitor import Monitor, Policy, Verdict
+from .session import Output, ShellNoise, TaskSession, Violation
+from .status import attempt_result, snapshot
+
+TEARDOWN_MARGIN_S = 5.0
+PROTOCOL_HINT = (
+    "the host runs a different or broken worker_entry, or something writes into its output channel; "
+    "compare versions with `tfcluster preflight`"
+)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        plan: Plan,
+        backend: Backend,
+        *,
+        attempt: int,
+        bus: EventBus,
+        logs: LogSink,
+        heartbeats: HeartbeatSink,
+        interrupt: Interrupt,
+        preflight: bool = True,
+        on_status: Callable[[dict[str, Any]], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.spec = spec
+        self.plan = plan
+        self.backend = backend
+        self.attempt = attempt
+        self.bus = bus
+        self.logs = logs
+        self.heartbeats = heartbeats
+        self.interrupt = interrupt
+        self.preflight = preflight
+        self.on_status = on_status
+        self.clock = clock
+        self.policy = Policy.from_spec(spec)
+        self.sessions = {str(n.task): TaskSession(n, attempt) for n in plan.nodes}
+        self.q: queue.Queue = queue.Queue(maxsize=QUEUE_ITEMS)
+        self.pump = ChannelPump(self.q)
+        self.failures: list[Failure] = []
+        self.state = JobState.STARTING
+        self.stopping_reason: str | None = None
+        self.teardown_deadline: float | None = None
+        self.interrupted_by: int | None = None
+        self.went_at: float | None = None
+        self.started_ts = time.time()
+        self.monitor = Monitor(list(self.sessions), self.policy, clock())
+        self._handled_interrupts = 0
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def run(self) -> AttemptResult:
+        self.pump.start()
+        self.bus.emit("attempt_started", attempt=self.attempt)
+        starts = [(n, n.node_config(self.attempt)) for n in self.plan.nodes]
+        self.backend.start_all(starts, self._deliver)
+        hello_deadline = self.clock() + self.policy.startup_timeout_s
+        next_ping = next_status = self.clock()
+        try:
+            while True:
+                try:
+                    self._handle(self.q.get(timeout=0.1))
+                    for _ in range(256):  # what is already there, before deciding anything
+                        self._handle(self.q.get_nowait())
+                except queue.Empty:
+                    pass
+                now = self.clock()
+                self._check_interrupt()
+                if self.state == JobState.STARTING:
+                    self._maybe_go(now, hello_deadline)
+                if now >= next_ping:
+                    self._broadcast(p.Ping())
+                    next_ping = now + self.policy.interval_s
+                if self.state == JobState.RUNNING:  # while stopping, the teardown deadline rules
+                    for v in self.monitor.check(now):
+                        self._verdict(v)
+                if self.teardown_deadline is not None:
+                    if now >= self.teardown_deadline:
+                        self._abandon_all("no exit confirmation before the teardown deadline")
+                    else:
+                        for task in self.monitor.silent_past_timeout(now):
+                            self._abandon(self.sessions[task], "silent past the heartbeat timeout during the teardown")
+                self.logs.flush()
+                if now >= next_status:
+                    self._publish_status()
+                    next_status = now + 1.0
+                if all(s.state.is_terminal for s in self.sessions.values()):
+                    break
+        finally:
+            self.pump.stop()
+            for s in self.sessions.values():
+                s.close()
+            self.logs.flush()
+        return self._result()
+
+    def _deliver(self, task: str, chan: Channel | BaseException) -> None:
+        """Called from the backend's threads: a task's channel (or why there is none)."""
+        item = ChannelReady(task, chan, None) if isinstance(chan, Channel) else ChannelReady(task, None, chan)
+        self.q.put(item)
+
+    def _handle(self, item: ChannelReady | Received) -> None:
+        s = self.sessions[item.task]
+        if isinstance(item, ChannelReady):
+            self._on_channel(s, item)
+            return
+        for x in s.receive(item.out, item.err):
+            if isinstance(x, Output):
+                self.logs.write(s.task, x.data)
+            elif isinstance(x, ShellNoise):
+                self.bus.emit("shell_noise", task=s.task, host=s.host, text=x.text)
+            elif isinstance(x, Violation):
+                self._on_violation(s, x.error)
+            else:
+                self._message(s, x)
+        if item.eof:
+            self._on_eof(s)
+
+    def _on_channel(self, s: TaskSession, item: ChannelReady) -> None:
+        if item.channel is None:
+            s.state = TaskState.NOT_STARTED
+            self.monitor.on_terminal(s.task)
+            self._fail(Failure("spawn", f"cannot start worker_entry: {item.error}", time.time(), s.task, s.host))
+            return
+        if s.state.is_terminal:  # abandoned while it was starting
+            item.channel.close()
+            return
+        s.attach(item.channel)
+        self.pump.add(s.task, item.channel)
+        if self.stopping_reason is not None:  # the job is already being torn down: stop it before the go
+            s.stop_sent = True
+            s.send(p.Stop(grace_s=0, reason=self.stopping_reason))
+
+    def _message(self, s: TaskSession, m: p.Message) -> None:
+        now = self.clock()
+        if s.state.is_alive:
+            self.monitor.seen(s.task, now)
+        if isinstance(m, p.Heartbeat):
+            self.monitor.on_heartbeat(s.task, m, now)
+            self.heartbeats.write(s.task, _record(m))
+        elif isinstance(m, p.Hello):
+            hostname = m.facts.hostname
+            self.bus.emit("task_ready", task=s.task, host=s.host, hostname=hostname, pid=m.pid)
+        elif isinstance(m, p.Spawned):
+            self.bus.emit("task_spawned", task=s.task, host=s.host, pid=m.pid)
+        elif isinstance(m, p.Started):
+            self.monitor.on_started(s.task, now)
+            self.bus.emit("task_started", task=s.task, host=s.host, how=m.how)
+        elif isinstance(m, p.StrategyInfo):
+            self.monitor.on_started(s.task, now)
+        elif isinstance(m, p.Profile):
+            record = _record(m)
+            self.heartbeats.write(s.task, {**record, "kind": "profile"})
+            for v in self.monitor.on_profile(s.task, record, now):
+                self._verdict(v)
+        elif isinstance(m, p.Exited):
+            self._on_exited(s, m)
+
+    def _on_exited(self, s: TaskSession, m: p.Exited) -> None:
+        state = s.finish(m, job_stopping=self.stopping_reason is not None)
+        self.monitor.on_terminal(s.task)
+        self.bus.emit(
+            "task_exited",
+            task=s.task,
+            host=s.host,
+            code=m.code,
+            signal=m.signal,
+            signal_name=m.signal_name,
+            stopped=state == TaskState.STOPPED,
+            reason=m.reason,
+        )
+        if state != TaskState.FAILED:
+            return
+        if m.signal:
+            kind, msg = "signal", f"killed by {m.signal_name or m.signal}"
+        else:
+            kind, msg = "exit", m.error or f"exited with code {m.code}"
+        self._blame_suspects(s)
+        self._fail(
+            Failure(
+                kind, msg, time.time(), s.task, s.host, exit_code=m.code, signal=m.signal_name,
+                attempt=self.attempt, last_lines=s.last_lines(),
+            )
+        )
+
+    def _on_eof(self, s: TaskSession) -> None:
+        if s.state.is_terminal:
+            return
+        status = s.channel.exit_status() if s.channel else None
+        for _ in range(20):
+            if status is not None:
+                break
+            time.sleep(0.01)
+            status = s.channel.exit_status() if s.channel else None
+        self.monitor.on_terminal(s.task)
+        if self.stopping_reason and s.stop_sent:
+            s.state = TaskState.STOPPED
+            self.bus.emit(
+                "task_exited", task=s.task, host=s.host, code=None, signal=None, stopped=True,
+                reason="channel closed during teardown",
+            )
+            return
+        s.state = TaskState.LOST
+        diag = entry_failure(status, s.diag_text, s.node.argv[0], synced=s.decoder.synced)
+        msg = diag.message if diag else f"connection closed without an exit status (channel status {status})"
+        self.bus.emit("task_lost", task=s.task, host=s.host, message=msg, status=status)
+        self._blame_suspects(s)
+        self._fail(
+            Failure(
+                "lost", msg, time.time(), s.task, s.host, exit_code=status, attempt=self.attempt,
+                last_lines=s.last_lines(), hint=diag.hint if diag else "",
+            )
+        )
+
+    def _on_violation(self, s: TaskSession, error: str) -> None:
+        """The node broke the protocol: that task fails (its node stops it when its channel closes)."""
+        msg = f"protocol error from {s.host}: {error}"
+        self.bus.emit("protocol_error", task=s.task, host=s.host, message=msg)
+        was_alive = s.state.is_alive
+        s.send(p.Stop(grace_s=0, reason=msg))
+        s.stop_sent = True
+        self.pump.remove(s.task)
+        s.close()
+        if was_alive:
+            s.state = TaskState.FAILED
+            self.monitor.on_terminal(s.task)
+        self._fail(
+            Failure(
+                "protocol", msg, time.time(), s.task, s.host, attempt=self.attempt,
+                last_lines=s.last_lines(), hint=PROTOCOL_HINT,
+            )
+        )
+
+    # --- decisions ---------------------------------------------------------------------------
+
+    def _maybe_go(self, now: float, hello_deadline: float) -> None:
+        if self.stopping_reason:
+            return
+        waiting = [s for s in self.sessions.values() if s.state in (TaskState.PENDING, TaskState.STARTING)]
+        if waiting and now < hello_deadline:
+            return
+        if waiting:
+            names = ", ".join(s.task for s in waiting)
+            self._fail(
+                Failure(
+                    "startup_timeout",
+                    f"worker_entry did not report within {self.policy.startup_timeout_s:g}s on {names}",
+                    time.time(), waiting[0].task, waiting[0].host, attempt=self.attempt,
+                )
+            )
+            return
+        ready = [s for s in self.sessions.values() if s.state == TaskState.READY]
+        failure = check_before_go(ready, self.spec, self.plan, self.bus, report=self.preflight, attempt=self.attempt)
+        if failure is not None:
+            self._fail(failure)
+            return
+        if not ready:
+            return
+        for s in ready:
+            s.send(p.Go())
+        self.went_at = now
+        self.monitor.arm(now)
+        self.state = JobState.RUNNING
+
+    def _verdict(self, v: Verdict) -> None:
+        event = {"lost": "worker_lost", "hung": "worker_hung", "stalled": "job_stalled"}.get(v.kind, v.kind)
+        s = self.sessions.get(v.task) if v.task else None
+        self.bus.emit(event, task=v.task, host=s.host if s else None, message=v.message, **v.data)
+        if v.kind == "lost" and s is not None and not v.data.get("suspect") and not s.state.is_terminal:
+            # Silent past the timeout: waiting for its exit status would only delay the teardown.
+            # Its worker_entry stops the task by itself when our pings stop reaching it.
+            s.close()
+            s.state = TaskState.LOST
+            self.monitor.on_terminal(s.task)
+        if v.fatal:
+            self._fail(
+                Failure(
+                    v.kind, v.message, time.time(), v.task, s.host if s else None, attempt=self.attempt,
+                    last_lines=s.last_lines() if s else (),
+                )
+            )
+
+    def _blame_suspects(self, failed_task: TaskSession) -> None:
+        """A peer that went silent or was stopped *before* this failure is the likelier cause."""
+        if self.failures:
+            return
+        for v in self.monitor.suspects(self.clock(), exclude=failed_task.task):
+            self._verdict(v)
+
+    def _fail(self, failure: Failure) -> None:
+        self.failures.append(failure)
+        if self.stopping_reason is None:
+            where = f"{failure.task} ({failure.host})" if failure.task else "the job"
+            self._teardown(f"{where}: {failure.message}", grace=self.spec.job.failure_grace_s)
+
+    def _teardown(self, reason: str, grace: float | None = None, signum: int = signal.SIGTERM) -> None:
+        grace = self.spec.job.stop_grace_s if grace is None else grace
+        if self.stopping_reason is None:
+            self.stopping_reason = reason
+            self.state = JobState.STOPPING
+            self.bus.emit("teardown", reason=reason, grace_s=grace)
+        for s in self.sessions.values():
+            if s.state == TaskState.PENDING:  # its backend start is still under way: never let it run
+                s.state = TaskState.NOT_STARTED
+                self.monitor.on_terminal(s.task)
+            elif s.state.is_alive and (not s.stop_sent or grace == 0):
+                s.stop_sent = True
+                if s.state in (TaskState.RUNNING, TaskState.READY, TaskState.STARTING):
+                    s.state = TaskState.STOPPING
+                s.send(p.Stop(grace_s=grace, reason=reason, signal=int(signum)))
+        deadline = self.clock() + grace + TEARDOWN_MARGIN_S
+        self.teardown_deadline = min(self.teardown_deadline or deadline, deadline)
+
+    def _abandon_all(self, reason: str) -> None:
+        """Past the teardown deadline: close the channels; worker_entry kills its group on EOF."""
+        for s in self.sessions.values():
+            self._abandon(s, reason)
+        self.teardown_deadline = None
+
+    def _abandon(self, s: TaskSession, reason: str) -> None:
+        """Stop waiting for one task's exit status (its node stops it when our channel or pings go)."""
+        if s.state.is_terminal:
+            return
+        s.close()
+        s.state = TaskState.LOST if not s.stop_sent else TaskState.STOPPED
+        self.monitor.on_terminal(s.task)
+        self.bus.emit("task_exited", task=s.task, host=s.host, code=None, signal=None, stopped=True, reason=reason)
+
+    def _check_interrupt(self) -> None:
+        if self.interrupt.count == self._handled_interrupts:
+            return
+        self._handled_interrupts = self.interrupt.count
+        sig = self.interrupt.signum or signal.SIGINT
+        name = signal.Signals(sig).name
+        # Ctrl-C reaches the training processes as SIGINT (KeyboardInterrupt in Python, which TF's
+        # own SIGTERM handler does not swallow); SIGTERM/SIGHUP as SIGTERM.
+        forward = signal.SIGINT if sig == signal.SIGINT else signal.SIGTERM
+        if self.interrupted_by is None:
+            self.interrupted_by = sig
+            self.bus.emit("interrupted", signal=name)
+            self._teardown(f"interrupted by {name}", signum=forward)
+        else:
+            self._teardown(f"interrupted again by {name}: killing now", grace=0, signum=forward)
+
+    def _broadcast(self, command: p.Message) -> None:
+        for s in self.sessions.values():
+            if s.state.is_alive:
+                s.send(command)
+
+    # --- status and result -------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        return snapshot(
+            self.sessions.values(),
+            state=self.state,
+            attempt=self.attempt,
+            stopping_reason=self.stopping_reason,
+            straggler=self.monitor.straggler,
+        )
+
+    def _publish_status(self) -> None:
+        if self.on_status is not None:
+            self.on_status(self.status())
+
+    def _result(self) -> AttemptResult:
+        result = attempt_result(
+            self.sessions.values(),
+            attempt=self.attempt,
+            failures=self.failures,
+            interrupted_by=self.interrupted_by,
+            started_ts=self.started_ts,
+            went=self.went_at is not None,
+        )
+        self.state = result.state
+        self._publish_status()
+        return result
+
+
+def _record(m: p.Message) -> dict[str, Any]:
+    """A message as a heartbeats.jsonl record (without its type, without empty fields)."""
+    return {k: v for k, v in m.to_dict().items() if k != "type" and v is not None}

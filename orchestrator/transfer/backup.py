@@ -1,0 +1,120 @@
+"""Before a restart: give every task the chief's BackupAndRestore state.
+
+Keras' BackupAndRestore under MWMS writes the real backup only on the chief (`BACKUP_DIR/chief`;
+the others write to temporary dirs) but *every* task reads `BACKUP_DIR/chief` when it restarts. On a
+shared filesystem that is one directory; on hosts with local disks the other tasks would find no
+backup, start from epoch 0 while the chief resumes, and the collectives would not match. So before
+relaunching we compare each task's copy with the chief's (names, sizes, mtimes) and copy it over
+where it differs, verified by sha256, swapped in atomically on the node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import select
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from worker_entry import protocol as p
+
+from ..backends import Connection
+from ..events import EventBus
+from ..plan import NodePlan, Plan
+from .fetch import fetch, items_of, list_files
+from .state import GatherState, Item, Progress, Totals
+
+CHUNK = 1 << 20
+
+
+def _signature(manifest: p.Manifest) -> list[tuple[str, int, int | None]]:
+    return sorted((f.path, f.size, f.mtime_ns) for f in manifest.files)
+
+
+def push_dir(conn: Connection, python: str, items: list[Item], remote_root: str) -> dict[str, Any]:
+    """Stream already-downloaded, verified ``items`` to the node into ``remote_root``.
+
+    Only items whose local copy we made ourselves are pushed, each opened with O_NOFOLLOW: nothing
+    a node names is ever opened on the launcher."""
+    chan = conn.exec([python, "-m", "worker_entry", "receive"])
+    try:
+        chan.send(p.command_line({"root": remote_root}))
+        for it in items:
+            chan.send(p.msg_frame(p.FileStart(path=it.rel, mtime_ns=it.mtime_ns)))
+            h = hashlib.sha256()
+            fd = os.open(it.dest, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+            with os.fdopen(fd, "rb") as fh:
+                while chunk := fh.read(CHUNK):
+                    h.update(chunk)
+                    chan.send(p.data_frame(chunk))
+            chan.send(p.msg_frame(p.FileEnd(path=it.rel, sha256=h.hexdigest())))
+        chan.send(p.msg_frame(p.Done()))
+        out = b""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(out) < (1 << 20):
+            select.select(chan.filenos(), [], [], 1.0)
+            o, _, eof = chan.read()
+            out += o
+            if eof:
+                break
+        line = out.strip().splitlines()[-1] if out.strip() else b"{}"
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            reply = None
+        return reply if isinstance(reply, dict) else {"ok": False, "error": f"unreadable reply {line[:100]!r}"}
+    finally:
+        chan.close()
+
+
+def sync_backup(plan: Plan, conns: Mapping[str, Connection], bus: EventBus) -> dict[str, Any]:
+    """Make every task's BACKUP_DIR/chief equal to the chief's. Returns what was done."""
+    chief = plan.chief
+    nodes = [n for n in plan.nodes if str(n.task) in conns]
+    if str(chief.task) not in conns:
+        return {"synced": [], "skipped": "the chief is not reachable"}
+
+    def listing(node: NodePlan) -> tuple[str, p.Manifest | None]:
+        try:
+            return str(node.task), list_files(conns[str(node.task)], node.argv[0], [f"{node.backup_dir}/chief"], [])[0]
+        except Exception:
+            return str(node.task), None
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(nodes)))) as pool:
+        manifests = dict(pool.map(listing, nodes))
+    source = manifests.get(str(chief.task))
+    if source is None or not source.exists or not source.files:
+        return {"synced": [], "skipped": "no backup on the chief"}
+    want = _signature(source)
+    targets = [
+        n for n in nodes if n.task != chief.task and ((m := manifests.get(str(n.task))) is None or _signature(m) != want)
+    ]
+    if not targets:
+        return {"synced": [], "skipped": "every task already sees the chief's backup (shared storage)"}
+    tmp = Path(tempfile.mkdtemp(prefix="tfcluster-backup-"))
+    try:
+        totals = Totals()
+        items = items_of(source, tmp, totals)
+        state = GatherState(tmp / ".state")
+        fetch(conns[str(chief.task)], chief.argv[0], source.root, items, state, totals, Progress(0, enabled=False))
+        if totals.errors:
+            raise RuntimeError("; ".join(totals.errors[:3]))
+        verified = [it for it in items if str(it.dest) in state.files]
+        done, errors = [], []
+        for node in targets:
+            res = push_dir(conns[str(node.task)], node.argv[0], verified, f"{node.backup_dir}/chief")
+            (done if res.get("ok") else errors).append(f"{node.task}" + ("" if res.get("ok") else f": {res.get('error')}"))
+        bus.emit(
+            "warning",
+            message=f"copied the chief's backup ({len(verified)} files) to {', '.join(done) or 'no task'} before the "
+            "restart" + (f"; failed: {errors}" if errors else ""),
+        )
+        return {"synced": done, "errors": errors, "files": len(verified)}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

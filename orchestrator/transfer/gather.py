@@ -1,0 +1,167 @@
+"""Bring back every task's complete log and exit status, and the chief's checkpoints. Verified.
+
+Hosts are gathered in parallel; per file see ``fetch``. An interrupted gather resumes: verified
+files are recorded in RUN/gather-state.json (with the node's size and mtime) and not copied again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from worker_entry import protocol as p
+
+from ..backends import Connection
+from ..events import EventBus
+from ..plan import NodePlan, Plan
+from ..runs import RunDir
+from .fetch import fetch, items_of, list_files
+from .state import GatherState, Item, Progress, Totals
+
+
+def gather_after_run(
+    spec: Any, plan: Plan, conns: Mapping[str, Connection | None], rundir: RunDir, bus: EventBus, *, attempts: int
+) -> dict[str, Any]:
+    """Logs + exit status of every task and attempt; the chief's checkpoints. Returns a summary.
+
+    Hosts are gathered in parallel; a task's node-side log is copied only when it differs in size
+    from what arrived live (then the node's copy completes RUN/logs/).
+    """
+    bus.emit("gather_started", attempts=attempts)
+    state = GatherState.load(rundir.path / "gather-state.json")
+    totals = Totals()
+    reachable = []
+    for node in plan.nodes:
+        conn = conns.get(str(node.task))
+        if conn is None or not conn.is_alive():
+            totals.errors.append(f"{node.task} ({node.host}): host not reachable; its node-side logs were not gathered")
+        else:
+            reachable.append((node, conn))
+
+    def listing(pair: tuple[NodePlan, Connection]) -> tuple[NodePlan, Connection, list[p.Manifest] | str]:
+        node, conn = pair
+        roots = [f"{node.remote_dir}/attempt-{a}" for a in range(attempts)]
+        if node.is_chief and spec.checkpoint.gather:
+            roots.append(node.checkpoint_dir)
+        clean = [] if node.is_chief else [node.checkpoint_dir, node.backup_dir]
+        try:
+            return node, conn, list_files(conn, node.argv[0], roots, clean)
+        except Exception as exc:
+            return node, conn, f"{node.task} ({node.host}): {exc}"
+
+    workers = max(1, min(16, len(reachable)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        listed = list(pool.map(listing, reachable))
+
+    ckpt_summary: dict[str, Any] = {"gathered": False}
+    logs_summary: dict[str, str] = {}
+    work: list[tuple[NodePlan, Connection, list[tuple[str, list[Item]]]]] = []
+    for node, conn, manifests in listed:
+        if isinstance(manifests, str):
+            totals.errors.append(manifests)
+            continue
+        jobs: list[tuple[str, list[Item]]] = []
+        for a in range(attempts):
+            m = manifests[a]
+            key = f"{node.task}" + (f" attempt {a}" if a else "")
+            if not m.exists:
+                logs_summary[key] = "no node-side directory"
+                continue
+            dest = rundir.gather_dir / node.task.slug / f"attempt-{a}"
+            dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+            items = items_of(m, dest, totals)
+            live = rundir.task_log(node.task.slug, a)
+            live_size = live.stat().st_size if live.is_file() else -1
+            node_log = next((i for i in items if i.rel == "output.log"), None)
+            if node_log is not None and node_log.size == live_size:
+                items.remove(node_log)
+                logs_summary[key] = f"complete: all {live_size} bytes arrived live"
+            elif node_log is not None:
+                logs_summary[key] = f"completed from the node: {node_log.size - max(live_size, 0)} bytes missed live"
+            jobs.append((m.root, items))
+        if node.is_chief and spec.checkpoint.gather:
+            m = manifests[-1]
+            ckpt_summary = {
+                "gathered": m.exists,
+                "source": f"{node.host}:{m.root}",
+                "task": str(node.task),
+            }
+            if m.exists:
+                rundir.checkpoints_dir.mkdir(exist_ok=True, mode=0o700)
+                jobs.append((m.root, items_of(m, rundir.checkpoints_dir, totals)))
+        work.append((node, conn, jobs))
+
+    progress = Progress(sum(it.size for _, _, jobs in work for _, items in jobs for it in items))
+
+    def copy(entry: tuple[NodePlan, Connection, list[tuple[str, list[Item]]]]) -> Totals:
+        node, conn, jobs = entry
+        mine = Totals()
+        for root, items in jobs:
+            fetch(conn, node.argv[0], root, items, state, mine, progress)
+        return mine
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(work)))) as pool:
+            for t in pool.map(copy, work):
+                totals.merge(t)
+    finally:
+        progress.close()
+        state.save()
+    for node, _, _ in work:
+        for a in range(attempts):
+            _complete_live_log(rundir, node, a, rundir.gather_dir / node.task.slug / f"attempt-{a}", bus)
+    summary = {
+        "files": totals.files,
+        "bytes": totals.bytes,
+        "already_verified": totals.skipped_verified,
+        "resumed_files": totals.resumed_files,
+        "resumed_bytes": totals.resumed_bytes,
+        "skipped": totals.skipped,
+        "errors": totals.errors,
+        "logs": logs_summary,
+        "checkpoints": ckpt_summary,
+        "dest": str(rundir.path),
+    }
+    if totals.errors:
+        bus.emit("gather_failed", message="; ".join(totals.errors[:3]), errors=totals.errors)
+    bus.emit(
+        "gather_finished",
+        files=totals.files,
+        bytes=totals.bytes,
+        dest=str(rundir.path),
+        already_verified=totals.skipped_verified,
+        skipped=len(totals.skipped),
+        errors=len(totals.errors),
+    )
+    return summary
+
+
+def _complete_live_log(rundir: RunDir, node: NodePlan, attempt: int, dest: Path, bus: EventBus) -> None:
+    """If lines never arrived live (a broken channel), the node's copy completes RUN/logs/."""
+    node_log = dest / "output.log"
+    live = rundir.task_log(node.task.slug, attempt)
+    if not node_log.is_file():
+        return
+    live_size = live.stat().st_size if live.is_file() else 0
+    node_size = node_log.stat().st_size
+    if node_size > live_size:
+        tmp = live.with_name(live.name + ".tmp")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        with open(node_log, "rb") as src, open(tmp, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.replace(tmp, live)
+        bus.emit(
+            "warning",
+            task=str(node.task),
+            host=node.host,
+            message=f"{node_size - live_size} bytes of {node.task}'s output never arrived live; "
+            f"{live} was completed from the node's copy",
+        )

@@ -1,0 +1,42 @@
+"""Remote file names are hostile input: absolute paths and ``..`` never leave the destination, and
+nothing is written through a symlink."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+
+
+class UnsafePath(ValueError):
+    pass
+
+
+def safe_relpath(rel: str) -> PurePosixPath:
+    """A remote relative path we accept, or UnsafePath: no absolute, no '..', no NUL, not empty."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel:
+        raise UnsafePath(f"bad file name {rel!r}")
+    if rel.startswith("/") or rel.startswith("\\"):
+        raise UnsafePath(f"absolute path {rel!r}")
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if not parts or any(p == ".." for p in parts):
+        raise UnsafePath(f"path {rel!r} would leave the destination")
+    return PurePosixPath(*parts)
+
+
+def dest_path(base: Path, rel: str) -> Path:
+    """base/rel, creating real directories only; refuses anything that resolves outside base."""
+    rp = safe_relpath(rel)
+    base = base.resolve()
+    cur = base
+    for part in rp.parts[:-1]:
+        cur = cur / part
+        if cur.is_symlink():
+            raise UnsafePath(f"{cur} is a symlink; refusing to write through it")
+        cur.mkdir(mode=0o700, exist_ok=True)
+    target = base.joinpath(*rp.parts)
+    if target.is_symlink():
+        raise UnsafePath(f"{target} is a symlink; refusing to write through it")
+    real_parent = Path(os.path.realpath(target.parent))
+    if real_parent != base and base not in real_parent.parents:
+        raise UnsafePath(f"{rel!r} resolves outside {base}")
+    return target

@@ -1,0 +1,1 @@
+"""Stage 9: views of a run directory, live or finished — `logs`, `status`, `stop`, `report`."""

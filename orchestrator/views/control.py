@@ -1,0 +1,168 @@
+"""`tfcluster status` and `tfcluster stop`: talk to a running launcher through its run directory.
+
+The launcher writes status.json every second and launcher.json (pid + start time) once. `stop`
+sends it SIGTERM — the same clean teardown as Ctrl-C — after checking that it is really that
+process (pid and start time, so a recycled pid is never signalled) and that it belongs to us.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from ..core.errors import UsageError
+from ..core.text import table
+from ..runs import RunDir
+
+try:
+    import psutil
+except ImportError:  # pragma: no cover
+    psutil = None
+
+
+def _launcher_process(run: RunDir) -> Any:
+    info = run.read_json(run.launcher_json) or {}
+    pid = info.get("pid")
+    if not pid or psutil is None:
+        return None
+    try:
+        p = psutil.Process(pid)
+        created = info.get("create_time")
+        if created is not None and abs(p.create_time() - created) > 0.05:
+            return None  # the pid was recycled by another process
+        return p
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def launcher_alive(run: RunDir) -> bool:
+    p = _launcher_process(run)
+    if p is None:
+        return False
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def job_status(run: RunDir) -> dict[str, Any]:
+    result = run.read_json(run.result_json)
+    status = run.read_json(run.status_json) or {}
+    launcher = run.read_json(run.launcher_json) or {}
+    plan = run.read_json(run.plan_json) or {}
+    out: dict[str, Any] = {
+        "run_dir": str(run.path),
+        "job": plan.get("job"),
+        "launcher_pid": launcher.get("pid"),
+        "launcher_host": launcher.get("hostname"),
+    }
+    if result is not None:
+        out.update(
+            {
+                "state": result.get("state"),
+                "finished": True,
+                "launcher_alive": False,
+                "wall_time_s": result.get("wall_time_s"),
+                "root_cause": result.get("root_cause"),
+                "restarts": result.get("restarts", 0),
+                "tasks": _merge_tasks(status.get("tasks", {}), result.get("tasks", {})),
+            }
+        )
+        return out
+    alive = launcher_alive(run)
+    updated = status.get("updated")
+    out.update(
+        {
+            "state": status.get("state", "starting") if alive else "launcher_gone",
+            "finished": False,
+            "launcher_alive": alive,
+            "status_age_s": round(time.time() - updated, 1) if updated else None,
+            "attempt": status.get("attempt"),
+            "stopping_reason": status.get("stopping_reason"),
+            "tasks": status.get("tasks", {}),
+        }
+    )
+    if not alive:
+        out["message"] = (
+            "the launcher is not running and wrote no result.json: it was killed (SIGKILL) or its machine "
+            "went away. Its workers stop by themselves when the launcher stops answering; "
+            f"last known state: {status.get('state', 'unknown')}"
+        )
+    return out
+
+
+def _merge_tasks(live: dict[str, Any], final: dict[str, Any]) -> dict[str, Any]:
+    tasks = {}
+    for name, t in final.items():
+        merged = dict(live.get(name, {}))
+        merged.update({k: v for k, v in t.items() if v is not None or k not in merged})
+        tasks[name] = merged
+    return tasks
+
+
+def status_text(st: dict[str, Any]) -> str:
+    head = f"job {st.get('job')}   state {st.get('state')}   run {st.get('run_dir')}"
+    lines = [head]
+    if st.get("message"):
+        lines.append(st["message"])
+    if st.get("stopping_reason"):
+        lines.append(f"stopping: {st['stopping_reason']}")
+    rc = st.get("root_cause")
+    if rc:
+        lines.append(f"root cause: {rc.get('task') or 'job'} ({rc.get('host') or '-'}): {rc.get('message')}")
+    rows = [("TASK", "HOST", "STATE", "EXIT", "STEP", "STEP TIME", "STEPS/S", "EX/S", "CPU%", "RSS MB", "HEARTBEAT")]
+    for name, t in sorted(st.get("tasks", {}).items()):
+        exit_text = t.get("signal") or ("" if t.get("exit_code") is None else str(t.get("exit_code")))
+        step_time = t.get("step_time_s")
+        age = t.get("last_heartbeat_age_s")
+        rows.append(
+            (
+                name + (" *straggler*" if t.get("straggler") else ""),
+                str(t.get("host", "")),
+                str(t.get("state", "")),
+                exit_text,
+                "" if t.get("steps") is None else str(t.get("steps")),
+                "" if step_time is None else f"{step_time * 1000:.1f} ms",
+                "" if t.get("steps_per_s") is None else f"{t['steps_per_s']:.1f}",
+                "" if t.get("examples_per_s") is None else f"{t['examples_per_s']:.0f}",
+                "" if t.get("cpu_pct") is None else f"{t['cpu_pct']:.0f}",
+                "" if t.get("rss_mb") is None else f"{t['rss_mb']:.0f}",
+                "" if age is None or st.get("finished") else f"{age:.1f}s ago",
+            )
+        )
+    lines.append("")
+    lines.extend(table(rows))
+    return "\n".join(lines)
+
+
+def stop_job(run: RunDir, *, timeout_s: float = 120.0) -> str:
+    if run.is_finished():
+        result = run.read_json(run.result_json) or {}
+        return f"the job already finished: {result.get('state')}"
+    st = os.stat(run.path)
+    if st.st_uid != os.getuid() and os.getuid() != 0:
+        raise UsageError(f"{run.path} belongs to uid {st.st_uid}; only the user who started the job can stop it")
+    proc = _launcher_process(run)
+    if proc is None:
+        return "the launcher is not running (no result.json either: it was killed); its workers stop by themselves"
+    try:
+        if proc.uids().real != os.getuid() and os.getuid() != 0:
+            raise UsageError("the launcher belongs to another user; only the user who started the job can stop it")
+        proc.send_signal(signal.SIGTERM)
+    except psutil.NoSuchProcess:
+        return "the launcher exited just now"
+    except psutil.AccessDenied:
+        raise UsageError("not allowed to signal the launcher; only the user who started the job can stop it") from None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if run.is_finished():
+            result = run.read_json(run.result_json) or {}
+            tasks = result.get("tasks", {})
+            states = ", ".join(f"{k}: {v.get('state')}" for k, v in sorted(tasks.items()))
+            return f"stopped: job {result.get('state')} ({states})"
+        if not launcher_alive(run):
+            return "the launcher exited without writing result.json"
+        time.sleep(0.2)
+    raise UsageError(f"the launcher did not finish its teardown within {timeout_s:g}s (pid {proc.pid})")

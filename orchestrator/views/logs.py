@@ -1,0 +1,138 @@
+"""`tfcluster logs`: read (and follow) a run's combined.log, filtered by task, pattern and time."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import IO
+
+from ..core.errors import UsageError
+from ..plan import TaskId
+from ..runs import RunDir
+from ..sinks import PALETTE, use_color
+
+LINE_RE = re.compile(r"^(\S+) \[([^\]]*)\] ?(.*)$", re.DOTALL)
+DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
+UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+POLL_S = 0.2
+
+
+def parse_duration(text: str, option: str = "--since") -> float:
+    m = DURATION_RE.match(text.strip())
+    if not m:
+        raise UsageError(f"{option} {text!r}: expected a duration like 30s, 5m, 2h or 1d")
+    return float(m.group(1)) * UNITS[m.group(2)]
+
+
+def _parse_ts(text: str) -> float | None:
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class LogQuery:
+    tasks: frozenset[str] = frozenset()
+    pattern: re.Pattern | None = None
+    since_ts: float | None = None
+    raw: bool = False
+    timestamps: bool = False
+
+    @classmethod
+    def from_args(
+        cls, *, tasks: list[str] | None, grep: str | None, since: str | None, raw: bool, timestamps: bool = False
+    ) -> LogQuery:
+        norm = set()
+        for t in tasks or []:
+            try:
+                norm.add(str(TaskId.parse(t)))
+            except ValueError as exc:
+                raise UsageError(f"--task {t!r}: {exc}") from None
+        try:
+            pattern = re.compile(grep) if grep else None
+        except re.error as exc:
+            raise UsageError(f"--grep {grep!r}: not a valid regular expression: {exc}") from None
+        since_ts = time.time() - parse_duration(since) if since else None
+        return cls(frozenset(norm), pattern, since_ts, raw, timestamps)
+
+    def render(self, line: str, color: bool) -> str | None:
+        """The line as shown, or None when filtered out."""
+        m = LINE_RE.match(line)
+        if not m:
+            return line if not (self.tasks or self.pattern) else None
+        ts_text, tag, body = m.groups()
+        task = tag.split(" ", 1)[0]
+        is_note = task == "tfcluster"
+        if self.tasks and not is_note and task not in self.tasks:
+            return None
+        if self.pattern and not self.pattern.search(body):
+            return None
+        if self.since_ts is not None:
+            ts = _parse_ts(ts_text)
+            if ts is not None and ts < self.since_ts:
+                return None
+        if self.raw:
+            return body
+        prefix = f"[{tag}]"
+        if color and not is_note:
+            idx = _task_color_index(task)
+            prefix = f"\x1b[{PALETTE[idx % len(PALETTE)]}m{prefix}\x1b[0m"
+        out = f"{prefix} {body}"
+        return f"{ts_text} {out}" if self.timestamps else out
+
+
+def _task_color_index(task: str) -> int:
+    kind, _, idx = task.partition(":")
+    base = 0 if kind == "chief" else 1
+    return base + (int(idx) if idx.isdigit() else 0)
+
+
+def show_logs(run: RunDir, query: LogQuery, *, follow: bool, out: IO[str] | None = None) -> None:
+    out = out or sys.stdout
+    color = use_color(out)
+    path = run.combined_log
+    pos = 0
+    partial = b""
+    waited_for_file = False
+    while True:
+        finished_before_read = run.is_finished()
+        chunk = b""
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(pos)
+                chunk = f.read()
+                pos += len(chunk)
+        elif follow and not waited_for_file:
+            waited_for_file = True
+        if chunk:
+            data = partial + chunk
+            lines = data.split(b"\n")
+            partial = lines.pop()
+            for raw in lines:
+                shown = query.render(raw.decode("utf-8", "replace"), color)
+                if shown is not None:
+                    out.write(shown + "\n")
+            out.flush()
+        if not follow:
+            break
+        if finished_before_read and not chunk:
+            break  # the launcher wrote result.json before our last read: nothing more will come
+        if not chunk and not _launcher_alive(run) and not run.is_finished():
+            print("tfcluster: the launcher of this run is gone (no result.json); stopped following", file=sys.stderr)
+            break
+        time.sleep(POLL_S)
+    if partial:
+        shown = query.render(partial.decode("utf-8", "replace"), color)
+        if shown is not None:
+            out.write(shown + "\n")
+            out.flush()
+
+
+def _launcher_alive(run: RunDir) -> bool:
+    from .control import launcher_alive
+
+    return launcher_alive(run)

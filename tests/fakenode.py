@@ -1,0 +1,288 @@
+"""An in-process fake node and backend: drive the real supervisor and job without sshd or TensorFlow.
+
+A ``FakeNode`` speaks the real wire protocol (``worker_entry.protocol`` frames and messages) on a
+``FakeChannel`` whose launcher side is a real pipe, so the real pump, decoder and session read it.
+A node runs a *script* (a function of the node) in a thread: the default one behaves like a healthy
+worker_entry; tests pass their own to inject faults. This is a unit-test tool: the e2e tiers use
+real sshd, processes and TensorFlow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from orchestrator.backends import Backend, Channel
+from orchestrator.core.diagnostics import Diagnostic
+from orchestrator.plan import NodePlan, build_plan
+from orchestrator.spec import load_spec_text
+from worker_entry import protocol as p
+
+
+class FakeChannel(Channel):
+    """The launcher's end reads a real pipe (so ``select`` works); what it sends is queued for the node."""
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+        self._er, self._ew = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._er, False)
+        self.inbox: queue.Queue[bytes | None] = queue.Queue()
+        self.closed = False
+        self.status: int | None = None
+        self._open = [self._r, self._er]
+
+    # launcher side
+    def filenos(self) -> list[int]:
+        return list(self._open)
+
+    def read(self) -> tuple[bytes, bytes, bool]:
+        got = {self._r: bytearray(), self._er: bytearray()}
+        for fd in list(self._open):
+            while True:
+                try:
+                    data = os.read(fd, 1 << 20)
+                except BlockingIOError:
+                    break
+                if not data:
+                    self._open.remove(fd)
+                    os.close(fd)
+                    break
+                got[fd] += data
+        return bytes(got[self._r]), bytes(got[self._er]), not self._open
+
+    def send(self, data: bytes) -> None:
+        if self.closed:
+            raise OSError("channel closed")
+        self.inbox.put(data)
+
+    def exit_status(self) -> int | None:
+        return self.status
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.inbox.put(None)  # the node sees EOF on its stdin
+
+    # node side
+    def write(self, data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._w, data)
+
+    def write_err(self, data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._ew, data)
+
+    def hang_up(self, status: int | None = None) -> None:
+        self.status = status
+        for fd in (self._w, self._ew):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class FakeNode:
+    """One node's worker_entry, scripted. Helpers send real frames; ``commands`` are parsed for real."""
+
+    def __init__(self, node: NodePlan, config: p.NodeConfig, chan: FakeChannel, script: Script) -> None:
+        self.node = node
+        self.config = config
+        self.chan = chan
+        self.script = script
+        self.seq = 0
+        self.received: list[p.Message] = []
+        self.eof = False
+        self._buf = b""
+        self.thread = threading.Thread(target=self._run, name=f"fake-{node.task}", daemon=True)
+
+    @property
+    def task(self) -> str:
+        return str(self.node.task)
+
+    def _run(self) -> None:
+        try:
+            self.script(self)
+        finally:
+            self.chan.hang_up(self.chan.status if self.chan.status is not None else 0)
+
+    # --- sending ---------------------------------------------------------------------------------
+    def raw(self, data: bytes) -> None:
+        self.chan.write(data)
+
+    def send(self, msg: p.Message | dict[str, Any]) -> None:
+        self.raw(p.msg_frame(msg))
+
+    def log(self, text: str, stream: int = p.STDOUT) -> None:
+        self.raw(p.log_frame(stream, text.encode() if text.endswith("\n") else (text + "\n").encode()))
+
+    def hello(self, **facts: Any) -> None:
+        self.raw(p.MARKER)
+        facts.setdefault("hostname", f"host-{self.task}")
+        facts.setdefault("time", time.time())
+        self.send(p.Hello(pid=1000 + self.node.task.index, remote_dir="/tmp/x", facts=p.NodeFacts(**facts)))
+
+    def heartbeat(self, **fields: Any) -> None:
+        self.seq += 1
+        self.send(p.Heartbeat(seq=self.seq, ts=time.time(), **fields))
+
+    def exited(self, code: int | None = 0, **fields: Any) -> None:
+        self.send(p.Exited(code=code, ended=time.time(), **fields))
+
+    # --- receiving -------------------------------------------------------------------------------
+    def next_command(self, timeout: float) -> p.Message | None:
+        """The next command from the launcher (None on timeout or EOF)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                if not line.strip():
+                    continue
+                cmd = p.parse_command(line)
+                self.received.append(cmd)
+                return cmd
+            left = deadline - time.monotonic()
+            if left <= 0 or self.eof:
+                return None
+            try:
+                data = self.chan.inbox.get(timeout=left)
+            except queue.Empty:
+                return None
+            if data is None:
+                self.eof = True
+                return None
+            self._buf += data
+
+    def wait_for(self, kind: type[p.Message], timeout: float = 10.0) -> p.Message | None:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            cmd = self.next_command(left)
+            if cmd is None and self.eof:
+                return None
+            if isinstance(cmd, (kind, p.Stop)):
+                return cmd
+        return None
+
+    def idle(self, timeout: float = 30.0) -> p.Message | None:
+        """Say nothing (a hung process, a cut link) until a stop, EOF or ``timeout``; pings are ignored."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            cmd = self.next_command(left)
+            if isinstance(cmd, p.Stop) or self.eof:
+                return cmd
+        return None
+
+    def run_until_stopped(self, beats: float = 0.05, steps: int = 0, **hb: Any) -> p.Stop | None:
+        """Heartbeat (with progress when ``steps``) until a stop or EOF; returns the stop."""
+        n = 0
+        while True:
+            n += steps
+            progress = p.Progress(steps=n, examples=n * 32, ts=time.time()) if steps else None
+            self.heartbeat(state=hb.get("state", "running"), progress=progress)
+            cmd = self.next_command(beats)
+            if isinstance(cmd, p.Stop):
+                return cmd
+            if self.eof:
+                return None
+
+
+Script = Callable[[FakeNode], None]
+
+
+def healthy(run_s: float = 0.3, code: int = 0) -> Script:
+    """A worker that starts, runs ``run_s`` seconds heartbeating, prints a line and exits ``code``."""
+
+    def script(n: FakeNode) -> None:
+        n.hello()
+        cmd = n.wait_for(p.Go)
+        if isinstance(cmd, p.Stop) or cmd is None:
+            n.exited(None, not_started=True, reason="stopped before the go")
+            return
+        n.send(p.Spawned(pid=2000 + n.node.task.index))
+        n.send(p.Started(how="strategy"))
+        n.log(f"{n.task}: training")
+        end = time.monotonic() + run_s
+        while time.monotonic() < end:
+            n.heartbeat(state="running", progress=p.Progress(steps=1, ts=time.time()))
+            cmd = n.next_command(0.05)
+            if isinstance(cmd, p.Stop) or n.eof:
+                stopped(n, cmd)
+                return
+        if code:
+            n.log(f"{n.task}: failing with {code}", p.STDERR)
+        n.exited(code)
+
+    return script
+
+
+def stopped(n: FakeNode, cmd: p.Message | None) -> None:
+    """What worker_entry does on a stop (or EOF): the process dies of the signal, reported."""
+    sig = cmd.signal if isinstance(cmd, p.Stop) else 15
+    n.send(p.Stopping(reason=cmd.reason if isinstance(cmd, p.Stop) else "launcher closed the connection"))
+    n.exited(None, signal=sig, signal_name="SIGTERM" if sig == 15 else "SIGINT", stopped=True)
+
+
+def obedient(n: FakeNode) -> None:
+    """Starts, then runs until told to stop (the peers of a failing task)."""
+    n.hello()
+    cmd = n.wait_for(p.Go)
+    if not isinstance(cmd, p.Go):
+        n.exited(None, not_started=True, reason="stopped before the go")
+        return
+    n.send(p.Spawned(pid=2000 + n.node.task.index))
+    n.send(p.Started(how="strategy"))
+    stopped(n, n.run_until_stopped())
+
+
+class FakeBackend(Backend):
+    name = "fake"
+
+    def __init__(self, scripts: dict[str, Script], unreachable: Sequence[str] = ()) -> None:
+        self.scripts = scripts
+        self.unreachable = set(unreachable)
+        self.nodes: dict[str, FakeNode] = {}
+        self.history: list[FakeNode] = []
+        self.closed = False
+
+    def connect(self, nodes: Sequence[NodePlan]) -> list[Diagnostic]:
+        return [
+            Diagnostic(f"connection refused on {n.host}", "start sshd", task=str(n.task), host=n.host, code="refused")
+            for n in nodes
+            if str(n.task) in self.unreachable
+        ]
+
+    def start(self, node: NodePlan, config: p.NodeConfig) -> Channel:
+        chan = FakeChannel()
+        fake = FakeNode(node, config, chan, self.scripts.get(str(node.task), obedient))
+        self.nodes[str(node.task)] = fake
+        self.history.append(fake)
+        fake.thread.start()
+        return chan
+
+    def close(self) -> None:
+        self.closed = True
+        for n in self.history:
+            n.chan.close()
+        for n in self.history:
+            n.thread.join(5)
+
+
+def make_plan(n_hosts: int = 3, **sections: Any) -> tuple[Any, Any]:
+    """A (LoadedSpec, Plan) for ``n_hosts`` made-up hosts with fast heartbeats."""
+    import yaml
+
+    doc: dict[str, Any] = {
+        "version": 1,
+        "name": "fake",
+        "hosts": [{"address": f"10.0.0.{i + 1}"} for i in range(n_hosts)],
+        "job": {"command": ["train"], "startup_timeout_s": 5, "failure_grace_s": 0.2, "stop_grace_s": 0.5},
+        "heartbeat": {"interval_s": 0.1, "timeout_s": 1.0, "progress_timeout_s": None},
+    }
+    for key, value in sections.items():
+        doc[key] = {**doc.get(key, {}), **value} if isinstance(value, dict) else value
+    loaded = load_spec_text(yaml.safe_dump(doc), "fake.yaml")
+    plan = build_plan(loaded.spec, run_id="fake-run", local_user="me", ssh_lookup=None)
+    return loaded, plan

@@ -1,0 +1,242 @@
+"""The layout is the architecture: layers only import downwards, no import cycles, small modules,
+and the documented contracts (messages, env names, exit codes) match the code."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli.exitcodes import STATE_EXIT_CODES
+from orchestrator.core.states import JobState
+from orchestrator.events.bus import EVENT_KINDS
+from worker_entry import protocol
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: orchestrator's stages, lowest first: a module may import only from its own stage or a lower one.
+ORCHESTRATOR_LAYERS = [
+    ["core"],
+    ["spec"],
+    ["plan"],
+    ["backends"],
+    ["runs"],
+    ["events"],
+    ["supervise"],
+    ["sinks"],
+    ["transfer"],
+    ["job", "views"],
+    ["cli"],
+    ["__main__"],
+]
+#: worker_entry, lowest first (the protocol at the bottom; the entry point at the top).
+WORKER_ENTRY_LAYERS = [
+    ["protocol"],
+    ["progress", "sysinfo", "files", "writer", "child", "trace_events"],
+    ["output", "profiling", "strategy"],
+    ["runner", "stamps"],
+    ["stepclock"],
+    ["keras_callback"],
+    ["instrument", "examples", "_site"],
+    ["__main__"],
+]
+MAX_LINES = 420
+
+
+def _modules(package: str) -> dict[str, Path]:
+    base = ROOT / package
+    out = {}
+    for path in sorted(base.rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every module ``name`` imports (also inside functions), resolved to absolute names."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_pkg = path.name == "__init__.py"
+    pkg_parts = name.split(".") if is_pkg else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg_parts[: len(pkg_parts) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            found.add(mod)
+            found.update(f"{mod}.{a.name}" for a in node.names)  # `from . import x` imports a module x
+    return found
+
+
+def _graph(package: str) -> dict[str, set[str]]:
+    mods = _modules(package)
+    graph = {}
+    for name, path in mods.items():
+        deps = set()
+        for imp in _imports(name, path):
+            while imp and imp not in mods:
+                imp = imp.rpartition(".")[0]
+            if imp and imp != name and not name.startswith(imp + "."):  # a package's own __init__ is not a dep
+                deps.add(imp)
+        graph[name] = deps
+    return graph
+
+
+def _stage(package: str, module: str, layers: list[list[str]]) -> int | None:
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None  # the package's own __init__/__main__ entry
+    for rank, names in enumerate(layers):
+        if parts[1] in names:
+            return rank
+    raise AssertionError(f"{module}: not in any layer of {package}; add it to the layer list in this test")
+
+
+def _upward(graph: dict[str, set[str]], package: str, layers: list[list[str]]) -> list[str]:
+    bad = []
+    for mod, deps in graph.items():
+        mine = _stage(package, mod, layers)
+        if mine is None:
+            continue
+        for dep in deps:
+            if not dep.startswith(package + "."):
+                continue
+            theirs = _stage(package, dep, layers)
+            same_subpackage = dep.split(".")[1] == mod.split(".")[1]
+            if theirs is not None and (theirs > mine or (theirs == mine and not same_subpackage)):
+                bad.append(f"{mod} (stage {mine}) imports {dep} (stage {theirs})")
+    return sorted(bad)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*stack[stack.index(nxt) :], nxt]))
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return cycles
+
+
+def _packages(package: str) -> set[str]:
+    return {".".join(p.relative_to(ROOT).parent.parts) for p in (ROOT / package).rglob("__init__.py")}
+
+
+@pytest.mark.parametrize(
+    ("package", "layers"), [("orchestrator", ORCHESTRATOR_LAYERS), ("worker_entry", WORKER_ENTRY_LAYERS)]
+)
+def test_no_upward_imports(package, layers):
+    bad = _upward(_graph(package), package, layers)
+    assert not bad, "upward or sideways imports:\n  " + "\n  ".join(bad)
+
+
+@pytest.mark.parametrize("package", ["orchestrator", "worker_entry", "tfcluster_testbed"])
+def test_no_import_cycles(package):
+    pkgs = _packages(package)
+    # A package's __init__ re-exports its own modules: that is not a dependency edge.
+    graph = {
+        m: {d for d in deps if d.startswith(package) and d not in pkgs and not m.startswith(d + ".")}
+        for m, deps in _graph(package).items()
+    }
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles:\n  " + "\n  ".join(cycles)
+
+
+def test_the_checks_catch_an_upward_import_and_a_cycle():
+    graph = {
+        "orchestrator.core.text": {"orchestrator.cli.main"},
+        "orchestrator.cli.main": {"orchestrator.core.text"},
+        "orchestrator.job.job": {"orchestrator.views.report"},
+    }
+    bad = _upward(graph, "orchestrator", ORCHESTRATOR_LAYERS)
+    assert bad == [
+        "orchestrator.core.text (stage 0) imports orchestrator.cli.main (stage 10)",
+        "orchestrator.job.job (stage 9) imports orchestrator.views.report (stage 9)",
+    ]
+    assert _cycles(graph) == ["orchestrator.cli.main -> orchestrator.core.text -> orchestrator.cli.main"]
+    imports = _imports("orchestrator.core.text", ROOT / "orchestrator" / "core" / "text.py")
+    assert imports == {"__future__", "__future__.annotations"}
+
+
+@pytest.mark.parametrize("package", ["orchestrator", "worker_entry", "tfcluster_testbed"])
+def test_no_module_is_too_long(package):
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in (ROOT / package).rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_architecture_doc_lists_exactly_the_protocol_messages():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    section = doc.split("### Messages", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.M))
+    defined = {f"{k}" for k in protocol.NODE_MESSAGES} | set(protocol.COMMANDS) | set(protocol.TRANSFER_MESSAGES)
+    assert documented == defined, f"missing in the doc: {defined - documented}; not in the code: {documented - defined}"
+
+
+def test_architecture_doc_lists_every_environment_name():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    names = {v for k, v in vars(protocol.Env).items() if k.isupper() and k != "PREFIX"}
+    missing = {n for n in names if f"`{n}`" not in doc}
+    assert not missing, f"environment names not documented in docs/architecture.md: {missing}"
+
+
+def test_events_doc_lists_exactly_the_event_kinds():
+    doc = (ROOT / "docs" / "events.md").read_text()
+    documented = set()
+    for cell in re.findall(r"^\| (`[^|]+`) \|", doc, flags=re.M):
+        documented.update(re.findall(r"`([a-z_]+)`", cell))
+    assert documented == set(EVENT_KINDS), (set(EVENT_KINDS) - documented, documented - set(EVENT_KINDS))
+
+
+def test_every_final_job_state_has_an_exit_code():
+    finals = {s for s in JobState if s.is_terminal}
+    assert finals == set(STATE_EXIT_CODES)
+
+
+def test_no_tfcluster_environment_name_is_spelled_outside_the_protocol():
+    """TFCLUSTER_* names live in worker_entry/protocol/env.py; code elsewhere uses the constants
+    (the examples are written as a user would write a training script)."""
+    allowed = {ROOT / "worker_entry" / "protocol" / "env.py", ROOT / "worker_entry" / "_site" / "sitecustomize.py"}
+    bad = []
+    for package in ("orchestrator", "worker_entry"):
+        for path in (ROOT / package).rglob("*.py"):
+            if path in allowed or "examples" in path.parts:  # examples are user code: plain names
+                continue
+            tree = ast.parse(path.read_text())
+            bad += [
+                f"{path.relative_to(ROOT)}:{node.lineno}: {node.value}"
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and re.fullmatch(r"TFCLUSTER_[A-Z_]+", node.value)
+            ]
+    assert not bad, "spell these with worker_entry.protocol.Env:\n  " + "\n  ".join(bad)
+
+
+def test_sitecustomize_reads_the_same_instrument_variable():
+    text = (ROOT / "worker_entry" / "_site" / "sitecustomize.py").read_text()
+    assert f'"{protocol.Env.INSTRUMENT}"' in text

@@ -1,0 +1,324 @@
+"""The supervisor and the job over an in-process fake node: no sshd, no TensorFlow, real protocol.
+
+Teardown order, root-cause choice, the startup deadline, lost/hung verdicts and protocol violations,
+through the real pump, decoder, sessions, supervisor, job, sinks and result.json.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import pytest
+from fakenode import FakeBackend, FakeNode, healthy, make_plan, obedient, stopped
+
+from orchestrator.cli.exitcodes import exit_code_for
+from orchestrator.core.states import JobState, TaskState
+from orchestrator.events import EventBus
+from orchestrator.job import Job, LaunchOptions
+from orchestrator.supervise import Interrupt, Supervisor
+from worker_entry import protocol as p
+
+
+class Recorder:
+    """Event sink + log sink + heartbeat sink in one, keeping everything in order."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self.lines: dict[str, bytes] = {}
+        self.beats: list = []
+
+    def handle(self, ev) -> None:
+        self.events.append(ev)
+
+    def close(self) -> None:
+        pass
+
+    def write(self, task, data, ts=None) -> None:
+        if isinstance(data, dict):
+            self.beats.append((task, data))
+        else:
+            self.lines[task] = self.lines.get(task, b"") + data
+
+    def flush(self) -> None:
+        pass
+
+    def kinds(self, kind: str) -> list:
+        return [e for e in self.events if e.event == kind]
+
+
+def supervise(scripts, n_hosts=3, interrupt=None, **sections):
+    loaded, plan = make_plan(n_hosts, **sections)
+    backend = FakeBackend(scripts)
+    rec = Recorder()
+    sup = Supervisor(
+        loaded.spec, plan, backend, attempt=0, bus=EventBus([rec]), logs=rec, heartbeats=rec,
+        interrupt=interrupt or Interrupt(),
+    )
+    try:
+        res = sup.run()
+    finally:
+        backend.close()
+    return res, rec, backend
+
+
+def test_healthy_tasks_succeed_and_go_comes_after_every_hello():
+    res, rec, backend = supervise({f"worker:{i}": healthy(0.2) for i in range(3)})
+    assert res.state == JobState.SUCCEEDED and res.root_cause is None
+    assert {t.state for t in res.tasks.values()} == {TaskState.SUCCEEDED}
+    order = [e.event for e in rec.events if e.event in ("task_ready", "task_spawned")]
+    assert order[:3] == ["task_ready"] * 3 and order[3:] == ["task_spawned"] * 3
+    first = [next(c for c in n.received if not isinstance(c, p.Ping)) for n in backend.nodes.values()]
+    assert all(isinstance(c, p.Go) for c in first)
+    assert b"worker:1: training" in rec.lines["worker:1"]
+
+
+def test_a_failing_task_is_the_root_cause_and_its_peers_are_stopped_after_it():
+    res, rec, backend = supervise({"worker:1": healthy(0.3, code=3)})
+    assert res.state == JobState.FAILED
+    rc = res.root_cause
+    assert (rc.task, rc.kind, rc.exit_code, rc.host) == ("worker:1", "exit", 3, "10.0.0.2")
+    assert rc.last_lines[-1] == "worker:1: failing with 3"
+    states = {t: r.state for t, r in res.tasks.items()}
+    assert states == {"worker:0": TaskState.STOPPED, "worker:1": TaskState.FAILED, "worker:2": TaskState.STOPPED}
+    kinds = [e.event for e in rec.events]
+    first_exit = kinds.index("task_exited")
+    assert rec.events[first_exit].task == "worker:1"
+    assert kinds.index("teardown") > first_exit  # the failure first, then the teardown of the others
+    for t in ("worker:0", "worker:2"):
+        stop = next(c for c in backend.nodes[t].received if isinstance(c, p.Stop))
+        assert stop.grace_s == pytest.approx(0.2) and "worker:1" in stop.reason
+
+
+def test_startup_deadline_when_a_node_never_says_hello():
+    def silent(n: FakeNode) -> None:
+        n.raw(p.MARKER)
+        n.idle(10)  # never says hello; leaves on the stop (or EOF)
+
+    res, _rec, backend = supervise({"worker:2": silent}, job={"startup_timeout_s": 0.5})
+    assert res.root_cause.kind == "startup_timeout" and res.root_cause.task == "worker:2"
+    assert not any(isinstance(c, p.Go) for n in backend.nodes.values() for c in n.received)
+    assert res.state == JobState.FAILED and exit_code_for_state(res.state) == 3
+
+
+def test_a_silent_worker_is_lost_and_blamed():
+    def goes_silent(n: FakeNode) -> None:
+        n.hello()
+        n.wait_for(p.Go)
+        n.send(p.Spawned(pid=5))
+        n.heartbeat(state="running")
+        n.idle(30)  # the network is gone: nothing more from here
+
+    res, rec, _ = supervise({"worker:0": goes_silent})
+    assert res.root_cause.kind == "lost" and res.root_cause.task == "worker:0"
+    assert rec.kinds("worker_lost")[0].data["silent_s"] >= 1.0
+    assert res.tasks["worker:0"].state == TaskState.LOST
+
+
+def test_a_stopped_process_is_hung():
+    def sigstopped(n: FakeNode) -> None:
+        n.hello()
+        n.wait_for(p.Go)
+        n.send(p.Spawned(pid=5))
+        stopped(n, n.run_until_stopped(state="stopped"))
+
+    res, rec, _ = supervise({"worker:1": sigstopped})
+    assert res.root_cause.kind == "hung" and res.root_cause.task == "worker:1"
+    assert rec.kinds("worker_hung")[0].data["state"] == "stopped"
+
+
+def test_a_peer_silent_before_the_failure_is_blamed_instead_of_the_one_that_failed():
+    silent_since = threading.Event()
+
+    def dies_quietly(n: FakeNode) -> None:
+        n.hello()
+        n.wait_for(p.Go)
+        n.send(p.Spawned(pid=5))
+        n.heartbeat(state="running")
+        silent_since.set()
+        n.idle(30)
+
+    def fails_later(n: FakeNode) -> None:
+        n.hello()
+        n.wait_for(p.Go)
+        n.send(p.Spawned(pid=6))
+        silent_since.wait(5)
+        end = time.monotonic() + 0.5  # > 3 heartbeat intervals (0.3 s) of silence from worker:0, < its 5 s timeout
+        while time.monotonic() < end:
+            n.heartbeat(state="running")
+            n.next_command(0.05)
+        n.log("UnavailableError: peer worker:0 is gone", p.STDERR)
+        n.exited(1)
+
+    res, _rec, _ = supervise(
+        {"worker:0": dies_quietly, "worker:1": fails_later}, n_hosts=2, heartbeat={"timeout_s": 5.0}
+    )
+    rc = res.root_cause
+    assert rc.task == "worker:0" and rc.kind == "lost", rc
+    assert [f.task for f in res.failures][:2] == ["worker:0", "worker:1"]
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        (b'{"type":"heartbeat","seq":"x"}', "heartbeat.seq"),
+        (b'{"type":"heartbeat","seq":1,"progress":{"steps":-4}}', "heartbeat.progress.steps"),
+        (b'{"type":"launch_missiles"}', "type"),
+        (b"[1,2,3]", None),
+        (b"{" * 50000, None),
+    ],
+)
+def test_a_malformed_message_fails_that_task_with_a_protocol_error(payload, field):
+    def hostile(n: FakeNode) -> None:
+        n.hello()
+        n.wait_for(p.Go)
+        n.send(p.Spawned(pid=5))
+        n.raw(p.HEADER.pack(p.T_MSG, 0, len(payload)) + payload)
+        stopped(n, n.run_until_stopped())
+
+    res, rec, backend = supervise({"worker:1": hostile})
+    rc = res.root_cause
+    assert rc.kind == "protocol" and rc.task == "worker:1"
+    assert rc.message.startswith("protocol error from 10.0.0.2: ")
+    if field:
+        assert field in rc.message
+    assert res.state == JobState.FAILED
+    assert res.tasks["worker:1"].state == TaskState.FAILED
+    assert {res.tasks[t].state for t in ("worker:0", "worker:2")} == {TaskState.STOPPED}
+    assert rec.kinds("protocol_error")[0].task == "worker:1"
+    assert backend.nodes["worker:1"].chan.closed  # its node stops the task when the channel closes
+
+
+def test_out_of_order_and_impersonation_are_protocol_errors():
+    def spawned_before_go(n: FakeNode) -> None:
+        n.hello()
+        n.send(p.Spawned(pid=5))
+        n.idle(5)
+
+    res, _, _ = supervise({"worker:0": spawned_before_go}, n_hosts=2)
+    assert res.root_cause.kind == "protocol" and "'spawned' before the go" in res.root_cause.message
+    assert res.state == JobState.START_FAILED  # before the go: nothing ran (exit code 4)
+
+    def claims_another_task(n: FakeNode) -> None:
+        n.raw(p.MARKER)
+        n.send(p.Hello(pid=9, remote_dir="/x", task=p.TaskRef("worker", 0)))
+        n.idle(5)
+
+    res, _, _ = supervise({"worker:1": claims_another_task}, n_hosts=2)
+    assert res.root_cause.kind == "protocol" and "claims worker:0" in res.root_cause.message
+
+
+def test_an_oversized_frame_is_refused_without_buffering_it():
+    def flood(n: FakeNode) -> None:
+        n.hello()
+        n.wait_for(p.Go)
+        n.raw(p.HEADER.pack(p.T_LOG, 1, 3 << 30))  # claims a 3 GiB frame
+        n.raw(b"x" * (1 << 20))
+        n.idle(5)
+
+    res, _, _ = supervise({"worker:0": flood}, n_hosts=2)
+    assert res.root_cause.kind == "protocol" and "oversized frame" in res.root_cause.message
+
+
+def test_an_interrupt_forwards_sigint_and_ends_interrupted():
+    interrupt = Interrupt()
+
+    def started(n: FakeNode) -> None:
+        obedient(n)
+
+    timer = threading.Timer(0.6, interrupt.trigger, args=(signal.SIGINT,))
+    timer.start()
+    try:
+        res, rec, backend = supervise({}, n_hosts=2, interrupt=interrupt)
+    finally:
+        timer.cancel()
+    assert res.state == JobState.INTERRUPTED_SIGINT
+    assert all(
+        next(c for c in n.received if isinstance(c, p.Stop)).signal == signal.SIGINT for n in backend.nodes.values()
+    )
+    assert rec.kinds("interrupted")[0].data["signal"] == "SIGINT"
+
+
+def test_status_reports_examples_per_second_from_progress_records():
+    def trains(n: FakeNode) -> None:
+        n.hello()
+        n.wait_for(p.Go)
+        n.send(p.Spawned(pid=5))
+        stopped(n, n.run_until_stopped(beats=0.05, steps=10))
+
+    loaded, plan = make_plan(1)
+    backend = FakeBackend({"worker:0": trains})
+    rec = Recorder()
+    sup = Supervisor(
+        loaded.spec, plan, backend, attempt=0, bus=EventBus([rec]), logs=rec, heartbeats=rec, interrupt=Interrupt()
+    )
+    seen = []
+
+    def watch(status):
+        seen.append(status["tasks"]["worker:0"])
+        if status["tasks"]["worker:0"]["examples_per_s"]:
+            sup.interrupt.trigger(signal.SIGTERM)
+
+    sup.on_status = watch
+    try:
+        sup.run()
+    finally:
+        backend.close()
+    rates = [s["examples_per_s"] for s in seen if s["examples_per_s"]]
+    assert rates and 1000 < rates[0] < 20000  # 320 examples per 0.05 s heartbeat ≈ 6400/s
+
+
+def test_the_job_writes_result_json_for_a_protocol_error(tmp_path):
+    def hostile(n: FakeNode) -> None:
+        n.hello()
+        n.wait_for(p.Go)
+        n.send(p.Spawned(pid=5))
+        n.send({"type": "exited", "code": "zero"})
+        n.idle(5)
+
+    loaded, plan = make_plan(3)
+    backend = FakeBackend({"worker:2": hostile})
+    job = Job(loaded, plan, LaunchOptions(run_dir=str(tmp_path / "run"), gather=False, live=False, echo_logs=False), backend)
+    result = job.run()
+    assert exit_code_for(result) == 3
+    data = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert data["state"] == "failed"
+    assert data["root_cause"]["kind"] == "protocol" and data["root_cause"]["task"] == "worker:2"
+    assert "exited.code: expected an integer" in data["root_cause"]["message"]
+    assert data["root_cause"]["hint"]
+    assert backend.closed
+    events = [json.loads(line)["event"] for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert events[0] == "job_started" and events[-1] == "job_finished" and "protocol_error" in events
+
+
+def test_the_job_reports_every_unreachable_host_and_runs_nothing(tmp_path):
+    loaded, plan = make_plan(3)
+    backend = FakeBackend({}, unreachable=["worker:0", "worker:2"])
+    result = Job(loaded, plan, LaunchOptions(run_dir=str(tmp_path / "r"), live=False, echo_logs=False), backend).run()
+    assert result.state == JobState.CONNECT_FAILED and exit_code_for(result) == 4
+    assert not backend.history
+    assert "cannot reach 2 host(s)" in result.root_cause.message
+
+
+def test_the_job_restarts_every_task_after_a_failure(tmp_path):
+    attempts: list[int] = []
+
+    def fails_first_time(n: FakeNode) -> None:
+        attempts.append(n.config.attempt)
+        healthy(0.2, code=1 if n.config.attempt == 0 else 0)(n)
+
+    loaded, plan = make_plan(2, restart={"max_restarts": 2})
+    backend = FakeBackend({"worker:1": fails_first_time, "worker:0": healthy(0.2)})
+    result = Job(loaded, plan, LaunchOptions(run_dir=str(tmp_path / "r"), gather=False, live=False, echo_logs=False), backend).run()
+    assert result.state == JobState.SUCCEEDED and len(result.attempts) == 2
+    assert attempts == [0, 1]
+    assert [a.state for a in result.attempts] == [JobState.FAILED, JobState.SUCCEEDED]
+    assert (tmp_path / "r" / "logs" / "worker-1.attempt-1.log").exists()
+
+
+def exit_code_for_state(state: JobState) -> int:
+    from orchestrator.cli.exitcodes import STATE_EXIT_CODES
+
+    return STATE_EXIT_CODES[state]

@@ -1,0 +1,102 @@
+"""The training process: started in its own session and process group, killed with everything it left.
+
+``PR_SET_PDEATHSIG`` makes the kernel kill it if worker_entry dies (even by SIGKILL); ``kill_group``
+signals the whole group; ``kill_escaped`` reaches descendants that left the group (setsid, daemons),
+by PID and start time so a recycled PID is never hit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+from collections.abc import Mapping
+from typing import Any
+
+from . import protocol as p
+
+try:
+    import psutil
+except ImportError:  # pragma: no cover
+    psutil = None
+
+SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
+
+
+def _pdeathsig_preexec() -> Any:
+    """A preexec_fn that makes the kernel SIGKILL the child if worker_entry dies (even by SIGKILL)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except Exception:
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died between fork and prctl
+            os._exit(1)
+
+    return preexec
+
+
+def child_env(config: p.NodeConfig, base: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The training command's environment: ours, the plan's, expanded paths, the instrumentation."""
+    env = dict(base)
+    env.update(config.env)
+    for key in p.PATH_VARS:
+        if key in env:
+            env[key] = os.path.expanduser(env[key])
+    if config.instrument:
+        env["PYTHONPATH"] = SITE_DIR + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def spawn(config: p.NodeConfig, progress_fd: int) -> subprocess.Popen:
+    """Start the command with stdout/stderr piped and ``progress_fd`` passed for progress records."""
+    env = child_env(config)
+    env[p.Env.PROGRESS_FD] = str(progress_fd)
+    return subprocess.Popen(
+        config.argv,
+        cwd=os.path.expanduser(config.workdir) if config.workdir else None,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # own session and process group: we can signal all of it
+        pass_fds=(progress_fd,),
+        preexec_fn=_pdeathsig_preexec(),
+        bufsize=0,
+    )
+
+
+def kill_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def kill_escaped(seen: Mapping[int, float]) -> None:
+    """SIGKILL descendants that left the process group, by PID + start time (``seen``: pid -> ctime)."""
+    if psutil is None:
+        return
+    for pid, created in list(seen.items()):
+        try:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - created) < 0.01:
+                proc.kill()
+        except Exception:
+            continue
+
+
+def spawn_error(config: p.NodeConfig, exc: OSError) -> tuple[int, str]:
+    """(exit code, message) when the command could not be started, as a shell would say it."""
+    what = config.argv[0]
+    if isinstance(exc, FileNotFoundError):
+        return 127, f"worker_entry: command not found or workdir missing: {what!r} ({exc.strerror})"
+    return 126, f"worker_entry: cannot start {what!r}: {exc.strerror or exc}"
+
+
+def signal_name(sig: int | None) -> str | None:
+    return signal.Signals(sig).name if sig else None

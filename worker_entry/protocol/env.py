@@ -1,0 +1,37 @@
+"""Every environment variable name tfcluster sets or reads (one place; docs/architecture.md lists them)."""
+
+from __future__ import annotations
+
+
+class Env:
+    """Every environment variable tfcluster sets or reads, by name (docs/architecture.md lists them)."""
+
+    TF_CONFIG = "TF_CONFIG"
+    LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
+    JOB = "TFCLUSTER_JOB"
+    RUN_ID = "TFCLUSTER_RUN_ID"
+    ATTEMPT = "TFCLUSTER_ATTEMPT"
+    TASK_TYPE = "TFCLUSTER_TASK_TYPE"
+    TASK_INDEX = "TFCLUSTER_TASK_INDEX"
+    NUM_TASKS = "TFCLUSTER_NUM_TASKS"
+    IS_CHIEF = "TFCLUSTER_IS_CHIEF"
+    NUM_GPUS = "TFCLUSTER_NUM_GPUS"
+    COMMUNICATION = "TFCLUSTER_COMMUNICATION"
+    COLLECTIVE_TIMEOUT_S = "TFCLUSTER_COLLECTIVE_TIMEOUT_S"
+    HEARTBEAT_TIMEOUT_S = "TFCLUSTER_HEARTBEAT_TIMEOUT_S"
+    CHECKPOINT_DIR = "TFCLUSTER_CHECKPOINT_DIR"
+    BACKUP_DIR = "TFCLUSTER_BACKUP_DIR"
+    INSTRUMENT = "TFCLUSTER_INSTRUMENT"
+    PROFILE_INTERVAL_S = "TFCLUSTER_PROFILE_INTERVAL_S"
+    STEPCLOCK = "TFCLUSTER_STEPCLOCK"
+    STEPCLOCK_DELIVERY = "TFCLUSTER_STEPCLOCK_DELIVERY"
+    PROFILER = "TFCLUSTER_PROFILER"
+    PROFILE_DEBUG = "TFCLUSTER_PROFILE_DEBUG"
+    PROGRESS_FD = "TFCLUSTER_PROGRESS_FD"
+    DEBUG = "TFCLUSTER_DEBUG"  # launcher: show tracebacks of internal errors (like --debug)
+    PREFIX = "TFCLUSTER_"
+
+
+#: Path variables worker_entry expands (``~``) on the node before starting the command.
+PATH_VARS = (Env.CHECKPOINT_DIR, Env.BACKUP_DIR)
+OFF_VALUES = ("0", "false", "no", "off")

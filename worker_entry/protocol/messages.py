@@ -1,0 +1,341 @@
+"""The node config and every message between the launcher and worker_entry, as validated records.
+
+Plain (not frozen) dataclasses: frozen ones cost 2.3x at import, which every worker_entry start pays;
+treat them as values all the same."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from .frames import ProtocolError
+from .schema import LONG, STR, Record, spec
+
+VERSION = 2
+
+
+@dataclass
+class TaskRef(Record):
+    type: Literal["chief", "worker"]
+    index: int = field(metadata=spec(lo=0, hi=1 << 20))
+
+    def __str__(self) -> str:
+        return f"{self.type}:{self.index}"
+
+
+@dataclass
+class NodeConfig(Record):
+    """Everything worker_entry needs to run one task: built by the plan, sent as the first stdin line."""
+
+    argv: list[str] = field(metadata=spec(max_len=4096))
+    remote_dir: str
+    protocol: int = VERSION
+    job: str = "job"
+    task: TaskRef = field(default_factory=lambda: TaskRef("worker", 0))
+    attempt: int = field(default=0, metadata=spec(lo=0, hi=1000))
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    tf_port: int | None = field(default=None, metadata=spec(lo=1, hi=65535))
+    gpus: int = field(default=0, metadata=spec(lo=0, hi=1024))
+    heartbeat_interval_s: float = field(default=1.0, metadata=spec(lo=0.01, hi=3600))
+    launcher_timeout_s: float = field(default=10.0, metadata=spec(lo=0.1, hi=86400))
+    stop_grace_s: float = field(default=10.0, metadata=spec(lo=0, hi=86400))
+    failure_grace_s: float = field(default=1.0, metadata=spec(lo=0, hi=86400))
+    instrument: bool = True
+    wait_for_go: bool = True
+
+    @classmethod
+    def parse_line(cls, line: bytes) -> NodeConfig:
+        return cls.from_dict(_load_json(line, "config"))
+
+
+# ----------------------------------------------------------------------------- node → launcher
+
+
+class Message(Record):
+    """A message; ``TYPE`` is its ``"type"`` on the wire."""
+
+    TYPE: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.TYPE, **dataclasses.asdict(self)}  # type: ignore[call-overload]
+
+
+@dataclass
+class NodeProblem(Record):
+    check: str
+    message: str = field(metadata=spec(max_len=LONG))
+    fix: str = field(default="", metadata=spec(max_len=LONG))
+
+
+@dataclass
+class GpuInfo(Record):
+    index: int = field(metadata=spec(lo=0, hi=1024))
+    name: str = ""
+    memory_mb: int = field(default=0, metadata=spec(lo=0))
+
+
+@dataclass
+class DiskInfo(Record):
+    path: str
+    free_bytes: int = field(metadata=spec(lo=0))
+
+
+@dataclass
+class NodeFacts(Record):
+    """What a node says about itself in its hello (compared across hosts before the go)."""
+
+    hostname: str = ""
+    python: str = ""
+    executable: str = ""
+    platform: str = ""
+    packages: dict[str, str | None] = field(default_factory=dict)
+    gpus: list[GpuInfo] = field(default_factory=list)
+    cpus: int | None = field(default=None, metadata=spec(lo=0))
+    mem_total_mb: int | None = field(default=None, metadata=spec(lo=0))
+    load1: float = field(default=0.0, metadata=spec(lo=0))
+    disk: DiskInfo | None = None
+    time: float = field(default=0.0, metadata=spec(lo=0))
+    problems: list[NodeProblem] = field(default_factory=list)
+    warnings: list[NodeProblem] = field(default_factory=list)
+
+
+@dataclass
+class Hello(Message):
+    TYPE: ClassVar[str] = "hello"
+    pid: int = field(metadata=spec(lo=1))
+    remote_dir: str
+    facts: NodeFacts = field(default_factory=NodeFacts)
+    task: TaskRef | None = None  # who the node thinks it is (checked against the channel's task)
+
+
+@dataclass
+class GpuSample(Record):
+    index: int = field(metadata=spec(lo=0, hi=1024))
+    util: float | None = field(default=None, metadata=spec(lo=0, hi=100))
+    mem_used_mb: int | None = field(default=None, metadata=spec(lo=0))
+
+
+@dataclass
+class Progress(Record):
+    """The training process's cumulative counters (its last progress record)."""
+
+    steps: int = field(metadata=spec(lo=0))
+    epoch: int = field(default=0, metadata=spec(lo=0))
+    examples: int | None = field(default=None, metadata=spec(lo=0))
+    step_time_s: float | None = field(default=None, metadata=spec(lo=0))
+    phase: str = field(default="train", metadata=spec(max_len=32))
+    ts: float = field(default=0.0, metadata=spec(lo=0))
+
+
+@dataclass
+class Heartbeat(Message):
+    TYPE: ClassVar[str] = "heartbeat"
+    seq: int = field(metadata=spec(lo=0))
+    ts: float = field(default=0.0, metadata=spec(lo=0))
+    state: str | None = field(default=None, metadata=spec(max_len=32))  # the training process; "waiting" before go
+    cpu_pct: float | None = field(default=None, metadata=spec(lo=0))
+    cpu_s: float | None = field(default=None, metadata=spec(lo=0))
+    rss_mb: float | None = field(default=None, metadata=spec(lo=0))
+    threads: int | None = field(default=None, metadata=spec(lo=0))
+    nproc: int | None = field(default=None, metadata=spec(lo=0))
+    load1: float | None = field(default=None, metadata=spec(lo=0))
+    gpus: list[GpuSample] | None = None
+    progress: Progress | None = None
+
+
+@dataclass
+class Spawned(Message):
+    TYPE: ClassVar[str] = "spawned"
+    pid: int = field(metadata=spec(lo=1))
+
+
+@dataclass
+class Started(Message):
+    TYPE: ClassVar[str] = "started"
+    how: Literal["tf_server", "strategy", "progress"]
+
+
+@dataclass
+class StrategyInfo(Message):
+    TYPE: ClassVar[str] = "strategy"
+    communication: str = field(default="", metadata=spec(max_len=32))
+    timeout_s: float | None = field(default=None, metadata=spec(lo=0))
+
+
+@dataclass
+class Profile(Message):
+    """Step-clock (or profiler) medians over one window; see docs/instrumentation.md."""
+
+    TYPE: ClassVar[str] = "profile"
+    steps: int = field(metadata=spec(lo=0))
+    ts: float = field(default=0.0, metadata=spec(lo=0))
+    source: str = field(default="stepclock", metadata=spec(max_len=32))
+    step_ms: float | None = field(default=None, metadata=spec(lo=0))
+    pre_collective_ms: float | None = field(default=None, metadata=spec(lo=0))
+    input_ms: float | None = field(default=None, metadata=spec(lo=0))
+    compute_ms: float | None = field(default=None, metadata=spec(lo=0))
+    collective_ms: float | None = field(default=None, metadata=spec(lo=0))
+    cpu_ms: float | None = field(default=None, metadata=spec(lo=0))
+
+
+@dataclass
+class Stopping(Message):
+    TYPE: ClassVar[str] = "stopping"
+    reason: str = field(metadata=spec(max_len=LONG))
+
+
+@dataclass
+class Exited(Message):
+    """The task is over: exit status of the training process, or why it never ran."""
+
+    TYPE: ClassVar[str] = "exited"
+    code: int | None = field(default=None, metadata=spec(lo=0, hi=255))
+    signal: int | None = field(default=None, metadata=spec(lo=1, hi=128))
+    signal_name: str | None = field(default=None, metadata=spec(max_len=32))
+    stopped: bool = False
+    reason: str | None = field(default=None, metadata=spec(max_len=LONG))
+    error: str | None = field(default=None, metadata=spec(max_len=LONG))
+    not_started: bool = False
+    ended: float | None = field(default=None, metadata=spec(lo=0))
+
+
+# ----------------------------------------------------------------------------- launcher → node
+
+
+@dataclass
+class Go(Message):
+    TYPE: ClassVar[str] = "go"
+
+
+@dataclass
+class Ping(Message):
+    TYPE: ClassVar[str] = "ping"
+
+
+@dataclass
+class Stop(Message):
+    TYPE: ClassVar[str] = "stop"
+    grace_s: float | None = field(default=None, metadata=spec(lo=0, hi=86400))
+    reason: str = field(default="stopped by the launcher", metadata=spec(max_len=LONG))
+    signal: int = field(default=15, metadata=spec(lo=1, hi=64))
+
+
+# -------------------------------------------------------------- file transfer (gather, backup sync)
+
+
+@dataclass
+class FileStart(Message):
+    TYPE: ClassVar[str] = "file"
+    path: str = field(metadata=spec(max_len=STR))
+    size: int | None = field(default=None, metadata=spec(lo=0))
+    offset: int = field(default=0, metadata=spec(lo=0))
+    mtime_ns: int | None = None
+
+
+@dataclass
+class FileEnd(Message):
+    TYPE: ClassVar[str] = "end"
+    path: str = field(metadata=spec(max_len=STR))
+    sha256: str = field(metadata=spec(max_len=64))
+    size: int | None = field(default=None, metadata=spec(lo=0))
+
+
+@dataclass
+class FileError(Message):
+    TYPE: ClassVar[str] = "error"
+    path: str = field(metadata=spec(max_len=STR))
+    error: str = field(default="", metadata=spec(max_len=LONG))
+
+
+@dataclass
+class Done(Message):
+    TYPE: ClassVar[str] = "done"
+
+
+@dataclass
+class FileEntry(Record):
+    path: str = field(metadata=spec(max_len=STR))
+    size: int = field(metadata=spec(lo=0))
+    mtime_ns: int | None = None
+
+
+@dataclass
+class SkippedEntry(Record):
+    path: str | None = field(default=None, metadata=spec(max_len=STR))
+    reason: str = field(default="", metadata=spec(max_len=LONG))
+
+
+MAX_FILES = 1_000_000
+
+
+@dataclass
+class Manifest(Record):
+    """The regular files under one directory of a node (``worker_entry manifest``)."""
+
+    root: str = field(metadata=spec(max_len=STR))
+    exists: bool = False
+    files: list[FileEntry] = field(default_factory=list, metadata=spec(max_len=MAX_FILES))
+    skipped: list[SkippedEntry] = field(default_factory=list, metadata=spec(max_len=MAX_FILES))
+
+
+@dataclass
+class ManifestReply(Record):
+    manifests: list[Manifest] = field(metadata=spec(max_len=4096))
+    cleaned: dict[str, list[str]] | None = None
+
+    @classmethod
+    def parse_line(cls, line: bytes) -> ManifestReply:
+        try:
+            return cls.from_dict(_load_json(line, "manifest"))
+        except ProtocolError as exc:
+            raise ProtocolError(f"manifest.{exc}", exc.field) from None
+
+
+#: Messages a running task may send (MSG frames on its channel).
+NODE_MESSAGES: dict[str, type[Message]] = {
+    m.TYPE: m for m in (Hello, Heartbeat, Spawned, Started, StrategyInfo, Profile, Stopping, Exited)
+}
+#: Commands the launcher sends to a running task.
+COMMANDS: dict[str, type[Message]] = {m.TYPE: m for m in (Go, Ping, Stop)}
+#: Messages of a file transfer (``worker_entry send`` / ``receive``).
+TRANSFER_MESSAGES: dict[str, type[Message]] = {m.TYPE: m for m in (FileStart, FileEnd, FileError, Done)}
+
+
+def _load_json(payload: bytes, what: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(payload)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"{what} is not valid JSON: {str(exc)[:120]}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"{what} must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def parse(payload: bytes, table: dict[str, type[Message]], what: str = "message") -> Message:
+    """One message from a JSON payload, validated; ProtocolError naming the field otherwise."""
+    obj = _load_json(payload, what)
+    kind = obj.get("type")
+    cls = table.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        allowed = ", ".join(sorted(table))
+        raise ProtocolError(f"unknown {what} type {str(kind)[:40]!r} (allowed: {allowed})", "type")
+    try:
+        return cls.from_dict(obj)
+    except ProtocolError as exc:
+        raise ProtocolError(f"{cls.TYPE}.{exc}", f"{cls.TYPE}.{exc.field}") from None
+
+
+def parse_message(payload: bytes) -> Message:
+    return parse(payload, NODE_MESSAGES)
+
+
+def parse_command(line: bytes) -> Message:
+    if "op" in (obj := _load_json(line, "command")) and "type" not in obj:  # protocol 1 spelling
+        obj["type"] = obj.pop("op")
+        line = json.dumps(obj).encode()
+    return parse(line, COMMANDS, "command")
+
+
