@@ -106,7 +106,10 @@ def test_schema_is_json_schema_with_descriptions(capsys):
     assert main(["schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
     assert schema["$schema"].startswith("https://json-schema.org/")
-    assert set(schema["required"]) == {"version", "name", "hosts", "job"}
+    assert set(schema["required"]) == {"version", "name", "job"}
+    # hosts are required for the default scheduler (ssh); slurm and kubernetes need their sections
+    rules = {r["if"]["properties"]["scheduler"]["const"]: r["then"]["required"] for r in schema["allOf"]}
+    assert rules == {"ssh": ["hosts"], "slurm": ["slurm"], "kubernetes": ["kubernetes"]}
     host = schema["$defs"]["HostSpec"]
     assert host["additionalProperties"] is False
     assert "description" in host["properties"]["gpus"]

@@ -1,7 +1,8 @@
-"""`python -m worker_entry [run|probe|manifest|send|receive]`: the node side of tfcluster.
+"""`python -m worker_entry [run|connect|probe|manifest|send|receive]`: the node side of tfcluster.
 
-The configuration always arrives as one JSON line on stdin, never on the command line, so no
-user data ever passes through the remote login shell.
+The configuration always arrives as one JSON line on stdin (``connect``: on the socket the node
+opened back to the supervisor), never on the command line, so no user data ever passes through a
+remote login shell.
 """
 
 from __future__ import annotations
@@ -58,12 +59,16 @@ def main(argv: list[str]) -> int:
         json.dump(node_facts(config), sys.stdout)
         sys.stdout.write("\n")
         return 0
+    if mode == "connect":
+        from .connect import main as connect_main
+
+        return connect_main()
     if mode in ("manifest", "send", "receive"):
         from . import files
 
         config, rest = _read_config()
         return files.main(mode, config, rest)
-    print(f"worker_entry: unknown mode {mode!r} (run, probe, manifest, send)", file=sys.stderr)
+    print(f"worker_entry: unknown mode {mode!r} (run, connect, probe, manifest, send, receive)", file=sys.stderr)
     return 2
 
 

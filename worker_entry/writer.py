@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import os
+import select
 import threading
 import time
 
@@ -46,7 +47,11 @@ class FrameWriter(threading.Thread):
             data = memoryview(b"".join(batch))
             try:
                 while data:
-                    n = os.write(self.fd, data)
+                    try:
+                        n = os.write(self.fd, data)
+                    except BlockingIOError:  # a non-blocking socket (connect-back): wait until writable
+                        select.select([], [self.fd], [], 1.0)
+                        continue
                     data = data[n:]
             except OSError:
                 with self._cond:

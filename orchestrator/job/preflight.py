@@ -92,7 +92,7 @@ def run_preflight(spec: Any, plan: Plan, backend: Backend | None = None) -> Pref
         from ..backends.ssh import SshBackend
 
         backend = SshBackend()
-    reports = {str(n.task): HostReport(str(n.task), n.ssh.label) for n in plan.nodes}
+    reports = {str(n.task): HostReport(str(n.task), n.ssh.label if n.ssh else n.host) for n in plan.nodes}
     try:
         for d in backend.connect(plan.nodes):
             r = reports[str(d.task)]

@@ -8,6 +8,7 @@ from typing import Any
 
 from worker_entry.protocol import Env
 
+from ..core.errors import UsageError
 from ..spec import ClusterSpec
 from .model import WORKER_ENTRY_MODULE, NodePlan, Plan, Runtime, SshTarget, TaskId, bracket
 
@@ -21,38 +22,39 @@ def build_plan(
     local_user: str,
     ssh_lookup: SshLookup | None = None,
 ) -> Plan:
-    """Resolve every host's SSH target, task, TF_CONFIG and environment. Pure: same input, same plan.
+    """The plan of a spec, for its scheduler. Pure: same input, same plan."""
+    if spec.scheduler == "ssh":
+        return _ssh_plan(spec, run_id=run_id, local_user=local_user, ssh_lookup=ssh_lookup)
+    raise UsageError(f"scheduler: {spec.scheduler} is not supported by this version of tfcluster")
 
-    `ssh_lookup(address)` returns the ~/.ssh/config options for a host (paramiko's SSHConfig.lookup
-    shape: hostname, user, port, identityfile, proxycommand); explicit spec values win over it.
-    """
-    targets = [_ssh_target(spec, h, local_user, ssh_lookup) for h in spec.hosts]
-    tf_addrs = [h.tf_address or t.hostname for h, t in zip(spec.hosts, targets, strict=True)]
-    tf_ports = [h.tf_port or spec.tensorflow.port for h in spec.hosts]
-    endpoints = [f"{bracket(a)}:{p}" for a, p in zip(tf_addrs, tf_ports, strict=True)]
 
-    tasks: list[TaskId] = []
+def assign_tasks(n: int, chief: bool) -> list[TaskId]:
+    """MWMS task per slot, in order: chief:0 first when there is a chief, then worker:0, worker:1, ..."""
+    if chief:
+        return [TaskId("chief", 0)] + [TaskId("worker", i) for i in range(n - 1)]
+    return [TaskId("worker", i) for i in range(n)]
+
+
+def tf_cluster(tasks: list[TaskId], endpoints: list[str]) -> dict[str, list[str]]:
     cluster: dict[str, list[str]] = {}
-    for i, ep in enumerate(endpoints):
-        if spec.tensorflow.chief and i == 0:
-            tasks.append(TaskId("chief", 0))
-            cluster.setdefault("chief", []).append(ep)
-        else:
-            tasks.append(TaskId("worker", len(cluster.get("worker", []))))
-            cluster.setdefault("worker", []).append(ep)
+    for task, ep in zip(tasks, endpoints, strict=True):
+        cluster.setdefault(task.type, []).append(ep)
+    return cluster
 
-    gpus = spec.hosts[0].gpus
-    communication = resolve_communication(spec.tensorflow.communication, gpus)
+
+def tf_config_of(cluster: dict[str, list[str]], task: TaskId) -> dict[str, Any]:
+    return {"cluster": cluster, "task": {"type": task.type, "index": task.index}, "rpc_layer": "grpc"}
+
+
+def job_dirs(spec: ClusterSpec, run_id: str) -> tuple[str, str, str]:
+    """(per-job directory on the nodes, checkpoint dir, backup dir)."""
     job_root = f"{spec.job.remote_dir.rstrip('/')}/{run_id}"
-    checkpoint_dir = spec.checkpoint.dir or f"{job_root}/checkpoints"
-    backup_dir = spec.restart.backup_dir or f"{job_root}/backup"
+    return job_root, spec.checkpoint.dir or f"{job_root}/checkpoints", spec.restart.backup_dir or f"{job_root}/backup"
 
-    warnings = []
-    if spec.tensorflow.communication == "nccl" and gpus == 0:
-        warnings.append("communication: nccl without GPUs; TensorFlow falls back to ring with a warning")
 
+def runtime_of(spec: ClusterSpec) -> Runtime:
     hb = spec.heartbeat
-    runtime = Runtime(
+    return Runtime(
         job=spec.name,
         heartbeat_interval_s=hb.interval_s,
         heartbeat_timeout_s=hb.timeout_s,
@@ -60,18 +62,34 @@ def build_plan(
         failure_grace_s=spec.job.failure_grace_s,
         instrument=spec.job.instrument,
     )
+
+
+def _ssh_plan(spec: ClusterSpec, *, run_id: str, local_user: str, ssh_lookup: SshLookup | None) -> Plan:
+    """Resolve every host's SSH target, task, TF_CONFIG and environment.
+
+    `ssh_lookup(address)` returns the ~/.ssh/config options for a host (paramiko's SSHConfig.lookup
+    shape: hostname, user, port, identityfile, proxycommand); explicit spec values win over it.
+    """
+    hosts = spec.hosts or []
+    targets = [_ssh_target(spec, h, local_user, ssh_lookup) for h in hosts]
+    tf_addrs = [h.tf_address or t.hostname for h, t in zip(hosts, targets, strict=True)]
+    tf_ports = [h.tf_port or spec.tensorflow.port for h in hosts]
+    endpoints = [f"{bracket(a)}:{p}" for a, p in zip(tf_addrs, tf_ports, strict=True)]
+    tasks = assign_tasks(len(hosts), spec.tensorflow.chief)
+    cluster = tf_cluster(tasks, endpoints)
+    gpus = hosts[0].gpus
+    communication = resolve_communication(spec.tensorflow.communication, gpus)
+    job_root, checkpoint_dir, backup_dir = job_dirs(spec, run_id)
+    runtime = runtime_of(spec)
     nodes = []
-    for i, host in enumerate(spec.hosts):
+    for i, host in enumerate(hosts):
         task = tasks[i]
-        tf_config = {
-            "cluster": cluster,
-            "task": {"type": task.type, "index": task.index},
-            "rpc_layer": "grpc",
-        }
-        env = _node_env(spec, task, tf_config, communication, run_id, len(spec.hosts), checkpoint_dir, backup_dir)
+        tf_config = tf_config_of(cluster, task)
+        env = node_env(spec, task, tf_config, communication, run_id, len(hosts), gpus, checkpoint_dir, backup_dir)
         nodes.append(
             NodePlan(
                 task=task,
+                host=host.address,
                 ssh=targets[i],
                 tf_address=tf_addrs[i],
                 tf_port=tf_ports[i],
@@ -92,8 +110,15 @@ def build_plan(
         run_id=run_id,
         communication=communication,
         nodes=tuple(nodes),
-        warnings=tuple(warnings),
+        warnings=tuple(plan_warnings(spec, gpus)),
+        scheduler=spec.scheduler,
     )
+
+
+def plan_warnings(spec: ClusterSpec, gpus: int) -> list[str]:
+    if spec.tensorflow.communication == "nccl" and gpus == 0:
+        return ["communication: nccl without GPUs; TensorFlow falls back to ring with a warning"]
+    return []
 
 
 def resolve_communication(setting: str, gpus: int) -> str:
@@ -103,23 +128,26 @@ def resolve_communication(setting: str, gpus: int) -> str:
     return setting
 
 
-def _node_env(
+def node_env(
     spec: ClusterSpec,
     task: TaskId,
-    tf_config: dict,
+    tf_config: dict | None,
     communication: str,
     run_id: str,
     num_tasks: int,
+    gpus: int,
     checkpoint_dir: str,
     backup_dir: str,
 ) -> dict[str, str]:
+    """The environment of a task's training command (TF_CONFIG omitted when the node builds it)."""
     is_chief = task.type == "chief" or (task.type == "worker" and task.index == 0 and not spec.tensorflow.chief)
     hb = spec.heartbeat
     env: dict[str, str] = {
         # Lines must reach the launcher as they are printed, not when a 8 KiB buffer fills.
         "PYTHONUNBUFFERED": "1",
-        Env.TF_CONFIG: json.dumps(tf_config, separators=(",", ":")),
     }
+    if tf_config is not None:
+        env[Env.TF_CONFIG] = json.dumps(tf_config, separators=(",", ":"))
     if spec.tensorflow.legacy_keras:
         env[Env.LEGACY_KERAS] = "1"
     env.update(
@@ -130,7 +158,7 @@ def _node_env(
             Env.TASK_INDEX: str(task.index),
             Env.NUM_TASKS: str(num_tasks),
             Env.IS_CHIEF: "1" if is_chief else "0",
-            Env.NUM_GPUS: str(spec.hosts[0].gpus),
+            Env.NUM_GPUS: str(gpus),
             Env.COMMUNICATION: communication,
             Env.CHECKPOINT_DIR: checkpoint_dir,
             Env.BACKUP_DIR: backup_dir,

@@ -82,7 +82,8 @@ class NodePlan:
     """The blueprint of one task (what runs where); the live task is the supervisor's business."""
 
     task: TaskId
-    ssh: SshTarget
+    host: str  # where it runs, as the user names it: the spec address (ssh) or a scheduler slot
+    ssh: SshTarget | None  # how the launcher reaches it over SSH (None: a scheduler starts it)
     tf_address: str
     tf_port: int
     gpus: int
@@ -95,10 +96,6 @@ class NodePlan:
     checkpoint_dir: str
     backup_dir: str
     runtime: Runtime
-
-    @property
-    def host(self) -> str:
-        return self.ssh.address
 
     @property
     def is_chief(self) -> bool:
@@ -137,9 +134,11 @@ class NodePlan:
     def to_dict(self, *, show_secrets: bool = False) -> dict[str, Any]:
         return {
             "host": self.host,
-            "ssh_host": self.ssh.hostname,
-            "ssh_port": self.ssh.port,
-            "user": self.ssh.user,
+            **(
+                {"ssh_host": self.ssh.hostname, "ssh_port": self.ssh.port, "user": self.ssh.user}
+                if self.ssh is not None
+                else {}
+            ),
             "task": {"type": self.task.type, "index": self.task.index},
             "tf_address": f"{bracket(self.tf_address)}:{self.tf_port}",
             "gpus": self.gpus,
@@ -162,6 +161,7 @@ class Plan:
     communication: str
     nodes: tuple[NodePlan, ...]
     warnings: tuple[str, ...] = field(default=())
+    scheduler: str = "ssh"
 
     @property
     def chief(self) -> NodePlan:
@@ -175,6 +175,7 @@ class Plan:
             "job": self.job,
             "run_id": self.run_id,
             "communication": self.communication,
+            "scheduler": self.scheduler,
             "nodes": [n.to_dict(show_secrets=show_secrets) for n in self.nodes],
             "warnings": list(self.warnings),
         }

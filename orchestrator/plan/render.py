@@ -17,7 +17,7 @@ def plan_text(plan: Plan, *, show_secrets: bool = False) -> str:
             (
                 str(n.task),
                 n.host,
-                f"{n.ssh.user}@{n.ssh.hostname}:{n.ssh.port}",
+                f"{n.ssh.user}@{n.ssh.hostname}:{n.ssh.port}" if n.ssh else "-",
                 f"{n.tf_address}:{n.tf_port}",
                 str(n.gpus),
             )

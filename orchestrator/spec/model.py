@@ -20,6 +20,8 @@ from pydantic import (
     field_validator,
 )
 
+from .scheduler import KubernetesSpec, SlurmSpec
+
 JOB_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 HOSTNAME_RE = re.compile(
@@ -269,7 +271,17 @@ class ClusterSpec(_Model):
         frozen=True,
         extra="forbid",
         title="tfcluster cluster spec",
-        json_schema_extra={"$schema": "https://json-schema.org/draft/2020-12/schema"},
+        json_schema_extra={
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            # Each scheduler needs its own section (tfcluster validate says so at the right line).
+            "allOf": [
+                {
+                    "if": {"properties": {"scheduler": {"const": kind}}, **({} if kind == "ssh" else {"required": ["scheduler"]})},
+                    "then": {"required": [section]},
+                }
+                for kind, section in (("ssh", "hosts"), ("slurm", "slurm"), ("kubernetes", "kubernetes"))
+            ],
+        },
     )
 
     version: Literal[1] = Field(description="Spec format version. Only 1 exists.")
@@ -277,8 +289,17 @@ class ClusterSpec(_Model):
         description="Job name: lowercase letters, digits and '-', 1-63 characters, starting with a letter or digit.",
         json_schema_extra={"pattern": JOB_NAME_RE.pattern},
     )
+    scheduler: Literal["ssh", "slurm", "kubernetes"] = Field(
+        "ssh",
+        description="Who starts the tasks: ssh (the launcher, on `hosts`), slurm (`slurm:` section) or "
+        "kubernetes (`kubernetes:` section).",
+    )
     ssh: SshSpec = Field(default_factory=SshSpec)
-    hosts: list[HostSpec] = Field(min_length=1, description="One MWMS task per host, in this order.")
+    hosts: list[HostSpec] | None = Field(
+        None, min_length=1, description="scheduler ssh: one MWMS task per host, in this order."
+    )
+    slurm: SlurmSpec | None = Field(None, description="scheduler slurm: the allocation and how to run in it.")
+    kubernetes: KubernetesSpec | None = Field(None, description="scheduler kubernetes: the pods to run.")
     tensorflow: TensorflowSpec = Field(default_factory=TensorflowSpec)
     job: JobSpec
     heartbeat: HeartbeatSpec = Field(default_factory=HeartbeatSpec)

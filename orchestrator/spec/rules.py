@@ -36,6 +36,7 @@ def cross_field_problems(data: dict, filename: str, positions: Positions) -> lis
     def add(loc: tuple, message: str, severity: Severity = "error") -> None:
         out.append(Diagnostic.at(filename, positions.line_of(loc), format_path(loc), message, severity))
 
+    out.extend(_scheduler_problems(data, filename, positions))
     hosts = _get(data, "hosts")
     hosts = hosts if isinstance(hosts, list) else []
     ssh = _get(data, "ssh", {})
@@ -121,5 +122,52 @@ def cross_field_problems(data: dict, filename: str, positions: Positions) -> lis
             ("tensorflow", "communication"),
             "nccl needs GPUs but every host has gpus: 0; TensorFlow will fall back with a warning (use auto or ring)",
             "warning",
+        )
+    return out
+
+
+SCHEDULER_SECTIONS = {"ssh": "hosts", "slurm": "slurm", "kubernetes": "kubernetes"}
+
+
+def _scheduler_problems(data: dict, filename: str, positions: Positions) -> list[Diagnostic]:
+    """Each scheduler needs its own section and no other's (a `hosts:` list under Slurm is a mistake)."""
+    scheduler = _get(data, "scheduler", "ssh")
+    if scheduler not in SCHEDULER_SECTIONS:
+        return []  # the field's own check reports it
+    out = []
+    own = SCHEDULER_SECTIONS[scheduler]
+    if _get(data, own) is None:
+        what = {"hosts": "a list of hosts, each with an address", "slurm": "a slurm: section (at least nodes)",
+                "kubernetes": "a kubernetes: section (at least image and workers)"}[own]
+        out.append(
+            Diagnostic.at(
+                filename,
+                positions.line_of((own,)),
+                own,
+                f"required{'' if scheduler == 'ssh' else f' with scheduler: {scheduler}'}: {what}",
+            )
+        )
+    for other in SCHEDULER_SECTIONS.values():
+        if other != own and _get(data, other) is not None:
+            out.append(
+                Diagnostic.at(
+                    filename,
+                    positions.line_of((other,), key=True),
+                    other,
+                    f"not used with scheduler: {scheduler} (it uses {own}:); remove it, or set scheduler: "
+                    + next(k for k, v in SCHEDULER_SECTIONS.items() if v == other),
+                )
+            )
+    slurm = _get(data, "slurm")
+    gpus, per_node = _get(slurm, "gpus_per_node", 0), _get(slurm, "tasks_per_node", 1)
+    if scheduler == "slurm" and isinstance(gpus, int) and isinstance(per_node, int) and per_node > 0 and gpus % per_node:
+        out.append(
+            Diagnostic.at(
+                filename,
+                positions.line_of(("slurm", "gpus_per_node")),
+                "slurm.gpus_per_node",
+                f"{gpus} GPUs per node do not split evenly among {per_node} tasks per node; MWMS needs the same "
+                "number of GPUs on every task",
+            )
         )
     return out

@@ -146,6 +146,8 @@ class Supervisor:
 
     def _on_channel(self, s: TaskSession, item: ChannelReady) -> None:
         if item.channel is None:
+            if s.channel is not None or s.state.is_terminal:
+                return  # it is up already (or given up on): a late error of the launcher is moot
             s.state = TaskState.NOT_STARTED
             self.monitor.on_terminal(s.task)
             self._fail(Failure("spawn", f"cannot start worker_entry: {item.error}", time.time(), s.task, s.host))

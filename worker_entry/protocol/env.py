@@ -29,6 +29,9 @@ class Env:
     PROFILE_DEBUG = "TFCLUSTER_PROFILE_DEBUG"
     PROGRESS_FD = "TFCLUSTER_PROGRESS_FD"
     DEBUG = "TFCLUSTER_DEBUG"  # launcher: show tracebacks of internal errors (like --debug)
+    CONNECT = "TFCLUSTER_CONNECT"  # connect-back: the supervisor's HOST:PORT
+    SECRET = "TFCLUSTER_SECRET"  # connect-back: the run's secret (hex); removed before the command starts
+    RANK = "TFCLUSTER_RANK"  # connect-back: which task this node is (0-based, in plan order)
     PREFIX = "TFCLUSTER_"
 
 

@@ -25,6 +25,8 @@ class HostFailure:
 
 def make_connection(node: NodePlan, keys: KeyCache) -> SshConnection:
     t = node.ssh
+    if t is None:
+        raise ConnectFailure("ssh", f"{node.task} has no SSH target (scheduler plan)")
     return SshConnection(
         hostname=t.hostname,
         port=t.port,
@@ -64,7 +66,7 @@ def connect_all(
                 conns[str(node.task)] = conn
             else:
                 assert err is not None
-                failures.append(HostFailure(str(node.task), node.ssh.label, err))
+                failures.append(HostFailure(str(node.task), node.ssh.label if node.ssh else node.host, err))
     return conns, failures, time.monotonic() - t0
 
 

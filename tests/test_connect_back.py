@@ -1,0 +1,183 @@
+"""Connect-back channels: real worker_entry processes dial a real supervisor over TCP (no scheduler).
+
+The same supervisor runs tasks over these sockets as over SSH channels; only nodes holding the run's
+secret for an expected rank get in, and a node refuses a supervisor that does not hold it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from fakenode import make_plan
+from test_supervisor import Recorder
+
+from orchestrator.backends.tcp import ConnectBackBackend, ConnectBackServer
+from orchestrator.core.states import JobState, TaskState
+from orchestrator.events import EventBus
+from orchestrator.supervise import Interrupt, Supervisor
+from worker_entry import protocol as p
+from worker_entry.connect import HandshakeError, connect_back, mac
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class LocalNodes(ConnectBackBackend):
+    """A stand-in scheduler: starts every task as a local `python -m worker_entry connect` process."""
+
+    name = "local-connect-back"
+
+    def __init__(self) -> None:
+        super().__init__(bind=("127.0.0.1", 0))
+        self.procs: list[subprocess.Popen] = []
+
+    def launch(self, starts) -> None:
+        for rank, _ in enumerate(starts):
+            env = {**os.environ, **self.connect_env(), p.Env.RANK: str(rank), "PYTHONPATH": str(REPO)}
+            self.procs.append(
+                subprocess.Popen([sys.executable, "-m", "worker_entry", "connect"], env=env, stderr=subprocess.PIPE)
+            )
+
+    def close(self) -> None:
+        super().close()
+        for proc in self.procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def run_over_sockets(command, n=2, **sections):
+    loaded, plan = make_plan(n, job={"command": command, "startup_timeout_s": 60}, **sections)
+    backend = LocalNodes()
+    rec = Recorder()
+    sup = Supervisor(
+        loaded.spec, plan, backend, attempt=0, bus=EventBus([rec]), logs=rec, heartbeats=rec, interrupt=Interrupt()
+    )
+    try:
+        res = sup.run()
+    finally:
+        backend.close()
+    return res, rec, backend
+
+
+def test_tasks_run_over_connect_back_channels_and_never_see_the_secret():
+    code = (
+        "import os, json; print(json.dumps({'task': os.environ['TFCLUSTER_TASK_INDEX'], "
+        "'secret': os.environ.get('TFCLUSTER_SECRET'), 'tf': 'TF_CONFIG' in os.environ}))"
+    )
+    res, rec, backend = run_over_sockets([sys.executable, "-c", code])
+    assert res.state == JobState.SUCCEEDED, res.root_cause
+    for i in range(2):
+        line = json.loads(rec.lines[f"worker:{i}"].decode().strip().splitlines()[-1])
+        assert line == {"task": str(i), "secret": None, "tf": True}
+    assert [e.event for e in rec.events].count("task_ready") == 2
+    assert backend.rejected() == []
+    assert all(proc.returncode == 0 for proc in backend.procs)
+
+
+def test_a_failing_task_over_a_socket_tears_the_other_down():
+    code = "import os, sys, time; i = int(os.environ['TFCLUSTER_TASK_INDEX']); time.sleep(0.5); sys.exit(3 if i == 1 else 0) if i == 1 else time.sleep(60)"
+    res, _, backend = run_over_sockets([sys.executable, "-c", code])
+    assert res.root_cause.task == "worker:1" and res.root_cause.exit_code == 3
+    assert res.tasks["worker:0"].state == TaskState.STOPPED
+    assert all(proc.returncode is not None for proc in backend.procs)
+
+
+@pytest.fixture
+def server():
+    srv = ConnectBackServer(b"s" * 32, bind=("127.0.0.1", 0))
+    got: list = []
+    config = p.NodeConfig(argv=["true"], remote_dir="/tmp/x")
+    srv.expect({0: ("worker:0", config), 1: ("worker:1", config)}, lambda task, chan: got.append((task, chan)))
+    srv.got = got
+    yield srv
+    srv.close()
+    for _, chan in got:
+        chan.close()
+
+
+def _wait(pred) -> None:
+    import time
+
+    for _ in range(500):
+        if pred():
+            return
+        time.sleep(0.01)
+
+
+def _wait_rejected(srv, n):
+    _wait(lambda: len(srv.rejected) >= n)
+
+
+def test_the_right_secret_and_rank_get_their_config(server):
+    sock, line = connect_back(("127.0.0.1", server.port), b"s" * 32, 1)
+    sock.close()
+    assert p.NodeConfig.parse_line(line).argv == ["true"]
+    _wait(lambda: server.got)  # delivered right after the config is sent
+    assert [t for t, _ in server.got] == ["worker:1"]
+
+
+@pytest.mark.parametrize(
+    ("secret", "rank", "why"),
+    [(b"x" * 32, 0, "wrong secret"), (b"s" * 32, 7, "rank 7 is not a task of this run")],
+)
+def test_a_wrong_secret_or_an_unknown_rank_is_refused(server, secret, rank, why):
+    with pytest.raises(HandshakeError):
+        connect_back(("127.0.0.1", server.port), secret, rank)
+    _wait_rejected(server, 1)
+    assert why in server.rejected[0][1] and server.got == []
+
+
+def test_a_rank_connects_once(server):
+    sock, _ = connect_back(("127.0.0.1", server.port), b"s" * 32, 0)
+    _wait(lambda: server.got)
+    with pytest.raises(HandshakeError):
+        connect_back(("127.0.0.1", server.port), b"s" * 32, 0)
+    sock.close()
+    _wait_rejected(server, 1)
+    assert "already connected" in server.rejected[0][1] and len(server.got) == 1
+
+
+def test_garbage_and_silence_are_refused_without_harm(server):
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.recv(4096)
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n" + b"\xff" * 10000)
+        try:
+            assert s.recv(4096) == b""  # closed on us
+        except ConnectionResetError:
+            pass  # closed with unread data: a reset, also closed on us
+    _wait_rejected(server, 1)
+    assert server.rejected[0][1] in ("not a tfcluster node", "handshake line too long")
+    assert server.got == []
+
+
+def test_the_node_refuses_a_supervisor_without_the_secret():
+    """Mutual: a node only runs what a supervisor holding the run's secret tells it."""
+    lsock = socket.create_server(("127.0.0.1", 0))
+    port = lsock.getsockname()[1]
+
+    def impostor() -> None:
+        conn, _ = lsock.accept()
+        with conn:
+            conn.sendall(json.dumps({"tfcluster": "connect", "v": 1, "nonce": "a" * 64}).encode() + b"\n")
+            answer = json.loads(conn.makefile().readline())
+            forged = mac(b"not-the-secret-at-all", b"supervisor", answer["nonce"], "a" * 64, answer["rank"])
+            conn.sendall(json.dumps({"ok": True, "mac": forged}).encode() + b"\n")
+            conn.sendall(b'{"argv":["rm","-rf","/"],"remote_dir":"/"}\n')
+
+    t = threading.Thread(target=impostor)
+    t.start()
+    try:
+        with pytest.raises(HandshakeError, match="does not hold this run's secret"):
+            connect_back(("127.0.0.1", port), b"s" * 32, 0)
+    finally:
+        t.join(5)
+        lsock.close()
