@@ -34,11 +34,11 @@ ORCHESTRATOR_LAYERS = [
 #: worker_entry, lowest first (the protocol at the bottom; the entry point at the top).
 WORKER_ENTRY_LAYERS = [
     ["protocol"],
-    ["progress", "sysinfo", "files", "writer", "child", "trace_events"],
+    ["progress", "sysinfo", "files", "writer", "child", "trace_events", "hostlist"],
     ["output", "profiling", "strategy"],
     ["runner", "stamps"],
     ["stepclock", "connect"],
-    ["keras_callback"],
+    ["keras_callback", "slurm"],
     ["instrument", "examples", "_site"],
     ["__main__"],
 ]

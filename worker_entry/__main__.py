@@ -1,4 +1,4 @@
-"""`python -m worker_entry [run|connect|probe|manifest|send|receive]`: the node side of tfcluster.
+"""`python -m worker_entry [run|connect|slurm|probe|manifest|send|receive]`: the node side of tfcluster.
 
 The configuration always arrives as one JSON line on stdin (``connect``: on the socket the node
 opened back to the supervisor), never on the command line, so no user data ever passes through a
@@ -63,12 +63,16 @@ def main(argv: list[str]) -> int:
         from .connect import main as connect_main
 
         return connect_main()
+    if mode == "slurm":
+        from .slurm import main as slurm_main
+
+        return slurm_main()
     if mode in ("manifest", "send", "receive"):
         from . import files
 
         config, rest = _read_config()
         return files.main(mode, config, rest)
-    print(f"worker_entry: unknown mode {mode!r} (run, connect, probe, manifest, send, receive)", file=sys.stderr)
+    print(f"worker_entry: unknown mode {mode!r} (run, connect, slurm, probe, manifest, send, receive)", file=sys.stderr)
     return 2
 
 

@@ -32,6 +32,7 @@ class Env:
     CONNECT = "TFCLUSTER_CONNECT"  # connect-back: the supervisor's HOST:PORT
     SECRET = "TFCLUSTER_SECRET"  # connect-back: the run's secret (hex); removed before the command starts
     RANK = "TFCLUSTER_RANK"  # connect-back: which task this node is (0-based, in plan order)
+    SLURM_NODE_ADDRS = "TFCLUSTER_SLURM_NODE_ADDRS"  # slurm: NAME=ADDR,... of the allocation's nodes (NodeAddr)
     PREFIX = "TFCLUSTER_"
 
 
