@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 import pytest
 
-pytest_plugins = ["testbed_fixtures"]
+pytest_plugins = ["testbed_fixtures", "slurm_fixtures"]
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = REPO / "tests" / "workloads"

@@ -1,0 +1,142 @@
+"""Pytest fixtures for a real Slurm on this machine (``tfcluster_testbed.slurm.LocalSlurm``).
+
+``local_slurm`` (session scope): munged, slurmctld and slurmd n1..n3 under a scratch directory, with
+their own ports and cluster name; skipped with the reason when the packages (or root) are missing.
+Every test that uses it gets a clean queue and must leave no job process behind (``slurm`` fixture:
+function scope, checks and cancels after each test). At the end of the session the daemons are
+stopped by PID and the directory removed; the teardown fails if it had to kill anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tfcluster_testbed import slurm as ls
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+@pytest.fixture(scope="session")
+def local_slurm() -> Iterator[ls.LocalSlurm]:
+    ok, why = ls.available()
+    if not ok:
+        pytest.skip(why)
+    cluster = ls.LocalSlurm().start()
+    try:
+        yield cluster
+    finally:
+        killed = cluster.stop()
+    assert not killed, f"the local Slurm had to kill leftovers at teardown: {killed}"
+
+
+@pytest.fixture
+def slurm(local_slurm: ls.LocalSlurm) -> Iterator[ls.LocalSlurm]:
+    """The session's Slurm, checked empty after the test (no job, no task process left)."""
+    yield local_slurm
+    left_jobs = local_slurm.jobs()
+    deadline = time.monotonic() + 15
+    procs = local_slurm.processes()
+    while (procs or local_slurm.jobs()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        procs = local_slurm.processes()
+    leftover = [f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in procs if _alive(p)]
+    local_slurm.cancel_all()
+    for p in procs:
+        try:
+            p.kill()
+        except Exception:
+            pass
+    assert not left_jobs, f"jobs left in the queue: {left_jobs}"
+    assert not leftover, f"processes of Slurm jobs left: {leftover}"
+
+
+def _alive(p: Any) -> bool:
+    try:
+        return p.status() != "zombie"
+    except Exception:
+        return False
+
+
+def env_for(cluster: ls.LocalSlurm, **extra: str) -> dict[str, str]:
+    """The login node's environment: this cluster, this checkout, no colours."""
+    env = cluster.env()
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["NO_COLOR"] = "1"
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.update(extra)
+    return env
+
+
+def write_spec(path: Path, name: str, command: list[str], slurm: dict[str, Any] | None = None, **sections: Any) -> Path:
+    doc: dict[str, Any] = {
+        "version": 1,
+        "name": name,
+        "scheduler": "slurm",
+        "slurm": {"nodes": 3, **(slurm or {})},
+        "job": {"command": command, "startup_timeout_s": 90, "remote_dir": str(path.parent / "remote")},
+        "heartbeat": {"profile_interval_s": 0},
+    }
+    for key, value in sections.items():
+        doc[key] = {**doc.get(key, {}), **value} if isinstance(value, dict) else value
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def start(cluster: ls.LocalSlurm, argv: list[str], cwd: Path, **extra: str) -> subprocess.Popen:
+    return subprocess.Popen(argv, env=env_for(cluster, **extra), cwd=str(cwd), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def launch_argv(spec: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [PY, "-m", "orchestrator", "launch", str(spec), "--run-dir", str(run_dir), *extra]
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise AssertionError(f"launcher did not finish within {timeout}s\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}") from None
+    return proc.returncode, out, err
+
+
+def events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def result(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "result.json").read_text())
+
+
+def cli(cluster: ls.LocalSlurm, cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "orchestrator", *args], env=env_for(cluster), cwd=str(cwd), capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+def wait_for(pred: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)

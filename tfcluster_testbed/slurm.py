@@ -1,0 +1,308 @@
+"""A real Slurm on this one machine: munged, slurmctld and three slurmd (``n1``..``n3``).
+
+Used by the tests and the benchmarks of tfcluster's Slurm backend. Everything lives under one scratch
+directory — munge key and socket, slurm.conf, state, spools, logs, pid files — with its own cluster
+name and free ports, so several clusters (other engineers' test runs) can share the machine.
+:meth:`LocalSlurm.stop` cancels every job of this cluster, stops the daemons by PID (never by name
+or pattern), kills any process still carrying this cluster's ``SLURM_CONF`` in its environment (a
+task that escaped its step), and removes the directory. Needs Debian's ``slurm-wlm`` and ``munge``
+and root (slurmd runs tasks as their submitter; munged and slurmd as root here).
+
+Facts this relies on (measured: ``../shared/notes/slurm-on-one-machine.md``): several slurmd on one
+host with ``NodeAddr=127.0.0.1`` and distinct ``Port=``; three tasks on a node with CPUs=2 need
+``--overcommit`` (so nodes declare 4 CPUs with ``SlurmdParameters=config_overrides``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+from .base import TestbedError
+
+SLURM_BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol", "squeue", "scancel")
+DIR_PREFIX = "tfcluster-slurm-"
+NODES = ("n1", "n2", "n3")
+
+
+def missing_binaries() -> list[str]:
+    """The Slurm/munge programs this machine lacks (empty: a local cluster can be started)."""
+    found = []
+    for name in SLURM_BINARIES:
+        if shutil.which(name) is None and not os.path.exists(f"/usr/sbin/{name}"):
+            found.append(name)
+    return found
+
+
+def available() -> tuple[bool, str]:
+    """(can start, why not)."""
+    missing = missing_binaries()
+    if missing:
+        return False, f"Slurm is not installed (missing {', '.join(missing)}; apt-get install slurm-wlm munge)"
+    if os.getuid() != 0:
+        return False, "a local Slurm needs root (munged and slurmd run as root here)"
+    return True, ""
+
+
+def _sbin(name: str) -> str:
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports outside the ephemeral range (kept bound while choosing)."""
+    socks, ports = [], []
+    try:
+        rng = int.from_bytes(os.urandom(2), "big")
+        candidate = 20000 + rng % 9000
+        while len(ports) < n:
+            candidate = 20000 + (candidate - 20000 + 7) % 9000
+            s = socket.socket()
+            try:
+                s.bind(("0.0.0.0", candidate))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+            ports.append(candidate)
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+class LocalSlurm:
+    """slurmctld + slurmd n1..n3 on this machine, all state under ``self.dir``."""
+
+    def __init__(
+        self, *, cpus: int = 4, kill_wait_s: int = 5, cred_expire_s: int = 10, extra_conf: Sequence[str] = ()
+    ) -> None:
+        self.name = "tfc" + uuid.uuid4().hex[:8]
+        self.cpus = cpus
+        self.kill_wait_s = kill_wait_s
+        self.cred_expire_s = cred_expire_s  # also how long a requeued job waits before it may start again
+        self.extra_conf = list(extra_conf)
+        self.dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX))
+        os.chmod(self.dir, 0o755)  # slurmd reads the conf; tasks run as the submitter
+        self.conf = self.dir / "slurm.conf"
+        self.munge_socket = self.dir / "munge" / "munge.socket"
+        self.nodes = NODES
+        self.procs: list[subprocess.Popen] = []
+        self.started = False
+
+    # --- environment for clients ------------------------------------------------------------
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """An environment in which sbatch/srun/squeue/scontrol talk to this cluster."""
+        env = dict(os.environ if base is None else base)
+        env["SLURM_CONF"] = str(self.conf)
+        for k in [k for k in env if k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")) and k != "SLURM_CONF"]:
+            del env[k]  # a test run from inside another allocation must not leak its job into ours
+        return env
+
+    def run(self, argv: Sequence[str], timeout: float = 30, check: bool = True, **kw) -> subprocess.CompletedProcess:
+        proc = subprocess.run(list(argv), env=kw.pop("env", None) or self.env(), capture_output=True, text=True,
+                              timeout=timeout, **kw)  # fmt: skip
+        if check and proc.returncode != 0:
+            raise TestbedError(f"{' '.join(argv)}: rc {proc.returncode}: {proc.stderr.strip()[:500]}")
+        return proc
+
+    # --- start -----------------------------------------------------------------------------------
+
+    def start(self) -> LocalSlurm:
+        ok, why = available()
+        if not ok:
+            raise TestbedError(why)
+        try:
+            self._start_munge()
+            self._write_conf()
+            self._start_daemons()
+            self._wait_idle()
+        except BaseException:
+            self.stop()
+            raise
+        self.started = True
+        return self
+
+    def _start_munge(self) -> None:
+        mdir = self.dir / "munge"
+        mdir.mkdir(mode=0o700)
+        key = mdir / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o400)
+        argv = [
+            _sbin("munged"), "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
+            f"--log-file={mdir / 'munged.log'}", f"--pid-file={mdir / 'munged.pid'}",
+            f"--seed-file={mdir / 'munged.seed'}", "--foreground",
+        ]  # fmt: skip
+        self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self._wait_for(lambda: self.munge_socket.exists(), 10, "munged did not create its socket")
+        os.chmod(mdir, 0o755)  # clients (tasks of other users) reach the socket
+
+    def _write_conf(self) -> None:
+        d = self.dir
+        ctld_port, *node_ports = _free_ports(1 + len(self.nodes))
+        host = socket.gethostname()
+        for sub in ("state", "log", "spool", *(f"spool/{n}" for n in self.nodes)):
+            (d / sub).mkdir(exist_ok=True)
+        lines = [
+            f"ClusterName={self.name}",
+            f"SlurmctldHost={host}(127.0.0.1)",
+            f"SlurmctldPort={ctld_port}",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={self.munge_socket},cred_expire={self.cred_expire_s}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            f"StateSaveLocation={d / 'state'}",
+            f"SlurmdSpoolDir={d / 'spool'}/%n",
+            f"SlurmctldPidFile={d / 'slurmctld.pid'}",
+            f"SlurmdPidFile={d / 'slurmd-%n.pid'}",
+            f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}",
+            f"SlurmdLogFile={d / 'log' / 'slurmd-%n.log'}",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "MpiDefault=none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "AccountingStorageType=accounting_storage/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "JobCompType=jobcomp/none",
+            "ReturnToService=2",
+            f"KillWait={self.kill_wait_s}",
+            "SlurmdParameters=config_overrides",
+            "MailProg=/bin/true",
+            "SlurmctldTimeout=10",
+            "SlurmdTimeout=30",
+            "InactiveLimit=0",
+            "MinJobAge=300",
+            "SchedulerParameters=sched_interval=1",
+            *self.extra_conf,
+        ]
+        for name, port in zip(self.nodes, node_ports, strict=True):
+            lines.append(
+                f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={self.cpus} State=UNKNOWN"
+            )
+        lines.append(f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP")
+        self.conf.write_text("\n".join(lines) + "\n")
+        os.chmod(self.conf, 0o644)
+
+    def _start_daemons(self) -> None:
+        env = self.env()
+        log = open(self.dir / "log" / "daemons.out", "ab")  # noqa: SIM115 - held by the children
+        try:
+            self.procs.append(subprocess.Popen([_sbin("slurmctld"), "-D", "-i", "-f", str(self.conf)], env=env,
+                                               stdout=log, stderr=log))  # fmt: skip
+            for n in self.nodes:
+                self.procs.append(subprocess.Popen([_sbin("slurmd"), "-D", "-N", n, "-f", str(self.conf)], env=env,
+                                                   stdout=log, stderr=log))  # fmt: skip
+        finally:
+            log.close()
+
+    def _wait_idle(self, timeout: float = 30) -> None:
+        def idle() -> bool:
+            for p in self.procs:
+                if p.poll() is not None:
+                    raise TestbedError(f"{p.args[0]} exited with {p.returncode}; see {self.dir / 'log'}")
+            out = self.run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False, timeout=10)
+            states = dict(line.split() for line in out.stdout.splitlines() if len(line.split()) == 2)
+            return out.returncode == 0 and all(states.get(n) == "idle" for n in self.nodes)
+
+        self._wait_for(idle, timeout, "the Slurm nodes did not become idle")
+
+    @staticmethod
+    def _wait_for(pred, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pred():
+                return
+            time.sleep(0.1)
+        raise TestbedError(what)
+
+    # --- use -------------------------------------------------------------------------------------
+
+    def jobs(self) -> list[str]:
+        out = self.run(["squeue", "-h", "-o", "%i"], check=False)
+        return out.stdout.split()
+
+    def cancel_all(self, timeout: float = 30) -> None:
+        """scancel every job of this cluster and wait until the queue is empty."""
+        if not self.conf.exists():
+            return
+        self.run(["scancel", "--full", "-u", str(os.getuid())], check=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.jobs():
+            time.sleep(0.2)
+
+    def processes(self) -> list[psutil.Process]:
+        """Processes (other than our daemons) that carry this cluster's SLURM_CONF: jobs' processes."""
+        mine = {p.pid for p in self.procs}
+        for p in self.procs:  # slurmctld's own helpers (slurmscriptd) are daemons too
+            with contextlib.suppress(psutil.Error):
+                mine.update(c.pid for c in psutil.Process(p.pid).children(recursive=True) if c.name() != "slurmstepd")
+        needle = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for p in psutil.process_iter():
+            if p.pid in mine or p.pid == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{p.pid}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        found.append(p)
+            except OSError:
+                continue
+        return found
+
+    def stepds(self) -> list[psutil.Process]:
+        """slurmstepd processes of this cluster (their parent is gone; they hold our spool dir open)."""
+        spool = str(self.dir / "spool")
+        found = []
+        for p in psutil.process_iter(["name"]):
+            if p.info["name"] != "slurmstepd":
+                continue
+            with contextlib.suppress(psutil.Error, OSError):
+                if any(str(f.path).startswith(spool) for f in p.open_files()) or str(p.cwd()).startswith(spool):
+                    found.append(p)
+        return found
+
+    # --- stop ------------------------------------------------------------------------------------
+
+    def stop(self) -> list[str]:
+        """Cancel all jobs, stop the daemons by PID, kill leftovers; returns what had to be killed."""
+        killed: list[str] = []
+        with contextlib.suppress(Exception):
+            if self.procs and all(p.poll() is None for p in self.procs):
+                self.cancel_all()
+        for p in reversed(self.procs):  # slurmd first, then slurmctld, then munged
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(self.procs):
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                killed.append(f"daemon {p.args[0]} (pid {p.pid}) ignored SIGTERM")
+        for p in self.processes() + self.stepds():
+            with contextlib.suppress(psutil.Error):
+                killed.append(f"pid {p.pid} {' '.join(p.cmdline())[:120]}")
+                p.kill()
+        self.procs = []
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return killed
+
+    def __enter__(self) -> LocalSlurm:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
