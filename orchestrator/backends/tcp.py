@@ -133,6 +133,11 @@ class ConnectBackServer:
             self.connected = set()
             self._deliver = deliver
 
+    def connected_ranks(self) -> set[int]:
+        """Ranks that authenticated in the current ``expect`` round."""
+        with self._lock:
+            return set(self.connected)
+
     def _accept_loop(self) -> None:
         while not self._closed:
             try:

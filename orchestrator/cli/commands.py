@@ -78,6 +78,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     command = list(args.cmd) or None
     loaded, plan = load_plan(args.spec, _run_id_from_dir(args.run_dir), command)
+    if plan.scheduler == "slurm":
+        from .slurm import launch_slurm
+
+        return launch_slurm(args, loaded, plan)
     result = launch(
         loaded,
         plan,

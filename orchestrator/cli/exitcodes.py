@@ -48,6 +48,15 @@ STATE_EXIT_CODES = {
 
 
 def exit_code_for(result: RunResult) -> int:
-    if result.state == JobState.SUCCEEDED and result.gather_error:
+    return exit_code_for_state(result.state.value, bool(result.gather_error))
+
+
+def exit_code_for_state(state: str, gather_error: bool = False) -> int:
+    """The exit code of a final state as result.json spells it (a run followed from a Slurm login node)."""
+    try:
+        js = JobState(state)
+    except ValueError:
+        return EXIT_JOB_FAILED
+    if js == JobState.SUCCEEDED and gather_error:
         return EXIT_GATHER
-    return STATE_EXIT_CODES.get(result.state, EXIT_JOB_FAILED)
+    return STATE_EXIT_CODES.get(js, EXIT_JOB_FAILED)

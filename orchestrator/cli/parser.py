@@ -180,4 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--run-dir", help="run directory (default: ./runs/demo-<UTC timestamp>)")
     p.set_defaults(func=c.cmd_demo)
+
+    from .slurm import cmd_slurm_batch
+
+    # Hidden: the one line of the batch script tfcluster submits (RUN/slurm/job.sh), not for users.
+    p = sub.add_parser("slurm-batch", help="(internal)")
+    p.add_argument("run", metavar="RUN")
+    p.set_defaults(func=cmd_slurm_batch)
+    sub._choices_actions = [a for a in sub._choices_actions if a.dest != "slurm-batch"]  # not in --help
     return parser

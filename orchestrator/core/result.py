@@ -22,6 +22,7 @@ FAILURE_KINDS = frozenset(
         "protocol",  # the node sent something the protocol does not allow
         "connect",  # a host could not be reached
         "preflight",  # hosts unfit to run the job
+        "scheduler",  # the scheduler refused, preempted or timed out the job (Slurm: sbatch, requeues, scancel)
     }
 )
 
@@ -53,6 +54,15 @@ class Failure:
         d["last_lines"] = list(self.last_lines)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Failure:
+        """Back from ``to_dict`` (a run directory written by an earlier launcher); TypeError/ValueError if not."""
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        known["last_lines"] = tuple(str(x) for x in d.get("last_lines") or ())[-50:]
+        if d.get("kind") not in FAILURE_KINDS:
+            raise ValueError(f"unknown failure kind {d.get('kind')!r}")
+        return cls(**known)
+
 
 @dataclass
 class TaskResult:
@@ -68,6 +78,12 @@ class TaskResult:
         d = asdict(self)
         d["state"] = self.state.value
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TaskResult:
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        known["state"] = TaskState(d.get("state", "pending"))
+        return cls(**known)
 
 
 @dataclass
@@ -93,6 +109,18 @@ class AttemptResult:
             "failures": [f.to_dict() for f in self.failures],
             "tasks": {k: v.to_dict() for k, v in self.tasks.items()},
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AttemptResult:
+        """Back from ``to_dict``: attempts of earlier allocations of a requeued job."""
+        return cls(
+            attempt=int(d["attempt"]),
+            state=JobState(d["state"]),
+            started_ts=float(d["started_ts"]),
+            ended_ts=float(d["ended_ts"]),
+            tasks={str(k): TaskResult.from_dict(v) for k, v in (d.get("tasks") or {}).items()},
+            failures=[Failure.from_dict(f) for f in d.get("failures") or []],
+        )
 
 
 @dataclass

@@ -38,6 +38,7 @@ class JobState(str, enum.Enum):
     RUNNING = "running"
     STOPPING = "stopping"
     RESTARTING = "restarting"
+    REQUEUED = "requeued"  # scheduler: the allocation ended (preemption, time limit); the job waits for the next
     GATHERING = "gathering"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -69,6 +70,7 @@ _LIVE_JOB = frozenset(
         JobState.RUNNING,
         JobState.STOPPING,
         JobState.RESTARTING,
+        JobState.REQUEUED,
         JobState.GATHERING,
     }
 )

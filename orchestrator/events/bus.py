@@ -38,6 +38,8 @@ EVENT_KINDS = frozenset(
         "gather_failed",
         "job_finished",
         "warning",
+        "slurm_allocation",
+        "requeued",
     }
 )
 

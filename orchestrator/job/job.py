@@ -42,7 +42,14 @@ class LaunchOptions:
 
 
 class Job:
-    def __init__(self, loaded: LoadedSpec, plan: Plan, opts: LaunchOptions, backend: Backend | None = None) -> None:
+    def __init__(
+        self,
+        loaded: LoadedSpec,
+        plan: Plan,
+        opts: LaunchOptions,
+        backend: Backend | None = None,
+        rundir: RunDir | None = None,  # an existing run directory to continue (a requeued Slurm job)
+    ) -> None:
         self.loaded = loaded
         self.spec = loaded.spec
         self.plan = plan
@@ -53,7 +60,7 @@ class Job:
             backend = SshBackend()
         self.backend = backend
         self.interrupt = Interrupt()
-        self.rundir = RunDir.create(opts.run_dir or os.path.join("runs", plan.run_id))
+        self.rundir = rundir or RunDir.create(opts.run_dir or os.path.join("runs", plan.run_id))
         started = time.time()
         self.result = RunResult(
             job=plan.job,

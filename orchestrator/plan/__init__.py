@@ -5,6 +5,7 @@ from .build import SshLookup, build_plan, resolve_communication
 from .load import default_run_id, load_plan
 from .model import NodePlan, Plan, Runtime, SshTarget, TaskId, bracket
 from .secrets import REDACTED, redact_env
+from .slurm import slurm_plan  # registers the slurm planner with build_plan
 
 __all__ = [
     "REDACTED",
@@ -20,4 +21,5 @@ __all__ = [
     "load_plan",
     "redact_env",
     "resolve_communication",
+    "slurm_plan",
 ]

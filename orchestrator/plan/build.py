@@ -13,6 +13,9 @@ from ..spec import ClusterSpec
 from .model import WORKER_ENTRY_MODULE, NodePlan, Plan, Runtime, SshTarget, TaskId, bracket
 
 SshLookup = Callable[[str], Mapping[str, Any]]
+#: scheduler → its planner ``(spec, *, run_id) -> Plan``; scheduler modules register themselves
+#: (``plan.slurm``), and the package imports them, so this module needs none of them.
+PLANNERS: dict[str, Callable[..., Plan]] = {}
 
 
 def build_plan(
@@ -25,6 +28,9 @@ def build_plan(
     """The plan of a spec, for its scheduler. Pure: same input, same plan."""
     if spec.scheduler == "ssh":
         return _ssh_plan(spec, run_id=run_id, local_user=local_user, ssh_lookup=ssh_lookup)
+    planner = PLANNERS.get(spec.scheduler)
+    if planner is not None:
+        return planner(spec, run_id=run_id)
     raise UsageError(f"scheduler: {spec.scheduler} is not supported by this version of tfcluster")
 
 

@@ -162,6 +162,7 @@ class Plan:
     nodes: tuple[NodePlan, ...]
     warnings: tuple[str, ...] = field(default=())
     scheduler: str = "ssh"
+    slurm: dict[str, Any] | None = None  # scheduler slurm: allocation, sbatch/srun lines (plan.slurm)
 
     @property
     def chief(self) -> NodePlan:
@@ -176,6 +177,7 @@ class Plan:
             "run_id": self.run_id,
             "communication": self.communication,
             "scheduler": self.scheduler,
+            **({"slurm": self.slurm} if self.slurm is not None else {}),
             "nodes": [n.to_dict(show_secrets=show_secrets) for n in self.nodes],
             "warnings": list(self.warnings),
         }

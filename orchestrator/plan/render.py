@@ -18,7 +18,7 @@ def plan_text(plan: Plan, *, show_secrets: bool = False) -> str:
                 str(n.task),
                 n.host,
                 f"{n.ssh.user}@{n.ssh.hostname}:{n.ssh.port}" if n.ssh else "-",
-                f"{n.tf_address}:{n.tf_port}",
+                f"{n.tf_address}:{n.tf_port or '<derived>'}",
                 str(n.gpus),
             )
         )
@@ -29,16 +29,23 @@ def plan_text(plan: Plan, *, show_secrets: bool = False) -> str:
     ]
     for w in plan.warnings:
         out.append(f"warning: {w}")
+    if plan.slurm is not None:
+        from .slurm import describe
+
+        out += ["", *describe(plan)]
     for n in plan.nodes:
         env = n.env if show_secrets else redact_env(n.env)
         out += [
             "",
             f"{n.task} on {n.host}",
-            f"  remote:     {n.shell_line()}   (config on stdin)",
+            f"  remote:     {n.shell_line()}   (config on stdin)"
+            if n.ssh is not None
+            else f"  started by: {plan.scheduler} ({shlex.join(n.argv)}; config over the connect-back channel)",
             f"  command:    {shlex.join(n.command)}",
             f"  workdir:    {n.workdir or '~ (login directory)'}",
             f"  task dir:   {n.remote_dir}",
-            f"  TF_CONFIG:  {json.dumps(n.tf_config, separators=(',', ':'))}",
+            f"  TF_CONFIG:  {json.dumps(n.tf_config, separators=(',', ':'))}"
+            + ("" if n.ssh is not None else "   (template: the task fills in addresses and ports)"),
             "  env:",
         ]
         out += [f"    {k}={v}" for k, v in env.items() if k != "TF_CONFIG"]

@@ -38,7 +38,7 @@ class ConsoleSink:
         ) or (
             event.event == "task_exited" and event.data.get("code") not in (0, None) and not event.data.get("stopped")
         )
-        warn = event.event in ("straggler", "heterogeneous_gpus", "warning", "shell_noise", "teardown", "restart")
+        warn = event.event in ("straggler", "heterogeneous_gpus", "warning", "shell_noise", "teardown", "restart", "requeued")
         prefix = self._paint("tfcluster:", 1)
         if bad:
             text = self._paint(text, 31)
@@ -105,4 +105,14 @@ def describe(ev: Event) -> str | None:
         return f"job {d.get('state')} in {d.get('wall_time_s', 0):.1f}s; run directory {d.get('run_dir')}"
     if k == "warning":
         return f"warning: {d.get('message')}"
+    if k == "slurm_allocation":
+        again = f" (restart {d.get('restart')}, attempt {d.get('first_attempt')})" if d.get("restart") else ""
+        return f"slurm job {d.get('job_id')} running on {d.get('nodes')}{again}"
+    if k == "requeued":
+        nxt = f"; new job {d.get('new_job_id')}" if d.get("new_job_id") else ""
+        return (
+            f"slurm job {d.get('job_id')} {'reached its time limit' if d.get('reason') == 'timeout' else 'was preempted'}: "
+            f"requeued ({d.get('how')}{nxt}; time-outs {d.get('timeouts')}, preemptions {d.get('preemptions')}); "
+            f"attempt {d.get('next_attempt')} resumes from the backup"
+        )
     return None

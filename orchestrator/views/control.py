@@ -38,6 +38,10 @@ def _launcher_process(run: RunDir) -> Any:
 
 
 def launcher_alive(run: RunDir) -> bool:
+    from .slurm import is_slurm_batch, supervisor_alive
+
+    if is_slurm_batch(run):  # its supervisor runs in the allocation, often on another machine
+        return supervisor_alive(run)
     p = _launcher_process(run)
     if p is None:
         return False
@@ -48,6 +52,12 @@ def launcher_alive(run: RunDir) -> bool:
 
 
 def job_status(run: RunDir) -> dict[str, Any]:
+    from .slurm import is_slurm_batch, supervisor_alive
+
+    if is_slurm_batch(run) and not run.is_finished() and not supervisor_alive(run):
+        from .slurm import finalize
+
+        finalize(run)  # the job is gone and nobody wrote its result (cancelled while pending, killed): now there is one
     result = run.read_json(run.result_json)
     status = run.read_json(run.status_json) or {}
     launcher = run.read_json(run.launcher_json) or {}
@@ -58,6 +68,10 @@ def job_status(run: RunDir) -> dict[str, Any]:
         "launcher_pid": launcher.get("pid"),
         "launcher_host": launcher.get("hostname"),
     }
+    if (run.path / "slurm.json").exists():
+        from .slurm import slurm_status
+
+        out["slurm"] = slurm_status(run)
     if result is not None:
         out.update(
             {
@@ -73,9 +87,10 @@ def job_status(run: RunDir) -> dict[str, Any]:
         return out
     alive = launcher_alive(run)
     updated = status.get("updated")
+    queued = out.get("slurm", {}).get("state") in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING")
     out.update(
         {
-            "state": status.get("state", "starting") if alive else "launcher_gone",
+            "state": ("pending" if queued else status.get("state", "starting")) if alive else "launcher_gone",
             "finished": False,
             "launcher_alive": alive,
             "status_age_s": round(time.time() - updated, 1) if updated else None,
@@ -105,6 +120,15 @@ def _merge_tasks(live: dict[str, Any], final: dict[str, Any]) -> dict[str, Any]:
 def status_text(st: dict[str, Any]) -> str:
     head = f"job {st.get('job')}   state {st.get('state')}   run {st.get('run_dir')}"
     lines = [head]
+    sl = st.get("slurm")
+    if sl:
+        lines.append(
+            f"slurm job {sl.get('job_id') or '-'}: {sl.get('state', 'unknown')}"
+            + (f" ({sl['reason']})" if sl.get("reason") and sl.get("reason") != "None" else "")
+            + (f" on {sl['nodes']}" if sl.get("nodes") else "")
+            + (f", {sl['time_left']} left" if sl.get("time_left") else "")
+            + f"; preemptions {sl.get('preemptions', 0)}, time-outs {sl.get('timeouts', 0)}"
+        )
     if st.get("message"):
         lines.append(st["message"])
     if st.get("stopping_reason"):
@@ -137,13 +161,22 @@ def status_text(st: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def stop_job(run: RunDir, *, timeout_s: float = 120.0) -> str:
-    if run.is_finished():
-        result = run.read_json(run.result_json) or {}
-        return f"the job already finished: {result.get('state')}"
+def _check_owner(run: RunDir) -> None:
     st = os.stat(run.path)
     if st.st_uid != os.getuid() and os.getuid() != 0:
         raise UsageError(f"{run.path} belongs to uid {st.st_uid}; only the user who started the job can stop it")
+
+
+def stop_job(run: RunDir, *, timeout_s: float = 120.0) -> str:
+    from .slurm import is_slurm_batch, stop_slurm
+
+    if is_slurm_batch(run) and not run.is_finished():
+        _check_owner(run)
+        return stop_slurm(run, timeout_s=timeout_s)
+    if run.is_finished():
+        result = run.read_json(run.result_json) or {}
+        return f"the job already finished: {result.get('state')}"
+    _check_owner(run)
     proc = _launcher_process(run)
     if proc is None:
         return "the launcher is not running (no result.json either: it was killed); its workers stop by themselves"

@@ -1,0 +1,159 @@
+"""The Slurm backend inside an allocation: one ``srun`` step per attempt, tasks connect back.
+
+``srun`` starts ``python -m worker_entry slurm`` on every task; each builds its TF_CONFIG from Slurm's
+variables and dials this supervisor (``backends.tcp``) with its rank and the per-run secret, which
+travels only in srun's environment. Teardown has three layers: Slurm's ``--kill-on-bad-exit`` (a task
+that exits non-zero takes the step down), tfcluster's own stop over the channels (the normal path,
+driven by the supervisor), and at ``close`` — if srun is still there after the supervisor is done —
+``scancel --signal=KILL`` of the step, then of srun itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from worker_entry.hostlist import expand_hostlist
+from worker_entry.protocol import NodeConfig
+from worker_entry.protocol.env import Env
+
+from ...plan import NodePlan, Plan
+from ...plan.slurm import srun_argv
+from ...spec import ClusterSpec
+from ..backend import Deliver
+from ..tcp import ConnectBackBackend
+from . import commands as sc
+
+SRUN_EXIT_WAIT_S = 5.0  # srun ends by itself once its tasks have (our stop, or their own exit)
+SCANCEL_WAIT_S = 10.0
+MAX_ADDRS_ENV = 64 << 10  # one env string must stay far below the kernel's 128 KiB limit
+
+
+def allocation_nodes(env: Mapping[str, str]) -> list[str]:
+    """The allocation's nodes, in order (empty when unknown or unparsable)."""
+    try:
+        return expand_hostlist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "")
+    except ValueError:
+        return []
+
+
+def advertise_address(env: Mapping[str, str], addrs: Mapping[str, str]) -> str:
+    """Where the tasks dial us: on a compute node (batch script) that node's NodeAddr; on a login node
+    (salloc) the source address of our route to the first node (what the nodes see us as)."""
+    here = env.get("SLURMD_NODENAME", "")
+    if here:
+        return addrs.get(here) or socket.gethostname()
+    nodes = allocation_nodes(env)
+    target = addrs.get(nodes[0], nodes[0]) if nodes else ""
+    if target:
+        with contextlib.suppress(OSError, UnicodeError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((target, 9))  # UDP: picks the route, sends nothing
+            return s.getsockname()[0]
+    return socket.getfqdn()
+
+
+class SlurmStepBackend(ConnectBackBackend):
+    """Tasks of one attempt = one srun step in the current allocation."""
+
+    name = "slurm"
+
+    def __init__(self, spec: ClusterSpec, plan: Plan, *, log_dir: Path, env: Mapping[str, str] = os.environ) -> None:
+        self.spec = spec
+        self.plan = plan
+        self.env = dict(env)
+        self.job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
+        self.log_dir = log_dir
+        self.node_addrs = ""
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+        if nodelist:
+            with contextlib.suppress(sc.SlurmError):
+                self.node_addrs = sc.node_addrs(nodelist)
+        addrs = dict(item.split("=", 1) for item in self.node_addrs.split(",") if "=" in item)
+        super().__init__(bind=("0.0.0.0", 0), advertise=advertise_address(env, addrs))
+        self.srun: subprocess.Popen | None = None
+        self.step_name = ""
+        self.srun_log: Path | None = None
+        self.notes: list[str] = []  # what the last-resort teardown had to do (the job reports it)
+        self._watch: threading.Thread | None = None
+        self._starts: list[tuple[NodePlan, NodeConfig]] = []
+        self._deliver: Deliver = lambda task, chan: None
+
+    def start_all(self, starts: Sequence[tuple[NodePlan, NodeConfig]], deliver: Deliver) -> threading.Thread:
+        base = (self.plan.slurm or {}).get("tf_port_base")
+        # The node derives its port (and TF_CONFIG); a fixed base only when the spec sets tensorflow.port.
+        starts = [(n, dataclasses.replace(c, tf_port=base or None)) for n, c in starts]
+        self._starts = list(starts)
+        self._deliver = deliver
+        return super().start_all(starts, deliver)
+
+    def launch(self, starts: Sequence[tuple[NodePlan, NodeConfig]]) -> None:
+        if self.srun is not None and self.srun.poll() is None:
+            raise OSError("the previous attempt's srun step is still running")
+        attempt = starts[0][1].attempt
+        argv = srun_argv(self.spec, starts[0][0].argv, attempt=attempt)
+        self.step_name = argv[1].split("=", 1)[1]
+        env = {**self.env, **self.connect_env()}
+        if self.node_addrs and len(self.node_addrs) < MAX_ADDRS_ENV:
+            env[Env.SLURM_NODE_ADDRS] = self.node_addrs
+        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.srun_log = self.log_dir / f"srun-attempt-{attempt}.log"
+        fd = os.open(self.srun_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            # Its own session: Ctrl-C on the terminal is the supervisor's to handle (a second one within a
+            # second would make srun kill the step without our teardown).
+            self.srun = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
+                                         start_new_session=True)  # fmt: skip
+        finally:
+            os.close(fd)
+        self._watch = threading.Thread(target=self._watch_srun, args=(self.srun,), name="srun-watch", daemon=True)
+        self._watch.start()
+
+    def _watch_srun(self, proc: subprocess.Popen) -> None:
+        """srun ended: every task that never connected will not (the step is gone) — say why."""
+        rc = proc.wait()
+        time.sleep(0.5)  # a connection accepted just before srun's exit is being delivered
+        connected = self.server.connected_ranks()
+        missing = [str(n.task) for rank, (n, _) in enumerate(self._starts) if rank not in connected]
+        if not missing:
+            return
+        why = OSError(f"srun exited with code {rc} before the task connected back: {self.srun_tail()}")
+        for task in missing:
+            self._deliver(task, why)
+
+    def srun_tail(self, lines: int = 8) -> str:
+        """The last lines srun (and the tasks before they connected) printed."""
+        if self.srun_log is None:
+            return ""
+        with contextlib.suppress(OSError):
+            data = self.srun_log.read_bytes()[-8192:].decode("utf-8", "replace")
+            return " | ".join(line.strip() for line in data.strip().splitlines()[-lines:] if line.strip())
+        return ""
+
+    def close(self) -> None:
+        """Last teardown layer: srun still there after the supervisor is done → scancel the step."""
+        proc = self.srun
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(SRUN_EXIT_WAIT_S)
+        if proc is not None and proc.poll() is None:
+            steps: list[str] = []
+            with contextlib.suppress(sc.SlurmError):
+                steps = sc.steps_named(self.job_id, self.step_name) if self.job_id else []
+            for step in steps:
+                with contextlib.suppress(sc.SlurmError):
+                    sc.cancel(step, signal="KILL")
+            self.notes.append(f"srun was still running after the teardown: scancel --signal=KILL {' '.join(steps) or '(step not found)'}")
+            try:
+                proc.wait(SCANCEL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                self.notes.append("srun did not exit after scancel: killed")
+        super().close()

@@ -1,0 +1,86 @@
+"""Submit a run from a login node: the run directory, the batch script, ``sbatch``.
+
+The run directory must be on storage the compute nodes share (home directories usually are): the
+batch job's supervisor writes its logs, events, status and result there, and the login node follows
+them. Everything written here is private (files 0600 under a 0700 directory); the batch script holds
+only quoted paths, the options are sbatch arguments (no shell), and no secret exists yet — the
+supervisor makes the connect-back secret inside the allocation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..backends.slurm import SlurmError
+from ..backends.slurm import commands as sc
+from ..core.errors import UsageError
+from ..core.result import Failure, RunResult
+from ..core.states import JobState
+from ..plan import Plan
+from ..plan.slurm import SLURM_DIR, batch_script, sbatch_argv
+from ..runs import RunDir, write_json_atomic
+from ..runs.slurm_state import SlurmState
+from ..spec import LoadedSpec
+
+
+@dataclass(frozen=True)
+class Submitted:
+    rundir: RunDir
+    job_id: str | None  # None: sbatch refused (result.json says why)
+    argv: list[str]
+
+
+def submitted_path(rundir: RunDir) -> Path:
+    """RUN/slurm/submitted.json: the follower's record of sbatch's answer (slurm.json is the supervisor's)."""
+    return rundir.path / SLURM_DIR / "submitted.json"
+
+
+def _private(path: Path, text: str, mode: int = 0o600) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, mode)
+
+
+def submit(loaded: LoadedSpec, plan: Plan, run_dir: str | None, command: list[str] | None) -> Submitted:
+    """Create the run directory and submit the batch job. sbatch refusing is recorded as the run's result."""
+    if not sc.have("sbatch"):
+        raise UsageError("scheduler: slurm needs sbatch: run on a Slurm login node (or inside an allocation)")
+    rundir = RunDir.create(run_dir or os.path.join("runs", plan.run_id))
+    rundir = RunDir(rundir.path.resolve())  # the compute nodes see it by its absolute path
+    sdir = rundir.path / SLURM_DIR
+    sdir.mkdir(mode=0o700, exist_ok=True)
+    _private(rundir.spec_yaml, loaded.text)
+    write_json_atomic(rundir.plan_json, plan.to_dict(), durable=False)
+    SlurmState(run_id=plan.run_id, mode="batch", command=command).save(rundir)
+    script = sdir / "job.sh"
+    _private(script, batch_script(sys.executable, str(rundir.path), plan.run_id), 0o700)
+    argv = sbatch_argv(loaded.spec, str(rundir.path), str(script))
+    _private(sdir / "sbatch.json", json.dumps(argv, indent=2) + "\n")
+    try:
+        job_id = sc.submit(argv)
+    except SlurmError as exc:
+        _refused(rundir, plan, str(exc))
+        return Submitted(rundir, None, argv)
+    write_json_atomic(submitted_path(rundir), {"job_id": job_id, "ts": time.time()})
+    return Submitted(rundir, job_id, argv)
+
+
+def _refused(rundir: RunDir, plan: Plan, message: str) -> None:
+    """Nothing ran: result.json (START_FAILED) with Slurm's own words as the root cause."""
+    now = time.time()
+    hint = "check slurm.partition/account/qos/time/constraint/extra_args against `sinfo` and your associations"
+    result = RunResult(plan.job, plan.run_id, str(rundir.path), JobState.START_FAILED, now, now,
+                       failures=[Failure("scheduler", f"sbatch refused the job: {message}", now, hint=hint)])  # fmt: skip
+    with open(rundir.events_jsonl, "a") as f:
+        for event in ({"event": "job_started", "job": plan.job, "run_id": plan.run_id, "run_dir": str(rundir.path),
+                       "tasks": len(plan.nodes)},
+                      {"event": "job_finished", "state": result.state.value, "wall_time_s": 0.0,
+                       "run_dir": str(rundir.path), "root_cause": result.root_cause.to_dict() if result.root_cause else None}):  # fmt: skip
+            f.write(json.dumps({"ts": round(now, 3), **event}) + "\n")
+    write_json_atomic(rundir.result_json, result.to_dict())

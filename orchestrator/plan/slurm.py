@@ -1,0 +1,200 @@
+"""The plan under Slurm: the same tasks and environment as over SSH, plus the sbatch and srun lines. Pure.
+
+Slurm chooses the nodes, so each task builds its own TF_CONFIG when it starts
+(``worker_entry.slurm``): its rank is ``SLURM_PROCID`` (plan order: chief first when there is one),
+its peers are the step's nodes at their ``NodeAddr``, and every task computes the same port table.
+The plan therefore carries the environment without TF_CONFIG, a TF_CONFIG *template* for display
+(``<node 0>:<port 0>``), and the exact command lines tfcluster will run:
+
+* ``sbatch_argv`` + ``batch_script``: from a login node, a batch job whose only line is
+  ``exec PYTHON -m orchestrator slurm-batch RUN`` — every option is an argv element (no shell text,
+  nothing secret), the script holds nothing but quoted paths;
+* ``srun_argv``: inside the allocation, one step for all tasks: block distribution (rank → node is
+  what the nodes compute), ``--kill-on-bad-exit`` (Slurm's own teardown layer).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from typing import Any
+
+from ..spec import ClusterSpec
+from .build import (
+    PLANNERS,
+    assign_tasks,
+    job_dirs,
+    node_env,
+    resolve_communication,
+    runtime_of,
+    tf_cluster,
+    tf_config_of,
+)
+from .model import WORKER_ENTRY_MODULE, NodePlan, Plan
+
+BATCH_COMMAND = "slurm-batch"
+SLURM_DIR = "slurm"  # RUN/slurm/: the batch script, sbatch's output, srun's output per attempt
+
+
+def slurm_plan(spec: ClusterSpec, *, run_id: str, node_names: Sequence[str] | None = None) -> Plan:
+    """Every task in rank order. ``node_names`` (inside an allocation) labels the nodes; else node0..."""
+    s = spec.slurm
+    assert s is not None  # the spec rules require the section with scheduler: slurm
+    n = s.nodes * s.tasks_per_node
+    tasks = assign_tasks(n, spec.tensorflow.chief)
+    gpus = s.gpus_per_node // s.tasks_per_node
+    communication = resolve_communication(spec.tensorflow.communication, gpus)
+    job_root, checkpoint_dir, backup_dir = job_dirs(spec, run_id)
+    runtime = runtime_of(spec)
+    base = tf_port_base(spec)
+    layout = [(node, local) for node in range(s.nodes) for local in range(s.tasks_per_node)]
+    labels = [node_names[i] if node_names and i < len(node_names) else f"node{i}" for i in range(s.nodes)]
+    template = [f"<{labels[node]}>:<port {rank}>" for rank, (node, _) in enumerate(layout)]
+    cluster = tf_cluster(tasks, template)
+    nodes = []
+    for rank, task in enumerate(tasks):
+        node, _ = layout[rank]
+        env = node_env(spec, task, None, communication, run_id, n, gpus, checkpoint_dir, backup_dir)
+        nodes.append(
+            NodePlan(
+                task=task,
+                host=labels[node],
+                ssh=None,
+                tf_address=f"<{labels[node]}>",
+                tf_port=base or 0,
+                gpus=gpus,
+                tf_config=tf_config_of(cluster, task),
+                env=env,
+                argv=(spec.job.python, "-m", WORKER_ENTRY_MODULE, "slurm"),
+                command=tuple(spec.job.command),
+                workdir=spec.job.workdir,
+                remote_dir=f"{job_root}/{task.slug}",
+                checkpoint_dir=checkpoint_dir,
+                backup_dir=backup_dir,
+                runtime=runtime,
+            )
+        )
+    details = {
+        "nodes": s.nodes,
+        "tasks_per_node": s.tasks_per_node,
+        "ntasks": n,
+        "gpus_per_node": s.gpus_per_node,
+        "tf_port_base": base,
+        "requeue": s.requeue,
+        "signal_lead_s": s.signal_lead_s,
+        "max_requeues": s.max_requeues,
+        "srun": srun_argv(spec, nodes[0].argv, attempt=0),
+    }
+    run_dir = f"runs/{run_id}"  # what launch uses without --run-dir (made absolute when submitting)
+    details["script"] = batch_script("python3", run_dir, run_id)
+    details["sbatch"] = sbatch_argv(spec, run_dir, f"{run_dir}/{SLURM_DIR}/job.sh")
+    warnings = []
+    if spec.tensorflow.communication == "nccl" and gpus == 0:
+        warnings.append("communication: nccl without GPUs; TensorFlow falls back to ring with a warning")
+    if spec.job.stop_grace_s >= s.signal_lead_s > 0:
+        warnings.append(
+            f"job.stop_grace_s ({spec.job.stop_grace_s:g}) is not shorter than slurm.signal_lead_s "
+            f"({s.signal_lead_s}): the save after the time-limit signal may not finish before Slurm kills the job"
+        )
+    return Plan(
+        job=spec.name,
+        run_id=run_id,
+        communication=communication,
+        nodes=tuple(nodes),
+        warnings=tuple(warnings),
+        scheduler="slurm",
+        slurm=details,
+    )
+
+
+def tf_port_base(spec: ClusterSpec) -> int | None:
+    """``tensorflow.port`` when the spec sets it (tasks sharing an address count up from it); else
+    None: the nodes derive a block from the job and step id."""
+    return spec.tensorflow.port if "port" in spec.tensorflow.model_fields_set else None
+
+
+def sbatch_argv(spec: ClusterSpec, run_dir: str, script: str) -> list[str]:
+    """``sbatch`` with every option as its own argument (validated values; no shell in between)."""
+    s = spec.slurm
+    assert s is not None
+    argv = [
+        "sbatch",
+        "--parsable",
+        f"--job-name={spec.name}",
+        f"--nodes={s.nodes}",
+        f"--ntasks-per-node={s.tasks_per_node}",
+    ]
+    if s.gpus_per_node:
+        argv.append(f"--gpus-per-node={s.gpus_per_node}")
+    for opt in ("partition", "account", "qos", "time", "constraint"):
+        value = getattr(s, opt)
+        if value is not None:
+            argv.append(f"--{opt}={value}")
+    if s.exclusive:
+        argv.append("--exclusive")
+    argv += [
+        "--requeue" if s.requeue else "--no-requeue",
+        # B: only the batch shell (our supervisor) gets it; it asks the tasks to save (SIGTERM + grace).
+        # Not USR1: NCCL handles it.
+        f"--signal=B:USR2@{s.signal_lead_s}",
+        f"--output={run_dir}/{SLURM_DIR}/slurm-%j.out",
+        "--open-mode=append",  # a requeued job appends to its output instead of truncating it
+        *s.extra_args,
+        script,
+    ]
+    return argv
+
+
+def batch_script(python: str, run_dir: str, run_id: str) -> str:
+    """The batch script: comments and one quoted exec line; options are on sbatch's command line."""
+    return (
+        "#!/bin/sh\n"
+        f"# tfcluster run {run_id}: the supervisor runs inside the allocation and starts one srun step.\n"
+        "# Generated; options are on the sbatch command line (RUN/slurm/sbatch.json). Nothing secret here:\n"
+        "# the supervisor makes the run's connect-back secret in the allocation.\n"
+        f"exec {shlex.quote(python)} -m orchestrator {BATCH_COMMAND} {shlex.quote(run_dir)}\n"
+    )
+
+
+def srun_argv(spec: ClusterSpec, entry: Sequence[str], *, attempt: int) -> list[str]:
+    """One step for every task: block distribution (the nodes' TF_CONFIG assumes it), Slurm kills the
+    step when a task exits non-zero (the first teardown layer)."""
+    s = spec.slurm
+    assert s is not None
+    argv = [
+        "srun",
+        f"--job-name={spec.name}-a{attempt}",
+        f"--nodes={s.nodes}",
+        f"--ntasks={s.nodes * s.tasks_per_node}",
+        f"--ntasks-per-node={s.tasks_per_node}",
+        "--distribution=block",
+        "--kill-on-bad-exit=1",
+        "--export=ALL",
+    ]
+    if s.gpus_per_node:
+        argv.append(f"--gpus-per-node={s.gpus_per_node}")
+    return argv + list(entry)
+
+
+def describe(plan: Plan) -> list[str]:
+    """The Slurm part of ``tfcluster plan``: how it runs and how each task builds TF_CONFIG."""
+    d: dict[str, Any] = plan.slurm or {}
+    base = d.get("tf_port_base")
+    script = ["    " + line for line in str(d.get("script", "")).splitlines()]
+    return [
+        f"slurm: {d.get('nodes')} node(s) x {d.get('tasks_per_node')} task(s), {d.get('gpus_per_node')} GPU(s) per node; "
+        f"requeue {'on' if d.get('requeue') else 'off'} (at most {d.get('max_requeues')} after preemptions and "
+        f"{d.get('max_requeues')} after time limits), save signal USR2 {d.get('signal_lead_s')} s before the limit",
+        "  from a login node (tfcluster follows the job; Ctrl-C asks: cancel or detach):",
+        f"    {shlex.join(d.get('sbatch') or [])}",
+        f"  RUN/{SLURM_DIR}/job.sh:",
+        *script,
+        f"  inside the allocation: {shlex.join(d.get('srun') or [])}",
+        "  TF_CONFIG: built by each task: rank = SLURM_PROCID (chief first), nodes = SLURM_STEP_NODELIST at their "
+        "NodeAddr, block layout from SLURM_STEP_TASKS_PER_NODE, "
+        + (f"ports from {base} up per shared address" if base else "ports derived from the job and step id")
+        + " (distinct where tasks share an address)",
+    ]
+
+
+PLANNERS["slurm"] = slurm_plan

@@ -1,0 +1,177 @@
+"""Follow a submitted Slurm run from the login node, as if its supervisor ran here.
+
+The supervisor runs inside the allocation and writes the run directory (shared storage); this prints
+what it writes: every task's lines with their ``[task host]`` prefix, the events the supervisor's
+console would show, the live table on a terminal, and Slurm's own view of the job (pending and why,
+running where, requeued). It ends when result.json appears — or, when the job is gone without one,
+after writing it (``views.slurm.finalize``). Ctrl-C asks whether to cancel the job or detach (``ask``;
+without a terminal: cancel); a second Ctrl-C after cancelling scancels the whole job.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from ..backends.slurm import SlurmError
+from ..backends.slurm import commands as sc
+from ..events import Event
+from ..plan import Plan
+from ..runs import RunDir
+from ..sinks import ConsoleSink, use_color
+from .logs import LogQuery
+from .slurm import cancel, current_job, finalize, job_info
+
+POLL_S = 0.2
+SLURM_POLL_S = 1.0
+MAX_CHUNK = 4 << 20
+
+
+class Tail:
+    """New complete lines of a growing file (which may not exist yet)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.pos = 0
+        self.partial = b""
+
+    def lines(self) -> Iterator[bytes]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                chunk = f.read(MAX_CHUNK)
+        except OSError:
+            return
+        self.pos += len(chunk)
+        *done, self.partial = (self.partial + chunk).split(b"\n")
+        yield from done
+
+
+class Follower:
+    def __init__(self, run: RunDir, plan: Plan, *, live: bool = False, out: IO[str] | None = None,
+                 err: IO[str] | None = None, ask: Callable[[], str] | None = None) -> None:  # fmt: skip
+        self.run = run
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.color = use_color(self.out)
+        self.query = LogQuery()
+        self.console = ConsoleSink(stream=self.err)
+        self.logs = Tail(run.combined_log)
+        self.events = Tail(run.events_jsonl)
+        self.ask = ask
+        self.live: Any = None
+        if live:
+            from ..sinks.live import LiveTable
+
+            self.live = LiveTable(plan)
+        self.last_slurm: tuple[str, str] | None = None
+        self.cancelled = False
+
+    def note(self, text: str) -> None:
+        self.err.write(f"tfcluster: {text}\n")
+        self.err.flush()
+
+    def _pump(self) -> None:
+        for raw in self.logs.lines():
+            shown = self.query.render(raw.decode("utf-8", "replace"), self.color)
+            if shown is None:
+                continue
+            if self.live is not None and self.live.active:
+                self.live.print_log((shown + "\n").encode())
+            else:
+                self.out.write(shown + "\n")
+        self.out.flush()
+        for raw in self.events.lines():
+            try:
+                d = json.loads(raw)
+                ev = Event(str(d.pop("event")), float(d.pop("ts")), d.pop("task", None), d.pop("host", None), d)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+            self.console.handle(ev)
+
+    def _poll_slurm(self) -> bool:
+        """Print Slurm's view when it changes; True when the job is gone (no more allocations)."""
+        info = job_info(self.run)
+        if info is None:
+            return False
+        key = (info.state, info.reason if info.state == "PENDING" else info.nodes)
+        if key != self.last_slurm:
+            self.last_slurm = key
+            where = f" ({info.reason})" if info.state == "PENDING" and info.reason else (f" on {info.nodes}" if info.nodes else "")
+            self.note(f"slurm job {info.job_id} {info.state}{where}")
+        if self.live is not None:
+            status = self.run.read_json(self.run.status_json)
+            if isinstance(status, dict):
+                if info.state in ("PENDING", "REQUEUED"):
+                    status = {**status, "state": f"pending in Slurm ({info.reason or info.state})"}
+                self.live.update(status)
+        return not info.active
+
+    def follow(self) -> dict[str, Any] | None:
+        """Until the run ends: its result.json; None when the user detached."""
+        if self.live is not None:
+            self.live.start()
+        next_poll = 0.0
+        try:
+            while True:
+                try:
+                    finished = self.run.is_finished()
+                    self._pump()
+                    if finished:
+                        break
+                    if time.monotonic() >= next_poll:
+                        next_poll = time.monotonic() + SLURM_POLL_S
+                        if self._poll_slurm():
+                            finalize(self.run)
+                            self._pump()
+                            break
+                    time.sleep(POLL_S)
+                except KeyboardInterrupt:
+                    if not self._interrupted():
+                        return None
+        finally:
+            if self.live is not None:
+                self.live.stop()
+        return self.run.read_json(self.run.result_json)
+
+    def _interrupted(self) -> bool:
+        """Ctrl-C: cancel (keep following the teardown) or detach (False)."""
+        if self.live is not None:
+            self.live.stop()
+        job = current_job(self.run)
+        if self.cancelled:
+            self.note(f"scancel of the whole job {job}")
+            try:
+                if job:
+                    sc.cancel(job)
+            except SlurmError as exc:
+                self.note(str(exc))
+            return True
+        choice = self.ask() if self.ask is not None else "c"
+        if choice == "d":
+            self.note(
+                f"detached; Slurm job {job} keeps running. Follow it with `tfcluster logs {self.run.path} -f`, "
+                f"`tfcluster status {self.run.path}`; stop it with `tfcluster stop {self.run.path}`"
+            )
+            return False
+        self.cancelled = True
+        self.note(cancel(self.run, signal_name="SIGINT", by="Ctrl-C on the follower") + " (Ctrl-C again: scancel now)")
+        if self.live is not None:
+            self.live.start()
+        return True
+
+
+def ask_cancel_or_detach(stdin: IO[str] | None = None) -> str:
+    """The Ctrl-C question; "c" (cancel) without a terminal or without an answer."""
+    stdin = stdin or sys.stdin
+    if not stdin.isatty():
+        return "c"
+    try:
+        answer = input("\ntfcluster: cancel the Slurm job (c) or detach and leave it running (d)? [c/d] ")
+    except (EOFError, KeyboardInterrupt):
+        return "c"
+    return "d" if answer.strip().lower().startswith("d") else "c"

@@ -1,0 +1,190 @@
+"""Slurm runs seen from outside the allocation: the job's state, stopping it, and ending a run whose
+supervisor could not (the job was cancelled while pending, or died with its allocation).
+
+The supervisor of a submitted run lives in the allocation, usually on another machine: its pid in
+launcher.json means nothing here, so liveness is the Slurm job's state (squeue → scontrol → sacct).
+``stop`` leaves a stop request (so the SIGTERM is not taken for a preemption), signals only the batch
+shell — the supervisor's own clean teardown — and scancels the whole job only if that did not end
+the run in time. When the job is gone without a result.json, ``finalize`` writes one from what Slurm
+and the run directory say, so ``status``, ``logs --follow`` and the exit code always have an end.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ..backends.slurm import JobInfo, SlurmError
+from ..backends.slurm import commands as sc
+from ..core.result import AttemptResult, Failure, RunResult
+from ..core.states import JobState, interrupted_state
+from ..runs import RunDir, write_json_atomic
+from ..runs.slurm_state import SlurmState, request_stop, stop_requested
+
+SETTLE_S = 5.0  # a job that just ended may have a result.json on its way (shared storage)
+BATCH_STOP_S = 60.0  # how long the supervisor's own teardown may take before scancel of the whole job
+
+
+def is_slurm_batch(run: RunDir) -> bool:
+    state = SlurmState.load(run)
+    return state is not None and state.mode == "batch"
+
+
+def current_job(run: RunDir) -> str | None:
+    """The run's current Slurm job: the supervisor's record, else what sbatch answered the follower."""
+    state = SlurmState.load(run)
+    if state is not None and state.job_id:
+        return state.job_id
+    data = run.read_json(run.path / "slurm" / "submitted.json")
+    job = data.get("job_id") if isinstance(data, dict) else None
+    return job if isinstance(job, str) and job.isdigit() else None
+
+
+def job_info(run: RunDir) -> JobInfo | None:
+    job = current_job(run)
+    return sc.job_info(job) if job else None
+
+
+def slurm_status(run: RunDir) -> dict[str, Any]:
+    """The ``slurm`` section of ``tfcluster status``."""
+    state = SlurmState.load(run)
+    info = job_info(run)
+    out: dict[str, Any] = {"job_ids": state.job_ids if state else [], "mode": state.mode if state else None}
+    if info is not None:
+        out.update(info.to_dict())
+    if state is not None:
+        out.update(preemptions=state.preemptions, timeouts=state.timeouts, requeues=state.requeues,
+                   allocations=len(state.allocations))  # fmt: skip
+    return out
+
+
+def supervisor_alive(run: RunDir) -> bool:
+    """A submitted run is alive while its Slurm job holds or waits for an allocation."""
+    info = job_info(run)
+    return info is None or info.active
+
+
+def finalize(run: RunDir, info: JobInfo | None = None) -> dict[str, Any] | None:
+    """The job is gone and no supervisor wrote result.json: write it (and say so). None if still running."""
+    if run.is_finished():
+        return run.read_json(run.result_json)
+    info = info or job_info(run)
+    if info is not None and info.active:
+        return None
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline:
+        if run.is_finished():
+            return run.read_json(run.result_json)
+        time.sleep(0.25)
+    state = SlurmState.load(run)
+    plan = run.read_json(run.plan_json) or {}
+    attempts = []
+    for d in state.attempts if state else []:
+        try:
+            attempts.append(AttemptResult.from_dict(d))
+        except (KeyError, TypeError, ValueError):
+            continue
+    now = time.time()
+    stop = stop_requested(run)
+    slurm_state = info.state if info is not None else "UNKNOWN"
+    job = current_job(run)
+    tail = out_tail(run, job)
+    if stop:
+        new, kind, msg = interrupted_state(_signum(stop)), "scheduler", f"stopped by the user: Slurm job {job} {slurm_state}"
+    elif not attempts and not (state and state.allocations):
+        new, kind, msg = JobState.START_FAILED, "scheduler", f"Slurm job {job} ended ({slurm_state}) before tfcluster's supervisor started"
+    elif slurm_state == "CANCELLED":
+        new, kind, msg = JobState.INTERRUPTED_SIGTERM, "scheduler", f"Slurm job {job} was cancelled (scancel)"
+    else:
+        new, kind, msg = JobState.FAILED, "scheduler", f"Slurm job {job} ended ({slurm_state}) without its supervisor writing a result"
+    hint = f"see {run.path / 'slurm' / f'slurm-{job}.out'}" + (f": {tail}" if tail else "")
+    started = _started(run) or now
+    result = RunResult(str(plan.get("job") or ""), str(plan.get("run_id") or ""), str(run.path), new, started, now,
+                       attempts=attempts, failures=[Failure(kind, msg, now, hint=hint)])  # fmt: skip
+    data = result.to_dict()
+    with open(run.events_jsonl, "a") as f:
+        f.write(json.dumps({"ts": round(now, 3), "event": "job_finished", "state": new.value,
+                            "wall_time_s": data["wall_time_s"], "run_dir": str(run.path),
+                            "root_cause": data["root_cause"]}) + "\n")  # fmt: skip
+    write_json_atomic(run.result_json, data)
+    status = run.read_json(run.status_json) or {}
+    status.update(state=new.value, finished=True, updated=now)
+    write_json_atomic(run.status_json, status, durable=False)
+    return data
+
+
+def _signum(name: str) -> int:
+    import signal
+
+    return int(getattr(signal, name, signal.SIGTERM))
+
+
+def _started(run: RunDir) -> float | None:
+    try:
+        with open(run.events_jsonl) as f:
+            first = json.loads(f.readline())
+        return float(first["ts"])
+    except (OSError, ValueError, KeyError, TypeError):
+        data = run.read_json(run.path / "slurm" / "submitted.json")
+        return data.get("ts") if isinstance(data, dict) and isinstance(data.get("ts"), int | float) else None
+
+
+def out_tail(run: RunDir, job: str | None, lines: int = 5) -> str:
+    """The last lines of the batch job's output file (why a supervisor never started, say)."""
+    if not job:
+        return ""
+    path: Path = run.path / "slurm" / f"slurm-{job}.out"
+    try:
+        data = path.read_bytes()[-4096:].decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in data.strip().splitlines()[-lines:] if line.strip())[:1000]
+
+
+def cancel(run: RunDir, *, signal_name: str, by: str) -> str:
+    """Ask the run to end: the supervisor's own teardown if it runs, scancel if the job only waits."""
+    job = current_job(run)
+    if job is None:
+        return "no Slurm job recorded for this run"
+    request_stop(run, signal_name, by)
+    info = sc.job_info(job)
+    try:
+        if info.state in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"):
+            sc.cancel(job, signal="TERM", batch_only=True)  # only our supervisor: it stops the tasks cleanly
+            return f"asked the supervisor of Slurm job {job} to stop"
+        sc.cancel(job)
+        return f"cancelled Slurm job {job} ({info.state.lower()})"
+    except SlurmError as exc:
+        return f"scancel: {exc}"
+
+
+def stop_slurm(run: RunDir, *, timeout_s: float) -> str:
+    """``tfcluster stop`` for a submitted run."""
+    if run.is_finished():
+        return f"the job already finished: {(run.read_json(run.result_json) or {}).get('state')}"
+    first = cancel(run, signal_name="SIGTERM", by="tfcluster stop")
+    job = current_job(run)
+    deadline = time.monotonic() + timeout_s
+    hard_at = time.monotonic() + min(BATCH_STOP_S, timeout_s / 2)
+    hard = False
+    while time.monotonic() < deadline:
+        if run.is_finished():
+            break
+        info = sc.job_info(job) if job else None
+        if info is not None and not info.active:
+            finalize(run, info)
+            break
+        if not hard and time.monotonic() > hard_at and job:
+            hard = True
+            try:
+                sc.cancel(job)
+            except SlurmError:
+                pass
+        time.sleep(0.5)
+    result = run.read_json(run.result_json)
+    if result is None:
+        return f"{first}; the job did not end within {timeout_s:g}s"
+    tasks = ", ".join(f"{k}: {v.get('state')}" for k, v in sorted((result.get("tasks") or {}).items()))
+    return f"stopped: job {result.get('state')}" + (f" ({tasks})" if tasks else "") + ("; scancel of the whole job was needed" if hard else "")
