@@ -7,11 +7,19 @@ Faults: a task SIGKILLed, `stop`, a pending job cancelled, sbatch refusing.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import termios
+import time
 
 import pytest
-from slurm_fixtures import PY, cli, events, finish, launch_argv, result, start, write_spec
+from slurm_fixtures import PY, cli, env_for, events, finish, launch_argv, result, start, wait_for, write_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -82,7 +90,215 @@ def _tf_configs(run_dir):
     return [json.loads(line.split("] TF_CONFIG ", 1)[1]) for line in text.splitlines() if "] TF_CONFIG " in line]
 
 
+def _log(run_dir) -> str:
+    try:
+        return (run_dir / "combined.log").read_text()
+    except OSError:
+        return ""
+
+
 def _repo():
     from slurm_fixtures import REPO
 
     return REPO
+
+
+@pytest.mark.parametrize("victim", ["training", "worker_entry"])
+def test_sigkill_of_one_task_takes_the_whole_step_down(slurm, tmp_path, victim):
+    """SIGKILL of worker:1's training process (worker_entry reports it) or of the Slurm task itself
+    (worker_entry: its channel closes, --kill-on-bad-exit ends the step): every task gone, root cause."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    cmd = mwms("--epochs", "50", "--steps", "20", "--step-sleep", "0.02", "--pid-dir", str(pids))
+    spec = write_spec(tmp_path / "spec.yaml", "sl-kill", cmd)
+    run_dir = tmp_path / "run"
+    proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
+    try:
+        wait_for(lambda: "worker:2: epoch 1 begins" in _log(run_dir), 120, "training to run")
+        if victim == "training":
+            pid = int((pids / "worker-1.pid").read_text())
+        else:
+            pid = next(e["pid"] for e in events(run_dir) if e["event"] == "task_ready" and e["task"] == "worker:1")
+        killed_at = time.time()
+        os.kill(pid, signal.SIGKILL)
+        rc, _out, err = finish(proc, timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 3, err[-3000:]
+    res = result(run_dir)
+    rc_ = res["root_cause"]
+    assert (rc_["task"], rc_["host"]) == ("worker:1", "n2"), rc_
+    if victim == "training":
+        assert rc_["kind"] == "signal" and rc_["signal"] == "SIGKILL"
+    else:
+        assert rc_["kind"] == "lost"
+    assert "root cause: worker:1 on n2" in err
+    assert all(t["state"] in ("stopped", "failed", "lost") for t in res["tasks"].values()), res["tasks"]
+    ended = [e["ts"] for e in events(run_dir) if e["event"] in ("task_exited", "task_lost")]
+    assert len(ended) >= 3 and max(ended) - killed_at < 15  # every task ended within seconds of the fault
+    # nothing is left of the step: the `slurm` fixture fails the test on any process of a job
+    wait_for(lambda: not slurm.processes(), 15, "every task process to be gone")
+
+
+def test_stop_asks_the_supervisor_then_scancel_and_leaves_a_clean_run(slurm, tmp_path):
+    spec = write_spec(tmp_path / "spec.yaml", "sl-stop", mwms("--epochs", "200", "--steps", "20", "--step-sleep", "0.02"))
+    run_dir = tmp_path / "run"
+    proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
+    try:
+        wait_for(lambda: "worker:0: epoch 1 begins" in _log(run_dir), 120, "training to run")
+        st = json.loads(cli(slurm, _repo(), "status", str(run_dir), "--json").stdout)
+        assert st["state"] == "running" and st["slurm"]["state"] == "RUNNING" and st["slurm"]["nodes"] == "n[1-3]"
+        assert {t["host"] for t in st["tasks"].values()} == {"n1", "n2", "n3"}
+        stopped = cli(slurm, _repo(), "stop", str(run_dir))
+        assert stopped.returncode == 0 and "stopped: job interrupted_sigterm" in stopped.stdout, stopped
+        rc, _out, err = finish(proc, timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 143, err[-2000:]  # the follower ends with the run's state (stop = SIGTERM)
+    res = result(run_dir)
+    assert res["state"] == "interrupted_sigterm"
+    assert all(t["state"] == "stopped" for t in res["tasks"].values()), res["tasks"]
+    assert "scancel of the whole job was needed" not in stopped.stdout  # the supervisor's own teardown sufficed
+    assert not slurm.jobs()
+    assert json.loads((run_dir / "status.json").read_text())["finished"] is True
+
+
+def test_ctrl_c_on_the_follower_cancels_a_pending_job(slurm, tmp_path):
+    """Non-interactive Ctrl-C: cancel. The job never started: the follower writes the result itself."""
+    spec = write_spec(tmp_path / "spec.yaml", "sl-pending", ["true"], slurm={"extra_args": ["--begin=now+1hour"]})
+    run_dir = tmp_path / "run"
+    proc = start(slurm, launch_argv(spec, run_dir), cwd=_repo())
+    try:
+        wait_for(lambda: "PENDING" in json.dumps(_status(slurm, run_dir)), 30, "the job to pend")
+        assert _status(slurm, run_dir)["state"] == "pending"
+        proc.send_signal(signal.SIGINT)
+        rc, _out, err = finish(proc, timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 130, err
+    assert "cancelled Slurm job" in err
+    res = result(run_dir)
+    assert res["state"] == "interrupted_sigint" and res["root_cause"]["kind"] == "scheduler"
+    assert not slurm.jobs()
+
+
+def test_sbatch_refusing_the_job_is_a_start_failure_with_slurms_words(slurm, tmp_path):
+    spec = write_spec(tmp_path / "spec.yaml", "sl-refused", ["true"], slurm={"partition": "nosuchpartition"})
+    run_dir = tmp_path / "run"
+    rc, _out, err = finish(start(slurm, launch_argv(spec, run_dir), cwd=_repo()), timeout=60)
+    assert rc == 4, err
+    res = result(run_dir)
+    assert res["state"] == "start_failed"
+    assert res["root_cause"]["kind"] == "scheduler" and "invalid partition" in res["root_cause"]["message"].lower()
+    assert "sbatch refused the job" in err
+
+
+def _status(slurm, run_dir) -> dict:
+    done = cli(slurm, _repo(), "status", str(run_dir), "--json")
+    return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else {}
+
+
+EPOCH_RE = re.compile(r"\] epoch (\d+)/(\d+) ")
+
+
+def _epochs(run_dir, attempt: int, task: str = "worker-1") -> list[int]:
+    name = f"{task}.log" if attempt == 0 else f"{task}.attempt-{attempt}.log"
+    try:
+        return [int(m.group(1)) for m in EPOCH_RE.finditer((run_dir / "logs" / name).read_text())]
+    except OSError:
+        return []
+
+
+def test_time_limit_and_preemption_requeue_and_resume_from_the_backup(slurm, tmp_path):
+    """USR2 (the time-limit warning, faked with scancel --signal) → save, scontrol requeue; then a
+    preemption (faked with an outside `scontrol requeue`) → SIGTERM, Slurm requeues. Each allocation
+    is an attempt; each resumes from BackupAndRestore at the interrupted epoch."""
+    cmd = [PY, "-m", "worker_entry.examples.keras_synthetic", "--backup", "--epochs", "8", "--steps-per-epoch", "30",
+           "--slow-input-ms", "50"]  # fmt: skip
+    # TensorFlow catches SIGTERM in a multi-worker job (for PreemptionCheckpointHandler): Keras fit keeps
+    # going until the grace ends, so keep it short; the backup is the last epoch's.
+    spec = write_spec(tmp_path / "spec.yaml", "sl-requeue", cmd, slurm={"time": "3:00", "signal_lead_s": 120},
+                      job={"stop_grace_s": 1})  # fmt: skip
+    run_dir = tmp_path / "run"
+    proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
+    try:
+        wait_for(lambda: _epochs(run_dir, 0), 120, "an epoch of the first allocation")
+        job = json.loads((run_dir / "slurm" / "submitted.json").read_text())["job_id"]
+        slurm.run(["scancel", "--batch", "--signal=USR2", job])
+        wait_for(lambda: _epochs(run_dir, 1), 120, "an epoch in the second allocation")
+        slurm.run(["scontrol", "requeue", job])
+        rc, _out, err = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, err[-3000:]
+    res = result(run_dir)
+    assert res["state"] == "succeeded"
+    assert [a["state"] for a in res["attempts"]] == ["requeued", "requeued", "succeeded"], res["attempts"]
+    assert "time limit" in res["attempts"][0]["root_cause"]["message"]
+    assert "preempted" in res["attempts"][1]["root_cause"]["message"]
+    state = json.loads((run_dir / "slurm.json").read_text())
+    assert (state["timeouts"], state["preemptions"], state["requeues"]) == (1, 1, 2)
+    assert [a["restart"] for a in state["allocations"]] == [0, 1, 2]
+    requeued = [e for e in events(run_dir) if e["event"] == "requeued"]
+    assert [(e["reason"], e["how"]) for e in requeued] == [("timeout", "scontrol requeue"), ("preempted", "by Slurm")]
+    for i in range(3):
+        first, second, third = (_epochs(run_dir, a, f"worker-{i}") for a in range(3))
+        assert second[0] == max(first) + 1 > 1, (first, second)  # resumed at the interrupted epoch
+        assert third[0] == max(second) + 1 and third[-1] == 8, (second, third)
+    assert "requeued (scontrol requeue" in err and "resumes from the backup" in err
+
+
+def test_ctrl_c_on_a_terminal_can_detach_then_logs_follow_and_stop_take_over(slurm, tmp_path):
+    """On a terminal Ctrl-C asks; "d" leaves the job running. `logs --follow` then follows it to its
+    end, which `stop` brings (the supervisor's own teardown, from another process)."""
+    ticker = "import os, time\nfor i in range(600):\n    print('tick', os.environ['TFCLUSTER_TASK_INDEX'], i, flush=True)\n    time.sleep(0.2)"
+    spec = write_spec(tmp_path / "spec.yaml", "sl-detach", [PY, "-c", ticker])
+    run_dir = tmp_path / "run"
+    master, slave = pty.openpty()
+
+    def controlling_tty() -> None:
+        os.setsid()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen(launch_argv(spec, run_dir), stdin=slave, stdout=slave, stderr=slave, cwd=_repo(),
+                            env=env_for(slurm), preexec_fn=controlling_tty)  # fmt: skip
+    os.close(slave)
+    seen = bytearray()
+
+    def read_until(text: bytes, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in seen:
+            assert time.monotonic() < deadline, seen[-2000:].decode(errors="replace")
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    seen.extend(os.read(master, 65536))
+                except OSError:
+                    break
+
+    follower = None
+    try:
+        read_until(b"tick 2 3", 60)
+        os.write(master, b"\x03")  # Ctrl-C, through the terminal's line discipline
+        read_until(b"or detach and leave it running (d)?", 20)
+        os.write(master, b"d\n")
+        read_until(b"detached; Slurm job", 20)
+        assert proc.wait(20) == 0
+        assert slurm.jobs()  # still running
+        follower = subprocess.Popen([PY, "-m", "orchestrator", "logs", str(run_dir), "--follow", "--task", "worker:1"],
+                                    env=env_for(slurm), cwd=_repo(), stdout=subprocess.PIPE, text=True)  # fmt: skip
+        time.sleep(2)
+        stopped = cli(slurm, _repo(), "stop", str(run_dir))
+        assert "stopped: job interrupted_sigterm" in stopped.stdout, stopped
+        out, _ = follower.communicate(timeout=30)
+        assert follower.returncode == 0 and "[worker:1 n2] tick 1" in out and "tick 0 " not in out
+        assert result(run_dir)["state"] == "interrupted_sigterm"
+    finally:
+        os.close(master)
+        for p in (proc, follower):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()

@@ -85,7 +85,7 @@ class LocalSlurm:
     """slurmctld + slurmd n1..n3 on this machine, all state under ``self.dir``."""
 
     def __init__(
-        self, *, cpus: int = 4, kill_wait_s: int = 5, cred_expire_s: int = 10, extra_conf: Sequence[str] = ()
+        self, *, cpus: int = 4, kill_wait_s: int = 5, cred_expire_s: int = 5, extra_conf: Sequence[str] = ()
     ) -> None:
         self.name = "tfc" + uuid.uuid4().hex[:8]
         self.cpus = cpus

@@ -134,7 +134,14 @@ def cmd_gather(args: argparse.Namespace) -> int:
     from ..job import gather_run
     from ..runs import resolve_run
 
-    gather_run(resolve_run(args.run, args.runs_dir))
+    run = resolve_run(args.run, args.runs_dir)
+    scheduler = (run.read_json(run.plan_json) or {}).get("scheduler", "ssh")
+    if scheduler != "ssh":
+        raise UsageError(
+            f"gather copies over SSH; under scheduler: {scheduler} every line arrived over the tasks' connect-back "
+            "channels (RUN/logs) and checkpoints stay on the cluster's storage (checkpoint.dir)"
+        )
+    gather_run(run)
     return EXIT_OK
 
 
@@ -143,6 +150,11 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from ..plan import load_plan
 
     loaded, plan = load_plan(args.spec)
+    if plan.scheduler != "ssh":
+        raise UsageError(
+            f"preflight connects over SSH; under scheduler: {plan.scheduler} the same checks run inside the job "
+            "before the go (a failed check stops it before TensorFlow starts: exit code 4)"
+        )
     report = run_preflight(loaded.spec, plan)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

@@ -184,7 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .slurm import cmd_slurm_batch
 
     # Hidden: the one line of the batch script tfcluster submits (RUN/slurm/job.sh), not for users.
-    p = sub.add_parser("slurm-batch", help="(internal)")
+    p = _cmd(
+        sub,
+        "slurm-batch",
+        "Internal: supervise one Slurm allocation of a submitted run (what RUN/slurm/job.sh runs).",
+        "tfcluster slurm-batch /home/me/runs/resnet-4x8-20261122T101500Z",
+    )
     p.add_argument("run", metavar="RUN")
     p.set_defaults(func=cmd_slurm_batch)
     sub._choices_actions = [a for a in sub._choices_actions if a.dest != "slurm-batch"]  # not in --help

@@ -134,6 +134,13 @@ class SlurmJob(Job):
             timeouts=self.state.timeouts,
         )
 
+    def _connect(self, nodes: Any = None, attempt: int = 0) -> bool:
+        """Nothing to connect to: the tasks dial us once srun starts them."""
+        if self.interrupt.count:
+            self.result.state = interrupted_state(self.interrupt.signum or signal.SIGTERM)
+            return False
+        return True
+
     # --- attempts --------------------------------------------------------------------------------
 
     def run(self) -> RunResult:
@@ -150,7 +157,8 @@ class SlurmJob(Job):
         while True:
             self.result.state = JobState.STARTING
             res = self._attempt(attempt)
-            self.ending = self._allocation_ending()
+            # Every task finished during the save grace: the run is done, whatever the signal said.
+            self.ending = None if res.state == JobState.SUCCEEDED else self._allocation_ending()
             if self.ending is not None:
                 res.state = JobState.REQUEUED
                 res.failures.insert(0, Failure("scheduler", self._ending_message(), time.time(), attempt=attempt))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 #: Slurm's time formats (sbatch --time): M, M:S, H:M:S, D-H, D-H:M, D-H:M:S; or UNLIMITED/INFINITE.
 SLURM_TIME_RE = re.compile(r"^(?:\d+(?::\d{1,2}){0,2}|\d+-\d{1,2}(?::\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
@@ -55,9 +55,21 @@ def _slurm_option(value: str) -> str:
     return value
 
 
+def _time_is_text(value: object) -> object:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        raise ValueError(
+            f"read as the number {value:g}: quote the time (time: \"10:00\"); YAML reads unquoted 10:00 as a "
+            "base-60 number (600), and Slurm reads a bare number as minutes"
+        )
+    return value
+
+
 SlurmName = Annotated[str, Field(strict=True), _matches(SLURM_NAME_RE, "a Slurm name (letters, digits, '._-')")]
 SlurmTime = Annotated[
-    str, Field(strict=True), _matches(SLURM_TIME_RE, "a Slurm time (minutes, H:M:S, D-H:M:S or UNLIMITED)")
+    str,
+    BeforeValidator(_time_is_text),
+    Field(strict=True),
+    _matches(SLURM_TIME_RE, "a Slurm time (minutes, H:M:S, D-H:M:S or UNLIMITED)"),
 ]
 SlurmOption = Annotated[str, Field(strict=True), AfterValidator(_slurm_option)]
 DnsLabel = Annotated[str, Field(strict=True), _matches(DNS_LABEL_RE, "a DNS-1123 label (a-z, 0-9, '-', ≤ 63)")]
