@@ -47,10 +47,10 @@ def slurm(local_slurm: ls.LocalSlurm) -> Iterator[ls.LocalSlurm]:
     yield local_slurm
     left_jobs = local_slurm.jobs()
     deadline = time.monotonic() + 15
-    procs = local_slurm.processes()
+    procs = local_slurm.processes(stepd=True)
     while (procs or local_slurm.jobs()) and time.monotonic() < deadline:
         time.sleep(0.2)
-        procs = local_slurm.processes()
+        procs = local_slurm.processes(stepd=True)
     leftover = [f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in procs if _alive(p)]
     local_slurm.cancel_all()
     for p in procs:

@@ -267,3 +267,12 @@ def test_tensorflows_slurm_resolver_fails_where_ours_works(monkeypatch):
     addrs = ws.node_addresses(st.nodes, "n[1-2]", {Env.SLURM_NODE_ADDRS: "n1=127.0.0.1,n2=127.0.0.1"}, run=None)
     ours, _ = ws.endpoints(st, addrs)
     assert len(set(ours)) == 4 and all(ep.startswith("127.0.0.1:") for ep in ours)
+
+
+@pytest.mark.parametrize(
+    ("visible", "local", "per_task", "here", "share"),
+    [("0,1,2,3", 1, 2, 2, "2,3"), ("0,1,2,3", 3, 1, 4, "3"), ("4,5", 0, 1, 2, "4"), ("0,1,2,3", 0, 4, 1, None),
+     ("", 0, 1, 2, None), ("0", 1, 1, 2, None), ("0,1", 0, 0, 2, None)],
+)  # fmt: skip
+def test_each_task_of_a_node_gets_its_own_gpus(visible, local, per_task, here, share):
+    assert ws.gpu_slice(visible, local, per_task, here) == share

@@ -244,16 +244,18 @@ class LocalSlurm:
         while time.monotonic() < deadline and self.jobs():
             time.sleep(0.2)
 
-    def processes(self) -> list[psutil.Process]:
-        """Processes (other than our daemons) that carry this cluster's SLURM_CONF: jobs' processes."""
+    def processes(self, *, stepd: bool = False) -> list[psutil.Process]:
+        """Processes (other than our daemons) that carry this cluster's SLURM_CONF: jobs' processes —
+        the tasks, srun, salloc; with ``stepd`` also Slurm's own slurmstepd (it outlives its tasks by a
+        moment while it cleans up)."""
         mine = {p.pid for p in self.procs}
         for p in self.procs:  # slurmctld's own helpers (slurmscriptd) are daemons too
             with contextlib.suppress(psutil.Error):
                 mine.update(c.pid for c in psutil.Process(p.pid).children(recursive=True) if c.name() != "slurmstepd")
         needle = f"SLURM_CONF={self.conf}".encode()
         found = []
-        for p in psutil.process_iter():
-            if p.pid in mine or p.pid == os.getpid():
+        for p in psutil.process_iter(["name"]):
+            if p.pid in mine or p.pid == os.getpid() or (not stepd and p.info["name"] == "slurmstepd"):
                 continue
             try:
                 with open(f"/proc/{p.pid}/environ", "rb") as f:
@@ -293,7 +295,7 @@ class LocalSlurm:
                 p.kill()
                 p.wait()
                 killed.append(f"daemon {p.args[0]} (pid {p.pid}) ignored SIGTERM")
-        for p in self.processes() + self.stepds():
+        for p in self.processes(stepd=True) + self.stepds():
             with contextlib.suppress(psutil.Error):
                 killed.append(f"pid {p.pid} {' '.join(p.cmdline())[:120]}")
                 p.kill()

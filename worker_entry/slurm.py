@@ -250,6 +250,15 @@ def endpoints(step: Step, addrs: Sequence[str], base: int | None = None) -> tupl
     return [f"[{a}]:{p}" if ":" in a else f"{a}:{p}" for a, p in zip(by_rank, ports, strict=True)], ports
 
 
+def gpu_slice(visible: str, local_id: int, per_task: int, tasks_here: int) -> str | None:
+    """This task's share of the node's GPUs: Slurm shows every task of a node all of the step's GPUs
+    (``--gpus-per-node``); MWMS wants each task on its own. None: leave CUDA_VISIBLE_DEVICES alone."""
+    devices = [d for d in visible.split(",") if d.strip()]
+    if per_task <= 0 or tasks_here <= 1 or len(devices) < per_task * tasks_here:
+        return None
+    return ",".join(devices[local_id * per_task : (local_id + 1) * per_task])
+
+
 def main(env: Mapping[str, str] = os.environ) -> int:
     """Build this task's cluster from Slurm, connect back, run the task."""
     from .connect import connect_back, parse_address, secret_from_env
@@ -279,5 +288,8 @@ def main(env: Mapping[str, str] = os.environ) -> int:
         print(f"worker_entry slurm: rank {step.rank}: {exc}", file=sys.stderr)
         sock.close()
         return 2
-    tf = json.dumps(tf_config(eps, step.rank, chief), separators=(",", ":"))
-    return serve(dataclasses.replace(config, env={**config.env, Env.TF_CONFIG: tf}, tf_port=ports[step.rank]), sock)
+    task_env = {**config.env, Env.TF_CONFIG: json.dumps(tf_config(eps, step.rank, chief), separators=(",", ":"))}
+    share = gpu_slice(env.get("CUDA_VISIBLE_DEVICES", ""), step.local_id, config.gpus, step.tasks_per_node[step.node_index])
+    if share is not None:
+        task_env["CUDA_VISIBLE_DEVICES"] = share
+    return serve(dataclasses.replace(config, env=task_env, tf_port=ports[step.rank]), sock)
