@@ -24,6 +24,7 @@ tfcluster's own supervision comes to Slurm's bare launcher).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -33,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PY, REPO, Report, base_parser, median, say, set_verbose, wait_until
+from common import PY, REPO, Report, base_parser, events, median, say, set_verbose, wait_until
 
 from tfcluster_testbed.slurm import LocalSlurm, available
 
@@ -108,7 +109,28 @@ def launch_trial(cluster: LocalSlurm, work: Path, method: str, i: int) -> dict:
     ts = stamps(text)
     if proc.returncode != 0 or len(ts) != 3:
         raise RuntimeError(f"{method}: rc {proc.returncode}, {len(ts)} stamps: {proc.stderr[-1500:]}")
-    return {"to_running": max(ts) - t_fork, "wall": wall}
+    return {"to_running": max(ts) - t_fork, "wall": wall, "phases": phases(run_dir, t_fork)}
+
+
+def phases(run_dir: Path, t_fork: float) -> dict[str, float]:
+    """Where tfcluster's time to running goes, from its events (seconds since the client's fork)."""
+    evs = events(run_dir)
+    if not evs:
+        return {}
+
+    def at(kind: str, last: bool = False) -> float | None:
+        ts = [e["ts"] for e in evs if e["event"] == kind]
+        return (max(ts) if last else min(ts)) - t_fork if ts else None
+
+    sub = json.loads((run_dir / "slurm" / "submitted.json").read_text())["ts"] - t_fork if (run_dir / "slurm" / "submitted.json").exists() else None
+    return {k: v for k, v in {
+        "sbatch returned": sub,
+        "supervisor up (slurm_allocation)": at("slurm_allocation"),
+        "srun started (attempt_started)": at("attempt_started"),
+        "first task hello": at("task_ready"),
+        "last task hello": at("task_ready", last=True),
+        "last task running (spawned)": at("task_spawned", last=True),
+    }.items() if v is not None}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ SIGKILL → gone
@@ -220,6 +242,10 @@ def main() -> int:
                 }
             )
         report.data = {"launch": launch, "kill": kills}
+        for m in ("tfcluster in salloc", "tfcluster from login node"):
+            names = list(dict.fromkeys(k for r in launch[m] for k in r["phases"]))
+            rows = [{"phase": k, "s": median([r["phases"][k] for r in launch[m] if k in r["phases"]])} for k in names]
+            report.extra_tables.append((f"{m}: launch phases (s since the client's fork, median)", [("phase", "phase"), ("s", "s")], rows))
     rows = {r["method"]: r for r in report.rows}
     capped = [m for m, rs in kills.items() if any(r["capped"] for r in rs)]
     report.notes.append(f"median of {repeat}; SIGKILL of worker:1's training process after every task's first epoch")

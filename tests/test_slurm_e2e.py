@@ -303,3 +303,32 @@ def test_ctrl_c_on_a_terminal_can_detach_then_logs_follow_and_stop_take_over(slu
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_a_custom_loop_saves_on_the_stop_request_and_resumes_there(slurm, tmp_path):
+    """The documented way for a custom loop: TensorFlow's PreemptionCheckpointHandler sees the SIGTERM
+    tfcluster sends (here on `tfcluster stop`, the same as after Slurm's USR2), saves at a step both
+    workers agree on, exits; the next launch resumes from that step."""
+    loop = [PY, "-m", "worker_entry.examples.custom_loop", "--print-every", "20"]
+    spec = write_spec(tmp_path / "spec.yaml", "sl-loop", [*loop, "--steps", "1000000"], slurm={"nodes": 2},
+                      job={"stop_grace_s": 30}, restart={"backup_dir": str(tmp_path / "backup")})  # fmt: skip
+    salloc = ["salloc", "--nodes=2", "--ntasks-per-node=1", "--immediate=30"]
+    first = tmp_path / "run1"
+    proc = start(slurm, [*salloc, *launch_argv(spec, first, "-q")], cwd=_repo())
+    try:
+        wait_for(lambda: "worker:1: step 100" in _log(first), 120, "the loop to run")
+        stopped = cli(slurm, _repo(), "stop", str(first))
+        assert "stopped: job interrupted_sigterm" in stopped.stdout, stopped
+        finish(proc, timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    printed = [int(m) for m in re.findall(r"worker:0: step (\d+)", _log(first))]
+    assert all(t["state"] == "stopped" for t in result(first)["tasks"].values())
+    second = tmp_path / "run2"
+    rc, _out, err = finish(start(slurm, [*salloc, *launch_argv(spec, second, "-q", "--", *loop, "--steps",
+                                                               str(max(printed) + 40))], cwd=_repo()), timeout=120)  # fmt: skip
+    assert rc == 0, err[-2000:]
+    resumed = int(re.search(r"worker:0: starting at step (\d+)", _log(second)).group(1))
+    assert resumed >= max(printed) > 0, (printed, resumed)  # saved on the stop request, not at step 0
+    assert re.search(r"worker:1: starting at step (\d+)", _log(second)).group(1) == str(resumed)

@@ -268,6 +268,19 @@ class _NoBackend:
     ],
 )
 def test_the_supervisor_tells_an_ending_allocation_from_a_stop(tmp_path, monkeypatch, first, info, stop, expect):
+    _ending(tmp_path, monkeypatch, first, info, stop, expect, batch=True)
+
+
+@pytest.mark.parametrize(
+    ("first", "info", "expect"),
+    [(signal.SIGTERM, JobInfo("9", "RUNNING"), None), (signal.SIGTERM, JobInfo("9", "COMPLETING"), "preempted"),
+     (signal.SIGUSR2, JobInfo("9", "RUNNING", time_left="1:00"), "timeout")],
+)  # fmt: skip
+def test_inside_the_users_allocation_a_sigterm_while_it_runs_is_a_stop(tmp_path, monkeypatch, first, info, expect):
+    _ending(tmp_path, monkeypatch, first, info, None, expect, batch=False)
+
+
+def _ending(tmp_path, monkeypatch, first, info, stop, expect, batch):
     from orchestrator.job import LaunchOptions
     from orchestrator.job.slurm import SlurmJob
 
@@ -276,7 +289,7 @@ def test_the_supervisor_tells_an_ending_allocation_from_a_stop(tmp_path, monkeyp
     run = RunDir.create(tmp_path / "run")
     monkeypatch.setattr(sc, "job_info", lambda job, env=None: info)
     job = SlurmJob(loaded, plan, LaunchOptions(live=False, echo_logs=False), rundir=run, state=SlurmState(run_id="sl-1"),
-                   batch=True, env={"SLURM_JOB_ID": "9"}, backend=_NoBackend())  # fmt: skip
+                   batch=batch, env={"SLURM_JOB_ID": "9"}, backend=_NoBackend())  # fmt: skip
     if stop:
         request_stop(run, stop, "test")
     job.interrupt.trigger(first)

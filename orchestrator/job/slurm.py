@@ -200,6 +200,8 @@ class SlurmJob(Job):
             return "timeout" if left is not None and left <= lead + TIMEOUT_MARGIN_S else "preempted"
         if info is not None and info.state == "CANCELLED":
             return None  # someone ran scancel: the run ends
+        if not self.batch and (info is None or info.state in ("RUNNING", "UNKNOWN")):
+            return None  # inside the user's allocation, which goes on: a kill of the launcher is a stop
         return "preempted"  # SIGTERM from Slurm: preemption, scontrol requeue, node going away
     def _ending_message(self) -> str:
         sig = SIGNALS.get(self.interrupt.first or 0, "a signal")

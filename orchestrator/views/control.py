@@ -180,6 +180,10 @@ def stop_job(run: RunDir, *, timeout_s: float = 120.0) -> str:
     proc = _launcher_process(run)
     if proc is None:
         return "the launcher is not running (no result.json either: it was killed); its workers stop by themselves"
+    if (run.path / "slurm.json").exists():  # inside an allocation: this SIGTERM is a stop, not a preemption
+        from ..runs.slurm_state import request_stop
+
+        request_stop(run, "SIGTERM", "tfcluster stop")
     try:
         if proc.uids().real != os.getuid() and os.getuid() != 0:
             raise UsageError("the launcher belongs to another user; only the user who started the job can stop it")

@@ -95,6 +95,11 @@ def finalize(run: RunDir, info: JobInfo | None = None) -> dict[str, Any] | None:
         new, kind, msg = interrupted_state(_signum(stop)), "scheduler", f"stopped by the user: Slurm job {job} {slurm_state}"
     elif not attempts and not (state and state.allocations):
         new, kind, msg = JobState.START_FAILED, "scheduler", f"Slurm job {job} ended ({slurm_state}) before tfcluster's supervisor started"
+    elif attempts and attempts[-1].state == JobState.REQUEUED:
+        new, kind, msg = JobState.FAILED, "scheduler", (
+            f"Slurm job {job} ended ({slurm_state}) after its allocation was taken away, and was not started again "
+            "(the partition's PreemptMode cancels instead of requeueing, or the job is not requeueable)"
+        )
     elif slurm_state == "CANCELLED":
         new, kind, msg = JobState.INTERRUPTED_SIGTERM, "scheduler", f"Slurm job {job} was cancelled (scancel)"
     else:

@@ -123,7 +123,8 @@ class SlurmStepBackend(ConnectBackBackend):
         missing = [str(n.task) for rank, (n, _) in enumerate(self._starts) if rank not in connected]
         if not missing:
             return
-        why = OSError(f"srun exited with code {rc} before the task connected back: {self.srun_tail()}")
+        when = "before any task connected back" if not connected else "before this task connected back"
+        why = OSError(f"srun exited with code {rc} {when}: {self.srun_tail()}")
         for task in missing:
             self._deliver(task, why)
 
