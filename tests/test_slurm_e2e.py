@@ -332,3 +332,31 @@ def test_a_custom_loop_saves_on_the_stop_request_and_resumes_there(slurm, tmp_pa
     resumed = int(re.search(r"worker:0: starting at step (\d+)", _log(second)).group(1))
     assert resumed >= max(printed) > 0, (printed, resumed)  # saved on the stop request, not at step 0
     assert re.search(r"worker:1: starting at step (\d+)", _log(second)).group(1) == str(resumed)
+
+
+@pytest.mark.parametrize(
+    "text", ["n[1-3,5]", "n[01-03]", "n[8-10]", "n[08-12],x", "r[1-2]-n[01-02]", "gpu-[001-003],cpu7", "a,b,c", "[3-4]"]
+)
+def test_the_fallback_expands_host_lists_like_scontrol(slurm, text):
+    from worker_entry.hostlist import expand_hostlist
+
+    assert expand_hostlist(text) == slurm.run(["scontrol", "show", "hostnames", text]).stdout.split()
+
+
+def test_a_busy_tf_port_stops_the_job_before_tensorflow_starts(slurm, tmp_path):
+    """With tensorflow.port set the ports are fixed (base + index per shared address): one in use is
+    reported by the task's facts and refused at the go, naming the port; nothing ran."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        spec = write_spec(tmp_path / "spec.yaml", "sl-port", ["true"], tensorflow={"port": port - 1})
+        run_dir = tmp_path / "run"
+        argv = ["salloc", "--nodes=3", "--ntasks-per-node=1", "--immediate=30", *launch_argv(spec, run_dir)]
+        rc, _out, err = finish(start(slurm, argv, cwd=_repo()), timeout=90)
+    assert rc == 4, err[-2000:]
+    res = result(run_dir)
+    assert res["state"] == "preflight_failed"
+    assert res["root_cause"]["task"] == "worker:1" and f"TF port {port}" in res["root_cause"]["message"]

@@ -304,3 +304,107 @@ def test_ctrl_c_asks_only_on_a_terminal():
             return False
 
     assert ask_cancel_or_detach(Pipe()) == "c"
+
+
+# ----------------------------------------------------------------------------- teardown's last resort
+
+
+def test_srun_still_running_after_the_teardown_gets_its_step_scancelled_then_killed(tmp_path, monkeypatch):
+    import subprocess
+
+    from orchestrator.backends.slurm import step as st
+
+    spec = load_spec_text(spec_text()).spec
+    backend = st.SlurmStepBackend(spec, slurm_plan(spec, run_id="x"), log_dir=tmp_path, env={"SLURM_JOB_ID": "7"})
+    calls = []
+    monkeypatch.setattr(st, "SRUN_EXIT_WAIT_S", 0.1)
+    monkeypatch.setattr(st, "SCANCEL_WAIT_S", 0.3)
+    monkeypatch.setattr(sc, "steps_named", lambda job, name: calls.append(("steps", job, name)) or ["7.0"])
+    monkeypatch.setattr(sc, "cancel", lambda target, **kw: calls.append(("scancel", target, kw)))
+    backend.srun = subprocess.Popen(["sleep", "60"])  # an srun that does not end by itself
+    backend.step_name = "sl-a0"
+    backend.close()
+    assert calls == [("steps", "7", "sl-a0"), ("scancel", "7.0", {"signal": "KILL"})]
+    assert backend.srun.poll() is not None  # and killed when even that did not end it
+    assert any("scancel --signal=KILL 7.0" in n for n in backend.notes) and any("killed" in n for n in backend.notes)
+
+
+# ----------------------------------------------------------------------------- requeue caps and resubmission
+
+
+def _job(tmp_path, monkeypatch, *, requeue=True, state=None):
+    from orchestrator.job import LaunchOptions
+    from orchestrator.job.slurm import SlurmJob
+
+    loaded = load_spec_text(spec_text(f"requeue: {str(requeue).lower()}\nmax_requeues: 2\n"))
+    plan = slurm_plan(loaded.spec, run_id="sl-1")
+    run = RunDir.create(tmp_path / "run")
+    (run.path / "slurm").mkdir()
+    state = state or SlurmState(run_id="sl-1", job_ids=["9"])
+    monkeypatch.setattr(sc, "job_info", lambda job, env=None: JobInfo("9", "RUNNING", time_left="1:00"))
+    job = SlurmJob(loaded, plan, LaunchOptions(live=False, echo_logs=False), rundir=run, state=state, batch=True,
+                   env={"SLURM_JOB_ID": "9"}, backend=_NoBackend())  # fmt: skip
+    state.allocations.append({"job_id": "9", "restart": 0, "started_ts": 1.0})  # this allocation (_write_run_files)
+    job.interrupt.trigger(signal.SIGUSR2)
+    job.ending = job._allocation_ending()
+    return job, run
+
+
+def test_past_the_cap_a_time_out_ends_the_run(tmp_path, monkeypatch):
+    job, run = _job(tmp_path, monkeypatch, state=SlurmState(run_id="sl-1", job_ids=["9"], timeouts=2))
+    requeued = []
+    monkeypatch.setattr(sc, "requeue", requeued.append)
+    res = job._finish()
+    assert requeued == [] and res.state == JobState.FAILED
+    assert "3 time-outs, more than slurm.max_requeues (2)" in res.root_cause.message
+    assert json.loads(run.result_json.read_text())["state"] == "failed"
+
+
+def test_where_requeue_is_refused_the_job_is_resubmitted_after_this_one(tmp_path, monkeypatch):
+    job, run = _job(tmp_path, monkeypatch)
+    (run.path / "slurm" / "sbatch.json").write_text(json.dumps(["sbatch", "--parsable", "--job-name=sl", "/r/job.sh"]))
+
+    def refuse(job_id):
+        raise sc.SlurmError("scontrol failed (exit 1): Requested operation is presently disabled")
+
+    submitted = []
+    monkeypatch.setattr(sc, "requeue", refuse)
+    monkeypatch.setattr(sc, "submit", lambda argv, env=None: submitted.append(argv) or "10")
+    res = job._finish()
+    assert res.state == JobState.REQUEUED and not run.result_json.exists()
+    assert submitted == [["sbatch", "--parsable", "--job-name=sl", "--dependency=afterany:9", "/r/job.sh"]]
+    state = SlurmState.load(run)
+    assert state.job_ids == ["9", "10"] and (state.timeouts, state.preemptions, state.requeues) == (1, 0, 1)
+    kinds = [json.loads(line)["event"] for line in run.events_jsonl.read_text().splitlines()]
+    assert "requeued" in kinds
+    assert json.loads((run.path / "status.json").read_text())["state"] == "requeued"
+
+
+def test_with_requeue_off_the_time_limit_ends_the_run(tmp_path, monkeypatch):
+    job, _ = _job(tmp_path, monkeypatch, requeue=False)
+    res = job._finish()
+    assert res.state == JobState.FAILED and "slurm.requeue is false" in res.root_cause.message
+
+
+def test_an_allocation_whose_supervisor_died_is_an_attempt_of_its_own(tmp_path, monkeypatch):
+    """SIGKILLed with its allocation (a node failure, a requeue past KillWait): the next supervisor
+    records that allocation as a requeued attempt, counts a preemption, and continues the numbering."""
+    from orchestrator.job import LaunchOptions
+    from orchestrator.job.slurm import SlurmJob
+
+    loaded = load_spec_text(spec_text())
+    plan = slurm_plan(loaded.spec, run_id="sl-1")
+    run = RunDir.create(tmp_path / "run")
+    earlier = {"attempt": 0, "state": "requeued", "started_ts": 1.0, "ended_ts": 2.0, "tasks": {},
+               "failures": [{"kind": "scheduler", "message": "time limit", "ts": 2.0}]}  # fmt: skip
+    state = SlurmState(run_id="sl-1", job_ids=["9"], timeouts=1, attempts=[earlier],
+                       allocations=[{"job_id": "9", "restart": 0, "started_ts": 1.0, "ended_ts": 2.0, "end": "timeout"},
+                                    {"job_id": "9", "restart": 1, "started_ts": 3.0}])  # fmt: skip
+    job = SlurmJob(loaded, plan, LaunchOptions(live=False, echo_logs=False), rundir=run, state=state, batch=True,
+                   env={"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "2"}, backend=_NoBackend())  # fmt: skip
+    assert [a.state for a in job.result.attempts] == [JobState.REQUEUED, JobState.REQUEUED]
+    assert "ended without its supervisor recording it" in job.result.attempts[1].root_cause.message
+    assert all(t.state.value == "lost" for t in job.result.attempts[1].tasks.values())
+    assert (job.first_attempt, state.preemptions, state.timeouts) == (2, 1, 1)
+    assert job.result.started_ts == 1.0  # the run's wall time counts from its first allocation
+    job.bus.close()

@@ -239,6 +239,7 @@ class SlurmJob(Job):
     def _requeue(self) -> RunResult:
         """Record everything, then hand the job back to Slurm (which ends this allocation, and us)."""
         self.state.requeues += 1
+        self.result.state = JobState.REQUEUED
         self.backend.close()  # the step is down before we give up the allocation
         ours = self.interrupt.first == signal.SIGUSR2  # a warning: Slurm will not requeue the job, we do
         self.bus.emit(
