@@ -120,7 +120,7 @@ class Job:
         problems = self.backend.connect(nodes if nodes is not None else self.plan.nodes)
         if problems:
             for d in problems:
-                self.bus.emit("connect_failed", task=d.task, host=d.host, kind=d.code, message=d.render())
+                self.bus.emit("connect_failed", task=d.task, host=d.host, kind=d.code, message=d.message, hint=d.hint)
             text = "\n".join([f"cannot reach {len(problems)} host(s):"] + ["  " + d.render() for d in problems])
             first = problems[0]
             self.result.failures.append(Failure("connect", text, time.time(), first.task, first.host, attempt=attempt))
