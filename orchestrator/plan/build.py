@@ -61,6 +61,7 @@ def runtime_of(spec: ClusterSpec) -> Runtime:
         stop_grace_s=spec.job.stop_grace_s,
         failure_grace_s=spec.job.failure_grace_s,
         instrument=spec.job.instrument,
+        gather_checkpoint=spec.checkpoint.gather,
     )
 
 

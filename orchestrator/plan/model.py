@@ -69,6 +69,7 @@ class Runtime:
     stop_grace_s: float = 10.0
     failure_grace_s: float = 0.3
     instrument: bool = True
+    gather_checkpoint: bool = True  # the chief lists its checkpoint directory when its task ends
 
     @property
     def launcher_timeout_s(self) -> float:
@@ -129,6 +130,9 @@ class NodePlan:
             failure_grace_s=rt.failure_grace_s,
             instrument=rt.instrument,
             wait_for_go=wait_for_go,
+            checkpoint_dir=self.checkpoint_dir if self.is_chief and rt.gather_checkpoint else None,
+            # MWMS makes every non-chief write a temporary copy of each checkpoint: not worth keeping
+            clean_dirs=[] if self.is_chief else [self.checkpoint_dir, self.backup_dir],
         )
 
     def to_dict(self, *, show_secrets: bool = False) -> dict[str, Any]:
