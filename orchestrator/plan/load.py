@@ -7,12 +7,12 @@ from datetime import UTC, datetime
 from pydantic import ValidationError
 
 from ..core.diagnostics import Diagnostic
-from ..core.errors import SpecError
+from ..core.errors import SpecError, UsageError
 from ..spec import ClusterSpec, LoadedSpec, format_path, load_spec
 from ..spec.model import JobSpec
 from .build import build_plan
 from .model import Plan
-from .sshconfig import local_user, ssh_config_lookup
+from .sshconfig import SshConfigError, local_user, ssh_config_lookup
 
 
 def default_run_id(name: str) -> str:
@@ -43,10 +43,9 @@ def load_plan(spec_path: str, run_id: str | None = None, command: list[str] | No
     if command:
         spec = spec.model_copy(update={"job": override_command(spec, command)})
         loaded = LoadedSpec(spec=spec, path=loaded.path, text=loaded.text, warnings=loaded.warnings)
-    plan = build_plan(
-        spec,
-        run_id=run_id or default_run_id(spec.name),
-        local_user=local_user(),
-        ssh_lookup=ssh_config_lookup(spec.ssh.config_file),
-    )
+    try:
+        lookup = ssh_config_lookup(spec.ssh.config_file) if spec.scheduler == "ssh" else None
+    except SshConfigError as exc:
+        raise UsageError(f"ssh.config_file: {exc}") from None
+    plan = build_plan(spec, run_id=run_id or default_run_id(spec.name), local_user=local_user(), ssh_lookup=lookup)
     return loaded, plan

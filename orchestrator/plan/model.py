@@ -53,6 +53,7 @@ class SshTarget:
     known_hosts: str = "~/.ssh/known_hosts"
     connect_timeout_s: float = 10.0
     keepalive_s: float = 5.0
+    jumps: tuple[SshTarget, ...] = ()  # ProxyJump hosts, in the order the connection goes through them
 
     @property
     def label(self) -> str:
@@ -139,7 +140,13 @@ class NodePlan:
         return {
             "host": self.host,
             **(
-                {"ssh_host": self.ssh.hostname, "ssh_port": self.ssh.port, "user": self.ssh.user}
+                {
+                    "ssh_host": self.ssh.hostname,
+                    "ssh_port": self.ssh.port,
+                    "user": self.ssh.user,
+                    "proxy_command": self.ssh.proxy_command,
+                    "jumps": [f"{j.user}@{j.hostname}:{j.port}" for j in self.ssh.jumps],
+                }
                 if self.ssh is not None
                 else {}
             ),
