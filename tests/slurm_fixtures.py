@@ -45,12 +45,11 @@ def local_slurm() -> Iterator[ls.LocalSlurm]:
 def slurm(local_slurm: ls.LocalSlurm) -> Iterator[ls.LocalSlurm]:
     """The session's Slurm, checked empty after the test (no job, no task process left)."""
     yield local_slurm
-    left_jobs = local_slurm.jobs()
-    deadline = time.monotonic() + 15
-    procs = local_slurm.processes(stepd=True)
-    while (procs or local_slurm.jobs()) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 15  # a job that just ended is COMPLETING for a moment
+    left_jobs, procs = local_slurm.jobs(), local_slurm.processes(stepd=True)
+    while (procs or left_jobs) and time.monotonic() < deadline:
         time.sleep(0.2)
-        procs = local_slurm.processes(stepd=True)
+        left_jobs, procs = local_slurm.jobs(), local_slurm.processes(stepd=True)
     leftover = [f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in procs if _alive(p)]
     local_slurm.cancel_all()
     for p in procs:

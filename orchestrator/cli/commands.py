@@ -97,7 +97,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _run_id_from_dir(run_dir: str | None) -> str | None:
-    return os.path.basename(os.path.normpath(run_dir)) if run_dir else None
+    """The run id a --run-dir implies (its last component), checked like a name in a spec."""
+    if run_dir is None:
+        return None
+    bad = next((c for c in run_dir if c < " " or c == "\x7f"), None)
+    if not run_dir.strip() or bad is not None:
+        raise UsageError(f"--run-dir {run_dir!r}: must be a path without control characters")
+    return os.path.basename(os.path.normpath(run_dir))
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -138,8 +144,9 @@ def cmd_gather(args: argparse.Namespace) -> int:
     scheduler = (run.read_json(run.plan_json) or {}).get("scheduler", "ssh")
     if scheduler != "ssh":
         raise UsageError(
-            f"gather copies over SSH; under scheduler: {scheduler} every line arrived over the tasks' connect-back "
-            "channels (RUN/logs) and checkpoints stay on the cluster's storage (checkpoint.dir)"
+            f"gather reconnects over SSH; under scheduler: {scheduler} logs and the chief's checkpoint came back over "
+            "the tasks' own connect-back channels when the job ended (RUN/logs, RUN/checkpoints); what a lost task "
+            "did not send stays in its node's task directory (job.remote_dir)"
         )
     gather_run(run)
     return EXIT_OK

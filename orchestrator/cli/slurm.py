@@ -22,7 +22,7 @@ def launch_slurm(args: argparse.Namespace, loaded, plan) -> int:
     opts = LaunchOptions(
         run_dir=args.run_dir,
         preflight=not args.no_preflight,
-        gather=False,
+        gather=not args.no_gather,
         live=not args.no_live,
         echo_logs=not args.quiet,
     )
@@ -38,7 +38,7 @@ def _submit_and_follow(args: argparse.Namespace, loaded, plan, opts) -> int:
     from ..sinks import use_color
     from ..views.follow import Follower, ask_cancel_or_detach
 
-    sub = submit(loaded, plan, opts.run_dir, list(args.cmd) or None)
+    sub = submit(loaded, plan, opts.run_dir, list(args.cmd) or None, gather=opts.gather)
     note = lambda text: print(f"tfcluster: {text}", file=sys.stderr, flush=True)  # noqa: E731
     if sub.job_id is None:
         result = sub.rundir.read_json(sub.rundir.result_json) or {}

@@ -151,12 +151,14 @@ class SlurmJob(Job):
             signal.signal(signal.SIGUSR2, previous)
 
     def _attempts(self) -> None:
-        """Like Job's: restarts after failures within the allocation; an ending allocation stops here."""
+        """Like Job's: restarts after failures within the allocation; an ending allocation stops here.
+        Each attempt hands over on the tasks' own channels (logs); the run's last one also brings the
+        chief's checkpoint — not one that ends with its allocation: the run goes on in the next."""
         attempt = self.first_attempt
         restarts = sum(1 for a in self.result.attempts if a.state == JobState.FAILED)
         while True:
             self.result.state = JobState.STARTING
-            res = self._attempt(attempt)
+            res, sup = self._attempt(attempt)
             # Every task finished during the save grace: the run is done, whatever the signal said.
             self.ending = None if res.state == JobState.SUCCEEDED else self._allocation_ending()
             if self.ending is not None:
@@ -172,9 +174,10 @@ class SlurmJob(Job):
                 state=res.state.value,
                 root_cause=res.root_cause.to_dict() if res.root_cause else None,
             )
-            if self.ending is not None or self.interrupt.count:
-                return
-            if res.state != JobState.FAILED or restarts >= self.spec.restart.max_restarts:
+            restart = res.state == JobState.FAILED and restarts < self.spec.restart.max_restarts
+            restart = restart and not self.interrupt.count and self.ending is None
+            self._hand_over(sup, attempt, final=not restart and self.ending is None)
+            if not restart:
                 return
             restarts += 1
             attempt += 1
@@ -185,6 +188,10 @@ class SlurmJob(Job):
                 max_attempts=self.spec.restart.max_restarts + 1,
                 reason=res.root_cause.message if res.root_cause else "failed",
             )
+
+    def _summarize_gather(self) -> None:
+        if self.ending is None:  # an allocation that ends mid-run has nothing to summarize yet
+            super()._summarize_gather()
 
     def _allocation_ending(self) -> str | None:
         """Why the supervisor was signalled: the allocation ends (time-out, preemption) or not (a stop)."""
@@ -312,7 +319,7 @@ def run_batch(run_dir: str, env: Mapping[str, str] = os.environ) -> RunResult | 
         spec = loaded.spec.model_copy(update={"job": loaded.spec.job.model_copy(update={"command": state.command})})
         loaded = LoadedSpec(spec=spec, path=loaded.path, text=loaded.text, warnings=loaded.warnings)
     plan = slurm_plan(loaded.spec, run_id=state.run_id, node_names=allocation_nodes(env))
-    opts = LaunchOptions(run_dir=str(rundir.path), gather=False, live=False, echo_logs=False)
+    opts = LaunchOptions(run_dir=str(rundir.path), gather=state.gather, live=False, echo_logs=False)
     return SlurmJob(loaded, plan, opts, rundir=rundir, state=state, batch=True, env=env).run()
 
 
@@ -322,5 +329,5 @@ def launch_in_allocation(loaded: LoadedSpec, plan: Plan, opts: LaunchOptions, en
     rundir = RunDir.create(opts.run_dir or os.path.join("runs", plan.run_id))
     state = SlurmState(run_id=plan.run_id, mode="allocation", job_ids=[env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""])
     state.job_ids = [j for j in state.job_ids if j.isdigit()]
-    opts = LaunchOptions(run_dir=str(rundir.path), preflight=opts.preflight, gather=False, live=opts.live, echo_logs=opts.echo_logs)
+    opts = LaunchOptions(run_dir=str(rundir.path), preflight=opts.preflight, gather=opts.gather, live=opts.live, echo_logs=opts.echo_logs)
     return SlurmJob(loaded, plan, opts, rundir=rundir, state=state, batch=False, env=env).run()

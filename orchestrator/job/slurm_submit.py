@@ -47,7 +47,9 @@ def _private(path: Path, text: str, mode: int = 0o600) -> None:
     os.chmod(path, mode)
 
 
-def submit(loaded: LoadedSpec, plan: Plan, run_dir: str | None, command: list[str] | None) -> Submitted:
+def submit(
+    loaded: LoadedSpec, plan: Plan, run_dir: str | None, command: list[str] | None, *, gather: bool = True
+) -> Submitted:
     """Create the run directory and submit the batch job. sbatch refusing is recorded as the run's result."""
     if not sc.have("sbatch"):
         raise UsageError("scheduler: slurm needs sbatch: run on a Slurm login node (or inside an allocation)")
@@ -57,7 +59,7 @@ def submit(loaded: LoadedSpec, plan: Plan, run_dir: str | None, command: list[st
     sdir.mkdir(mode=0o700, exist_ok=True)
     _private(rundir.spec_yaml, loaded.text)
     write_json_atomic(rundir.plan_json, plan.to_dict(), durable=False)
-    SlurmState(run_id=plan.run_id, mode="batch", command=command).save(rundir)
+    SlurmState(run_id=plan.run_id, mode="batch", command=command, gather=gather).save(rundir)
     script = sdir / "job.sh"
     _private(script, batch_script(sys.executable, str(rundir.path), plan.run_id), 0o700)
     argv = sbatch_argv(loaded.spec, str(rundir.path), str(script))
