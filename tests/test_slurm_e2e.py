@@ -37,7 +37,7 @@ def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
     rc, out, err = finish(start(slurm, launch_argv(spec, run_dir), cwd=_repo()), timeout=150)
     assert rc == 0, err[-3000:]
     res = result(run_dir)
-    assert res["state"] == "succeeded"
+    assert res["state"] == "succeeded" and res["gather"]["errors"] == []
     hosts = {t: v["host"] for t, v in res["tasks"].items()}
     assert hosts == {"worker:0": "n1", "worker:1": "n2", "worker:2": "n3"}
     assert out.count("SECRET none") == 3  # the connect-back secret never reaches the training command
@@ -221,7 +221,7 @@ def test_time_limit_and_preemption_requeue_and_resume_from_the_backup(slurm, tmp
            "--slow-input-ms", "50"]  # fmt: skip
     # TensorFlow catches SIGTERM in a multi-worker job (for PreemptionCheckpointHandler): Keras fit keeps
     # going until the grace ends, so keep it short; the backup is the last epoch's.
-    spec = write_spec(tmp_path / "spec.yaml", "sl-requeue", cmd, slurm={"time": "3:00", "signal_lead_s": 120},
+    spec = write_spec(tmp_path / "spec.yaml", "sl-requeue", cmd, slurm={"nodes": 2, "time": "3:00", "signal_lead_s": 120},
                       job={"stop_grace_s": 1})  # fmt: skip
     run_dir = tmp_path / "run"
     proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
@@ -246,11 +246,14 @@ def test_time_limit_and_preemption_requeue_and_resume_from_the_backup(slurm, tmp
     assert [a["restart"] for a in state["allocations"]] == [0, 1, 2]
     requeued = [e for e in events(run_dir) if e["event"] == "requeued"]
     assert [(e["reason"], e["how"]) for e in requeued] == [("timeout", "scontrol requeue"), ("preempted", "by Slurm")]
-    for i in range(3):
+    for i in range(2):
         first, second, third = (_epochs(run_dir, a, f"worker-{i}") for a in range(3))
         assert second[0] == max(first) + 1 > 1, (first, second)  # resumed at the interrupted epoch
         assert third[0] == max(second) + 1 and third[-1] == 7, (second, third)
     assert "requeued (scontrol requeue" in err and "resumes from the backup" in err
+    # the last allocation handed the chief's checkpoint over on its connect-back channel, verified
+    assert res["gather"]["errors"] == [] and res["gather"]["checkpoints"]["gathered"]
+    assert json.loads((run_dir / "checkpoints" / "summary.json").read_text())["epochs"] == 7
 
 
 def test_ctrl_c_on_a_terminal_can_detach_then_logs_follow_and_stop_take_over(slurm, tmp_path):
