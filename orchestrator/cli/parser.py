@@ -26,7 +26,8 @@ def _cmd(sub: argparse._SubParsersAction, name: str, summary: str, example: str)
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfcluster",
-        description="Launch, supervise and explain multi-machine TensorFlow MultiWorkerMirroredStrategy jobs over SSH.",
+        description="Launch, supervise and explain multi-machine TensorFlow MultiWorkerMirroredStrategy jobs over SSH "
+        "or under Slurm.",
         epilog=textwrap.dedent(
             """\
             typical session:
@@ -77,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _cmd(
         sub,
         "launch",
-        "Start the job on every host over SSH, stream logs, supervise, tear down on failure, gather.",
+        "Start the job on every host over SSH (or under Slurm: sbatch from a login node, one srun step inside an "
+        "allocation), stream logs, supervise, tear down on failure, gather.",
         "tfcluster launch cluster.yaml\ntfcluster launch cluster.yaml --run-dir runs/try1 -- python train.py --epochs 1",
     )
     p.add_argument("spec", metavar="SPEC")

@@ -76,7 +76,7 @@ class LiveTable:
             style = {"failed": "red", "lost": "red", "succeeded": "green", "stopped": "yellow"}.get(state, "")
             table.add_row(
                 str(node.task),
-                node.host,
+                str(t.get("host") or node.host),  # a Slurm run learns its nodes when it starts
                 Text(state, style=style),
                 _fmt(t.get("steps"), "d"),
                 "-" if step_time is None else f"{step_time * 1000:.1f}",
