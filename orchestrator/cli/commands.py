@@ -78,6 +78,15 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     command = list(args.cmd) or None
     loaded, plan = load_plan(args.spec, _run_id_from_dir(args.run_dir), command)
+    if args.detach:
+        from ..job.detach import launch_detached
+
+        flags = [f for f, on in (("--no-preflight", args.no_preflight), ("--no-gather", args.no_gather)) if on]
+        code, message = launch_detached(
+            args.spec, args.run_dir or os.path.join("runs", plan.run_id), [*flags, *(["--", *command] if command else [])]
+        )
+        print(message, file=sys.stdout if code == 0 else sys.stderr)
+        return code
     result = launch(
         loaded,
         plan,
@@ -85,21 +94,24 @@ def cmd_launch(args: argparse.Namespace) -> int:
             run_dir=args.run_dir,
             preflight=not args.no_preflight,
             gather=not args.no_gather,
-            live=not args.no_live,
+            live=not args.no_live and not args.detached_child,
             echo_logs=not args.quiet,
+            adopt_run_dir=args.detached_child,
         ),
     )
     return exit_code_for(result)
 
 
 def _run_id_from_dir(run_dir: str | None) -> str | None:
-    """The run id a --run-dir implies (its last component), checked like a name in a spec."""
+    """The run id a --run-dir implies (its last component, made unique), after checking the path."""
     if run_dir is None:
         return None
+    from ..plan import run_id_for_dir
+
     bad = next((c for c in run_dir if c < " " or c == "\x7f"), None)
     if not run_dir.strip() or bad is not None:
         raise UsageError(f"--run-dir {run_dir!r}: must be a path without control characters")
-    return os.path.basename(os.path.normpath(run_dir))
+    return run_id_for_dir(run_dir)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "launch",
         "Start the job on every host over SSH, stream logs, supervise, tear down on failure, gather.",
-        "tfcluster launch cluster.yaml\ntfcluster launch cluster.yaml --run-dir runs/try1 -- python train.py --epochs 1",
+        "tfcluster launch cluster.yaml\ntfcluster launch cluster.yaml --run-dir runs/try1 -- python train.py --epochs 1\n"
+        "tfcluster launch cluster.yaml --detach   # then: tfcluster logs NAME -f / status NAME / stop NAME",
     )
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--run-dir", help="run directory (default: ./runs/NAME-<UTC timestamp>)")
@@ -86,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-gather", action="store_true", help="do not copy logs and checkpoints back after the job")
     p.add_argument("--no-live", action="store_true", help="no live status table, even on a terminal")
     p.add_argument("--quiet", "-q", action="store_true", help="do not print worker output (it is still stored)")
+    p.add_argument(
+        "--detach",
+        action="store_true",
+        help="run the launcher in the background (no terminal; output in RUN/launcher.log) and return at once",
+    )
+    p.add_argument("--detached-child", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=c.cmd_launch, cmd=[])
     p.usage = "tfcluster launch [options] SPEC [-- COMMAND...]   (COMMAND overrides job.command)"
 

@@ -31,6 +31,7 @@ EVENT_KINDS = frozenset(
         "shell_noise",
         "teardown",
         "interrupted",
+        "detached",
         "restart",
         "attempt_finished",
         "gather_started",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backends import Backend
+from ..core.redact import redact_argv
 from ..core.result import AttemptResult, Failure, RunResult
 from ..core.states import JobState, interrupted_state
 from ..events import EventBus
@@ -23,8 +24,9 @@ from ..runs import RunDir, write_json_atomic
 from ..sinks import ConsoleSink, EventFileSink, HeartbeatFile, LogRouter, WriteGuard, use_color
 from ..sinks.status import StatusWriter
 from ..spec import LoadedSpec
+from ..spec.redact import redacted_text
 from ..supervise import Interrupt, Supervisor
-from .signals import signals_to
+from .signals import Hangup, signals_to
 
 try:
     import psutil
@@ -39,6 +41,7 @@ class LaunchOptions:
     gather: bool = True
     live: bool = True
     echo_logs: bool = True
+    adopt_run_dir: bool = False  # --detach: the run directory was created for us (holds launcher.log)
 
 
 class Gathered:
@@ -70,7 +73,7 @@ class Job:
             backend = SshBackend()
         self.backend = backend
         self.interrupt = Interrupt()
-        self.rundir = RunDir.create(opts.run_dir or os.path.join("runs", plan.run_id))
+        self.rundir = RunDir.create(opts.run_dir or os.path.join("runs", plan.run_id), adopt=opts.adopt_run_dir)
         started = time.time()
         self.result = RunResult(
             job=plan.job,
@@ -91,7 +94,8 @@ class Job:
         if self.live is not None:
             self.logs.console_hook = self.live.print_log
         self.heartbeats = HeartbeatFile(self.rundir.heartbeats_jsonl, self.guard)
-        self.status = StatusWriter(self.rundir, plan.job, plan.run_id, self.live)
+        self.status_file = StatusWriter(self.rundir, plan.job, plan.run_id, self.live)
+        self.hangup = Hangup(self.rundir.launcher_log)
         self.gathered = Gathered(self.rundir)
 
     # --- the whole job ---------------------------------------------------------------------------
@@ -99,7 +103,7 @@ class Job:
     def run(self) -> RunResult:
         self._write_run_files()
         try:
-            with signals_to(self.interrupt):
+            with signals_to(self.interrupt, self.hangup):
                 if self.live is not None:
                     self.live.start()
                 if self._connect():
@@ -114,8 +118,9 @@ class Job:
 
     def _write_run_files(self) -> None:
         rd = self.rundir
-        rd.spec_yaml.write_text(self.loaded.text)
-        os.chmod(rd.spec_yaml, 0o600)
+        fd = os.open(rd.spec_yaml, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(redacted_text(self.loaded))
         write_json_atomic(rd.plan_json, self.plan.to_dict(), durable=False)
         write_json_atomic(rd.launcher_json, _launcher_info(), durable=False)
         for w in self.loaded.warnings:
@@ -196,6 +201,24 @@ class Job:
             on_status=self.status,
         )
         return sup.run(), sup
+
+    def status(self, status: dict[str, Any]) -> None:
+        """Every second, from the supervisor's loop: the live status, and a hangup acted on."""
+        if self.hangup.count > self.hangup.handled:
+            self.hangup.handled = self.hangup.count
+            if self.live is not None:
+                self.live.stop()
+                self.live = self.status_file.live = self.logs.console_hook = None
+            self.logs.color = False
+            for sink in self.bus.sinks:
+                if isinstance(sink, ConsoleSink):
+                    sink.color = False
+            self.bus.emit(
+                "detached",
+                message=f"the terminal went away (SIGHUP): the job goes on; output in {self.hangup.log}",
+                log=str(self.hangup.log),
+            )
+        self.status_file(status)
 
     def _hand_over(self, sup: Supervisor, attempt: int, *, final: bool) -> None:
         """Over the tasks' own channels: complete this attempt's logs, and after the final attempt
@@ -296,7 +319,7 @@ def _launcher_info() -> dict[str, Any]:
         "pid": os.getpid(),
         "uid": os.getuid(),
         "hostname": socket.gethostname(),
-        "argv": sys.argv,
+        "argv": redact_argv(sys.argv),
         "started": time.time(),
     }
     if psutil is not None:

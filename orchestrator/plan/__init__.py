@@ -2,7 +2,7 @@
 environment and ``NodeConfig`` of every node. ``tfcluster plan`` prints exactly what ``launch`` uses."""
 
 from .build import SshLookup, build_plan, resolve_communication
-from .load import default_run_id, load_plan
+from .load import default_run_id, load_plan, run_id_for_dir
 from .model import NodePlan, Plan, Runtime, SshTarget, TaskId, bracket
 from .secrets import REDACTED, redact_env
 
@@ -20,4 +20,5 @@ __all__ = [
     "load_plan",
     "redact_env",
     "resolve_communication",
+    "run_id_for_dir",
 ]

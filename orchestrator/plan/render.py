@@ -7,7 +7,7 @@ import shlex
 
 from ..core.text import table
 from .model import Plan
-from .secrets import redact_env
+from .secrets import redact_argv, redact_env
 
 
 def plan_text(plan: Plan, *, show_secrets: bool = False) -> str:
@@ -35,7 +35,7 @@ def plan_text(plan: Plan, *, show_secrets: bool = False) -> str:
             "",
             f"{n.task} on {n.host}",
             f"  remote:     {n.shell_line()}   (config on stdin)",
-            f"  command:    {shlex.join(n.command)}",
+            f"  command:    {shlex.join(n.command if show_secrets else redact_argv(n.command))}",
             f"  workdir:    {n.workdir or '~ (login directory)'}",
             f"  task dir:   {n.remote_dir}",
             f"  TF_CONFIG:  {json.dumps(n.tf_config, separators=(',', ':'))}",

@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover
 def _launcher_process(run: RunDir) -> Any:
     info = run.read_json(run.launcher_json) or {}
     pid = info.get("pid")
-    if not pid or psutil is None:
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1 or psutil is None:
         return None
     try:
         p = psutil.Process(pid)
@@ -102,6 +102,18 @@ def _merge_tasks(live: dict[str, Any], final: dict[str, Any]) -> dict[str, Any]:
     return tasks
 
 
+def _not_our_launcher(proc: Any, owner: int) -> str | None:
+    """Why ``proc`` is not the launcher of a run owned by ``owner`` (None when it is)."""
+    if proc.uids().real != owner:
+        return f"it belongs to uid {proc.uids().real}, the run directory to uid {owner}"
+    argv = proc.cmdline()
+    names = {os.path.basename(a) for a in argv[:3]}
+    is_tfcluster = "tfcluster" in names or any(a == "orchestrator" for a in argv[1:3])
+    if not (is_tfcluster and "launch" in argv):
+        return f"it is not a tfcluster launcher ({' '.join(argv)[:80]!r})"
+    return None
+
+
 def status_text(st: dict[str, Any]) -> str:
     head = f"job {st.get('job')}   state {st.get('state')}   run {st.get('run_dir')}"
     lines = [head]
@@ -141,15 +153,18 @@ def stop_job(run: RunDir, *, timeout_s: float = 120.0) -> str:
     if run.is_finished():
         result = run.read_json(run.result_json) or {}
         return f"the job already finished: {result.get('state')}"
-    st = os.stat(run.path)
-    if st.st_uid != os.getuid() and os.getuid() != 0:
-        raise UsageError(f"{run.path} belongs to uid {st.st_uid}; only the user who started the job can stop it")
+    owner = os.stat(run.path).st_uid
+    if owner != os.getuid() and os.getuid() != 0:
+        raise UsageError(f"{run.path} belongs to uid {owner}; only the user who started the job can stop it")
     proc = _launcher_process(run)
     if proc is None:
         return "the launcher is not running (no result.json either: it was killed); its workers stop by themselves"
     try:
-        if proc.uids().real != os.getuid() and os.getuid() != 0:
-            raise UsageError("the launcher belongs to another user; only the user who started the job can stop it")
+        # launcher.json is only a file: whoever could write it could name any process. Even as root,
+        # signal only a tfcluster launcher owned by the run directory's owner.
+        why = _not_our_launcher(proc, owner)
+        if why:
+            raise UsageError(f"refusing to signal pid {proc.pid}: {why}")
         proc.send_signal(signal.SIGTERM)
     except psutil.NoSuchProcess:
         return "the launcher exited just now"
