@@ -77,11 +77,15 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from ..plan import load_plan
 
     command = list(args.cmd) or None
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise UsageError(f"--metrics-port {args.metrics_port}: must be a TCP port (0: any free port)")
     loaded, plan = load_plan(args.spec, _run_id_from_dir(args.run_dir), command)
     if args.detach:
         from ..job.detach import launch_detached
 
         flags = [f for f, on in (("--no-preflight", args.no_preflight), ("--no-gather", args.no_gather)) if on]
+        if args.metrics_port is not None:
+            flags += ["--metrics-port", str(args.metrics_port)]
         code, message = launch_detached(
             args.spec, args.run_dir or os.path.join("runs", plan.run_id), [*flags, *(["--", *command] if command else [])]
         )
@@ -97,6 +101,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             live=not args.no_live and not args.detached_child,
             echo_logs=not args.quiet,
             adopt_run_dir=args.detached_child,
+            metrics_port=args.metrics_port,
         ),
     )
     return exit_code_for(result)

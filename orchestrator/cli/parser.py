@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the launcher in the background (no terminal; output in RUN/launcher.log) and return at once",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics of the running job on PORT (0: any free port; see metrics: in the spec)",
+    )
     p.add_argument("--detached-child", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=c.cmd_launch, cmd=[])
     p.usage = "tfcluster launch [options] SPEC [-- COMMAND...]   (COMMAND overrides job.command)"

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 EVENT_KINDS = frozenset(
     {
         "job_started",
+        "metrics",
         "connected",
         "connect_failed",
         "preflight",

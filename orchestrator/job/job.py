@@ -37,6 +37,23 @@ class LaunchOptions:
     live: bool = True
     echo_logs: bool = True
     adopt_run_dir: bool = False  # --detach: the run directory was created for us (holds launcher.log)
+    metrics_port: int | None = None  # overrides the spec's metrics.port
+
+
+class _ProfileTee:
+    """heartbeats.jsonl, and the latest profile record of each task to the metrics."""
+
+    def __init__(self, sink: Any, metrics: Any) -> None:
+        self.sink = sink
+        self.metrics = metrics
+
+    def write(self, task: str, record: dict[str, Any]) -> None:
+        self.sink.write(task, record)
+        if record.get("kind") == "profile":
+            self.metrics.profile(task, record)
+
+    def close(self) -> None:
+        self.sink.close()
 
 
 class Gathered:
@@ -90,6 +107,8 @@ class Job:
             self.logs.console_hook = self.live.print_log
         self.heartbeats = HeartbeatFile(self.rundir.heartbeats_jsonl, self.guard)
         self.status_file = StatusWriter(self.rundir, plan.job, plan.run_id, self.live)
+        self.metrics: Any = None
+        self.metrics_server: Any = None
         self.hangup = Hangup(self.rundir.launcher_log)
         self.gathered = Gathered(self.rundir)
 
@@ -109,7 +128,28 @@ class Job:
         finally:
             if self.live is not None:
                 self.live.stop()
+            if self.metrics_server is not None:
+                self.metrics_server.close()
             self.backend.close()
+
+    def _start_metrics(self) -> dict[str, Any]:
+        """Serve Prometheus metrics while the job runs (when asked); what launcher.json records."""
+        port = self.opts.metrics_port if self.opts.metrics_port is not None else self.spec.metrics.port
+        if port is None:
+            return {}
+        from ..sinks.metrics import JobMetrics, MetricsServer
+
+        self.metrics = JobMetrics(self.plan.job, self.plan.run_id)
+        try:
+            self.metrics_server = MetricsServer(self.metrics, self.spec.metrics.address, port)
+        except OSError as exc:
+            self.metrics = None
+            self.bus.emit("warning", message=f"cannot serve metrics on {self.spec.metrics.address}:{port}: {exc}")
+            return {}
+        self.bus.subscribe(self.metrics)
+        self.heartbeats = _ProfileTee(self.heartbeats, self.metrics)
+        self.bus.emit("metrics", url=self.metrics_server.url)
+        return {"metrics_url": self.metrics_server.url}
 
     def _write_run_files(self) -> None:
         rd = self.rundir
@@ -117,7 +157,7 @@ class Job:
         with os.fdopen(fd, "w") as f:
             f.write(redacted_text(self.loaded))
         write_json_atomic(rd.plan_json, self.plan.to_dict(), durable=False)
-        write_json_atomic(rd.launcher_json, _launcher_info(), durable=False)
+        write_json_atomic(rd.launcher_json, {**_launcher_info(), **self._start_metrics()}, durable=False)
         for w in self.loaded.warnings:
             self.bus.emit("warning", message=str(w))
         for w in self.plan.warnings:
@@ -213,6 +253,8 @@ class Job:
                 message=f"the terminal went away (SIGHUP): the job goes on; output in {self.hangup.log}",
                 log=str(self.hangup.log),
             )
+        if self.metrics is not None:
+            self.metrics.update(status)
         self.status_file(status)
 
     def _hand_over(self, sup: Supervisor, attempt: int, *, final: bool) -> None:
