@@ -48,12 +48,13 @@ class Job:
         self.plan = plan
         self.opts = opts
         if backend is None:
-            from ..backends.ssh import SshBackend
+            from .backends import backend_for
 
-            backend = SshBackend()
+            backend = backend_for(self.spec, plan)
         self.backend = backend
         self.interrupt = Interrupt()
         self.rundir = RunDir.create(opts.run_dir or os.path.join("runs", plan.run_id))
+        backend.bind_run(self.rundir.path)
         started = time.time()
         self.result = RunResult(
             job=plan.job,
@@ -87,7 +88,7 @@ class Job:
                     self._attempts()
                 if self.live is not None:
                     self.live.stop()  # the gather's progress bar and the summary print below it
-                if self.opts.gather and self.result.attempts and self.interrupt.count < 2:
+                if self.opts.gather and self.backend.transfers and self.result.attempts and self.interrupt.count < 2:
                     self._gather()
                 return self._finish()
         finally:
@@ -159,7 +160,8 @@ class Job:
             )
             if not self._connect(self.plan.nodes, attempt):  # reconnects only the hosts whose connection died
                 return
-            self._sync_backup()
+            if self.backend.transfers:
+                self._sync_backup()
 
     def _attempt(self, attempt: int) -> AttemptResult:
         self.logs.open_attempt(attempt, [(str(n.task), n.task.slug, n.host) for n in self.plan.nodes])
