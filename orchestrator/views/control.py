@@ -154,6 +154,9 @@ def _pods_text(kube: Any) -> list[str]:
     if not isinstance(kube, dict) or not isinstance(kube.get("pods"), dict):
         return []
     objects = ", ".join(f"{o.get('kind')}/{o.get('name')}" for o in kube.get("objects") or [] if isinstance(o, dict))
+    head = f"kubernetes: namespace {kube.get('namespace')}   {objects or 'nothing applied'}"
+    if not kube["pods"]:
+        return ["", head]
     rows = [("ATTEMPT/TASK", "POD", "PHASE", "NODE", "EXIT", "REASON")]
     for key, pod in sorted(kube["pods"].items(), key=lambda kv: (int(kv[0].split("/")[0]) if kv[0].split("/")[0].isdigit() else 0, kv[0])):
         if not isinstance(pod, dict):
@@ -168,7 +171,7 @@ def _pods_text(kube: Any) -> list[str]:
                 str(pod.get("reason") or pod.get("problem") or "")[:80],
             )
         )
-    return ["", f"kubernetes: namespace {kube.get('namespace')}   {objects}", *table(rows)]
+    return ["", head, *table(rows)]
 
 
 def stop_job(run: RunDir, *, timeout_s: float = 120.0) -> str:

@@ -66,6 +66,7 @@ class KubernetesBackend(Backend):
         self._lock = threading.RLock()
         self._closed = False
         self._connected = False
+        self._generation = 0
 
     # --- the seam --------------------------------------------------------------------------------
 
@@ -82,7 +83,7 @@ class KubernetesBackend(Backend):
             self.api.check(self.flavor)
         except KubeError as exc:
             return [
-                Diagnostic(str(exc), _hint(exc), host=f"namespace {self.namespace}", code=exc.reason or "kubernetes")
+                Diagnostic(str(exc), _hint(exc), host=f"kubernetes/{self.namespace}", code=exc.reason or "kubernetes")
             ]
         self._connected = True
         return []
@@ -93,8 +94,11 @@ class KubernetesBackend(Backend):
     def start_all(self, starts: Sequence[tuple[NodePlan, NodeConfig]], deliver: Deliver) -> threading.Thread:
         attempt = starts[0][1].attempt if starts else 0
         wanted = [str(node.task) for node, _ in starts]
+        with self._lock:
+            self._generation += 1  # an earlier attempt's watch stops delivering
+            generation = self._generation
         thread = threading.Thread(
-            target=self._attempt, args=(attempt, wanted, deliver), name="k8s-attempt", daemon=True
+            target=self._attempt, args=(attempt, generation, wanted, deliver), name="k8s-attempt", daemon=True
         )
         thread.start()
         return thread
@@ -107,6 +111,7 @@ class KubernetesBackend(Backend):
             channels = list(self.channels.values())
         for chan in channels:
             chan.close()
+        self._record_ends()
         if self.api is not None:
             for obj in reversed(self.applied):
                 with contextlib.suppress(KubeError):
@@ -115,18 +120,19 @@ class KubernetesBackend(Backend):
 
     # --- an attempt ------------------------------------------------------------------------------
 
-    def _attempt(self, attempt: int, wanted: list[str], deliver: Deliver) -> None:
+    def _attempt(self, attempt: int, generation: int, wanted: list[str], deliver: Deliver) -> None:
         try:
             self._apply(attempt)
         except KubeError as exc:
             for task in wanted:
                 deliver(task, OSError(str(exc)))
             return
+        delivered: set[str] = set()
         try:
-            self._watch(attempt, wanted, deliver)
+            self._watch(attempt, generation, wanted, deliver, delivered)
         except Exception as exc:  # never a crash of the launcher: the tasks not up yet fail to start
             for task in wanted:
-                if task not in self.channels:
+                if task not in delivered:
                     deliver(task, OSError(f"watching the pods failed: {exc}"))
 
     def _apply(self, attempt: int) -> None:
@@ -175,16 +181,16 @@ class KubernetesBackend(Backend):
                 raise KubeError(f"{kind} {self.namespace}/{name} was not deleted within {GONE_WAIT_S:g}s")
             self.sleep(self.poll_s)
 
-    def _watch(self, attempt: int, wanted: list[str], deliver: Deliver) -> None:
-        """Deliver each task's channel as its container runs; then keep the record current."""
+    def _watch(self, attempt: int, generation: int, wanted: list[str], deliver: Deliver, mine: set[str]) -> None:
+        """Deliver each task's channel as its container runs (``mine``: those delivered); then keep
+        the record current until they end, the backend closes, or a later attempt starts."""
         assert self.api is not None
         pending = set(wanted)
-        mine: set[str] = set()
         current = attempt
         problems: dict[str, str] = {}
         failed_since: float | None = None
         deadline = self.clock() + max(self.poll_s, self.spec.job.startup_timeout_s - 2.0)
-        while not self._closed:
+        while not self._closed and generation == self._generation:
             try:
                 views = [pod_view(pod, self.flavor) for pod in self.api.list_pods(self.selector)]
             except KubeError as exc:
@@ -204,7 +210,9 @@ class KubernetesBackend(Backend):
                 if v.started:
                     pending.discard(task)
                     mine.add(task)
-                    deliver(task, self._channel(task, v))
+                    deliver(
+                        task, self._channel(task, v, current)
+                    )  # a late one is closed (its pod deleted) by the supervisor
                 elif v.fatal or (v.deleting and v.problem):
                     pending.discard(task)
                     deliver(task, OSError(f"pod {v.name} cannot start: {v.problem}"))
@@ -220,7 +228,7 @@ class KubernetesBackend(Backend):
                     deliver(task, OSError(problems.get(task) or f"no pod of {task} ({why})"))
                 pending.clear()
             if not pending and all(self.channels[t].exit_status() is not None for t in mine if t in self.channels):
-                self._record_ends(current, mine)
+                self._record_ends()
                 return
             self.sleep(self.poll_s if pending else 5 * self.poll_s)  # then only the record needs it
 
@@ -231,9 +239,10 @@ class KubernetesBackend(Backend):
             return True
         return waited >= 0.5 and all(self.channels[t].eof_read for t in tasks if t in self.channels)
 
-    def _channel(self, task: str, v: PodView) -> PodChannel:
+    def _channel(self, task: str, v: PodView, attempt: int) -> PodChannel:
         assert self.api is not None
         chan = PodChannel(task, v.name, self._delete_pod, self.spec.job.stop_grace_s)
+        chan.attempt = attempt
         with self._lock:
             old = self.channels.get(task)
             self.channels[task] = chan
@@ -289,13 +298,12 @@ class KubernetesBackend(Backend):
         if changed:
             self._record()
 
-    def _record_ends(self, attempt: int, tasks: set[str]) -> None:
+    def _record_ends(self) -> None:
         """How each followed container ended, as its follower read it (the pod may be gone by now)."""
         with self._lock:
-            for task in tasks:
-                chan = self.channels.get(task)
-                summary = self.pods.get(f"{attempt}/{task}")
-                if chan is None or chan.end is None or summary is None:
+            for task, chan in self.channels.items():
+                summary = self.pods.get(f"{chan.attempt}/{task}")
+                if chan.end is None or summary is None:
                     continue
                 end = chan.end
                 summary.update({"exit_code": end.exit_code, "reason": end.reason, "message": end.message})

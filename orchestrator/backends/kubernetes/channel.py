@@ -54,6 +54,7 @@ class PodChannel(Channel):
     def __init__(self, task: str, pod: str, stop_pod: StopPod, grace_s: float) -> None:
         self.task = task
         self.pod = pod
+        self.attempt = 0  # which attempt's pod this is (for the run directory's record)
         self.stream = PodStream(pod)
         self._stop_pod = stop_pod
         self._grace_s = grace_s
@@ -79,9 +80,10 @@ class PodChannel(Channel):
         return [] if self._eof_read or self.closed else [self._wake_r]
 
     def read(self) -> tuple[bytes, bytes, bool]:
-        with contextlib.suppress(OSError):
-            os.read(self._wake_r, 4096)
         with self._cond:
+            if not self.closed:
+                with contextlib.suppress(OSError):
+                    os.read(self._wake_r, 4096)
             out, err, eof = bytes(self._out), bytes(self._err), self._eof
             self._out.clear()
             self._err.clear()
@@ -122,14 +124,16 @@ class PodChannel(Channel):
             return
         if not self._eof and not self.stream.exited:
             self._request_stop(self._grace_s)  # the node tears its task down when its channel closes
-        with self._cond:
+        with self._cond:  # every wake-up write happens under this lock: none after the close
             self.closed = True
             self._cond.notify_all()
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        if self._timer is not None:
+            self._timer.cancel()
         if self.log is not None:
             self.log.close()
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
     def _request_stop(self, grace_s: float) -> None:
         if self.stop_requested or self._eof:
@@ -186,8 +190,9 @@ class PodChannel(Channel):
             self._wake()
 
     def _wake(self) -> None:
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
+        if not self.closed:
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"x")
 
 
 def follow(
