@@ -35,7 +35,7 @@ ORCHESTRATOR_LAYERS = [
 WORKER_ENTRY_LAYERS = [
     ["protocol"],
     ["progress", "sysinfo", "files", "writer", "child", "trace_events"],
-    ["output", "profiling", "strategy"],
+    ["output", "handover", "profiling", "strategy"],
     ["runner", "stamps"],
     ["stepclock", "connect", "kubernetes"],
     ["keras_callback"],

@@ -154,6 +154,7 @@ def test_ssh_config_lookup_is_honoured_but_spec_wins():
             "port": "2022",
             "identityfile": ["~/.ssh/k"],
             "proxycommand": "nc %h %p",
+            "_first_proxy": "proxycommand",
         }
 
     plan = plan_of("  - {address: alias1}\n  - {address: alias2, user: bob, port: 22}", ssh_lookup=lookup)
@@ -164,8 +165,9 @@ def test_ssh_config_lookup_is_honoured_but_spec_wins():
         2022,
         ("~/.ssh/k",),
     )
-    assert a.ssh.proxy_command == "nc %h %p"
+    assert a.ssh.proxy_command == "nc alias1.real 2022"  # tokens expanded with what is really used
     assert (b.ssh.user, b.ssh.port) == ("bob", 22)
+    assert b.ssh.proxy_command == "nc alias2.real 22"  # the spec's port, not the config's
     assert a.tf_address == "alias1.real"  # TF must get the real name, not the ssh alias
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -64,9 +65,15 @@ class Entry:
         raise AssertionError(f"no {kind!r} within {timeout}s; got {[m['type'] for m in self.msgs]}")
 
     def finish(self, timeout: float = 30.0) -> int:
+        """Wait for the end like the launcher: after ``exited`` and ``task_files``, say ``bye``."""
         deadline = time.monotonic() + timeout
+        said_bye = False
         while self.p.poll() is None and time.monotonic() < deadline:
             self.pump(0.05)
+            if not said_bye and any(m["type"] == "task_files" for m in self.msgs):
+                with contextlib.suppress(OSError, ValueError):
+                    self.send({"type": "bye"})
+                said_bye = True
         if self.p.poll() is None:
             self.p.kill()
         while True:
@@ -241,3 +248,56 @@ def test_package_versions_match_importlib_metadata(tmp_path, monkeypatch):
     importlib.invalidate_caches()
     got = sysinfo.package_versions()
     assert got["tf_keras"] == "9.9.9" and got == reference()
+
+
+def test_hand_over_lists_the_task_and_serves_fetches_on_the_same_channel(tmp_path):
+    """After exited: task_files (the log it wrote, the chief's checkpoint), then fetch until bye."""
+    import hashlib
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "w.bin").write_bytes(b"w" * 5000)
+    (ckpt / "workertemp_2").mkdir()
+    secret = tmp_path / "secret"
+    secret.write_text("not for the launcher")
+    e = Entry(tmp_path, [PY, "-c", "print('x' * 99)"], checkpoint_dir=str(ckpt), launcher_timeout_s=10)
+    e.wait_msg("hello")
+    e.send({"type": "go"})
+    files = e.wait_msg("task_files")
+    assert files["log_bytes"] == 100 and e.wait_msg("exited")["code"] == 0
+    assert {f["path"] for f in files["task_dir"]["files"]} == {"output.log", "exit.json"}
+    assert [f["path"] for f in files["checkpoint"]["files"]] == ["w.bin"]  # temporary copies excluded
+    # a directory it did not list: nothing is sent (not even an error naming it)
+    e.send({"type": "fetch", "root": str(tmp_path), "files": [{"path": "secret"}]})
+    e.send({"type": "fetch", "root": str(ckpt), "files": [{"path": "w.bin", "offset": 1000}]})
+    deadline = time.monotonic() + 20
+    data = bytearray()
+    ends = []
+    while len(ends) < 1 and time.monotonic() < deadline:
+        ready, _, _ = select.select([e.p.stdout], [], [], 0.2)
+        if ready:
+            for fr in e.decoder.feed(os.read(e.p.stdout.fileno(), 1 << 20)):
+                if fr.type == wire.T_DATA:
+                    data += fr.payload
+                elif fr.type == wire.T_MSG:
+                    m = json.loads(fr.payload)
+                    e.msgs.append(m)
+                    if m["type"] == "end":
+                        ends.append(m)
+    assert bytes(data) == b"w" * 4000  # from the offset on
+    assert ends[0]["sha256"] == hashlib.sha256(b"w" * 5000).hexdigest()  # of the whole file
+    assert not any(m.get("path") == "secret" for m in e.msgs)
+    assert b"not for the launcher" not in data
+    e.send({"type": "bye"})
+    assert e.p.wait(10) == 0
+
+
+def test_hand_over_ends_when_the_launcher_stays_silent(tmp_path):
+    e = Entry(tmp_path, [PY, "-c", "pass"], launcher_timeout_s=1.0)
+    e.wait_msg("hello")
+    e.send({"type": "go"})
+    e.wait_msg("task_files")
+    deadline = time.monotonic() + 20
+    while e.p.poll() is None and time.monotonic() < deadline:
+        e.pump(0.1)
+    assert e.p.returncode == 0

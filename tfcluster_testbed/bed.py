@@ -54,11 +54,14 @@ class Testbed:
         tf_port: int | None = None,
         grace_s: float = 1.0,
         start_timeout_s: float = 15.0,
+        sshd_options: dict[int, list[str]] | None = None,
     ):
         """`single_sshd` (loopback only, for scale benchmarks): one shared host key and one sshd per
         16 addresses, OpenSSH's MAX_LISTEN_SOCKS limit. `tf_port`: the TF port of every host in
         netns mode, the first one in loopback mode (default: 23456 in netns mode, a random free
-        block in loopback mode). `grace_s`: SIGTERM grace before SIGKILL in stop()."""
+        block in loopback mode). `grace_s`: SIGTERM grace before SIGKILL in stop(). `sshd_options`:
+        more sshd_config lines for host i (not with single_sshd); ``{hostN}`` and ``{controller}`` in
+        them become those addresses (e.g. ``AllowUsers root@{host0}``: host0 is the only way in)."""
         if n_hosts < 1:
             raise ValueError("n_hosts must be >= 1")
         if mode not in ("auto", "loopback", "netns"):
@@ -84,6 +87,7 @@ class Testbed:
         self.subnet: ipaddress.IPv4Network | None = None
         self.timings: dict[str, float] = {}
         self._tf_port = tf_port
+        self._sshd_options = sshd_options or {}
         self._grace = grace_s
         self._start_timeout = start_timeout_s
         self._dir: Path | None = None
@@ -235,9 +239,14 @@ class Testbed:
         assert self._state is not None
         self._fleet = _Sshds(
             self.id, self.dir, self.mode, self.hosts, self._state, self.marker, self.authorized_keys,
-            single_sshd=self.single_sshd, start_timeout=self._start_timeout,
+            single_sshd=self.single_sshd, start_timeout=self._start_timeout, extra=self._extra_sshd_lines,
         )  # fmt: skip
         self._fleet.start()
+
+    def _extra_sshd_lines(self, host: TestHost) -> list[str]:
+        names = {f"host{i}": h.address for i, h in enumerate(self.hosts)}
+        names["controller"] = self.controller_address or "127.0.0.1"
+        return [line.format(**names) for line in self._sshd_options.get(self.hosts.index(host), [])]
 
     @property
     def _sshds(self) -> dict[str, _Sshd]:

@@ -89,7 +89,9 @@ class _Sshds:
         *,
         single_sshd: bool,
         start_timeout: float,
+        extra: Callable[[TestHost], list[str]] | None = None,
     ):
+        self.extra = extra  # more sshd_config lines for a host (e.g. AllowUsers for a bastion test)
         self.tb_id = tb_id
         self.dir = directory
         self.mode = mode
@@ -136,6 +138,8 @@ class _Sshds:
             "X11Forwarding no",
             # AcceptEnv: none (no AcceptEnv line; the default accepts nothing)
         ]
+        if self.extra is not None and len(hosts) == 1:
+            lines += self.extra(hosts[0])
         if len(hosts) == 1:
             lines.append(f"SetEnv {base.MARKER_ENV}={self.marker(hosts[0])}")
         else:

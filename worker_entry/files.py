@@ -13,6 +13,7 @@ import os
 import shutil
 import stat
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from . import protocol as p
@@ -83,19 +84,10 @@ def open_beneath(root: str, rel: str) -> int:
     return fd
 
 
-def send(root: str, files: list[dict[str, Any]], out_fd: int) -> int:
+def stream_files(root: str, files: list[dict[str, Any]], put: Callable[[bytes], None]) -> None:
     """Stream each requested file from its offset: header, data frames, trailer with the sha256 of
     the WHOLE file (bytes before the offset are hashed but not sent: the launcher already has them)."""
     root = _root(root)
-    w = os.fdopen(out_fd, "wb", buffering=0)
-
-    def put(data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            n = w.write(view)
-            view = view[n:]
-
-    put(p.MARKER)
     for req in files:
         rel = req["path"]
         offset = int(req.get("offset") or 0)
@@ -127,6 +119,20 @@ def send(root: str, files: list[dict[str, Any]], out_fd: int) -> int:
                 put(p.data_frame(chunk))
             put(p.msg_frame(p.FileEnd(path=rel, size=sent, sha256=h.hexdigest())))
     put(p.msg_frame(p.Done()))
+
+
+def send(root: str, files: list[dict[str, Any]], out_fd: int) -> int:
+    """``worker_entry send``: the marker, then ``stream_files`` on ``out_fd``."""
+    w = os.fdopen(out_fd, "wb", buffering=0)
+
+    def put(data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = w.write(view)
+            view = view[n:]
+
+    put(p.MARKER)
+    stream_files(root, files, put)
     return 0
 
 

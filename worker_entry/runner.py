@@ -26,6 +26,7 @@ from typing import Any
 
 from . import protocol as p
 from .child import kill_escaped, kill_group, signal_name, spawn, spawn_error
+from .handover import hand_over
 from .output import OutputPipes
 from .sysinfo import GroupSampler, Nvml, listening, node_facts
 from .writer import FrameWriter
@@ -163,17 +164,11 @@ class Runner:
     def _spawn_failed(self, exc: OSError) -> int:
         code, text = spawn_error(self.cfg, exc)
         self._emit(p.STDERR, text.encode() + b"\n")
-        exited = p.Exited(code=code, error=text, ended=time.time())
-        self._write_exit(exited.to_dict())
-        self.msg(exited)
-        self.writer.flush(10)
+        self._end(p.Exited(code=code, error=text, ended=time.time()))
         return code
 
     def _finish_not_started(self) -> int:
-        exited = p.Exited(not_started=True, reason=self.stop_reason, ended=time.time())
-        self._write_exit(exited.to_dict())
-        self.msg(exited)
-        self.writer.flush(5)
+        self._end(p.Exited(not_started=True, reason=self.stop_reason, ended=time.time()))
         return 0
 
     # --- the loop ----------------------------------------------------------------------------
@@ -373,15 +368,21 @@ class Runner:
             reason=self.stop_reason,
             ended=ended,
         )
-        self._write_exit(exited.to_dict())
-        self.msg(exited)
-        # Every line is on the node's disk already; wait for the channel only if someone listens.
-        self.writer.flush(1.0 if self.launcher_gone else 30.0)
+        self._end(exited)
         return code if code is not None else 128 + (sig or 0)
 
-    def _write_exit(self, status: dict[str, Any]) -> None:
-        if self.out is not None:
-            status["log_bytes"] = self.out.close()
+    def _end(self, exited: p.Exited) -> None:
+        """Record and report the exit, then hand over what the launcher may still fetch (if it listens)."""
+        log_bytes = self._write_exit(exited.to_dict())
+        self.msg(exited)
+        if not self.launcher_gone and not self.writer.broken and self.in_fd is not None:  # None: a pod
+            hand_over(self.cfg, self.writer, self.in_fd, self.stdin_buf, self.remote_dir, log_bytes)
+        # Every line is on the node's disk already; wait for the channel only if someone listens.
+        self.writer.flush(1.0 if self.launcher_gone else 30.0)
+
+    def _write_exit(self, status: dict[str, Any]) -> int | None:
+        log_bytes = self.out.close() if self.out is not None else None
+        status["log_bytes"] = log_bytes
         path = os.path.join(self.remote_dir, "exit.json")
         with contextlib.suppress(OSError):
             with open(path + ".tmp", "w") as f:
@@ -389,6 +390,7 @@ class Runner:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(path + ".tmp", path)
+        return log_bytes
 
 
 def serve(config: p.NodeConfig, sock: Any) -> int:

@@ -66,6 +66,17 @@ class FrameWriter(threading.Thread):
                 self._writing = False
                 self._cond.notify_all()
 
+    def wait_below(self, limit: int, timeout: float) -> bool:
+        """Block while more than ``limit`` bytes are unsent (a producer's back-pressure)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.pending > limit and not self.broken:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return not self.broken
+
     def flush(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         with self._cond:

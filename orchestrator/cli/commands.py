@@ -99,7 +99,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _run_id_from_dir(run_dir: str | None) -> str | None:
-    return os.path.basename(os.path.normpath(run_dir)) if run_dir else None
+    """The run id a --run-dir implies (its last component), checked like a name in a spec."""
+    if run_dir is None:
+        return None
+    bad = next((c for c in run_dir if c < " " or c == "\x7f"), None)
+    if not run_dir.strip() or bad is not None:
+        raise UsageError(f"--run-dir {run_dir!r}: must be a path without control characters")
+    return os.path.basename(os.path.normpath(run_dir))
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

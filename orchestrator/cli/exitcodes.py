@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..core.errors import ConnectError, GatherError, PreflightError, SpecError, TfclusterError, UsageError
 from ..core.result import RunResult
-from ..core.states import JobState
+from ..core.states import JobState, interrupted_state
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -48,6 +48,8 @@ STATE_EXIT_CODES = {
 
 
 def exit_code_for(result: RunResult) -> int:
+    if result.gather_interrupted is not None:  # the job ran its course; the user stopped the gather
+        return STATE_EXIT_CODES[interrupted_state(result.gather_interrupted)]
     if result.state == JobState.SUCCEEDED and result.gather_error:
         return EXIT_GATHER
     return STATE_EXIT_CODES.get(result.state, EXIT_JOB_FAILED)

@@ -107,6 +107,7 @@ class RunResult:
     failures: list[Failure] = field(default_factory=list)  # failures outside attempts (connect)
     gather: dict[str, Any] | None = None
     gather_error: str | None = None
+    gather_interrupted: int | None = None  # the signal that stopped the gather (it resumes later)
 
     @property
     def root_cause(self) -> Failure | None:
@@ -138,4 +139,5 @@ class RunResult:
             "failures": [f.to_dict() for f in self.failures],
             "gather": self.gather,
             "gather_error": self.gather_error,
+            "gather_interrupted": self.gather_interrupted,
         }

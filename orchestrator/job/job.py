@@ -20,7 +20,7 @@ from ..core.states import JobState, interrupted_state
 from ..events import EventBus
 from ..plan import Plan
 from ..runs import RunDir, write_json_atomic
-from ..sinks import ConsoleSink, EventFileSink, HeartbeatFile, LogRouter, use_color
+from ..sinks import ConsoleSink, EventFileSink, HeartbeatFile, LogRouter, WriteGuard, use_color
 from ..sinks.status import StatusWriter
 from ..spec import LoadedSpec
 from ..supervise import Interrupt, Supervisor
@@ -39,6 +39,23 @@ class LaunchOptions:
     gather: bool = True
     live: bool = True
     echo_logs: bool = True
+
+
+class Gathered:
+    """What the hand-overs of every attempt brought back (result.json's ``gather``)."""
+
+    def __init__(self, rundir: RunDir) -> None:
+        from ..transfer.state import GatherState, Totals
+
+        self.state = GatherState.load(rundir.path / "gather-state.json")
+        self.totals = Totals()
+        self.logs: dict[str, str] = {}
+        self.checkpoints: dict[str, Any] | None = None
+
+    def add(self, done: Any) -> None:
+        self.totals.merge(done.totals)
+        self.logs.update(done.logs)
+        self.checkpoints = done.checkpoints or self.checkpoints
 
 
 class Job:
@@ -69,12 +86,14 @@ class Job:
             from ..sinks.live import LiveTable
 
             self.live = LiveTable(plan)
-        self.bus = EventBus([EventFileSink(self.rundir.events_jsonl), ConsoleSink()])
-        self.logs = LogRouter(self.rundir, echo=opts.echo_logs)
+        self.guard = WriteGuard()  # the run directory may fill up mid-run: one warning, the job goes on
+        self.bus = EventBus([EventFileSink(self.rundir.events_jsonl, self.guard), ConsoleSink()])
+        self.logs = LogRouter(self.rundir, echo=opts.echo_logs, guard=self.guard)
         if self.live is not None:
             self.logs.console_hook = self.live.print_log
-        self.heartbeats = HeartbeatFile(self.rundir.heartbeats_jsonl)
+        self.heartbeats = HeartbeatFile(self.rundir.heartbeats_jsonl, self.guard)
         self.status = StatusWriter(self.rundir, plan.job, plan.run_id, self.live)
+        self.gathered = Gathered(self.rundir)
 
     # --- the whole job ---------------------------------------------------------------------------
 
@@ -86,10 +105,8 @@ class Job:
                     self.live.start()
                 if self._connect():
                     self._attempts()
-                if self.live is not None:
-                    self.live.stop()  # the gather's progress bar and the summary print below it
-                if self.opts.gather and self.backend.transfers and self.result.attempts and self.interrupt.count < 2:
-                    self._gather()
+                if self.opts.gather and self.backend.transfers and self.result.attempts:
+                    self._summarize_gather()
                 return self._finish()
         finally:
             if self.live is not None:
@@ -121,7 +138,7 @@ class Job:
         problems = self.backend.connect(nodes if nodes is not None else self.plan.nodes)
         if problems:
             for d in problems:
-                self.bus.emit("connect_failed", task=d.task, host=d.host, kind=d.code, message=d.render())
+                self.bus.emit("connect_failed", task=d.task, host=d.host, kind=d.code, message=d.message, hint=d.hint)
             text = "\n".join([f"cannot reach {len(problems)} host(s):"] + ["  " + d.render() for d in problems])
             first = problems[0]
             self.result.failures.append(Failure("connect", text, time.time(), first.task, first.host, attempt=attempt))
@@ -139,7 +156,7 @@ class Job:
         attempt = 0
         while True:
             self.result.state = JobState.STARTING
-            res = self._attempt(attempt)
+            res, sup = self._attempt(attempt)
             self.result.attempts.append(res)
             self.result.state = res.state
             self.bus.emit(
@@ -148,7 +165,14 @@ class Job:
                 state=res.state.value,
                 root_cause=res.root_cause.to_dict() if res.root_cause else None,
             )
-            if res.state != JobState.FAILED or attempt >= self.spec.restart.max_restarts or self.interrupt.count:
+            restart = res.state == JobState.FAILED and attempt < self.spec.restart.max_restarts
+            restart = restart and not self.interrupt.count
+            if self.backend.transfers:
+                self._hand_over(sup, attempt, final=not restart)
+            else:  # nothing to fetch from the nodes (Kubernetes: every line came through the API)
+                for s in sup.sessions.values():
+                    s.close()
+            if not restart:
                 return
             attempt += 1
             self.result.state = JobState.RESTARTING
@@ -163,7 +187,7 @@ class Job:
             if self.backend.transfers:
                 self._sync_backup()
 
-    def _attempt(self, attempt: int) -> AttemptResult:
+    def _attempt(self, attempt: int) -> tuple[AttemptResult, Supervisor]:
         self.logs.open_attempt(attempt, [(str(n.task), n.task.slug, n.host) for n in self.plan.nodes])
         sup = Supervisor(
             self.spec,
@@ -177,7 +201,35 @@ class Job:
             preflight=self.opts.preflight,
             on_status=self.status,
         )
-        return sup.run()
+        return sup.run(), sup
+
+    def _hand_over(self, sup: Supervisor, attempt: int, *, final: bool) -> None:
+        """Over the tasks' own channels: complete this attempt's logs, and after the final attempt
+        bring the chief's checkpoint (Ctrl-C now: stop after the current file; twice: abort)."""
+        from ..transfer.handover import hand_over
+
+        fetch = self.opts.gather
+        if final:
+            if self.live is not None:
+                self.live.stop()  # the gather's progress bar and the summary print below it
+            if fetch:
+                self.bus.emit("gather_started", attempts=attempt + 1)
+        self.logs.flush()
+        base = self.interrupt.count
+        done = hand_over(
+            list(sup.sessions.values()),
+            self.rundir,
+            self.bus,
+            self.gathered.state,
+            self.logs.write,
+            attempt=attempt,
+            fetch=fetch,
+            checkpoint=final and fetch and self.spec.checkpoint.gather,
+            stop=lambda: self.interrupt.count - base,
+        )
+        self.gathered.add(done)
+        if done.totals.interrupted:
+            self.result.gather_interrupted = self.interrupt.signum
 
     def _sync_backup(self) -> None:
         """Every task must restore from the chief's backup; copy it where storage is not shared."""
@@ -192,20 +244,15 @@ class Job:
         found = {str(n.task): self.backend.connection(str(n.task)) for n in self.plan.nodes}
         return {t: c for t, c in found.items() if c is not None}
 
-    def _gather(self) -> None:
-        from ..transfer import gather_after_run
+    def _summarize_gather(self) -> None:
+        from ..transfer.gather import summarize
 
-        self.logs.flush()
-        try:
-            self.result.gather = gather_after_run(
-                self.spec, self.plan, self._connections(), self.rundir, self.bus, attempts=len(self.result.attempts)
-            )
-        except Exception as exc:  # gathering must never hide the job's own outcome
-            self.result.gather_error = f"{type(exc).__name__}: {exc}"
-            self.bus.emit("gather_failed", message=self.result.gather_error)
-        else:
-            if self.result.gather and self.result.gather.get("errors"):
-                self.result.gather_error = "; ".join(self.result.gather["errors"][:5])
+        g = self.gathered
+        with contextlib.suppress(OSError):
+            g.state.save()
+        self.result.gather = summarize(g.totals, g.logs, g.checkpoints, self.rundir, self.bus)
+        if g.totals.errors:
+            self.result.gather_error = "; ".join(g.totals.errors[:5])
 
     def _finish(self) -> RunResult:
         result = self.result
@@ -215,7 +262,13 @@ class Job:
         data = result.to_dict()
         self.logs.close()  # every line is on disk before result.json says the run is over (`logs -f`)
         self.heartbeats.close()
-        write_json_atomic(self.rundir.result_json, data)
+        if self.guard.failure is not None:
+            data["run_dir_error"] = self.guard.failure
+        try:
+            write_json_atomic(self.rundir.result_json, data)
+        except OSError as exc:
+            self.guard.fail(self.rundir.result_json, exc)
+            print(f"tfcluster: the job {result.state.value}; result.json could not be written", file=sys.stderr)
         self.status(
             {
                 "state": result.state.value,

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from worker_entry.protocol import Env
 
 from ..core.errors import UsageError
 from ..spec import ClusterSpec
-from .model import WORKER_ENTRY_MODULE, NodePlan, Plan, Runtime, SshTarget, TaskId, bracket
+from .model import WORKER_ENTRY_MODULE, NodePlan, Plan, Runtime, TaskId, bracket
+from .ssh_targets import SshLookup, ssh_target
 
-SshLookup = Callable[[str], Mapping[str, Any]]
 #: Planners of the schedulers that start tasks for us, by ``spec.scheduler``. Their modules register
 #: here (``plan/__init__`` imports them), so they can reuse this module's helpers without a cycle.
 SCHEDULER_PLANS: dict[str, Callable[..., Plan]] = {}
@@ -66,6 +66,7 @@ def runtime_of(spec: ClusterSpec) -> Runtime:
         stop_grace_s=spec.job.stop_grace_s,
         failure_grace_s=spec.job.failure_grace_s,
         instrument=spec.job.instrument,
+        gather_checkpoint=spec.checkpoint.gather,
     )
 
 
@@ -76,7 +77,8 @@ def _ssh_plan(spec: ClusterSpec, *, run_id: str, local_user: str, ssh_lookup: Ss
     shape: hostname, user, port, identityfile, proxycommand); explicit spec values win over it.
     """
     hosts = spec.hosts or []
-    targets = [_ssh_target(spec, h, local_user, ssh_lookup) for h in hosts]
+    warnings = plan_warnings(spec, hosts[0].gpus)
+    targets = [ssh_target(spec, h, local_user, ssh_lookup, warnings) for h in hosts]
     tf_addrs = [h.tf_address or t.hostname for h, t in zip(hosts, targets, strict=True)]
     tf_ports = [h.tf_port or spec.tensorflow.port for h in hosts]
     endpoints = [f"{bracket(a)}:{p}" for a, p in zip(tf_addrs, tf_ports, strict=True)]
@@ -115,7 +117,7 @@ def _ssh_plan(spec: ClusterSpec, *, run_id: str, local_user: str, ssh_lookup: Ss
         run_id=run_id,
         communication=communication,
         nodes=tuple(nodes),
-        warnings=tuple(plan_warnings(spec, gpus)),
+        warnings=tuple(warnings),
         scheduler=spec.scheduler,
     )
 
@@ -183,29 +185,3 @@ def node_env(
 
 def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-def _ssh_target(spec: ClusterSpec, host: Any, local_user: str, ssh_lookup: SshLookup | None) -> SshTarget:
-    cfg: Mapping[str, Any] = ssh_lookup(host.address) if ssh_lookup else {}
-    identity = host.identity_file or spec.ssh.identity_file
-    identities: tuple[str, ...] = (identity,) if identity else tuple(cfg.get("identityfile", ()) or ())
-    port = host.port or spec.ssh.port or _int(cfg.get("port")) or 22
-    known_hosts = spec.ssh.known_hosts
-    return SshTarget(
-        address=host.address,
-        hostname=str(cfg.get("hostname") or host.address),
-        port=port,
-        user=host.user or spec.ssh.user or str(cfg.get("user") or local_user),
-        identity_files=identities,
-        proxy_command=cfg.get("proxycommand") or None,
-        known_hosts=known_hosts,
-        connect_timeout_s=spec.ssh.connect_timeout_s,
-        keepalive_s=spec.ssh.keepalive_s,
-    )
-
-
-def _int(value: Any) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None

@@ -4,14 +4,36 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from ..spec import LoadedSpec, load_spec
+from pydantic import ValidationError
+
+from ..core.diagnostics import Diagnostic
+from ..core.errors import SpecError, UsageError
+from ..spec import ClusterSpec, LoadedSpec, format_path, load_spec
+from ..spec.model import JobSpec
 from .build import build_plan
 from .model import Plan
-from .sshconfig import local_user, ssh_config_lookup
+from .sshconfig import SshConfigError, local_user, ssh_config_lookup
 
 
 def default_run_id(name: str) -> str:
     return f"{name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
+
+
+def override_command(spec: ClusterSpec, command: list[str]) -> JobSpec:
+    """job with ``command`` (from ``launch -- COMMAND``), validated exactly like the spec's own."""
+    try:
+        return JobSpec.model_validate({**spec.job.model_dump(), "command": command})
+    except ValidationError as exc:
+        problems = [
+            Diagnostic.at("launch -- COMMAND", None, format_path(("job", *err["loc"])), _message(err))
+            for err in exc.errors(include_url=False)
+        ]
+        raise SpecError(problems) from None
+
+
+def _message(err: dict) -> str:
+    msg = err["msg"]
+    return msg[len("Value error, ") :] if msg.startswith("Value error, ") else msg
 
 
 def load_plan(spec_path: str, run_id: str | None = None, command: list[str] | None = None) -> tuple[LoadedSpec, Plan]:
@@ -19,12 +41,11 @@ def load_plan(spec_path: str, run_id: str | None = None, command: list[str] | No
     loaded = load_spec(spec_path)
     spec = loaded.spec
     if command:
-        spec = spec.model_copy(update={"job": spec.job.model_copy(update={"command": command})})
+        spec = spec.model_copy(update={"job": override_command(spec, command)})
         loaded = LoadedSpec(spec=spec, path=loaded.path, text=loaded.text, warnings=loaded.warnings)
-    plan = build_plan(
-        spec,
-        run_id=run_id or default_run_id(spec.name),
-        local_user=local_user(),
-        ssh_lookup=ssh_config_lookup(spec.ssh.config_file),
-    )
+    try:
+        lookup = ssh_config_lookup(spec.ssh.config_file) if spec.scheduler == "ssh" else None
+    except SshConfigError as exc:
+        raise UsageError(f"ssh.config_file: {exc}") from None
+    plan = build_plan(spec, run_id=run_id or default_run_id(spec.name), local_user=local_user(), ssh_lookup=lookup)
     return loaded, plan

@@ -53,6 +53,7 @@ class SshTarget:
     known_hosts: str = "~/.ssh/known_hosts"
     connect_timeout_s: float = 10.0
     keepalive_s: float = 5.0
+    jumps: tuple[SshTarget, ...] = ()  # ProxyJump hosts, in the order the connection goes through them
 
     @property
     def label(self) -> str:
@@ -69,6 +70,7 @@ class Runtime:
     stop_grace_s: float = 10.0
     failure_grace_s: float = 0.3
     instrument: bool = True
+    gather_checkpoint: bool = True  # the chief lists its checkpoint directory when its task ends
 
     @property
     def launcher_timeout_s(self) -> float:
@@ -129,13 +131,22 @@ class NodePlan:
             failure_grace_s=rt.failure_grace_s,
             instrument=rt.instrument,
             wait_for_go=wait_for_go,
+            checkpoint_dir=self.checkpoint_dir if self.is_chief and rt.gather_checkpoint else None,
+            # MWMS makes every non-chief write a temporary copy of each checkpoint: not worth keeping
+            clean_dirs=[] if self.is_chief else [self.checkpoint_dir, self.backup_dir],
         )
 
     def to_dict(self, *, show_secrets: bool = False) -> dict[str, Any]:
         return {
             "host": self.host,
             **(
-                {"ssh_host": self.ssh.hostname, "ssh_port": self.ssh.port, "user": self.ssh.user}
+                {
+                    "ssh_host": self.ssh.hostname,
+                    "ssh_port": self.ssh.port,
+                    "user": self.ssh.user,
+                    "proxy_command": self.ssh.proxy_command,
+                    "jumps": [f"{j.user}@{j.hostname}:{j.port}" for j in self.ssh.jumps],
+                }
                 if self.ssh is not None
                 else {}
             ),

@@ -3,7 +3,19 @@ the live table on a terminal."""
 
 from .console import ConsoleSink, describe
 from .files import EventFileSink, HeartbeatFile
+from .guard import GuardedFile, WriteGuard
 from .logs import LogRouter
 from .style import PALETTE, iso, use_color
 
-__all__ = ["PALETTE", "ConsoleSink", "EventFileSink", "HeartbeatFile", "LogRouter", "describe", "iso", "use_color"]
+__all__ = [
+    "PALETTE",
+    "ConsoleSink",
+    "EventFileSink",
+    "GuardedFile",
+    "HeartbeatFile",
+    "LogRouter",
+    "WriteGuard",
+    "describe",
+    "iso",
+    "use_color",
+]

@@ -64,7 +64,7 @@ def describe(ev: Event) -> str | None:
     if k == "connected":
         return f"connected to {d.get('hosts')} host(s) in {d.get('seconds', 0):.2f}s"
     if k == "connect_failed":
-        return f"{who}: {d.get('message')}"
+        return f"{who}: {d.get('message')}" + (f"\n  fix: {d['hint']}" if d.get("hint") else "")
     if k == "preflight":
         return None if d.get("ok", True) and not d.get("warnings") else f"preflight: {d.get('summary')}"
     if k == "task_started":

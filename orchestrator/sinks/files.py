@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from ..events import Event
+from .guard import GuardedFile, WriteGuard
 
 
 class EventFileSink:
     """events.jsonl: one JSON object a line, flushed per event so `status`/`logs -f` see it at once."""
 
-    def __init__(self, path: Path) -> None:
-        self.f = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the run
+    def __init__(self, path: Path, guard: WriteGuard | None = None) -> None:
+        self.f = GuardedFile(path, "a", guard or WriteGuard(), buffering=1)
 
     def handle(self, event: Event) -> None:
         self.f.write(json.dumps(event.to_dict(), default=str, separators=(",", ":")) + "\n")
@@ -26,8 +27,8 @@ class EventFileSink:
 class HeartbeatFile:
     """heartbeats.jsonl: compact samples per task, for `status`, `report` and post-mortems."""
 
-    def __init__(self, path: Path) -> None:
-        self.f = open(path, "a")  # noqa: SIM115
+    def __init__(self, path: Path, guard: WriteGuard | None = None) -> None:
+        self.f = GuardedFile(path, "a", guard or WriteGuard())
         self._last_flush = time.monotonic()
 
     def write(self, task: str, record: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ import time
 from typing import IO, Any
 
 from ..runs import RunDir
+from .guard import GuardedFile, WriteGuard
 from .style import PALETTE, iso, use_color
 
 
@@ -16,18 +17,28 @@ class LogRouter:
     Frames carry whole lines, so prefixing is one bytes.replace per frame, not a loop per line.
     """
 
-    def __init__(self, rundir: RunDir, *, echo: bool = True, out: IO[bytes] | None = None, color: bool | None = None):
+    def __init__(
+        self,
+        rundir: RunDir,
+        *,
+        echo: bool = True,
+        out: IO[bytes] | None = None,
+        color: bool | None = None,
+        guard: WriteGuard | None = None,
+    ):
         self.rundir = rundir
+        self.guard = guard or WriteGuard()
         self.echo = echo
         self.out = out or sys.stdout.buffer
         self.color = use_color(sys.stdout) if color is None else color
-        self.combined = open(rundir.combined_log, "ab")  # noqa: SIM115
-        self.files: dict[str, IO[bytes]] = {}
+        self.combined = GuardedFile(rundir.combined_log, "ab", self.guard)
+        self.files: dict[str, GuardedFile] = {}
         self.prefix: dict[str, bytes] = {}
         self.console_prefix: dict[str, bytes] = {}
         self.lines_written: dict[str, int] = {}
         self.console_hook: Any = None  # set by the live display to print above its table
         self._dirty = False
+        self._closed = False
 
     def open_attempt(self, attempt: int, tasks: list[tuple[str, str, str]]) -> None:
         """tasks: (task, slug, host). Opens this attempt's per-task files."""
@@ -35,7 +46,7 @@ class LogRouter:
             f.close()
         self.files = {}
         for i, (task, slug, host) in enumerate(tasks):
-            self.files[task] = open(self.rundir.task_log(slug, attempt), "ab")  # noqa: SIM115
+            self.files[task] = GuardedFile(self.rundir.task_log(slug, attempt), "ab", self.guard)
             tag = f"[{task} {host}] "
             self.prefix[task] = tag.encode()
             color = PALETTE[i % len(PALETTE)]
@@ -87,8 +98,9 @@ class LogRouter:
         self._dirty = False
 
     def close(self) -> None:
-        if self.combined.closed:
+        if self._closed:
             return
+        self._closed = True
         self.flush()
         for f in self.files.values():
             f.close()

@@ -20,6 +20,8 @@ from .model import ClusterSpec
 from .rules import cross_field_problems, format_path
 from .yamlpos import Positions, YamlSyntaxError, load
 
+MAX_SPEC_BYTES = 10_000_000  # 10,000 hosts take ~0.4 MB
+
 REQUIRED_HINTS = {
     ("version",): "required: the spec format version, 1",
     ("name",): "required: the job name, e.g. resnet-4x8",
@@ -43,6 +45,9 @@ def load_spec(path: str | Path) -> LoadedSpec:
     """Read and validate a spec file; raise SpecError with every problem, or UsageError if unreadable."""
     p = Path(path)
     try:
+        size = p.stat().st_size
+        if size > MAX_SPEC_BYTES and p.is_file():
+            raise UsageError(f"{path}: {size / 1e6:.1f} MB; a cluster spec is at most {MAX_SPEC_BYTES // 10**6} MB")
         raw = p.read_bytes()
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file") from None

@@ -24,6 +24,7 @@ from .scheduler import KubernetesSpec, SlurmSpec
 
 JOB_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SCOPE_ID_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}$")
 HOSTNAME_RE = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?$"
 )
@@ -43,12 +44,20 @@ def _check_address(value: str) -> str:
         raise ValueError("must be an IP address or hostname without surrounding spaces")
     if value.startswith("-"):
         raise ValueError("must not start with '-' (it would read as an option)")
+    _no_control_chars(value)
     try:
-        ipaddress.ip_address(value.strip("[]"))
-        return value.strip("[]")
+        ip = ipaddress.ip_address(value.strip("[]"))
     except ValueError:
-        pass
-    if not HOSTNAME_RE.match(value):
+        ip = None
+    if ip is not None:
+        scope = getattr(ip, "scope_id", None)
+        if scope is not None and not SCOPE_ID_RE.fullmatch(scope):
+            raise ValueError(
+                f"IPv6 scope id {scope!r} must be an interface name or number (letters, digits, '._-', "
+                "not starting with '-'): it ends up in SSH commands"
+            )
+        return value.strip("[]")
+    if not HOSTNAME_RE.fullmatch(value):
         raise ValueError(
             f"{value!r} is neither an IP address nor a valid hostname "
             "(letters, digits, '-', '_' and dots; labels up to 63 characters)"
@@ -57,7 +66,7 @@ def _check_address(value: str) -> str:
 
 
 def _check_env_name(name: str) -> str:
-    if not ENV_NAME_RE.match(name):
+    if not ENV_NAME_RE.fullmatch(name):
         raise ValueError(f"{name!r} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
     if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
         raise ValueError(f"{name} is set by tfcluster from the spec; remove it from job.env")
@@ -77,15 +86,36 @@ def _scalar_to_str(value: Any) -> Any:
     return value
 
 
-def _no_nul(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("must not contain NUL characters (a process argument cannot hold one)")
+def _control_chars(value: str, allowed: str = "") -> str | None:
+    """The first control character in ``value`` that is not ``allowed``, if any."""
+    for ch in value:
+        if (ch < " " or "\x7f" <= ch <= "\x9f") and ch not in allowed:
+            return ch
+    return None
+
+
+def _no_control_chars(value: str, allowed: str = "") -> str:
+    bad = _control_chars(value, allowed)
+    if bad is not None:
+        raise ValueError(f"must not contain control characters (found {bad!r} at position {value.index(bad)})")
     return value
 
 
-def _no_control_chars(value: str) -> str:
-    if "\x00" in value or "\n" in value or "\r" in value:
-        raise ValueError("must not contain NUL or newline characters")
+def _arg(value: str) -> str:
+    """A command argument: tabs and newlines are fine (python -c scripts), other control characters
+    (NUL above all: no process argument can hold one) are not."""
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters (a process argument cannot hold one)")
+    return _no_control_chars(value, "\t\n")
+
+
+def _env_value(value: str) -> str:
+    return _no_control_chars(value, "\t")
+
+
+def _python(value: str) -> str:
+    if value.startswith("-"):
+        raise ValueError(f"{value!r} starts with '-': it would be read as an option, not an interpreter")
     return value
 
 
@@ -93,9 +123,12 @@ StrictInt = Annotated[int, Field(strict=True)]
 Port = Annotated[int, Field(strict=True), AfterValidator(_check_port)]
 PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
-NonEmptyStr = Annotated[str, Field(min_length=1, strict=True)]
-ArgStr = Annotated[str, BeforeValidator(_scalar_to_str), Field(strict=True), AfterValidator(_no_nul)]
-EnvValue = Annotated[str, BeforeValidator(_scalar_to_str), Field(strict=True), AfterValidator(_no_control_chars)]
+NonEmptyStr = Annotated[str, Field(min_length=1, max_length=4096, strict=True), AfterValidator(_no_control_chars)]
+ArgStr = Annotated[str, BeforeValidator(_scalar_to_str), Field(strict=True, max_length=1 << 20), AfterValidator(_arg)]
+EnvValue = Annotated[
+    str, BeforeValidator(_scalar_to_str), Field(strict=True, max_length=1 << 20), AfterValidator(_env_value)
+]
+Interpreter = Annotated[str, Field(min_length=1, max_length=4096, strict=True), AfterValidator(_no_control_chars), AfterValidator(_python)]
 EnvName = Annotated[str, Field(strict=True), AfterValidator(_check_env_name)]
 Address = Annotated[str, Field(strict=True), AfterValidator(_check_address)]
 
@@ -175,7 +208,7 @@ class JobSpec(_Model):
     workdir: NonEmptyStr | None = Field(
         None, description="Working directory on each host. Default: the login directory."
     )
-    python: NonEmptyStr = Field("python3", description="Interpreter that runs worker_entry on each host.")
+    python: Interpreter = Field("python3", description="Interpreter that runs worker_entry on each host.")
     env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, description="Extra environment for the training command."
     )
@@ -309,7 +342,7 @@ class ClusterSpec(_Model):
     @field_validator("name", mode="before")
     @classmethod
     def _name(cls, value: Any) -> Any:
-        if isinstance(value, str) and not JOB_NAME_RE.match(value):
+        if isinstance(value, str) and not JOB_NAME_RE.fullmatch(value):
             raise ValueError(
                 f"{value!r} is not a valid job name: use lowercase letters, digits and '-', "
                 "1-63 characters, starting with a letter or digit"

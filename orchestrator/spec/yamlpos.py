@@ -84,6 +84,71 @@ _Loader.add_constructor("tag:yaml.org,2002:map", _Loader._positioned_mapping)
 _Loader.add_constructor("tag:yaml.org,2002:seq", _Loader._positioned_sequence)
 
 
+#: Bounds on what a spec may expand to: a YAML alias can repeat a whole subtree, so nine aliases of
+#: nine aliases are 9**9 values built from a few lines ("billion laughs"); nesting thousands of levels
+#: deep exhausts the stack. Both are checked on the composed node graph, before anything is built.
+MAX_VALUES = 200_000
+MAX_DEPTH = 64
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _check_shape(root: yaml.Node) -> None:
+    """Refuse a document whose aliases expand to more than MAX_VALUES values, that nests deeper than
+    MAX_DEPTH, or that contains itself (``&a [*a]``): one pass over the graph, aliases memoized."""
+    size: dict[int, int] = {}
+    on_path = {id(root)}
+    stack = [(root, 0, iter(_children(root)))]
+    while stack:
+        node, depth, todo = stack[-1]
+        child = next(todo, None)
+        if child is None:
+            stack.pop()
+            on_path.discard(id(node))
+            size[id(node)] = total = 1 + sum(size[id(c)] for c in _children(node))
+            if total > MAX_VALUES:
+                raise YamlSyntaxError(
+                    node.start_mark.line + 1,
+                    f"this value expands to more than {MAX_VALUES} values through YAML aliases (an alias bomb?); "
+                    "write the values out, or use fewer nested aliases",
+                )
+            continue
+        if id(child) in on_path:
+            raise YamlSyntaxError(child.start_mark.line + 1, "a YAML alias refers to a value that contains it")
+        if id(child) in size:
+            continue
+        if depth + 1 > MAX_DEPTH:
+            raise YamlSyntaxError(child.start_mark.line + 1, f"nested more than {MAX_DEPTH} levels deep")
+        on_path.add(id(child))
+        stack.append((child, depth + 1, iter(_children(child))))
+
+
+def _too_deep_at(text: str) -> int | None:
+    """The line where nesting passes MAX_DEPTH, from the (non-recursive) scanner's tokens: only
+    called when composing ran out of stack, so a normal spec never pays for it."""
+    opening = (yaml.BlockMappingStartToken, yaml.BlockSequenceStartToken, yaml.FlowMappingStartToken,
+               yaml.FlowSequenceStartToken)  # fmt: skip
+    closing = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)
+    depth = 0
+    try:
+        for token in yaml.scan(text, Loader=yaml.SafeLoader):
+            if isinstance(token, opening):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    return token.start_mark.line + 1
+            elif isinstance(token, closing):
+                depth -= 1
+    except (yaml.YAMLError, RecursionError):
+        return None
+    return None
+
+
 class YamlSyntaxError(Exception):
     def __init__(self, line: int | None, message: str):
         self.line = line
@@ -98,6 +163,7 @@ def load(text: str) -> tuple[Any, Positions, list[Duplicate]]:
         if not loader.check_node():
             return None, Positions(value_lines={(): 1}), []
         node = loader.get_node()
+        _check_shape(node)
         if loader.check_node():
             extra = loader.get_node()
             raise YamlSyntaxError(
@@ -112,6 +178,8 @@ def load(text: str) -> tuple[Any, Positions, list[Duplicate]]:
         raise YamlSyntaxError(line, f"invalid YAML: {what}") from None
     except yaml.YAMLError as exc:  # pragma: no cover - unmarked errors are rare
         raise YamlSyntaxError(None, f"invalid YAML: {exc}") from None
+    except RecursionError:
+        raise YamlSyntaxError(_too_deep_at(text), f"nested more than {MAX_DEPTH} levels deep") from None
     finally:
         loader.dispose()
 

@@ -60,7 +60,8 @@ class ChannelPump(threading.Thread):
         self._channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
-        self._stop = False
+        self._stopping = False
+        self.spill: list[Received] = []  # read, but the queue was full when we were told to stop
 
     def add(self, task: str, chan: Channel) -> None:
         with self._lock:
@@ -73,21 +74,24 @@ class ChannelPump(threading.Thread):
             self._channels.pop(task, None)
 
     def stop(self) -> None:
-        self._stop = True
+        self._stopping = True
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
 
     def _put(self, item: Received) -> None:
-        while not self._stop:
+        """Queue what was read; never drop it (on stop it is kept in ``spill`` for the last drain)."""
+        while True:
             try:
                 self.out.put(item, timeout=0.5)
                 return
             except queue.Full:
-                continue
+                if self._stopping:
+                    self.spill.append(item)
+                    return
 
     def run(self) -> None:
         try:
-            while not self._stop:
+            while not self._stopping:
                 with self._lock:
                     fdmap = {fd: task for task, chan in self._channels.items() for fd in chan.filenos()}
                 try:

@@ -81,6 +81,8 @@ class TaskSession:
         self.heartbeat_wall: float | None = None
         self.profile: p.Profile | None = None
         self.exit: p.Exited | None = None
+        self.files: p.TaskFiles | None = None  # what the node offers after its task ended
+        self.abandoned = False  # we stopped waiting for it: its channel is closed, nothing to fetch
         self.go_sent = False
         self.spawned = False
         self.stop_sent = False
@@ -113,8 +115,15 @@ class TaskSession:
         return True
 
     def close(self) -> None:
+        """Close the channel for good (worker_entry stops its task when it sees the channel go)."""
+        self.abandoned = True
         if self.channel is not None:
             self.channel.close()
+
+    @property
+    def handing_over(self) -> bool:
+        """The task ended and said so: its channel stays open for the hand-over (task_files, fetch, bye)."""
+        return self.channel is not None and not self.abandoned and self.exit is not None and self.violation is None
 
     # --- bytes in --------------------------------------------------------------------------------
 
@@ -165,6 +174,11 @@ class TaskSession:
     def _accept(self, msg: p.Message) -> None:
         """Check the message's order and identity; update what it changes."""
         allowed = _ALLOWED.get(self.state, frozenset())
+        if isinstance(msg, p.TaskFiles):
+            if self.exit is None or self.files is not None:
+                raise p.ProtocolError("out of order: 'task_files' before 'exited', or twice")
+            self.files = msg
+            return
         if msg.TYPE not in allowed:
             where = f"after it {self.state.value}" if self.state.is_terminal else f"while {self.state.value}"
             raise p.ProtocolError(f"out of order: {msg.TYPE!r} {where}")

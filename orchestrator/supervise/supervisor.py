@@ -117,10 +117,28 @@ class Supervisor:
                     break
         finally:
             self.pump.stop()
+            self.pump.join(2)
+            self._drain()
             for s in self.sessions.values():
-                s.close()
+                if not s.handing_over:
+                    s.close()
             self.logs.flush()
         return self._result()
+
+    def _drain(self) -> None:
+        """Decode what the pump read before it stopped (late lines, a task_files in flight)."""
+        while True:
+            try:
+                item = self.q.get_nowait()
+            except queue.Empty:
+                if not self.pump.spill:
+                    return
+                item = self.pump.spill.pop(0)
+            if isinstance(item, ChannelReady):
+                if item.channel is not None:
+                    item.channel.close()
+                continue
+            self._handle(item)
 
     def _deliver(self, task: str, chan: Channel | BaseException) -> None:
         """Called from the backend's threads: a task's channel (or why there is none)."""
@@ -150,7 +168,7 @@ class Supervisor:
                 return  # it is up already (or given up on): a late error of the launcher is moot
             s.state = TaskState.NOT_STARTED
             self.monitor.on_terminal(s.task)
-            self._fail(Failure("spawn", f"cannot start worker_entry: {item.error}", time.time(), s.task, s.host))
+            self._fail(self._failure("spawn", f"cannot start worker_entry: {item.error}", s, last_lines=()))
             return
         if s.state.is_terminal:  # abandoned while it was starting
             item.channel.close()
@@ -206,14 +224,10 @@ class Supervisor:
         else:
             kind, msg = "exit", m.error or f"exited with code {m.code}"
         self._blame_suspects(s)
-        self._fail(
-            Failure(
-                kind, msg, time.time(), s.task, s.host, exit_code=m.code, signal=m.signal_name,
-                attempt=self.attempt, last_lines=s.last_lines(),
-            )
-        )
+        self._fail(self._failure(kind, msg, s, exit_code=m.code, signal=m.signal_name))
 
     def _on_eof(self, s: TaskSession) -> None:
+        s.abandoned = True  # nothing more will come on this channel
         if s.state.is_terminal:
             return
         status = s.channel.exit_status() if s.channel else None
@@ -235,12 +249,7 @@ class Supervisor:
         msg = diag.message if diag else f"connection closed without an exit status (channel status {status})"
         self.bus.emit("task_lost", task=s.task, host=s.host, message=msg, status=status)
         self._blame_suspects(s)
-        self._fail(
-            Failure(
-                "lost", msg, time.time(), s.task, s.host, exit_code=status, attempt=self.attempt,
-                last_lines=s.last_lines(), hint=diag.hint if diag else "",
-            )
-        )
+        self._fail(self._failure("lost", msg, s, exit_code=status, hint=diag.hint if diag else ""))
 
     def _on_violation(self, s: TaskSession, error: str) -> None:
         """The node broke the protocol: that task fails (its node stops it when its channel closes)."""
@@ -254,12 +263,7 @@ class Supervisor:
         if was_alive:
             s.state = TaskState.FAILED
             self.monitor.on_terminal(s.task)
-        self._fail(
-            Failure(
-                "protocol", msg, time.time(), s.task, s.host, attempt=self.attempt,
-                last_lines=s.last_lines(), hint=PROTOCOL_HINT,
-            )
-        )
+        self._fail(self._failure("protocol", msg, s, hint=PROTOCOL_HINT))
 
     # --- decisions ---------------------------------------------------------------------------
 
@@ -271,13 +275,8 @@ class Supervisor:
             return
         if waiting:
             names = ", ".join(s.task for s in waiting)
-            self._fail(
-                Failure(
-                    "startup_timeout",
-                    f"worker_entry did not report within {self.policy.startup_timeout_s:g}s on {names}",
-                    time.time(), waiting[0].task, waiting[0].host, attempt=self.attempt,
-                )
-            )
+            msg = f"worker_entry did not report within {self.policy.startup_timeout_s:g}s on {names}"
+            self._fail(self._failure("startup_timeout", msg, waiting[0], last_lines=()))
             return
         ready = [s for s in self.sessions.values() if s.state == TaskState.READY]
         failure = check_before_go(ready, self.spec, self.plan, self.bus, report=self.preflight, attempt=self.attempt)
@@ -303,12 +302,7 @@ class Supervisor:
             s.state = TaskState.LOST
             self.monitor.on_terminal(s.task)
         if v.fatal:
-            self._fail(
-                Failure(
-                    v.kind, v.message, time.time(), v.task, s.host if s else None, attempt=self.attempt,
-                    last_lines=s.last_lines() if s else (),
-                )
-            )
+            self._fail(self._failure(v.kind, v.message, s))
 
     def _blame_suspects(self, failed_task: TaskSession) -> None:
         """A peer that went silent or was stopped *before* this failure is the likelier cause."""
@@ -316,6 +310,13 @@ class Supervisor:
             return
         for v in self.monitor.suspects(self.clock(), exclude=failed_task.task):
             self._verdict(v)
+
+    def _failure(self, kind: str, message: str, s: TaskSession | None, **fields: Any) -> Failure:
+        """A failure of this attempt, attributed to ``s`` (with its last output lines) when given."""
+        if s is not None:
+            fields.setdefault("last_lines", s.last_lines())
+        task, host = (s.task, s.host) if s is not None else (None, None)
+        return Failure(kind, message, time.time(), task, host, attempt=self.attempt, **fields)
 
     def _fail(self, failure: Failure) -> None:
         self.failures.append(failure)

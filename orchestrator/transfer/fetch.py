@@ -12,6 +12,7 @@ import select
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,61 +90,129 @@ class _PartWriter(threading.Thread):
                     self.cur = None
 
 
-def fetch(
-    conn: Connection, python: str, root: str, items: list[Item], state: GatherState, totals: Totals, progress: Progress
-) -> None:
-    """Copy `items` from `root` on the node, one exec channel for all of them."""
-    todo: list[Item] = []
+#: Transfer stop request: 0 go on, 1 stop after the current file (resumable), 2 abort now.
+StopCheck = Callable[[], int]
+#: Where non-transfer frames seen on a task's own channel go (its late output lines).
+OnFrame = Callable[[p.Frame], None]
+
+
+def _todo(items: list[Item], state: GatherState, totals: Totals, progress: Progress) -> list[Item]:
+    todo = []
     for it in items:
         if state.verified(it.dest, it.size, it.mtime_ns):
             totals.skipped_verified += 1
             progress.advance(it.size)
         else:
             todo.append(it)
-    if not todo:
-        return
-    by_rel = {it.rel: it for it in todo}
-    requests = []
+    return todo
+
+
+def _requests(todo: list[Item]) -> list[dict[str, Any]]:
+    """What to ask for: each file from where its ``.part`` left off (a resumed copy)."""
+    out = []
     for it in todo:
         part = it.dest.with_name(it.dest.name + ".part")
         offset = part.stat().st_size if part.is_file() and not part.is_symlink() else 0
-        requests.append({"path": it.rel, "offset": offset if offset <= it.size else 0})
+        out.append({"path": it.rel, "offset": offset if offset <= it.size else 0})
+    return out
+
+
+def fetch(
+    conn: Connection,
+    python: str,
+    root: str,
+    items: list[Item],
+    state: GatherState,
+    totals: Totals,
+    progress: Progress,
+    stop: StopCheck | None = None,
+) -> None:
+    """Copy ``items`` from ``root`` on the node over one new exec channel (``worker_entry send``)."""
+    todo = _todo(items, state, totals, progress)
+    if not todo:
+        return
     writer = _PartWriter(state, totals, progress)
     writer.start()
     chan = conn.exec([python, "-m", "worker_entry", "send"])
     try:
-        chan.send(p.command_line({"root": root, "files": requests}))
-        _receive(chan, root, by_rel, writer, totals)
+        chan.send(p.command_line({"root": root, "files": _requests(todo)}))
+        receive_files(chan, p.FrameDecoder(), root, {it.rel: it for it in todo}, writer, totals, stop=stop)
     finally:
         writer.q.put(("stop", None))
         writer.join()
         chan.close()
 
 
-def _receive(chan: Any, root: str, by_rel: dict[str, Item], writer: _PartWriter, totals: Totals) -> None:
-    """Route a ``worker_entry send`` stream into the writer; every message validated, every byte counted
-    against the listing (a file may not grow past what was listed, nor end at another size)."""
-    decoder = p.FrameDecoder()
+def fetch_over(
+    chan: Any,
+    decoder: p.FrameDecoder,
+    root: str,
+    items: list[Item],
+    state: GatherState,
+    totals: Totals,
+    progress: Progress,
+    on_frame: OnFrame | None = None,
+    stop: StopCheck | None = None,
+) -> bool:
+    """Copy ``items`` over a task's own channel, still open after its task ended (``fetch``
+    command). False when the channel can no longer be used (closed, or the transfer was cut short)."""
+    todo = _todo(items, state, totals, progress)
+    if not todo:
+        return True
+    writer = _PartWriter(state, totals, progress)
+    writer.start()
+    try:
+        requests = [p.FileRequest(r["path"], r["offset"]) for r in _requests(todo)]
+        chan.send(p.command_line(p.Fetch(root=root, files=requests)))
+        return receive_files(chan, decoder, root, {it.rel: it for it in todo}, writer, totals, on_frame, stop)
+    except OSError as exc:
+        totals.errors.append(f"{root}: {exc}")
+        return False
+    finally:
+        writer.q.put(("stop", None))
+        writer.join()
+
+
+def receive_files(
+    chan: Any,
+    decoder: p.FrameDecoder,
+    root: str,
+    by_rel: dict[str, Item],
+    writer: _PartWriter,
+    totals: Totals,
+    on_frame: OnFrame | None = None,
+    stop: StopCheck | None = None,
+) -> bool:
+    """Route a file stream into the writer; every message validated, every byte counted against the
+    listing (a file may not grow past what was listed, nor end at another size). Between files a
+    stop request ends the transfer (what is verified stays, the rest resumes later); a second one
+    aborts at once. True when the stream ended with ``done``."""
     cur: Item | None = None
     got = 0
     idle_since = time.monotonic()
     while True:
-        select.select(chan.filenos(), [], [], 5.0)
+        if stop is not None and stop() >= (1 if cur is None else 2):
+            totals.errors.append(f"{root}: interrupted; `tfcluster gather RUN` resumes it")
+            totals.interrupted = True
+            return False
+        select.select(chan.filenos(), [], [], 1.0)
         out, err, eof = chan.read()
         if out or err:
             idle_since = time.monotonic()
         elif time.monotonic() - idle_since > IDLE_TIMEOUT_S:
             totals.errors.append(f"{root}: no data for {IDLE_TIMEOUT_S:g}s; the transfer was abandoned")
-            return
+            return False
         try:
-            frames = decoder.feed(out) if out else []
-            for fr in frames:
+            for fr in decoder.feed(out) if out else []:
                 if fr.type == p.T_DATA:
                     if cur is not None:
                         got += len(fr.payload)
                         if got > cur.size:
                             raise p.ProtocolError(f"{cur.rel}: more bytes than the {cur.size} listed")
                         writer.q.put(("data", fr.payload))
+                    continue
+                if fr.type == p.T_LOG and on_frame is not None:
+                    on_frame(fr)
                     continue
                 if fr.type != p.T_MSG:
                     raise p.ProtocolError(f"unexpected frame type {fr.type} in a transfer")
@@ -161,21 +230,22 @@ def _receive(chan: Any, root: str, by_rel: dict[str, Item], writer: _PartWriter,
                         cur = None
                     else:
                         writer.q.put(("open", (cur, m.offset)))
-                elif isinstance(m, p.FileEnd) and cur is not None:
-                    writer.q.put(("end", m))
+                elif isinstance(m, p.FileEnd):
+                    if cur is not None:
+                        writer.q.put(("end", m))
                     cur = None
                 elif isinstance(m, p.FileError):
                     totals.errors.append(f"{root}/{m.path}: {m.error}")
                 elif isinstance(m, p.Done):
-                    return
+                    return True
         except p.ProtocolError as exc:
             totals.errors.append(f"{root}: protocol error from the node: {exc}")
-            return
+            return False
         if eof:
             status = chan.exit_status()
             detail = err.decode("utf-8", "replace").strip()[-300:]
             totals.errors.append(f"{root}: transfer ended early (status {status}) {detail}".strip())
-            return
+            return False
 
 
 def _open_part(it: Item, offset: int) -> dict[str, Any]:

@@ -19,12 +19,19 @@ from ..backends import Connection
 from ..events import EventBus
 from ..plan import NodePlan, Plan
 from ..runs import RunDir
-from .fetch import fetch, items_of, list_files
-from .state import GatherState, Item, Progress, Totals
+from .fetch import StopCheck, fetch, items_of, list_files
+from .state import GatherState, Item, Progress, Totals, check_space
 
 
 def gather_after_run(
-    spec: Any, plan: Plan, conns: Mapping[str, Connection | None], rundir: RunDir, bus: EventBus, *, attempts: int
+    spec: Any,
+    plan: Plan,
+    conns: Mapping[str, Connection | None],
+    rundir: RunDir,
+    bus: EventBus,
+    *,
+    attempts: int,
+    stop: StopCheck | None = None,
 ) -> dict[str, Any]:
     """Logs + exit status of every task and attempt; the chief's checkpoints. Returns a summary.
 
@@ -97,11 +104,19 @@ def gather_after_run(
 
     progress = Progress(sum(it.size for _, _, jobs in work for _, items in jobs for it in items))
 
+    pending = [it for _, _, jobs in work for _, items in jobs for it in items if not state.verified(it.dest, it.size, it.mtime_ns)]
+    if not check_space(rundir.path, pending, totals):
+        work = []
+    progress = Progress(sum(it.size for _, _, jobs in work for _, items in jobs for it in items))
+
     def copy(entry: tuple[NodePlan, Connection, list[tuple[str, list[Item]]]]) -> Totals:
         node, conn, jobs = entry
         mine = Totals()
-        for root, items in jobs:
-            fetch(conn, node.argv[0], root, items, state, mine, progress)
+        try:
+            for root, items in jobs:
+                fetch(conn, node.argv[0], root, items, state, mine, progress, stop)
+        except Exception as exc:  # one node never stops the others
+            mine.errors.append(f"{node.task} ({node.host}): {type(exc).__name__}: {exc}")
         return mine
 
     try:
@@ -113,7 +128,14 @@ def gather_after_run(
         state.save()
     for node, _, _ in work:
         for a in range(attempts):
-            _complete_live_log(rundir, node, a, rundir.gather_dir / node.task.slug / f"attempt-{a}", bus)
+            complete_live_log(rundir, node, a, rundir.gather_dir / node.task.slug / f"attempt-{a}", bus)
+    return summarize(totals, logs_summary, ckpt_summary, rundir, bus)
+
+
+def summarize(
+    totals: Totals, logs: dict[str, str], checkpoints: dict[str, Any] | None, rundir: RunDir, bus: EventBus
+) -> dict[str, Any]:
+    """result.json's ``gather`` and the gather events, for a gather or a hand-over."""
     summary = {
         "files": totals.files,
         "bytes": totals.bytes,
@@ -122,8 +144,9 @@ def gather_after_run(
         "resumed_bytes": totals.resumed_bytes,
         "skipped": totals.skipped,
         "errors": totals.errors,
-        "logs": logs_summary,
-        "checkpoints": ckpt_summary,
+        "interrupted": totals.interrupted,
+        "logs": logs,
+        "checkpoints": checkpoints or {"gathered": False},
         "dest": str(rundir.path),
     }
     if totals.errors:
@@ -140,8 +163,8 @@ def gather_after_run(
     return summary
 
 
-def _complete_live_log(rundir: RunDir, node: NodePlan, attempt: int, dest: Path, bus: EventBus) -> None:
-    """If lines never arrived live (a broken channel), the node's copy completes RUN/logs/."""
+def complete_live_log(rundir: RunDir, node: NodePlan, attempt: int, dest: Path, bus: EventBus) -> None:
+    """If lines never arrived live (a broken channel, a full disk), the node's copy completes RUN/logs/."""
     node_log = dest / "output.log"
     live = rundir.task_log(node.task.slug, attempt)
     if not node_log.is_file():

@@ -72,6 +72,7 @@ class Totals:
     resumed_bytes: int = 0
     errors: list[str] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
+    interrupted: bool = False
 
     def merge(self, other: Totals) -> None:
         self.files += other.files
@@ -81,6 +82,7 @@ class Totals:
         self.resumed_bytes += other.resumed_bytes
         self.errors += other.errors
         self.skipped += other.skipped
+        self.interrupted = self.interrupted or other.interrupted
 
 
 class Progress:
@@ -105,3 +107,23 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+def check_space(dest: Path, items: list[Item], totals: Totals) -> bool:
+    """Refuse to start copying what cannot fit: a gather that fills the disk helps nobody (and
+    would also stop the run directory's own files). A small margin stays free."""
+    need = sum(it.size for it in items)
+    if not need:
+        return True
+    try:
+        st = os.statvfs(dest)
+    except OSError:
+        return True
+    free = st.f_bavail * st.f_frsize
+    if need + need // 100 + (1 << 20) <= free:
+        return True
+    totals.errors.append(
+        f"not enough space in {dest}: {need / 1e6:.1f} MB to copy, {free / 1e6:.1f} MB free; "
+        "free some space, then run `tfcluster gather RUN`"
+    )
+    return False

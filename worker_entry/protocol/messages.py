@@ -45,6 +45,8 @@ class NodeConfig(Record):
     failure_grace_s: float = field(default=1.0, metadata=spec(lo=0, hi=86400))
     instrument: bool = True
     wait_for_go: bool = True
+    checkpoint_dir: str | None = None  # listed in task_files when set (the chief, with checkpoint.gather)
+    clean_dirs: list[str] = field(default_factory=list)  # workertemp_* copies removed at the end (non-chief)
 
     @classmethod
     def parse_line(cls, line: bytes) -> NodeConfig:
@@ -294,12 +296,48 @@ class ManifestReply(Record):
             raise ProtocolError(f"manifest.{exc}", exc.field) from None
 
 
+@dataclass
+class TaskFiles(Message):
+    """Sent once after ``exited``: what the launcher may still want, so it needs no new channel to
+    learn it. ``checkpoint`` is None when not asked for, or ``checkpoint_listed`` False when the
+    listing was too large for one message (the launcher then lists it separately)."""
+
+    TYPE: ClassVar[str] = "task_files"
+    task_dir: Manifest
+    log_bytes: int | None = field(default=None, metadata=spec(lo=0))
+    checkpoint: Manifest | None = None
+    checkpoint_listed: bool = True
+    cleaned: list[str] = field(default_factory=list, metadata=spec(max_len=4096))
+
+
+@dataclass
+class FileRequest(Record):
+    path: str = field(metadata=spec(max_len=STR))
+    offset: int = field(default=0, metadata=spec(lo=0))
+
+
+@dataclass
+class Fetch(Message):
+    """After ``task_files``: stream these files of ``root`` on this channel (file/end/error, done)."""
+
+    TYPE: ClassVar[str] = "fetch"
+    root: str = field(metadata=spec(max_len=STR))
+    files: list[FileRequest] = field(default_factory=list, metadata=spec(max_len=MAX_FILES))
+
+
+@dataclass
+class Bye(Message):
+    """The launcher needs nothing more from this task: worker_entry may exit."""
+
+    TYPE: ClassVar[str] = "bye"
+
+
 #: Messages a running task may send (MSG frames on its channel).
 NODE_MESSAGES: dict[str, type[Message]] = {
-    m.TYPE: m for m in (Hello, Heartbeat, Spawned, Started, StrategyInfo, Profile, Stopping, Exited)
+    m.TYPE: m for m in (Hello, Heartbeat, Spawned, Started, StrategyInfo, Profile, Stopping, Exited, TaskFiles)
 }
 #: Commands the launcher sends to a running task.
-COMMANDS: dict[str, type[Message]] = {m.TYPE: m for m in (Go, Ping, Stop)}
+COMMANDS: dict[str, type[Message]] = {m.TYPE: m for m in (Go, Ping, Stop, Fetch, Bye)}
 #: Messages of a file transfer (``worker_entry send`` / ``receive``).
 TRANSFER_MESSAGES: dict[str, type[Message]] = {m.TYPE: m for m in (FileStart, FileEnd, FileError, Done)}
 

@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import errno
 import socket
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-import paramiko
+# paramiko imports `invoke` (~50 ms) only for its own ssh_config parser's `Match exec`; tfcluster reads
+# ~/.ssh/config itself (plan/sshconfig.py), so the launcher does not pay for it.
+sys.modules.setdefault("invoke", None)  # type: ignore[arg-type]
 
-from ...plan.quoting import exec_line
-from ..base import Channel, ConnectFailure, Connection
+import paramiko  # noqa: E402
+
+from ...plan.quoting import exec_line  # noqa: E402
+from ..base import Channel, ConnectFailure, Connection  # noqa: E402
 
 #: paramiko's default. A 16 MiB window measured 40% slower gathers and 3x the sshd CPU here
 #: (docs/benchmarks.md); 2 MiB still fills a 1 GB/s link at 2 ms RTT.
@@ -137,6 +143,7 @@ class SshConnection(Connection):
         proxy_command: str | None = None,
         label: str | None = None,
         keys: KeyCache | None = None,
+        jumps: Sequence[Any] = (),
     ) -> None:
         self.hostname = hostname
         self.port = port
@@ -149,37 +156,73 @@ class SshConnection(Connection):
         self.label = label or (hostname if port == 22 else f"{hostname}:{port}")
         self.keys = keys or KeyCache()
         self.client: paramiko.SSHClient | None = None
+        self.jumps = tuple(jumps)  # plan SshTargets, in the order the connection goes through them
+        self.jump_clients: list[paramiko.SSHClient] = []
 
     def connect(self) -> SshConnection:
-        """Connect and authenticate, or raise ConnectFailure saying what failed and what to try."""
+        """Connect and authenticate (through every jump host, each one's host key verified), or raise
+        ConnectFailure saying what failed and what to try."""
         known = Path(self.known_hosts).expanduser()
-        keyname = self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
         if not known.is_file():
             raise ConnectFailure(
                 "host_key_unknown",
                 f"known_hosts file {self.known_hosts} does not exist, so no host key can be verified",
                 f"verify the host's key fingerprint, then: ssh-keyscan -p {self.port} {self.hostname} >> {self.known_hosts}",
             )
+        sock: Any = None
+        if self.proxy_command and not self.jumps:
+            sock = paramiko.ProxyCommand(self.proxy_command)  # tokens were expanded in the plan
+        hops = [*self.jumps, None]
+        try:
+            for n, hop in enumerate(hops):
+                last = hop is None
+                host, port, user = (self.hostname, self.port, self.user) if last else (hop.hostname, hop.port, hop.user)
+                files = self.identity_files if last else hop.identity_files
+                prefix = "" if last else f"jump host {user}@{host}:{port}: "
+                try:
+                    client = self._open(host, port, user, files, known, sock)
+                except ConnectFailure as exc:
+                    raise ConnectFailure(exc.kind, prefix + exc.message, exc.hint) from None
+                if last:
+                    self.client = client
+                    break
+                self.jump_clients.append(client)
+                nxt = hops[n + 1]
+                dest = (self.hostname, self.port) if nxt is None else (nxt.hostname, nxt.port)
+                try:
+                    transport = client.get_transport()
+                    assert transport is not None
+                    sock = transport.open_channel("direct-tcpip", dest, ("127.0.0.1", 0), timeout=self.timeout)
+                except (paramiko.SSHException, OSError, EOFError) as exc:
+                    raise ConnectFailure(
+                        "unreachable",
+                        f"{prefix}cannot open a channel to {dest[0]}:{dest[1]}: {exc}",
+                        "check that the jump host can reach it (AllowTcpForwarding on the jump host's sshd)",
+                    ) from None
+        except BaseException:
+            self.close()
+            raise
+        transport = self.client.get_transport() if self.client else None
+        if transport is not None and self.keepalive > 0:
+            transport.set_keepalive(int(max(1, self.keepalive)))
+        return self
+
+    def _open(
+        self, hostname: str, port: int, user: str, identity_files: Sequence[str], known: Path, sock: Any
+    ) -> paramiko.SSHClient:
+        """One verified, authenticated SSH hop (over ``sock`` when it is behind a jump or a ProxyCommand)."""
+        keyname = hostname if port == 22 else f"[{hostname}]:{port}"
         client = paramiko.SSHClient()
         client.load_system_host_keys(str(known))
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
         # An identity file named in the spec must exist; those from ~/.ssh/config are skipped if absent.
-        files = [p for p in self.identity_files if len(self.identity_files) == 1 or Path(p).expanduser().exists()]
+        files = [p for p in identity_files if len(identity_files) == 1 or Path(p).expanduser().exists()]
         pkeys = [self.keys.get(p) for p in files]
-        sock = None
-        if self.proxy_command:
-            cmd = (
-                self.proxy_command.replace("%h", self.hostname)
-                .replace("%p", str(self.port))
-                .replace("%r", self.user)
-                .replace("%%", "%")
-            )
-            sock = paramiko.ProxyCommand(cmd)
         try:
             client.connect(
-                self.hostname,
-                port=self.port,
-                username=self.user,
+                hostname,
+                port=port,
+                username=user,
                 pkey=pkeys[0] if pkeys else None,
                 key_filename=[str(Path(p).expanduser()) for p in files[1:]] or None,
                 timeout=self.timeout,
@@ -202,11 +245,11 @@ class SshConnection(Connection):
             ) from None
         except paramiko.AuthenticationException as exc:
             client.close()
-            tried = ", ".join(self.identity_files) or "the SSH agent and ~/.ssh/id_* keys"
+            tried = ", ".join(identity_files) or "the SSH agent and ~/.ssh/id_* keys"
             raise ConnectFailure(
                 "auth",
-                f"authentication as {self.user} failed ({exc}); tried {tried}",
-                f"check that the public key is in ~{self.user}/.ssh/authorized_keys on {self.hostname}, "
+                f"authentication as {user} failed ({exc}); tried {tried}",
+                f"check that the public key is in ~{user}/.ssh/authorized_keys on {hostname}, "
                 "and ssh.user / identity_file in the spec",
             ) from None
         except paramiko.ssh_exception.NoValidConnectionsError as exc:
@@ -215,21 +258,21 @@ class SshConnection(Connection):
             if reasons <= {errno.ECONNREFUSED}:
                 raise ConnectFailure(
                     "refused",
-                    f"connection refused on {self.hostname} port {self.port}",
+                    f"connection refused on {hostname} port {port}",
                     "is sshd running and listening on that port? check ssh.port / hosts[].port",
                 ) from None
-            raise ConnectFailure("unreachable", f"cannot connect to {self.hostname}:{self.port}: {exc}", "") from None
+            raise ConnectFailure("unreachable", f"cannot connect to {hostname}:{port}: {exc}", "") from None
         except TimeoutError:
             client.close()
             raise ConnectFailure(
                 "timeout",
-                f"no answer from {self.hostname}:{self.port} within {self.timeout:g}s",
+                f"no answer from {hostname}:{port} within {self.timeout:g}s",
                 "host down, firewalled, or the wrong address; raise ssh.connect_timeout_s for slow links",
             ) from None
         except socket.gaierror as exc:
             client.close()
             raise ConnectFailure(
-                "dns", f"cannot resolve {self.hostname}: {exc.strerror}", "check hosts[].address and DNS"
+                "dns", f"cannot resolve {hostname}: {exc.strerror}", "check hosts[].address and DNS"
             ) from None
         except paramiko.SSHException as exc:
             client.close()
@@ -238,18 +281,14 @@ class SshConnection(Connection):
                 raise ConnectFailure(
                     "host_key_unknown",
                     f"host key of {keyname} is not in {self.known_hosts}; unknown keys are refused",
-                    f"verify its fingerprint, then: ssh-keyscan -p {self.port} {self.hostname} >> {self.known_hosts}",
+                    f"verify its fingerprint, then: ssh-keyscan -p {port} {hostname} >> {self.known_hosts}",
                 ) from None
-            raise ConnectFailure("ssh", f"SSH handshake with {self.label} failed: {text}", "") from None
+            raise ConnectFailure("ssh", f"SSH handshake with {hostname if port == 22 else f'{hostname}:{port}'} failed: {text}", "") from None
         except OSError as exc:
             client.close()
             kind = "unreachable" if exc.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH) else "ssh"
-            raise ConnectFailure(kind, f"cannot connect to {self.label}: {exc.strerror or exc}", "") from None
-        transport = client.get_transport()
-        if transport is not None and self.keepalive > 0:
-            transport.set_keepalive(int(max(1, self.keepalive)))
-        self.client = client
-        return self
+            raise ConnectFailure(kind, f"cannot connect to {hostname if port == 22 else f'{hostname}:{port}'}: {exc.strerror or exc}", "") from None
+        return client
 
     def exec(self, argv: Sequence[str]) -> SshChannel:
         if self.client is None:
@@ -273,8 +312,10 @@ class SshConnection(Connection):
         return bool(t and t.is_active())
 
     def close(self) -> None:
-        if self.client is not None:
-            try:
-                self.client.close()
-            except Exception:
-                pass
+        for client in [self.client, *reversed(self.jump_clients)]:
+            if client is not None:
+                try:
+                    client.close()
+                except Exception:
+                    pass
+        self.jump_clients = []

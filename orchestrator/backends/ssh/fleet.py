@@ -38,6 +38,7 @@ def make_connection(node: NodePlan, keys: KeyCache) -> SshConnection:
         proxy_command=t.proxy_command,
         label=t.label,
         keys=keys,
+        jumps=t.jumps,
     )
 
 

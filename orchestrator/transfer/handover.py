@@ -1,0 +1,191 @@
+"""The end of an attempt, over the tasks' own channels: complete the logs, bring the checkpoint, say bye.
+
+When a task ends its node sends ``task_files`` (its task directory, the size of the log it wrote, the
+chief's checkpoint listing) and keeps the channel open. Here, per task and in parallel: the log is
+fetched only if bytes are missing from what arrived live, ``exit.json`` is written from the node's
+``exited`` message, the chief's checkpoint is fetched on the same channel (after checking free
+space), and ``bye`` lets the node exit. A job whose output all arrived live costs no new SSH channel.
+A lost host is not waited for: its logs stay on the node for ``tfcluster gather RUN``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from worker_entry import protocol as p
+
+from ..events import EventBus
+from ..runs import RunDir
+from ..supervise import TaskSession
+from ..supervise.session import Output, Violation
+from .fetch import StopCheck, fetch_over, items_of
+from .gather import complete_live_log
+from .state import GatherState, Progress, Totals, check_space
+
+FILES_TIMEOUT_S = 5.0  # a task that said exited sends task_files right after it
+
+
+@dataclass
+class HandOver:
+    """What the hand-over of one attempt did (merged into result.json's ``gather``)."""
+
+    totals: Totals = field(default_factory=Totals)
+    logs: dict[str, str] = field(default_factory=dict)
+    checkpoints: dict[str, Any] | None = None
+
+
+def hand_over(
+    sessions: Sequence[TaskSession],
+    rundir: RunDir,
+    bus: EventBus,
+    state: GatherState,
+    on_output: Callable[[str, bytes], None],
+    *,
+    attempt: int,
+    fetch: bool,
+    checkpoint: bool,
+    stop: StopCheck,
+) -> HandOver:
+    """``fetch``: complete logs and write exit.json; ``checkpoint``: also the chief's checkpoint."""
+    result = HandOver()
+    lock = threading.Lock()
+
+    def output(task: str, data: bytes) -> None:
+        with lock:
+            on_output(task, data)
+
+    def one(s: TaskSession) -> tuple[Totals, dict[str, str], dict[str, Any] | None]:
+        totals = Totals()
+        logs: dict[str, str] = {}
+        ckpt = None
+        try:
+            ckpt = _one(s, rundir, bus, state, output, totals, logs, attempt, fetch, checkpoint, stop)
+        except Exception as exc:  # one node never stops the others
+            totals.errors.append(f"{s.task} ({s.host}): {type(exc).__name__}: {exc}")
+        finally:
+            if s.handing_over:
+                s.send(p.Bye())
+            s.close()
+        return totals, logs, ckpt
+
+    with ThreadPoolExecutor(max_workers=max(1, min(64, len(sessions)))) as pool:
+        for totals, logs, ckpt in pool.map(one, sessions):
+            result.totals.merge(totals)
+            result.logs.update(logs)
+            result.checkpoints = ckpt or result.checkpoints
+    return result
+
+
+def _one(
+    s: TaskSession,
+    rundir: RunDir,
+    bus: EventBus,
+    state: GatherState,
+    output: Callable[[str, bytes], None],
+    totals: Totals,
+    logs: dict[str, str],
+    attempt: int,
+    fetch: bool,
+    checkpoint: bool,
+    stop: StopCheck,
+) -> dict[str, Any] | None:
+    key = s.task + (f" attempt {attempt}" if attempt else "")
+    if not s.handing_over:
+        if fetch and s.exit is None and s.state.value != "not_started":
+            logs[key] = "not gathered: the host was lost; `tfcluster gather RUN` fetches its log later"
+            totals.errors.append(f"{s.task} ({s.host}): not reachable; its node-side log was not gathered")
+        return None
+    files = _wait_files(s, output)
+    if files is None:
+        if fetch:
+            totals.errors.append(f"{s.task} ({s.host}): its node did not list its files (an older tfcluster?)")
+        return None
+    if not fetch:
+        return None
+    node_dir = rundir.gather_dir / s.node.task.slug / f"attempt-{attempt}"
+    node_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _write_exit(node_dir / "exit.json", s.exit, files.log_bytes)
+    live = rundir.task_log(s.node.task.slug, attempt)
+    live_size = live.stat().st_size if live.is_file() else 0
+    if files.log_bytes is not None and files.log_bytes <= live_size:
+        logs[key] = f"complete: all {live_size} bytes arrived live"
+    elif files.log_bytes is not None:
+        logs[key] = f"completed from the node: {files.log_bytes - live_size} bytes missed live"
+        items = [it for it in items_of(files.task_dir, node_dir, totals) if it.rel == "output.log"]
+        if fetch_over(s.channel, s.decoder, files.task_dir.root, items, state, totals, Progress(0, False),
+                      _frames_to(s, output), stop):  # fmt: skip
+            complete_live_log(rundir, s.node, attempt, node_dir, bus)
+    if not (checkpoint and s.node.is_chief):
+        return None
+    return _checkpoint(s, files, rundir, state, output, totals, stop)
+
+
+def _checkpoint(
+    s: TaskSession,
+    files: p.TaskFiles,
+    rundir: RunDir,
+    state: GatherState,
+    output: Callable[[str, bytes], None],
+    totals: Totals,
+    stop: StopCheck,
+) -> dict[str, Any]:
+    listing = files.checkpoint
+    summary: dict[str, Any] = {"gathered": False, "task": s.task}
+    if listing is None:
+        why = "its listing is too large for the job channel" if not files.checkpoint_listed else "not listed"
+        totals.errors.append(f"{s.task}: checkpoint not gathered ({why}); run `tfcluster gather RUN`")
+        return summary
+    summary["source"] = f"{s.host}:{listing.root}"
+    if not listing.exists:
+        return summary
+    rundir.checkpoints_dir.mkdir(exist_ok=True, mode=0o700)
+    items = items_of(listing, rundir.checkpoints_dir, totals)
+    if not check_space(rundir.path, [it for it in items if not state.verified(it.dest, it.size, it.mtime_ns)], totals):
+        return summary
+    progress = Progress(sum(it.size for it in items))
+    try:
+        ok = fetch_over(s.channel, s.decoder, listing.root, items, state, totals, progress, _frames_to(s, output), stop)
+    finally:
+        progress.close()
+    summary["gathered"] = ok
+    return summary
+
+
+def _wait_files(s: TaskSession, output: Callable[[str, bytes], None]) -> p.TaskFiles | None:
+    """The task's ``task_files`` (already received, or arriving now), reading its channel meanwhile."""
+    deadline = time.monotonic() + FILES_TIMEOUT_S
+    while s.files is None and s.channel is not None and time.monotonic() < deadline:
+        select.select(s.channel.filenos(), [], [], 0.2)
+        out, err, eof = s.channel.read()
+        for item in s.receive(out, err):
+            if isinstance(item, Output):
+                output(s.task, item.data)
+            elif isinstance(item, Violation):
+                return None
+        if eof:
+            break
+    return s.files
+
+
+def _frames_to(s: TaskSession, output: Callable[[str, bytes], None]) -> Callable[[p.Frame], None]:
+    """Output lines that still arrive on the channel during a transfer go to the task's log."""
+    return lambda fr: output(s.task, fr.payload)
+
+
+def _write_exit(path: Path, exited: p.Exited | None, log_bytes: int | None) -> None:
+    data = {**(exited.to_dict() if exited else {}), "log_bytes": log_bytes}
+    data.pop("type", None)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
