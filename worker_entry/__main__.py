@@ -1,8 +1,9 @@
-"""`python -m worker_entry [run|connect|probe|manifest|send|receive]`: the node side of tfcluster.
+"""`python -m worker_entry [run|connect|kubernetes|probe|manifest|send|receive]`: the node side of tfcluster.
 
 The configuration always arrives as one JSON line on stdin (``connect``: on the socket the node
 opened back to the supervisor), never on the command line, so no user data ever passes through a
-remote login shell.
+remote login shell. ``kubernetes`` is a pod's main process: its settings are in the pod spec (no shell
+either), the training command follows ``--``.
 """
 
 from __future__ import annotations
@@ -63,12 +64,16 @@ def main(argv: list[str]) -> int:
         from .connect import main as connect_main
 
         return connect_main()
+    if mode == "kubernetes":
+        from .kubernetes import main as pod_main
+
+        return pod_main(argv[1:])
     if mode in ("manifest", "send", "receive"):
         from . import files
 
         config, rest = _read_config()
         return files.main(mode, config, rest)
-    print(f"worker_entry: unknown mode {mode!r} (run, connect, probe, manifest, send, receive)", file=sys.stderr)
+    print(f"worker_entry: unknown mode {mode!r} (run, connect, kubernetes, probe, manifest, send, receive)", file=sys.stderr)
     return 2
 
 

@@ -65,6 +65,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_render(args: argparse.Namespace) -> int:
+    from .kubernetes import render_specs
+
+    return render_specs(args.specs, flavor=args.flavor, output_dir=args.output_dir, run_id=args.run_id, check=args.validate)
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     from ..spec import ClusterSpec
 

@@ -68,6 +68,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _cmd(
         sub,
+        "render",
+        "Kubernetes: print the manifests of scheduler: kubernetes specs (a JobSet, or Indexed Jobs + a Service).",
+        "tfcluster render cluster_specs/k8s-jobset.yaml | kubectl apply -f -\n"
+        "tfcluster render cluster_specs/k8s-*.yaml --flavor indexed-job -o manifests/ --validate",
+    )
+    p.add_argument("specs", nargs="+", metavar="SPEC")
+    p.add_argument("--flavor", choices=["jobset", "indexed-job"], help="override kubernetes.flavor")
+    p.add_argument("-o", "--output-dir", metavar="DIR", help="write DIR/NAME.yaml per spec instead of printing")
+    p.add_argument("--run-id", help="TFCLUSTER_RUN_ID of the pods (default: the job name)")
+    p.add_argument(
+        "--validate", action="store_true", help="check offline against the Kubernetes and JobSet schemas (dev extra)"
+    )
+    p.set_defaults(func=c.cmd_render)
+
+    p = _cmd(
+        sub,
         "schema",
         "Print the JSON Schema of the cluster spec (for editor completion and checks).",
         "tfcluster schema > cluster.schema.json   # then: # yaml-language-server: $schema=cluster.schema.json",

@@ -80,12 +80,13 @@ class Job:
         self.plan = plan
         self.opts = opts
         if backend is None:
-            from ..backends.ssh import SshBackend
+            from .backends import backend_for
 
-            backend = SshBackend()
+            backend = backend_for(self.spec, plan)
         self.backend = backend
         self.interrupt = Interrupt()
         self.rundir = RunDir.create(opts.run_dir or os.path.join("runs", plan.run_id), adopt=opts.adopt_run_dir)
+        backend.bind_run(self.rundir.path)
         started = time.time()
         self.result = RunResult(
             job=plan.job,
@@ -122,7 +123,7 @@ class Job:
                     self.live.start()
                 if self._connect():
                     self._attempts()
-                if self.opts.gather and self.result.attempts:
+                if self.opts.gather and self.backend.transfers and self.result.attempts:
                     self._summarize_gather()
                 return self._finish()
         finally:
@@ -206,7 +207,11 @@ class Job:
             )
             restart = res.state == JobState.FAILED and attempt < self.spec.restart.max_restarts
             restart = restart and not self.interrupt.count
-            self._hand_over(sup, attempt, final=not restart)
+            if self.backend.transfers:
+                self._hand_over(sup, attempt, final=not restart)
+            else:  # nothing to fetch from the nodes (Kubernetes: every line came through the API)
+                for s in sup.sessions.values():
+                    s.close()
             if not restart:
                 return
             attempt += 1
@@ -219,7 +224,8 @@ class Job:
             )
             if not self._connect(self.plan.nodes, attempt):  # reconnects only the hosts whose connection died
                 return
-            self._sync_backup()
+            if self.backend.transfers:
+                self._sync_backup()
 
     def _attempt(self, attempt: int) -> tuple[AttemptResult, Supervisor]:
         self.logs.open_attempt(attempt, [(str(n.task), n.task.slug, n.host) for n in self.plan.nodes])

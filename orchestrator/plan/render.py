@@ -34,9 +34,11 @@ def plan_text(plan: Plan, *, show_secrets: bool = False) -> str:
         out += [
             "",
             f"{n.task} on {n.host}",
-            f"  remote:     {n.shell_line()}   (config on stdin)",
+            f"  remote:     {n.shell_line()}   (config on stdin)"
+            if n.ssh is not None
+            else f"  pod runs:   {shlex.join(n.argv)} -- COMMAND   (settings in the pod spec: tfcluster render)",
             f"  command:    {shlex.join(n.command if show_secrets else redact_argv(n.command))}",
-            f"  workdir:    {n.workdir or '~ (login directory)'}",
+            f"  workdir:    {n.workdir or ('~ (login directory)' if n.ssh is not None else 'the image WORKDIR')}",
             f"  task dir:   {n.remote_dir}",
             f"  TF_CONFIG:  {json.dumps(n.tf_config, separators=(',', ':'))}",
             "  env:",

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..core.errors import UsageError
 from ..core.text import table
-from ..runs import RunDir
+from ..runs import RunDir, write_json_atomic
 
 try:
     import psutil
@@ -59,6 +59,9 @@ def job_status(run: RunDir) -> dict[str, Any]:
         "launcher_host": launcher.get("hostname"),
     }
     if result is not None:
+        kube = run.read_json(run.path / "kubernetes.json")
+        if kube is not None:
+            out["kubernetes"] = kube
         out.update(
             {
                 "state": result.get("state"),
@@ -71,6 +74,9 @@ def job_status(run: RunDir) -> dict[str, Any]:
             }
         )
         return out
+    kube = run.read_json(run.path / "kubernetes.json")
+    if kube is not None:
+        out["kubernetes"] = kube
     alive = launcher_alive(run)
     updated = status.get("updated")
     out.update(
@@ -84,7 +90,12 @@ def job_status(run: RunDir) -> dict[str, Any]:
             "tasks": status.get("tasks", {}),
         }
     )
-    if not alive:
+    if not alive and kube is not None and not kube.get("closed"):
+        out["message"] = (
+            "the launcher is not running and wrote no result.json; the pods it applied keep running without it "
+            f"(`tfcluster stop {run.path}` deletes them); last known state: {status.get('state', 'unknown')}"
+        )
+    elif not alive:
         out["message"] = (
             "the launcher is not running and wrote no result.json: it was killed (SIGKILL) or its machine "
             "went away. Its workers stop by themselves when the launcher stops answering; "
@@ -146,7 +157,33 @@ def status_text(st: dict[str, Any]) -> str:
         )
     lines.append("")
     lines.extend(table(rows))
+    lines.extend(_pods_text(st.get("kubernetes")))
     return "\n".join(lines)
+
+
+def _pods_text(kube: Any) -> list[str]:
+    """The pods of a Kubernetes run, newest attempt last: phase, node, how each container ended."""
+    if not isinstance(kube, dict) or not isinstance(kube.get("pods"), dict):
+        return []
+    objects = ", ".join(f"{o.get('kind')}/{o.get('name')}" for o in kube.get("objects") or [] if isinstance(o, dict))
+    head = f"kubernetes: namespace {kube.get('namespace')}   {objects or 'nothing applied'}"
+    if not kube["pods"]:
+        return ["", head]
+    rows = [("ATTEMPT/TASK", "POD", "PHASE", "NODE", "EXIT", "REASON")]
+    for key, pod in sorted(kube["pods"].items(), key=lambda kv: (int(kv[0].split("/")[0]) if kv[0].split("/")[0].isdigit() else 0, kv[0])):
+        if not isinstance(pod, dict):
+            continue
+        rows.append(
+            (
+                key,
+                str(pod.get("pod", "")),
+                str(pod.get("phase", "")),
+                str(pod.get("node") or ""),
+                "" if pod.get("exit_code") is None else str(pod.get("exit_code")),
+                str(pod.get("reason") or pod.get("problem") or "")[:80],
+            )
+        )
+    return ["", head, *table(rows)]
 
 
 def stop_job(run: RunDir, *, timeout_s: float = 120.0) -> str:
@@ -158,6 +195,13 @@ def stop_job(run: RunDir, *, timeout_s: float = 120.0) -> str:
         raise UsageError(f"{run.path} belongs to uid {owner}; only the user who started the job can stop it")
     proc = _launcher_process(run)
     if proc is None:
+        kube = run.read_json(run.path / "kubernetes.json")
+        if kube is not None and kube.get("objects") and not kube.get("closed"):
+            from ..backends.kubernetes.backend import delete_recorded
+
+            done = delete_recorded(kube)
+            write_json_atomic(run.path / "kubernetes.json", {**kube, "closed": True, "stopped": done}, durable=False)
+            return "the launcher is not running; deleted what it applied: " + "; ".join(done)
         return "the launcher is not running (no result.json either: it was killed); its workers stop by themselves"
     try:
         # launcher.json is only a file: whoever could write it could name any process. Even as root,

@@ -32,6 +32,8 @@ class Env:
     CONNECT = "TFCLUSTER_CONNECT"  # connect-back: the supervisor's HOST:PORT
     SECRET = "TFCLUSTER_SECRET"  # connect-back: the run's secret (hex); removed before the command starts
     RANK = "TFCLUSTER_RANK"  # connect-back: which task this node is (0-based, in plan order)
+    POD = "TFCLUSTER_POD"  # Kubernetes: the pod's worker_entry settings (JSON, rendered into the pod spec)
+    JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"  # Kubernetes: set by the Job controller (Indexed Jobs)
     PREFIX = "TFCLUSTER_"
 
 
