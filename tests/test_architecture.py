@@ -37,7 +37,7 @@ WORKER_ENTRY_LAYERS = [
     ["progress", "sysinfo", "files", "writer", "child", "trace_events", "hostlist"],
     ["output", "handover", "profiling", "strategy"],
     ["runner", "stamps"],
-    ["stepclock", "connect"],
+    ["stepclock", "connect", "kubernetes"],
     ["keras_callback", "slurm"],
     ["instrument", "examples", "_site"],
     ["__main__"],

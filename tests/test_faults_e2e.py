@@ -21,7 +21,7 @@ INTERVAL = 0.5
 TIMEOUT = 5.0
 
 
-def _job(tb, tmp_path, name):
+def _job(tb, tmp_path, name, gather=False):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     spec = tb.write_spec(
@@ -42,7 +42,7 @@ def _job(tb, tmp_path, name):
         heartbeat={"interval_s": INTERVAL, "timeout_s": TIMEOUT},
     )
     run_dir = tmp_path / "run"
-    proc = start_launch(tb, spec, run_dir, "--no-gather", "-q")
+    proc = start_launch(tb, spec, run_dir, *([] if gather else ["--no-gather"]), "-q")
     try:
         wait_until(
             lambda: (
@@ -133,17 +133,22 @@ def test_sigstop_of_a_worker_is_hung(testbed_factory, tmp_path):
 
 def test_cut_link_is_a_lost_worker(testbed_factory, tmp_path):
     tb = testbed_factory(3, mode="netns")
-    proc, run_dir, _ = _job(tb, tmp_path, "f-cut")
+    proc, run_dir, _ = _job(tb, tmp_path, "f-cut", gather=True)
     t_cut = time.time()
     tb.cut(tb.hosts[2])
     code, _, err = _finish(proc, timeout=90)
+    exited = time.time()
     assert code == 3, err[-2000:]
     lost_ts = _event_ts(run_dir, "worker_lost", "worker:2")
     assert lost_ts is not None and lost_ts - t_cut < TIMEOUT + 2
     rc = json.loads((run_dir / "result.json").read_text())["root_cause"]
     assert (rc["task"], rc["kind"]) == ("worker:2", "lost")
-    # The launcher does not wait for the exit status of a host it cannot hear from.
+    # The launcher does not wait for the exit status (nor an SSH timeout) of a host it cannot hear
+    # from: the whole process is gone within the heartbeat timeout and 2 s of the cut.
     assert _event_ts(run_dir, "job_finished") - t_cut < TIMEOUT + 2
+    assert exited - t_cut < TIMEOUT + 2, f"launcher exited {exited - t_cut:.1f}s after the cut"
+    gather = json.loads((run_dir / "result.json").read_text())["gather"]
+    assert "not gathered: the host was lost" in gather["logs"]["worker:2"]
     # The cut host's worker_entry stops its task by itself: the launcher's pings stopped.
     assert_no_job_processes(tb, TIMEOUT + 15)
     tb.restore(tb.hosts[2])

@@ -182,10 +182,10 @@ def test_the_supervisor_advertises_the_batch_nodes_nodeaddr_or_its_route_to_the_
 
 def test_the_state_file_is_private_and_read_tolerantly(tmp_path):
     run = RunDir.create(tmp_path / "run")
-    SlurmState(run_id="r", job_ids=["12"], command=["python", "x.py"]).save(run)
+    SlurmState(run_id="r", job_ids=["12"], gather=False).save(run)
     assert (SlurmState.path(run).stat().st_mode & 0o077) == 0
     state = SlurmState.load(run)
-    assert state.job_id == "12" and state.command == ["python", "x.py"]
+    assert state.job_id == "12" and state.gather is False
     SlurmState.path(run).write_text(json.dumps({"run_id": "r", "job_ids": ["1; reboot", 5, "7"], "preemptions": -3,
                                                 "timeouts": True, "allocations": "x"}))  # fmt: skip
     state = SlurmState.load(run)
@@ -250,6 +250,10 @@ def test_a_running_job_is_not_finalized(gone_run):
 
 class _NoBackend:
     notes: list[str] = []
+    transfers = True
+
+    def bind_run(self, run_dir) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -408,3 +412,20 @@ def test_an_allocation_whose_supervisor_died_is_an_attempt_of_its_own(tmp_path, 
     assert (job.first_attempt, state.preemptions, state.timeouts) == (2, 1, 1)
     assert job.result.started_ts == 1.0  # the run's wall time counts from its first allocation
     job.bus.close()
+
+
+def test_the_spec_travels_to_the_batch_job_in_its_environment_not_in_the_run_directory():
+    from orchestrator.core.errors import UsageError
+    from orchestrator.job.slurm import spec_from_payload
+    from orchestrator.job.slurm_submit import MAX_SPEC_ENV, spec_payload
+
+    loaded = load_spec_text(spec_text(extra="  env: {API_TOKEN: s3cr3t-value}\n"), "/home/me/spec.yaml")
+    back = spec_from_payload(spec_payload(loaded, ["python", "other.py", "--fast"]))
+    assert back.spec.job.command == ["python", "other.py", "--fast"] and back.path == "/home/me/spec.yaml"
+    assert back.spec.slurm == loaded.spec.slurm
+    assert spec_from_payload(spec_payload(loaded, None)).spec.job.command == ["python", "train.py"]
+    for garbage in ("%%%", "bm90IGpzb24=", "WzEsMl0="):  # not base64, not JSON, not an object
+        assert spec_from_payload(garbage) is None
+    big = load_spec_text(spec_text(extra=f"  env: {{BIG: {'x' * MAX_SPEC_ENV}}}\n"))
+    with pytest.raises(UsageError, match="too large"):
+        spec_payload(big, None)

@@ -1,8 +1,9 @@
-"""`python -m worker_entry [run|connect|slurm|probe|manifest|send|receive]`: the node side of tfcluster.
+"""`python -m worker_entry [run|connect|slurm|kubernetes|probe|manifest|send|receive]`: the node side of tfcluster.
 
 The configuration always arrives as one JSON line on stdin (``connect``: on the socket the node
 opened back to the supervisor), never on the command line, so no user data ever passes through a
-remote login shell.
+remote login shell. ``kubernetes`` is a pod's main process: its settings are in the pod spec (no shell
+either), the training command follows ``--``.
 """
 
 from __future__ import annotations
@@ -67,12 +68,16 @@ def main(argv: list[str]) -> int:
         from .slurm import main as slurm_main
 
         return slurm_main()
+    if mode == "kubernetes":
+        from .kubernetes import main as pod_main
+
+        return pod_main(argv[1:])
     if mode in ("manifest", "send", "receive"):
         from . import files
 
         config, rest = _read_config()
         return files.main(mode, config, rest)
-    print(f"worker_entry: unknown mode {mode!r} (run, connect, slurm, probe, manifest, send, receive)", file=sys.stderr)
+    print(f"worker_entry: unknown mode {mode!r} (run, connect, slurm, kubernetes, probe, manifest, send, receive)", file=sys.stderr)
     return 2
 
 

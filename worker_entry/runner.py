@@ -41,12 +41,13 @@ DRAIN_TIMEOUT_S = 3.0
 
 
 class Runner:
-    def __init__(self, config: p.NodeConfig, out_fd: int, in_fd: int, stdin_rest: bytes = b"") -> None:
+    def __init__(self, config: p.NodeConfig, out_fd: int, in_fd: int | None, stdin_rest: bytes = b"") -> None:
+        """``in_fd`` None: no launcher sends commands (a Kubernetes pod); nothing times out waiting for it."""
         self.cfg = config
         self.in_fd = in_fd
         self.writer = FrameWriter(out_fd)
         self.interval = config.heartbeat_interval_s
-        self.launcher_timeout = config.launcher_timeout_s
+        self.launcher_timeout = config.launcher_timeout_s if in_fd is not None else float("inf")
         self.grace = config.stop_grace_s
         # Without a launcher the job is lost anyway: no point waiting out the full grace.
         self.lost_grace = config.failure_grace_s
@@ -96,8 +97,9 @@ class Runner:
         self.nvml = Nvml()
         facts = p.NodeFacts.from_dict(node_facts(self._probe_config(), self.nvml))
         self.msg(p.Hello(pid=os.getpid(), remote_dir=self.remote_dir, facts=facts, task=self.cfg.task))
-        os.set_blocking(self.in_fd, False)
-        self.sel.register(self.in_fd, selectors.EVENT_READ, "stdin")
+        if self.in_fd is not None:
+            os.set_blocking(self.in_fd, False)
+            self.sel.register(self.in_fd, selectors.EVENT_READ, "stdin")
         if self.cfg.wait_for_go and not self._wait_for_go():
             return self._finish_not_started()
         try:
@@ -373,7 +375,7 @@ class Runner:
         """Record and report the exit, then hand over what the launcher may still fetch (if it listens)."""
         log_bytes = self._write_exit(exited.to_dict())
         self.msg(exited)
-        if not self.launcher_gone and not self.writer.broken:
+        if not self.launcher_gone and not self.writer.broken and self.in_fd is not None:  # None: a pod
             hand_over(self.cfg, self.writer, self.in_fd, self.stdin_buf, self.remote_dir, log_bytes)
         # Every line is on the node's disk already; wait for the channel only if someone listens.
         self.writer.flush(1.0 if self.launcher_gone else 30.0)

@@ -13,6 +13,7 @@ import abc
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from worker_entry.protocol import NodeConfig
 
@@ -28,6 +29,14 @@ class Backend(abc.ABC):
     """How the tasks of one plan are started and reached."""
 
     name: str = "backend"
+    #: ``connection()`` can run helper commands on the nodes: gather and backup sync apply. A scheduler
+    #: backend whose nodes are out of reach (Kubernetes: logs come through the API) sets it False.
+    transfers: bool = True
+
+    def bind_run(self, run_dir: Path) -> None:
+        """The run directory, once it exists: where a backend records what it created (scheduler
+        objects, pod states) for ``status`` and ``stop``. Default: nothing to record."""
+        return None
 
     @abc.abstractmethod
     def connect(self, nodes: Sequence[NodePlan]) -> list[Diagnostic]:

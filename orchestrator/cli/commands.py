@@ -65,6 +65,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_render(args: argparse.Namespace) -> int:
+    from .kubernetes import render_specs
+
+    return render_specs(args.specs, flavor=args.flavor, output_dir=args.output_dir, run_id=args.run_id, check=args.validate)
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     from ..spec import ClusterSpec
 
@@ -77,11 +83,24 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from ..plan import load_plan
 
     command = list(args.cmd) or None
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise UsageError(f"--metrics-port {args.metrics_port}: must be a TCP port (0: any free port)")
     loaded, plan = load_plan(args.spec, _run_id_from_dir(args.run_dir), command)
     if plan.scheduler == "slurm":
         from .slurm import launch_slurm
 
         return launch_slurm(args, loaded, plan)
+    if args.detach:
+        from ..job.detach import launch_detached
+
+        flags = [f for f, on in (("--no-preflight", args.no_preflight), ("--no-gather", args.no_gather)) if on]
+        if args.metrics_port is not None:
+            flags += ["--metrics-port", str(args.metrics_port)]
+        code, message = launch_detached(
+            args.spec, args.run_dir or os.path.join("runs", plan.run_id), [*flags, *(["--", *command] if command else [])]
+        )
+        print(message, file=sys.stdout if code == 0 else sys.stderr)
+        return code
     result = launch(
         loaded,
         plan,
@@ -89,21 +108,25 @@ def cmd_launch(args: argparse.Namespace) -> int:
             run_dir=args.run_dir,
             preflight=not args.no_preflight,
             gather=not args.no_gather,
-            live=not args.no_live,
+            live=not args.no_live and not args.detached_child,
             echo_logs=not args.quiet,
+            adopt_run_dir=args.detached_child,
+            metrics_port=args.metrics_port,
         ),
     )
     return exit_code_for(result)
 
 
 def _run_id_from_dir(run_dir: str | None) -> str | None:
-    """The run id a --run-dir implies (its last component), checked like a name in a spec."""
+    """The run id a --run-dir implies (its last component, made unique), after checking the path."""
     if run_dir is None:
         return None
+    from ..plan import run_id_for_dir
+
     bad = next((c for c in run_dir if c < " " or c == "\x7f"), None)
     if not run_dir.strip() or bad is not None:
         raise UsageError(f"--run-dir {run_dir!r}: must be a path without control characters")
-    return os.path.basename(os.path.normpath(run_dir))
+    return run_id_for_dir(run_dir)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

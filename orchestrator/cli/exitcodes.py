@@ -6,7 +6,7 @@
   3   the job failed (a worker failed, was lost or hung, or did not start in time)
   4   connection, start or preflight failure (nothing ran)
   5   the job succeeded but gathering logs/checkpoints failed verification
-  129 / 130 / 143 interrupted by SIGHUP / SIGINT (Ctrl-C) / SIGTERM (or `tfcluster stop`)
+  130 / 143 interrupted by SIGINT (Ctrl-C) / SIGTERM (or `tfcluster stop`); SIGHUP does not stop a job
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ EXIT_USAGE = 2
 EXIT_JOB_FAILED = 3
 EXIT_CONNECT = 4
 EXIT_GATHER = 5
-EXIT_SIGHUP = 129
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 
@@ -41,7 +40,6 @@ STATE_EXIT_CODES = {
     JobState.CONNECT_FAILED: EXIT_CONNECT,
     JobState.START_FAILED: EXIT_CONNECT,
     JobState.PREFLIGHT_FAILED: EXIT_CONNECT,
-    JobState.INTERRUPTED_SIGHUP: EXIT_SIGHUP,
     JobState.INTERRUPTED_SIGINT: EXIT_SIGINT,
     JobState.INTERRUPTED_SIGTERM: EXIT_SIGTERM,
 }

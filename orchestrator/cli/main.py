@@ -14,6 +14,9 @@ from .exitcodes import ERROR_EXIT_CODES, EXIT_INTERNAL, EXIT_OK, EXIT_SIGINT, EX
 
 
 def main(argv: list[str] | None = None) -> int:
+    # tfcluster uses no pydantic plugins; their discovery scans every installed distribution's entry
+    # points at the first model (importlib.metadata): set before pydantic is imported.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     from .parser import build_parser
 
     parser = build_parser()

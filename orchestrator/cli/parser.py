@@ -69,6 +69,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _cmd(
         sub,
+        "render",
+        "Kubernetes: print the manifests of scheduler: kubernetes specs (a JobSet, or Indexed Jobs + a Service).",
+        "tfcluster render cluster_specs/k8s-jobset.yaml | kubectl apply -f -\n"
+        "tfcluster render cluster_specs/k8s-*.yaml --flavor indexed-job -o manifests/ --validate",
+    )
+    p.add_argument("specs", nargs="+", metavar="SPEC")
+    p.add_argument("--flavor", choices=["jobset", "indexed-job"], help="override kubernetes.flavor")
+    p.add_argument("-o", "--output-dir", metavar="DIR", help="write DIR/NAME.yaml per spec instead of printing")
+    p.add_argument("--run-id", help="TFCLUSTER_RUN_ID of the pods (default: the job name)")
+    p.add_argument(
+        "--validate", action="store_true", help="check offline against the Kubernetes and JobSet schemas (dev extra)"
+    )
+    p.set_defaults(func=c.cmd_render)
+
+    p = _cmd(
+        sub,
         "schema",
         "Print the JSON Schema of the cluster spec (for editor completion and checks).",
         "tfcluster schema > cluster.schema.json   # then: # yaml-language-server: $schema=cluster.schema.json",
@@ -80,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
         "launch",
         "Start the job on every host over SSH (or under Slurm: sbatch from a login node, one srun step inside an "
         "allocation), stream logs, supervise, tear down on failure, gather.",
-        "tfcluster launch cluster.yaml\ntfcluster launch cluster.yaml --run-dir runs/try1 -- python train.py --epochs 1",
+        "tfcluster launch cluster.yaml\ntfcluster launch cluster.yaml --run-dir runs/try1 -- python train.py --epochs 1\n"
+        "tfcluster launch cluster.yaml --detach   # then: tfcluster logs NAME -f / status NAME / stop NAME",
     )
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--run-dir", help="run directory (default: ./runs/NAME-<UTC timestamp>)")
@@ -88,6 +105,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-gather", action="store_true", help="do not copy logs and checkpoints back after the job")
     p.add_argument("--no-live", action="store_true", help="no live status table, even on a terminal")
     p.add_argument("--quiet", "-q", action="store_true", help="do not print worker output (it is still stored)")
+    p.add_argument(
+        "--detach",
+        action="store_true",
+        help="run the launcher in the background (no terminal; output in RUN/launcher.log) and return at once",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics of the running job on PORT (0: any free port; see metrics: in the spec)",
+    )
+    p.add_argument("--detached-child", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=c.cmd_launch, cmd=[])
     p.usage = "tfcluster launch [options] SPEC [-- COMMAND...]   (COMMAND overrides job.command)"
 

@@ -23,14 +23,32 @@ def launch_slurm(args: argparse.Namespace, loaded, plan) -> int:
         run_dir=args.run_dir,
         preflight=not args.no_preflight,
         gather=not args.no_gather,
-        live=not args.no_live,
+        live=not args.no_live and not args.detached_child,
         echo_logs=not args.quiet,
+        adopt_run_dir=args.detached_child,
+        metrics_port=args.metrics_port,
     )
     if inside_allocation():
+        if args.detach:  # like over SSH: the launcher (here: the supervisor of the step) in the background
+            return _detach(args, plan)
         from ..job.slurm import launch_in_allocation
 
         return exit_code_for(launch_in_allocation(loaded, plan, opts))
     return _submit_and_follow(args, loaded, plan, opts)
+
+
+def _detach(args: argparse.Namespace, plan) -> int:
+    from ..job.detach import launch_detached
+
+    flags = [f for f, on in (("--no-preflight", args.no_preflight), ("--no-gather", args.no_gather)) if on]
+    if args.metrics_port is not None:
+        flags += ["--metrics-port", str(args.metrics_port)]
+    command = list(args.cmd)
+    code, message = launch_detached(
+        args.spec, args.run_dir or os.path.join("runs", plan.run_id), [*flags, *(["--", *command] if command else [])]
+    )
+    print(message, file=sys.stdout if code == 0 else sys.stderr)
+    return code
 
 
 def _submit_and_follow(args: argparse.Namespace, loaded, plan, opts) -> int:
@@ -44,6 +62,13 @@ def _submit_and_follow(args: argparse.Namespace, loaded, plan, opts) -> int:
         result = sub.rundir.read_json(sub.rundir.result_json) or {}
         note(f"{(result.get('root_cause') or {}).get('message', 'sbatch failed')}; run directory {sub.rundir.path}")
         return exit_code_for_state(result.get("state", JobState.START_FAILED.value))
+    if args.detach:  # submitted: the job runs without us; the run directory tells everything
+        print(
+            f"submitted Slurm job {sub.job_id}; run directory {sub.rundir.path}\n"
+            f"  tfcluster logs {sub.rundir.path} --follow\n  tfcluster status {sub.rundir.path}\n"
+            f"  tfcluster stop {sub.rundir.path}"
+        )
+        return EXIT_OK
     note(f"submitted Slurm job {sub.job_id}; run directory {sub.rundir.path} (Ctrl-C: cancel or detach)")
     live = opts.live and opts.echo_logs and use_color(sys.stdout) and sys.stdout.isatty()
     follower = Follower(sub.rundir, plan, live=live, ask=ask_cancel_or_detach)

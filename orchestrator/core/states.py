@@ -47,7 +47,6 @@ class JobState(str, enum.Enum):
     PREFLIGHT_FAILED = "preflight_failed"  # hosts unfit (versions, ports, GPUs): nothing ran
     INTERRUPTED_SIGINT = "interrupted_sigint"
     INTERRUPTED_SIGTERM = "interrupted_sigterm"
-    INTERRUPTED_SIGHUP = "interrupted_sighup"
 
     @property
     def is_terminal(self) -> bool:
@@ -55,7 +54,7 @@ class JobState(str, enum.Enum):
 
     @property
     def is_interrupted(self) -> bool:
-        return self in (JobState.INTERRUPTED_SIGINT, JobState.INTERRUPTED_SIGTERM, JobState.INTERRUPTED_SIGHUP)
+        return self in (JobState.INTERRUPTED_SIGINT, JobState.INTERRUPTED_SIGTERM)
 
     @property
     def nothing_ran(self) -> bool:
@@ -75,13 +74,10 @@ _LIVE_JOB = frozenset(
     }
 )
 
-_SIGNAL_STATES = {
-    signal.SIGINT: JobState.INTERRUPTED_SIGINT,
-    signal.SIGTERM: JobState.INTERRUPTED_SIGTERM,
-    signal.SIGHUP: JobState.INTERRUPTED_SIGHUP,
-}
+_SIGNAL_STATES = {signal.SIGINT: JobState.INTERRUPTED_SIGINT, signal.SIGTERM: JobState.INTERRUPTED_SIGTERM}
 
 
 def interrupted_state(signum: int) -> JobState:
-    """The final state of a job interrupted by ``signum`` (SIGINT, SIGTERM or SIGHUP)."""
+    """The final state of a job interrupted by ``signum`` (SIGINT, else SIGTERM; SIGHUP does not
+    interrupt a job: see job/signals.py)."""
     return _SIGNAL_STATES.get(signal.Signals(signum), JobState.INTERRUPTED_SIGTERM)

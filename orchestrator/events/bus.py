@@ -11,6 +11,7 @@ from typing import Any, Protocol
 EVENT_KINDS = frozenset(
     {
         "job_started",
+        "metrics",
         "connected",
         "connect_failed",
         "preflight",
@@ -31,6 +32,7 @@ EVENT_KINDS = frozenset(
         "shell_noise",
         "teardown",
         "interrupted",
+        "detached",
         "restart",
         "attempt_finished",
         "gather_started",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backends import Backend
+from ..core.redact import redact_argv
 from ..core.result import AttemptResult, Failure, RunResult
 from ..core.states import JobState, interrupted_state
 from ..events import EventBus
@@ -23,13 +24,9 @@ from ..runs import RunDir, write_json_atomic
 from ..sinks import ConsoleSink, EventFileSink, HeartbeatFile, LogRouter, WriteGuard, use_color
 from ..sinks.status import StatusWriter
 from ..spec import LoadedSpec
+from ..spec.redact import redacted_text
 from ..supervise import Interrupt, Supervisor
-from .signals import signals_to
-
-try:
-    import psutil
-except ImportError:  # pragma: no cover
-    psutil = None
+from .signals import Hangup, signals_to
 
 
 @dataclass(frozen=True)
@@ -39,6 +36,24 @@ class LaunchOptions:
     gather: bool = True
     live: bool = True
     echo_logs: bool = True
+    adopt_run_dir: bool = False  # --detach: the run directory was created for us (holds launcher.log)
+    metrics_port: int | None = None  # overrides the spec's metrics.port
+
+
+class _ProfileTee:
+    """heartbeats.jsonl, and the latest profile record of each task to the metrics."""
+
+    def __init__(self, sink: Any, metrics: Any) -> None:
+        self.sink = sink
+        self.metrics = metrics
+
+    def write(self, task: str, record: dict[str, Any]) -> None:
+        self.sink.write(task, record)
+        if record.get("kind") == "profile":
+            self.metrics.profile(task, record)
+
+    def close(self) -> None:
+        self.sink.close()
 
 
 class Gathered:
@@ -72,12 +87,13 @@ class Job:
         self.plan = plan
         self.opts = opts
         if backend is None:
-            from ..backends.ssh import SshBackend
+            from .backends import backend_for
 
-            backend = SshBackend()
+            backend = backend_for(self.spec, plan)
         self.backend = backend
         self.interrupt = Interrupt()
-        self.rundir = rundir or RunDir.create(opts.run_dir or os.path.join("runs", plan.run_id))
+        self.rundir = rundir or RunDir.create(opts.run_dir or os.path.join("runs", plan.run_id), adopt=opts.adopt_run_dir)
+        backend.bind_run(self.rundir.path)
         started = time.time()
         self.result = RunResult(
             job=plan.job,
@@ -98,7 +114,10 @@ class Job:
         if self.live is not None:
             self.logs.console_hook = self.live.print_log
         self.heartbeats = HeartbeatFile(self.rundir.heartbeats_jsonl, self.guard)
-        self.status = StatusWriter(self.rundir, plan.job, plan.run_id, self.live)
+        self.status_file = StatusWriter(self.rundir, plan.job, plan.run_id, self.live)
+        self.metrics: Any = None
+        self.metrics_server: Any = None
+        self.hangup = Hangup(self.rundir.launcher_log)
         self.gathered = Gathered(self.rundir)
 
     # --- the whole job ---------------------------------------------------------------------------
@@ -106,25 +125,47 @@ class Job:
     def run(self) -> RunResult:
         self._write_run_files()
         try:
-            with signals_to(self.interrupt):
+            with signals_to(self.interrupt, self.hangup):
                 if self.live is not None:
                     self.live.start()
                 if self._connect():
                     self._attempts()
-                if self.opts.gather and self.result.attempts:
+                if self.opts.gather and self.backend.transfers and self.result.attempts:
                     self._summarize_gather()
                 return self._finish()
         finally:
             if self.live is not None:
                 self.live.stop()
+            if self.metrics_server is not None:
+                self.metrics_server.close()
             self.backend.close()
+
+    def _start_metrics(self) -> dict[str, Any]:
+        """Serve Prometheus metrics while the job runs (when asked); what launcher.json records."""
+        port = self.opts.metrics_port if self.opts.metrics_port is not None else self.spec.metrics.port
+        if port is None:
+            return {}
+        from ..sinks.metrics import JobMetrics, MetricsServer
+
+        self.metrics = JobMetrics(self.plan.job, self.plan.run_id)
+        try:
+            self.metrics_server = MetricsServer(self.metrics, self.spec.metrics.address, port)
+        except OSError as exc:
+            self.metrics = None
+            self.bus.emit("warning", message=f"cannot serve metrics on {self.spec.metrics.address}:{port}: {exc}")
+            return {}
+        self.bus.subscribe(self.metrics)
+        self.heartbeats = _ProfileTee(self.heartbeats, self.metrics)
+        self.bus.emit("metrics", url=self.metrics_server.url)
+        return {"metrics_url": self.metrics_server.url}
 
     def _write_run_files(self) -> None:
         rd = self.rundir
-        rd.spec_yaml.write_text(self.loaded.text)
-        os.chmod(rd.spec_yaml, 0o600)
+        fd = os.open(rd.spec_yaml, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(redacted_text(self.loaded))
         write_json_atomic(rd.plan_json, self.plan.to_dict(), durable=False)
-        write_json_atomic(rd.launcher_json, _launcher_info(), durable=False)
+        write_json_atomic(rd.launcher_json, {**_launcher_info(), **self._start_metrics()}, durable=False)
         for w in self.loaded.warnings:
             self.bus.emit("warning", message=str(w))
         for w in self.plan.warnings:
@@ -173,7 +214,11 @@ class Job:
             )
             restart = res.state == JobState.FAILED and attempt < self.spec.restart.max_restarts
             restart = restart and not self.interrupt.count
-            self._hand_over(sup, attempt, final=not restart)
+            if self.backend.transfers:
+                self._hand_over(sup, attempt, final=not restart)
+            else:  # nothing to fetch from the nodes (Kubernetes: every line came through the API)
+                for s in sup.sessions.values():
+                    s.close()
             if not restart:
                 return
             attempt += 1
@@ -186,7 +231,8 @@ class Job:
             )
             if not self._connect(self.plan.nodes, attempt):  # reconnects only the hosts whose connection died
                 return
-            self._sync_backup()
+            if self.backend.transfers:
+                self._sync_backup()
 
     def _attempt(self, attempt: int) -> tuple[AttemptResult, Supervisor]:
         self.logs.open_attempt(attempt, [(str(n.task), n.task.slug, n.host) for n in self.plan.nodes])
@@ -203,6 +249,26 @@ class Job:
             on_status=self.status,
         )
         return sup.run(), sup
+
+    def status(self, status: dict[str, Any]) -> None:
+        """Every second, from the supervisor's loop: the live status, and a hangup acted on."""
+        if self.hangup.count > self.hangup.handled:
+            self.hangup.handled = self.hangup.count
+            if self.live is not None:
+                self.live.stop()
+                self.live = self.status_file.live = self.logs.console_hook = None
+            self.logs.color = False
+            for sink in self.bus.sinks:
+                if isinstance(sink, ConsoleSink):
+                    sink.color = False
+            self.bus.emit(
+                "detached",
+                message=f"the terminal went away (SIGHUP): the job goes on; output in {self.hangup.log}",
+                log=str(self.hangup.log),
+            )
+        if self.metrics is not None:
+            self.metrics.update(status)
+        self.status_file(status)
 
     def _hand_over(self, sup: Supervisor, attempt: int, *, final: bool) -> None:
         """Over the tasks' own channels: complete this attempt's logs, and after the final attempt
@@ -303,13 +369,25 @@ def _launcher_info() -> dict[str, Any]:
         "pid": os.getpid(),
         "uid": os.getuid(),
         "hostname": socket.gethostname(),
-        "argv": sys.argv,
+        "argv": redact_argv(sys.argv),
         "started": time.time(),
     }
-    if psutil is not None:
-        with contextlib.suppress(Exception):
-            info["create_time"] = psutil.Process().create_time()
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        info["create_time"] = process_start_time(os.getpid())
     return info
+
+
+def process_start_time(pid: int) -> float:
+    """When ``pid`` started, in seconds since the epoch, as psutil's ``create_time()`` computes it
+    (``tfcluster stop`` compares the two): /proc/PID/stat's start time in clock ticks after boot, plus
+    the boot time. Read directly: importing psutil costs the launcher's start ~70 M instructions."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    fields = stat[stat.rindex(b")") + 2 :].split()  # after "pid (comm)": state is field 3
+    ticks = int(fields[19])  # field 22: starttime
+    with open("/proc/stat", "rb") as f:
+        boot = next(float(line.split()[1]) for line in f if line.startswith(b"btime"))
+    return ticks / os.sysconf("SC_CLK_TCK") + boot
 
 
 def _print_root_cause(rc: Failure) -> None:

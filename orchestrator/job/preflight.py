@@ -12,6 +12,7 @@ from worker_entry import protocol as p
 
 from ..backends import Backend, Connection, entry_failure
 from ..core.diagnostics import Diagnostic
+from ..core.errors import UsageError
 from ..core.text import table
 from ..plan import NodePlan, Plan
 from ..supervise import evaluate, failed
@@ -88,6 +89,11 @@ def probe(conn: Connection, node: NodePlan, timeout: float = 60.0) -> tuple[p.No
 
 
 def run_preflight(spec: Any, plan: Plan, backend: Backend | None = None) -> PreflightReport:
+    if backend is None and plan.scheduler != "ssh":
+        raise UsageError(
+            f"preflight reaches hosts over SSH; with scheduler: {plan.scheduler} every task's facts are checked "
+            "when it starts, before the go (tfcluster launch)"
+        )
     if backend is None:
         from ..backends.ssh import SshBackend
 

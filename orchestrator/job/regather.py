@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.errors import ConnectError, GatherError
+from ..core.errors import ConnectError, GatherError, UsageError
 from ..events import EventBus
 from ..plan import load_plan
 from ..runs import RunDir, write_json_atomic
@@ -17,6 +17,11 @@ def gather_run(rundir: RunDir) -> dict[str, Any]:
 
     plan_data = rundir.read_json(rundir.plan_json) or {}
     loaded, plan = load_plan(str(rundir.spec_yaml), plan_data.get("run_id"))
+    if plan.scheduler == "kubernetes":
+        raise UsageError(
+            "nothing to gather on Kubernetes: every pod's log came through the API into the run directory, "
+            "and checkpoints are on kubernetes.volume"
+        )
     result = rundir.read_json(rundir.result_json) or {}
     attempts = max(1, len(result.get("attempts", [])))
     backend = SshBackend()

@@ -20,6 +20,8 @@ one srun step (``backends.slurm``). What Slurm adds:
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import json
 import os
 import signal
@@ -27,6 +29,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from worker_entry.protocol.env import Env
 
 from ..backends.slurm import SlurmError, SlurmStepBackend, allocation_nodes
 from ..backends.slurm import commands as sc
@@ -36,7 +40,7 @@ from ..plan import Plan
 from ..plan.slurm import slurm_plan
 from ..runs import RunDir, write_json_atomic
 from ..runs.slurm_state import SlurmState, stop_requested
-from ..spec import LoadedSpec, load_spec
+from ..spec import LoadedSpec, load_spec, load_spec_text
 from ..supervise import Interrupt
 from .job import Job, LaunchOptions
 
@@ -72,7 +76,7 @@ class SlurmJob(Job):
         env: Mapping[str, str] = os.environ,
         backend: Any = None,
     ) -> None:
-        backend = backend or SlurmStepBackend(loaded.spec, plan, log_dir=rundir.path / "slurm", env=env)
+        backend = backend or SlurmStepBackend(loaded.spec, plan, env=env)  # Job binds it to the run directory
         super().__init__(loaded, plan, opts, backend=backend, rundir=rundir)
         self.interrupt = FirstSignal()
         self.state = state
@@ -81,6 +85,7 @@ class SlurmJob(Job):
         self.job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
         self.restart_count = int(env["SLURM_RESTART_COUNT"]) if env.get("SLURM_RESTART_COUNT", "").isdigit() else 0
         self.ending: str | None = None  # "timeout" | "preempted": this allocation ends, the run does not
+        self.spec_payload: str | None = None  # for a resubmission: the spec travels in the job's environment
         self.continuing = bool(state.allocations)
         if self.continuing and isinstance(state.allocations[0].get("started_ts"), int | float):
             self.result.started_ts = state.allocations[0]["started_ts"]  # wall time of the whole run
@@ -279,7 +284,8 @@ class SlurmJob(Job):
             argv = json.loads((self.rundir.path / "slurm" / "sbatch.json").read_text())
             if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv) and argv[:1] == ["sbatch"]):
                 raise ValueError("not an sbatch command line")
-            job = sc.submit([*argv[:-1], f"--dependency=afterany:{self.job_id}", argv[-1]])
+            env = {**os.environ, Env.SLURM_SPEC: self.spec_payload} if self.spec_payload else None
+            job = sc.submit([*argv[:-1], f"--dependency=afterany:{self.job_id}", argv[-1]], env=env)
         except (OSError, ValueError) as exc:
             self.bus.emit("warning", message=f"could not resubmit the job: {exc}")
             return None
@@ -314,20 +320,40 @@ def run_batch(run_dir: str, env: Mapping[str, str] = os.environ) -> RunResult | 
     if rundir.is_finished():
         print(f"tfcluster: run {rundir.path} already finished; nothing to do", flush=True)
         return None
-    loaded = load_spec(rundir.spec_yaml)
-    if state.command:
-        spec = loaded.spec.model_copy(update={"job": loaded.spec.job.model_copy(update={"command": state.command})})
-        loaded = LoadedSpec(spec=spec, path=loaded.path, text=loaded.text, warnings=loaded.warnings)
+    payload = os.environ.pop(Env.SLURM_SPEC, None) if env is os.environ else env.get(Env.SLURM_SPEC)
+    loaded = spec_from_payload(payload) if payload else None
+    if loaded is None:  # not submitted by this version: the run directory's (redacted) copy
+        print(f"tfcluster: warning: no {Env.SLURM_SPEC} in the job's environment; running RUN/spec.yaml", flush=True)
+        loaded = load_spec(rundir.spec_yaml)
     plan = slurm_plan(loaded.spec, run_id=state.run_id, node_names=allocation_nodes(env))
     opts = LaunchOptions(run_dir=str(rundir.path), gather=state.gather, live=False, echo_logs=False)
-    return SlurmJob(loaded, plan, opts, rundir=rundir, state=state, batch=True, env=env).run()
+    job = SlurmJob(loaded, plan, opts, rundir=rundir, state=state, batch=True, env=env)
+    job.spec_payload = payload
+    return job.run()
+
+
+def spec_from_payload(payload: str) -> LoadedSpec | None:
+    """The spec ``slurm_submit.spec_payload`` packed (validated again, like any spec file); None if garbled."""
+    try:
+        data = json.loads(base64.b64decode(payload.encode("ascii"), validate=True))
+    except (ValueError, UnicodeError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("text"), str) or not isinstance(data.get("path"), str):
+        return None
+    loaded = load_spec_text(data["text"], data["path"])
+    command = data.get("command")
+    if isinstance(command, list) and command and all(isinstance(a, str) for a in command):
+        job = loaded.spec.job.model_copy(update={"command": command})
+        loaded = LoadedSpec(spec=loaded.spec.model_copy(update={"job": job}), path=loaded.path, text=loaded.text,
+                            warnings=loaded.warnings)  # fmt: skip
+    return loaded
 
 
 def launch_in_allocation(loaded: LoadedSpec, plan: Plan, opts: LaunchOptions, env: Mapping[str, str] = os.environ) -> RunResult:
     """``tfcluster launch`` with SLURM_JOB_ID set: one srun step per attempt in this allocation."""
     plan = slurm_plan(loaded.spec, run_id=plan.run_id, node_names=allocation_nodes(env))
-    rundir = RunDir.create(opts.run_dir or os.path.join("runs", plan.run_id))
+    rundir = RunDir.create(opts.run_dir or os.path.join("runs", plan.run_id), adopt=opts.adopt_run_dir)
     state = SlurmState(run_id=plan.run_id, mode="allocation", job_ids=[env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""])
     state.job_ids = [j for j in state.job_ids if j.isdigit()]
-    opts = LaunchOptions(run_dir=str(rundir.path), preflight=opts.preflight, gather=opts.gather, live=opts.live, echo_logs=opts.echo_logs)
+    opts = dataclasses.replace(opts, run_dir=str(rundir.path))
     return SlurmJob(loaded, plan, opts, rundir=rundir, state=state, batch=False, env=env).run()

@@ -4,17 +4,22 @@ The run directory must be on storage the compute nodes share (home directories u
 batch job's supervisor writes its logs, events, status and result there, and the login node follows
 them. Everything written here is private (files 0600 under a 0700 directory); the batch script holds
 only quoted paths, the options are sbatch arguments (no shell), and no secret exists yet — the
-supervisor makes the connect-back secret inside the allocation.
+supervisor makes the connect-back secret inside the allocation. The spec itself, whose env may hold
+credentials, travels in the job's environment (``TFCLUSTER_SLURM_SPEC``, which Slurm keeps for a
+requeue): RUN/spec.yaml is the redacted copy, as for every run.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from worker_entry.protocol.env import Env
 
 from ..backends.slurm import SlurmError
 from ..backends.slurm import commands as sc
@@ -26,6 +31,9 @@ from ..plan.slurm import SLURM_DIR, batch_script, sbatch_argv
 from ..runs import RunDir, write_json_atomic
 from ..runs.slurm_state import SlurmState
 from ..spec import LoadedSpec
+from ..spec.redact import redacted_text
+
+MAX_SPEC_ENV = 96 << 10  # one environment string must stay well below the kernel's 128 KiB
 
 
 @dataclass(frozen=True)
@@ -53,24 +61,38 @@ def submit(
     """Create the run directory and submit the batch job. sbatch refusing is recorded as the run's result."""
     if not sc.have("sbatch"):
         raise UsageError("scheduler: slurm needs sbatch: run on a Slurm login node (or inside an allocation)")
+    payload = spec_payload(loaded, command)
     rundir = RunDir.create(run_dir or os.path.join("runs", plan.run_id))
     rundir = RunDir(rundir.path.resolve())  # the compute nodes see it by its absolute path
     sdir = rundir.path / SLURM_DIR
     sdir.mkdir(mode=0o700, exist_ok=True)
-    _private(rundir.spec_yaml, loaded.text)
+    _private(rundir.spec_yaml, redacted_text(loaded))
     write_json_atomic(rundir.plan_json, plan.to_dict(), durable=False)
-    SlurmState(run_id=plan.run_id, mode="batch", command=command, gather=gather).save(rundir)
+    SlurmState(run_id=plan.run_id, mode="batch", gather=gather).save(rundir)
     script = sdir / "job.sh"
     _private(script, batch_script(sys.executable, str(rundir.path), plan.run_id), 0o700)
     argv = sbatch_argv(loaded.spec, str(rundir.path), str(script))
     _private(sdir / "sbatch.json", json.dumps(argv, indent=2) + "\n")
     try:
-        job_id = sc.submit(argv)
+        job_id = sc.submit(argv, env={**os.environ, Env.SLURM_SPEC: payload})
     except SlurmError as exc:
         _refused(rundir, plan, str(exc))
         return Submitted(rundir, None, argv)
     write_json_atomic(submitted_path(rundir), {"job_id": job_id, "ts": time.time()})
     return Submitted(rundir, job_id, argv)
+
+
+def spec_payload(loaded: LoadedSpec, command: list[str] | None) -> str:
+    """What the batch job's supervisor runs: the spec's text, its file name, the command override."""
+    payload = base64.b64encode(
+        json.dumps({"path": loaded.path, "text": loaded.text, "command": command}).encode()
+    ).decode("ascii")
+    if len(payload) > MAX_SPEC_ENV:
+        raise UsageError(
+            f"{loaded.path}: too large to travel in the Slurm job's environment "
+            f"({len(payload) >> 10} KiB encoded, at most {MAX_SPEC_ENV >> 10} KiB)"
+        )
+    return payload
 
 
 def _refused(rundir: RunDir, plan: Plan, message: str) -> None:

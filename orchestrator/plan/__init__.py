@@ -2,7 +2,8 @@
 environment and ``NodeConfig`` of every node. ``tfcluster plan`` prints exactly what ``launch`` uses."""
 
 from .build import SshLookup, build_plan, resolve_communication
-from .load import default_run_id, load_plan
+from .kubernetes import PodNames, kubernetes_plan, pod_names
+from .load import default_run_id, load_plan, run_id_for_dir
 from .model import NodePlan, Plan, Runtime, SshTarget, TaskId, bracket
 from .secrets import REDACTED, redact_env
 from .slurm import slurm_plan  # registers the slurm planner with build_plan
@@ -11,6 +12,7 @@ __all__ = [
     "REDACTED",
     "NodePlan",
     "Plan",
+    "PodNames",
     "Runtime",
     "SshLookup",
     "SshTarget",
@@ -18,8 +20,11 @@ __all__ = [
     "bracket",
     "build_plan",
     "default_run_id",
+    "kubernetes_plan",
     "load_plan",
+    "pod_names",
     "redact_env",
     "resolve_communication",
+    "run_id_for_dir",
     "slurm_plan",
 ]

@@ -13,9 +13,9 @@ from ..spec import ClusterSpec
 from .model import WORKER_ENTRY_MODULE, NodePlan, Plan, Runtime, TaskId, bracket
 from .ssh_targets import SshLookup, ssh_target
 
-#: scheduler → its planner ``(spec, *, run_id) -> Plan``; scheduler modules register themselves
-#: (``plan.slurm``), and the package imports them, so this module needs none of them.
-PLANNERS: dict[str, Callable[..., Plan]] = {}
+#: Planners of the schedulers that start tasks for us, by ``spec.scheduler``. Their modules register
+#: here (``plan/__init__`` imports them), so they can reuse this module's helpers without a cycle.
+SCHEDULER_PLANS: dict[str, Callable[..., Plan]] = {}
 
 
 def build_plan(
@@ -28,9 +28,8 @@ def build_plan(
     """The plan of a spec, for its scheduler. Pure: same input, same plan."""
     if spec.scheduler == "ssh":
         return _ssh_plan(spec, run_id=run_id, local_user=local_user, ssh_lookup=ssh_lookup)
-    planner = PLANNERS.get(spec.scheduler)
-    if planner is not None:
-        return planner(spec, run_id=run_id)
+    if spec.scheduler in SCHEDULER_PLANS:
+        return SCHEDULER_PLANS[spec.scheduler](spec, run_id=run_id)
     raise UsageError(f"scheduler: {spec.scheduler} is not supported by this version of tfcluster")
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+import secrets
 from datetime import UTC, datetime
 
 from pydantic import ValidationError
@@ -16,7 +19,15 @@ from .sshconfig import SshConfigError, local_user, ssh_config_lookup
 
 
 def default_run_id(name: str) -> str:
-    return f"{name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
+    """NAME-<UTC time>-<4 hex>: unique, because it names the run's directories on every node (two runs
+    sharing one would mix their logs and checkpoints)."""
+    return f"{name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(2)}"
+
+
+def run_id_for_dir(run_dir: str) -> str:
+    """The run id of an explicit --run-dir: its name, made a safe path component, made unique."""
+    base = re.sub(r"[^A-Za-z0-9._-]+", "-", os.path.basename(os.path.normpath(run_dir))).strip(".-") or "run"
+    return default_run_id(base[:64])
 
 
 def override_command(spec: ClusterSpec, command: list[str]) -> JobSpec:

@@ -12,7 +12,7 @@ from typing import Any
 from worker_entry import protocol as p
 
 from .quoting import exec_line
-from .secrets import redact_env
+from .secrets import redact_argv, redact_env
 
 WORKER_ENTRY_MODULE = "worker_entry"
 
@@ -157,7 +157,7 @@ class NodePlan:
             "env": self.env if show_secrets else redact_env(self.env),
             "argv": list(self.argv),
             "shell_line": self.shell_line(),
-            "command": list(self.command),
+            "command": list(self.command) if show_secrets else redact_argv(self.command),
             "workdir": self.workdir,
             "remote_dir": self.remote_dir,
             "checkpoint_dir": self.checkpoint_dir,

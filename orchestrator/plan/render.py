@@ -7,7 +7,7 @@ import shlex
 
 from ..core.text import table
 from .model import Plan
-from .secrets import redact_env
+from .secrets import redact_argv, redact_env
 
 
 def plan_text(plan: Plan, *, show_secrets: bool = False) -> str:
@@ -40,12 +40,14 @@ def plan_text(plan: Plan, *, show_secrets: bool = False) -> str:
             f"{n.task} on {n.host}",
             f"  remote:     {n.shell_line()}   (config on stdin)"
             if n.ssh is not None
-            else f"  started by: {plan.scheduler} ({shlex.join(n.argv)}; config over the connect-back channel)",
-            f"  command:    {shlex.join(n.command)}",
-            f"  workdir:    {n.workdir or '~ (login directory)'}",
+            else f"  started by: slurm ({shlex.join(n.argv)}; config over the connect-back channel)"
+            if plan.scheduler == "slurm"
+            else f"  pod runs:   {shlex.join(n.argv)} -- COMMAND   (settings in the pod spec: tfcluster render)",
+            f"  command:    {shlex.join(n.command if show_secrets else redact_argv(n.command))}",
+            f"  workdir:    {n.workdir or ('the image WORKDIR' if plan.scheduler == 'kubernetes' else '~ (login directory)')}",
             f"  task dir:   {n.remote_dir}",
             f"  TF_CONFIG:  {json.dumps(n.tf_config, separators=(',', ':'))}"
-            + ("" if n.ssh is not None else "   (template: the task fills in addresses and ports)"),
+            + ("   (template: the task fills in addresses and ports)" if plan.scheduler == "slurm" else ""),
             "  env:",
         ]
         out += [f"    {k}={v}" for k, v in env.items() if k != "TF_CONFIG"]

@@ -1,14 +1,7 @@
-"""Redaction of credentials in what tfcluster prints and stores (plan, plan.json, events)."""
+"""Redaction for plans (see core/redact.py: the rules live there, shared with the run directory)."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+from ..core.redact import REDACTED, SECRET_NAME_RE, redact_argv, redact_env
 
-SECRET_NAME_RE = re.compile(r"(KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH)", re.IGNORECASE)
-REDACTED = "<redacted>"
-
-
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Hide values whose names look like credentials (API keys, tokens, passwords)."""
-    return {k: (REDACTED if SECRET_NAME_RE.search(k) and v else v) for k, v in env.items()}
+__all__ = ["REDACTED", "SECRET_NAME_RE", "redact_argv", "redact_env"]

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..spec import ClusterSpec
 from .build import (
-    PLANNERS,
+    SCHEDULER_PLANS,
     assign_tasks,
     job_dirs,
     node_env,
@@ -197,4 +197,4 @@ def describe(plan: Plan) -> list[str]:
     ]
 
 
-PLANNERS["slurm"] = slurm_plan
+SCHEDULER_PLANS["slurm"] = slurm_plan

@@ -38,6 +38,11 @@ class RunDir:
         return self.path / "launcher.json"
 
     @property
+    def launcher_log(self) -> Path:
+        """What the launcher printed, once it runs without a terminal (--detach, or after SIGHUP)."""
+        return self.path / "launcher.log"
+
+    @property
     def status_json(self) -> Path:
         return self.path / "status.json"
 
@@ -75,10 +80,12 @@ class RunDir:
         return self.logs_dir / name
 
     @classmethod
-    def create(cls, path: str | Path) -> RunDir:
-        """Make the directory private (0700): logs and env may hold secrets; only its owner may stop the job."""
+    def create(cls, path: str | Path, adopt: bool = False) -> RunDir:
+        """Make the directory private (0700): logs and env may hold secrets; only its owner may stop the job.
+        ``adopt``: it may already exist holding only launcher.log (made for a --detach launcher)."""
         p = Path(path)
-        if p.exists() and any(p.iterdir()):
+        allowed = {"launcher.log", "logs"} if adopt else set()
+        if p.exists() and any(c.name not in allowed for c in p.iterdir()):
             raise UsageError(f"run directory {p} already exists and is not empty; choose another --run-dir")
         try:
             p.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -29,7 +29,6 @@ class SlurmState:
     run_id: str
     mode: str = "batch"  # batch: submitted by tfcluster; allocation: launched inside the user's allocation
     job_ids: list[str] = field(default_factory=list)
-    command: list[str] | None = None  # `launch -- COMMAND` override (the batch supervisor reads the spec file)
     gather: bool = True  # `launch --no-gather`: no hand-over of logs and checkpoint
     preemptions: int = 0
     timeouts: int = 0
@@ -57,7 +56,6 @@ class SlurmState:
                 run_id=data["run_id"],
                 mode=data.get("mode") if data.get("mode") in ("batch", "allocation") else "batch",
                 job_ids=[j for j in data.get("job_ids", []) if isinstance(j, str) and JOB_ID_RE.match(j)],
-                command=[str(a) for a in data["command"]] if isinstance(data.get("command"), list) else None,
                 gather=data.get("gather") is not False,
                 preemptions=_count(data.get("preemptions")),
                 timeouts=_count(data.get("timeouts")),

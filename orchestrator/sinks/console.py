@@ -61,6 +61,8 @@ def describe(ev: Event) -> str | None:
     k = ev.event
     if k == "job_started":
         return f"job {d.get('job')}: {d.get('tasks')} task(s); run directory {d.get('run_dir')}"
+    if k == "metrics":
+        return f"metrics: {d.get('url')}"
     if k == "connected":
         return f"connected to {d.get('hosts')} host(s) in {d.get('seconds', 0):.2f}s"
     if k == "connect_failed":

@@ -297,6 +297,17 @@ class RestartSpec(_Model):
     )
 
 
+class MetricsSpec(_Model):
+    """Prometheus metrics of the running job, served by the launcher (text exposition format)."""
+
+    port: Annotated[int, Field(strict=True, ge=0, le=65535)] | None = Field(
+        None, description="Serve /metrics on this port while the job runs (0: any free port). null: off."
+    )
+    address: Address = Field(
+        "127.0.0.1", description="Address to serve on; loopback by default (0.0.0.0 exposes it to the network)."
+    )
+
+
 class ClusterSpec(_Model):
     """A tfcluster cluster spec: where to run, what to run, and how to supervise it."""
 
@@ -338,6 +349,7 @@ class ClusterSpec(_Model):
     heartbeat: HeartbeatSpec = Field(default_factory=HeartbeatSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     restart: RestartSpec = Field(default_factory=RestartSpec)
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec)
 
     @field_validator("name", mode="before")
     @classmethod

@@ -23,7 +23,7 @@ QUEUE_ITEMS = 1024
 
 
 class Interrupt:
-    """Set from signal handlers (SIGINT/SIGTERM/SIGHUP on the launcher), read by the loop."""
+    """Set from signal handlers (SIGINT/SIGTERM on the launcher), read by the loop."""
 
     def __init__(self) -> None:
         self.signum: int | None = None

@@ -229,7 +229,7 @@ class Monitor:
                         f"training process stopped (state {w.proc_state}, e.g. SIGSTOP) for "
                         f"{now - w.stopped_since:.1f}s; every peer waits for it in the next all-reduce",
                         fatal=True,
-                        data={"state": w.proc_state},
+                        data={"state": w.proc_state, "stopped_s": round(now - w.stopped_since, 2)},
                     )
                 )
         if self.armed_at is not None and now - self.armed_at > p.startup_timeout_s:

@@ -364,7 +364,7 @@ class Supervisor:
         sig = self.interrupt.signum or signal.SIGINT
         name = signal.Signals(sig).name
         # Ctrl-C reaches the training processes as SIGINT (KeyboardInterrupt in Python, which TF's
-        # own SIGTERM handler does not swallow); SIGTERM/SIGHUP as SIGTERM.
+        # own SIGTERM handler does not swallow); SIGTERM as SIGTERM.
         forward = signal.SIGINT if sig == signal.SIGINT else signal.SIGTERM
         if self.interrupted_by is None:
             self.interrupted_by = sig

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..core.errors import UsageError
 from ..core.text import table
-from ..runs import RunDir
+from ..runs import RunDir, write_json_atomic
 
 try:
     import psutil
@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover
 def _launcher_process(run: RunDir) -> Any:
     info = run.read_json(run.launcher_json) or {}
     pid = info.get("pid")
-    if not pid or psutil is None:
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1 or psutil is None:
         return None
     try:
         p = psutil.Process(pid)
@@ -73,6 +73,9 @@ def job_status(run: RunDir) -> dict[str, Any]:
 
         out["slurm"] = slurm_status(run)
     if result is not None:
+        kube = run.read_json(run.path / "kubernetes.json")
+        if kube is not None:
+            out["kubernetes"] = kube
         out.update(
             {
                 "state": result.get("state"),
@@ -85,6 +88,9 @@ def job_status(run: RunDir) -> dict[str, Any]:
             }
         )
         return out
+    kube = run.read_json(run.path / "kubernetes.json")
+    if kube is not None:
+        out["kubernetes"] = kube
     alive = launcher_alive(run)
     updated = status.get("updated")
     queued = out.get("slurm", {}).get("state") in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING")
@@ -99,7 +105,12 @@ def job_status(run: RunDir) -> dict[str, Any]:
             "tasks": status.get("tasks", {}),
         }
     )
-    if not alive:
+    if not alive and kube is not None and not kube.get("closed"):
+        out["message"] = (
+            "the launcher is not running and wrote no result.json; the pods it applied keep running without it "
+            f"(`tfcluster stop {run.path}` deletes them); last known state: {status.get('state', 'unknown')}"
+        )
+    elif not alive:
         out["message"] = (
             "the launcher is not running and wrote no result.json: it was killed (SIGKILL) or its machine "
             "went away. Its workers stop by themselves when the launcher stops answering; "
@@ -115,6 +126,18 @@ def _merge_tasks(live: dict[str, Any], final: dict[str, Any]) -> dict[str, Any]:
         merged.update({k: v for k, v in t.items() if v is not None or k not in merged})
         tasks[name] = merged
     return tasks
+
+
+def _not_our_launcher(proc: Any, owner: int) -> str | None:
+    """Why ``proc`` is not the launcher of a run owned by ``owner`` (None when it is)."""
+    if proc.uids().real != owner:
+        return f"it belongs to uid {proc.uids().real}, the run directory to uid {owner}"
+    argv = proc.cmdline()
+    names = {os.path.basename(a) for a in argv[:3]}
+    is_tfcluster = "tfcluster" in names or any(a == "orchestrator" for a in argv[1:3])
+    if not (is_tfcluster and "launch" in argv):
+        return f"it is not a tfcluster launcher ({' '.join(argv)[:80]!r})"
+    return None
 
 
 def status_text(st: dict[str, Any]) -> str:
@@ -158,35 +181,69 @@ def status_text(st: dict[str, Any]) -> str:
         )
     lines.append("")
     lines.extend(table(rows))
+    lines.extend(_pods_text(st.get("kubernetes")))
     return "\n".join(lines)
 
 
-def _check_owner(run: RunDir) -> None:
-    st = os.stat(run.path)
-    if st.st_uid != os.getuid() and os.getuid() != 0:
-        raise UsageError(f"{run.path} belongs to uid {st.st_uid}; only the user who started the job can stop it")
+def _pods_text(kube: Any) -> list[str]:
+    """The pods of a Kubernetes run, newest attempt last: phase, node, how each container ended."""
+    if not isinstance(kube, dict) or not isinstance(kube.get("pods"), dict):
+        return []
+    objects = ", ".join(f"{o.get('kind')}/{o.get('name')}" for o in kube.get("objects") or [] if isinstance(o, dict))
+    head = f"kubernetes: namespace {kube.get('namespace')}   {objects or 'nothing applied'}"
+    if not kube["pods"]:
+        return ["", head]
+    rows = [("ATTEMPT/TASK", "POD", "PHASE", "NODE", "EXIT", "REASON")]
+    for key, pod in sorted(kube["pods"].items(), key=lambda kv: (int(kv[0].split("/")[0]) if kv[0].split("/")[0].isdigit() else 0, kv[0])):
+        if not isinstance(pod, dict):
+            continue
+        rows.append(
+            (
+                key,
+                str(pod.get("pod", "")),
+                str(pod.get("phase", "")),
+                str(pod.get("node") or ""),
+                "" if pod.get("exit_code") is None else str(pod.get("exit_code")),
+                str(pod.get("reason") or pod.get("problem") or "")[:80],
+            )
+        )
+    return ["", head, *table(rows)]
 
 
 def stop_job(run: RunDir, *, timeout_s: float = 120.0) -> str:
     from .slurm import is_slurm_batch, stop_slurm
 
-    if is_slurm_batch(run) and not run.is_finished():
-        _check_owner(run)
+    if is_slurm_batch(run) and not run.is_finished():  # its supervisor runs in the allocation: via Slurm
+        owner = os.stat(run.path).st_uid
+        if owner != os.getuid() and os.getuid() != 0:
+            raise UsageError(f"{run.path} belongs to uid {owner}; only the user who started the job can stop it")
         return stop_slurm(run, timeout_s=timeout_s)
     if run.is_finished():
         result = run.read_json(run.result_json) or {}
         return f"the job already finished: {result.get('state')}"
-    _check_owner(run)
+    owner = os.stat(run.path).st_uid
+    if owner != os.getuid() and os.getuid() != 0:
+        raise UsageError(f"{run.path} belongs to uid {owner}; only the user who started the job can stop it")
     proc = _launcher_process(run)
     if proc is None:
+        kube = run.read_json(run.path / "kubernetes.json")
+        if kube is not None and kube.get("objects") and not kube.get("closed"):
+            from ..backends.kubernetes.backend import delete_recorded
+
+            done = delete_recorded(kube)
+            write_json_atomic(run.path / "kubernetes.json", {**kube, "closed": True, "stopped": done}, durable=False)
+            return "the launcher is not running; deleted what it applied: " + "; ".join(done)
         return "the launcher is not running (no result.json either: it was killed); its workers stop by themselves"
     if (run.path / "slurm.json").exists():  # inside an allocation: this SIGTERM is a stop, not a preemption
         from ..runs.slurm_state import request_stop
 
         request_stop(run, "SIGTERM", "tfcluster stop")
     try:
-        if proc.uids().real != os.getuid() and os.getuid() != 0:
-            raise UsageError("the launcher belongs to another user; only the user who started the job can stop it")
+        # launcher.json is only a file: whoever could write it could name any process. Even as root,
+        # signal only a tfcluster launcher owned by the run directory's owner.
+        why = _not_our_launcher(proc, owner)
+        if why:
+            raise UsageError(f"refusing to signal pid {proc.pid}: {why}")
         proc.send_signal(signal.SIGTERM)
     except psutil.NoSuchProcess:
         return "the launcher exited just now"

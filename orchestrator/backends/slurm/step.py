@@ -64,12 +64,14 @@ class SlurmStepBackend(ConnectBackBackend):
 
     name = "slurm"
 
-    def __init__(self, spec: ClusterSpec, plan: Plan, *, log_dir: Path, env: Mapping[str, str] = os.environ) -> None:
+    def __init__(
+        self, spec: ClusterSpec, plan: Plan, *, log_dir: Path | None = None, env: Mapping[str, str] = os.environ
+    ) -> None:
         self.spec = spec
         self.plan = plan
         self.env = dict(env)
         self.job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
-        self.log_dir = log_dir
+        self.log_dir = log_dir  # RUN/slurm (bind_run): srun's output per attempt
         self.node_addrs = ""
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
         if nodelist:
@@ -84,6 +86,10 @@ class SlurmStepBackend(ConnectBackBackend):
         self._watch: threading.Thread | None = None
         self._starts: list[tuple[NodePlan, NodeConfig]] = []
         self._deliver: Deliver = lambda task, chan: None
+
+    def bind_run(self, run_dir: Path) -> None:
+        if self.log_dir is None:
+            self.log_dir = Path(run_dir) / "slurm"
 
     def start_all(self, starts: Sequence[tuple[NodePlan, NodeConfig]], deliver: Deliver) -> threading.Thread:
         base = (self.plan.slurm or {}).get("tf_port_base")
@@ -100,8 +106,11 @@ class SlurmStepBackend(ConnectBackBackend):
         argv = srun_argv(self.spec, starts[0][0].argv, attempt=attempt)
         self.step_name = argv[1].split("=", 1)[1]
         env = {**self.env, **self.connect_env()}
+        env.pop(Env.SLURM_SPEC, None)  # the batch supervisor's input, not the tasks'
         if self.node_addrs and len(self.node_addrs) < MAX_ADDRS_ENV:
             env[Env.SLURM_NODE_ADDRS] = self.node_addrs
+        if self.log_dir is None:
+            raise OSError("the Slurm backend has no run directory (bind_run was not called)")
         self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.srun_log = self.log_dir / f"srun-attempt-{attempt}.log"
         fd = os.open(self.srun_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

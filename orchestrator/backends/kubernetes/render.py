@@ -1,0 +1,248 @@
+"""Render a Kubernetes plan as manifests a user can ``kubectl apply``: a JobSet, or Indexed Jobs + a
+headless Service. Pure: the same spec and plan give the same documents.
+
+Every pod runs ``python -m worker_entry kubernetes -- COMMAND`` with the plan's environment; what
+differs per pod (TF_CONFIG, task index, chief) worker_entry derives from ``JOB_COMPLETION_INDEX`` and
+the cluster in ``TFCLUSTER_POD``. The restart attempt comes through the downward API: the JobSet's
+``restart-attempt`` annotation, or tfcluster's own for an Indexed Job relaunched by ``launch``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import yaml
+
+from worker_entry.protocol import Env
+from worker_entry.protocol.podlog import PodConfig
+
+from ...plan import NodePlan, Plan, PodNames, pod_names
+from ...plan.kubernetes import POD_DIR
+from ...spec import ClusterSpec
+
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"
+CONTAINER = "tensorflow"
+LABEL_JOB = "tfcluster/job"
+LABEL_TASK_TYPE = "tfcluster/task-type"
+ANNOTATION_RUN_ID = "tfcluster/run-id"
+ANNOTATION_ATTEMPT = "tfcluster/attempt"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "tfcluster"}
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
+JOBSET_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+#: What worker_entry computes in the pod (it differs per pod of one template).
+PER_POD_ENV = frozenset({Env.TF_CONFIG, Env.TASK_INDEX, Env.IS_CHIEF})
+#: Seconds the kubelet waits after SIGTERM beyond worker_entry's own grace (drain the log, report).
+TERMINATION_MARGIN_S = 15
+PORT_NAME = "tf-grpc"
+
+
+def render(spec: ClusterSpec, plan: Plan, attempt: int = 0) -> list[dict[str, Any]]:
+    """The objects to create, in order (the Service before the Jobs that use it)."""
+    k8s = spec.kubernetes
+    assert k8s is not None and plan.scheduler == "kubernetes"
+    names = pod_names(spec)
+    types = [t for t in ("chief", "worker") if any(n.task.type == t for n in plan.nodes)]
+    if k8s.flavor == "jobset":
+        return [_jobset(spec, plan, names, types)]
+    jobs = [_job(spec, plan, names, t, attempt) for t in types]
+    return [_service(spec, names), *jobs]
+
+
+def with_flavor(spec: ClusterSpec, flavor: str | None) -> ClusterSpec:
+    """The spec with ``kubernetes.flavor`` overridden (``tfcluster render --flavor``)."""
+    if not flavor or spec.kubernetes is None or spec.kubernetes.flavor == flavor:
+        return spec
+    return spec.model_copy(update={"kubernetes": spec.kubernetes.model_copy(update={"flavor": flavor})})
+
+
+def to_yaml(docs: list[dict[str, Any]], header: str = "") -> str:
+    head = "".join(f"# {line}\n" for line in header.splitlines())
+    return head + yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True, width=1000)
+
+
+def _meta(spec: ClusterSpec, name: str, plan: Plan, **extra_labels: str) -> dict[str, Any]:
+    k8s = spec.kubernetes
+    assert k8s is not None
+    return {
+        "name": name,
+        "namespace": k8s.namespace,
+        "labels": {LABEL_JOB: spec.name, **MANAGED_BY, **extra_labels},
+        "annotations": {ANNOTATION_RUN_ID: plan.run_id},
+    }
+
+
+def _service(spec: ClusterSpec, names: PodNames) -> dict[str, Any]:
+    """Headless: DNS records per pod, published before readiness (MWMS dials its peers at start)."""
+    k8s = spec.kubernetes
+    assert k8s is not None
+    port = spec.tensorflow.port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": names.service, "namespace": k8s.namespace, "labels": {LABEL_JOB: spec.name, **MANAGED_BY}},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB: spec.name},
+            "ports": [{"name": PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+def _job(spec: ClusterSpec, plan: Plan, names: PodNames, task_type: str, attempt: int) -> dict[str, Any]:
+    job_spec = _job_spec(spec, plan, task_type, attempt)
+    job_spec["template"]["spec"]["subdomain"] = names.service
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(spec, names.job_name(task_type), plan, **{LABEL_TASK_TYPE: task_type}),
+        "spec": job_spec,
+    }
+
+
+def _jobset(spec: ClusterSpec, plan: Plan, names: PodNames, types: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": JOBSET_API,
+        "kind": "JobSet",
+        "metadata": _meta(spec, names.name, plan),
+        "spec": {
+            # Pod hostnames <jobset>-<replicated job>-<job index>-<pod index> under the Service <subdomain>.
+            "network": {"enableDNSHostnames": True, "subdomain": names.service, "publishNotReadyAddresses": True},
+            # Any pod's failure fails its Job (backoffLimit 0), which restarts *every* Job: MWMS restarts whole.
+            "failurePolicy": {"maxRestarts": spec.restart.max_restarts},
+            "replicatedJobs": [
+                {
+                    "name": names.replicated_job(t),
+                    "replicas": 1,
+                    "template": {"metadata": {"labels": {LABEL_TASK_TYPE: t}}, "spec": _job_spec(spec, plan, t, None)},
+                }
+                for t in types
+            ],
+        },
+    }
+
+
+def _job_spec(spec: ClusterSpec, plan: Plan, task_type: str, attempt: int | None) -> dict[str, Any]:
+    """An Indexed Job of every pod of one task type; ``attempt`` None: the JobSet counts attempts."""
+    nodes = [n for n in plan.nodes if n.task.type == task_type]
+    annotations = {ANNOTATION_RUN_ID: plan.run_id}
+    if attempt is not None:
+        annotations[ANNOTATION_ATTEMPT] = str(attempt)
+    return {
+        "completionMode": "Indexed",
+        "completions": len(nodes),
+        "parallelism": len(nodes),
+        "backoffLimit": 0,  # one failed pod fails the whole Job: MWMS cannot go on without a member
+        "template": {
+            "metadata": {
+                "labels": {LABEL_JOB: spec.name, LABEL_TASK_TYPE: task_type, **MANAGED_BY},
+                "annotations": annotations,
+            },
+            "spec": _pod_spec(
+                spec, nodes[0], attempt_source=JOBSET_RESTART_ATTEMPT if attempt is None else ANNOTATION_ATTEMPT
+            ),
+        },
+    }
+
+
+def pod_config(spec: ClusterSpec, node: NodePlan) -> PodConfig:
+    """``TFCLUSTER_POD`` of a task type's pods (the same for every pod of the type)."""
+    rt = node.runtime
+    return PodConfig(
+        job=rt.job,
+        task_type=node.task.type,  # type: ignore[arg-type]
+        cluster=node.tf_config["cluster"],
+        remote_dir=POD_DIR,
+        tf_port=node.tf_port,
+        gpus=node.gpus,
+        heartbeat_interval_s=rt.heartbeat_interval_s,
+        stop_grace_s=rt.stop_grace_s,
+        failure_grace_s=rt.failure_grace_s,
+        instrument=rt.instrument,
+    )
+
+
+def _pod_spec(spec: ClusterSpec, node: NodePlan, attempt_source: str) -> dict[str, Any]:
+    k8s = spec.kubernetes
+    assert k8s is not None
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in node.env.items() if k not in PER_POD_ENV]
+    env.append({"name": Env.POD, "value": json.dumps(pod_config(spec, node).to_dict(), separators=(",", ":"))})
+    env.append(
+        {"name": Env.ATTEMPT, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{attempt_source}']"}}}
+    )
+    mounts = [{"name": "tfcluster", "mountPath": POD_DIR}]
+    volumes: list[dict[str, Any]] = [{"name": "tfcluster", "emptyDir": {}}]
+    if k8s.volume is not None:
+        mounts.append({"name": "checkpoints", "mountPath": k8s.volume.mount_path})
+        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": k8s.volume.claim_name}})
+    if node.gpus:  # NCCL and TF need more shared memory than the runtime's 64 MiB default
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": k8s.image,
+        "command": [*node.argv, "--"],
+        "args": list(node.command),
+        "env": env,
+        "ports": [{"name": PORT_NAME, "containerPort": node.tf_port, "protocol": "TCP"}],
+        "resources": _resources(spec, node.gpus),
+        "volumeMounts": mounts,
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    if node.workdir:
+        container["workingDir"] = node.workdir
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",  # a failed task fails its Job; the JobSet (or launch) restarts all
+        # SIGTERM → worker_entry's grace for the training process → its exit report, then SIGKILL.
+        "terminationGracePeriodSeconds": math.ceil(spec.job.stop_grace_s) + TERMINATION_MARGIN_S,
+        "enableServiceLinks": False,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if k8s.service_account:
+        pod["serviceAccountName"] = k8s.service_account
+    else:
+        pod["automountServiceAccountToken"] = False  # the pods never call the API
+    if k8s.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": s} for s in k8s.image_pull_secrets]
+    if k8s.node_selector:
+        pod["nodeSelector"] = dict(k8s.node_selector)
+    if k8s.tolerations:
+        pod["tolerations"] = [_toleration(t) for t in k8s.tolerations]
+    return pod
+
+
+def _resources(spec: ClusterSpec, gpus: int) -> dict[str, Any]:
+    k8s = spec.kubernetes
+    assert k8s is not None
+    requests = {k: v for k, v in (("cpu", k8s.requests.cpu), ("memory", k8s.requests.memory)) if v is not None}
+    limits: dict[str, Any] = {
+        k: v for k, v in (("cpu", k8s.limits.cpu), ("memory", k8s.limits.memory)) if v is not None
+    }
+    if gpus:
+        limits["nvidia.com/gpu"] = str(gpus)
+    out = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _toleration(t: Any) -> dict[str, Any]:
+    out = {
+        "key": t.key,
+        "operator": t.operator,
+        "value": t.value,
+        "effect": t.effect,
+        "tolerationSeconds": t.toleration_seconds,
+    }
+    return {k: v for k, v in out.items() if v is not None}

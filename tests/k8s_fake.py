@@ -1,0 +1,470 @@
+"""FAKE TIER — a stand-in for the Kubernetes API, not a cluster and not an API server.
+
+``FakeCluster`` answers exactly the calls ``orchestrator.backends.kubernetes.api.KubeApi`` makes on
+the official client's ``CoreV1Api``, ``BatchV1Api`` and ``CustomObjectsApi`` (same method names and
+argument shapes; ``ACCEPTED`` lists the keyword arguments, which ``test_k8s_launch.py`` checks against
+the real client when it is installed). Bodies come from ``tests/k8s_recorded/`` (API-shaped JSON; see
+its README): pods are built from ``pod.json`` and the ``status-*.json`` files, errors carry recorded
+``Status`` bodies. A tiny controller mimics what the JobSet and Job controllers and the kubelet do
+for tfcluster's renderings: pods per completion index with the labels and annotations the real
+controllers set, a failed pod failing its Job, a JobSet restarting every pod (``maxRestarts``) or
+failing, a deleted pod getting SIGTERM. What a pod prints is scripted by the test in worker_entry's
+pod-log format (``worker_entry.protocol.podlog``).
+
+Nothing here proves how a real cluster behaves; it proves how the launcher handles these shapes.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from worker_entry import protocol as p
+from worker_entry.protocol.podlog import encode_message, encode_output
+
+RECORDED = Path(__file__).resolve().parent / "k8s_recorded"
+#: Keyword arguments the backend may pass per method (checked against the real client's signatures).
+ACCEPTED = {
+    "create_namespaced_service": {"_preload_content"},
+    "read_namespaced_service": {"_preload_content"},
+    "delete_namespaced_service": {"_preload_content"},
+    "list_namespaced_pod": {"label_selector", "_preload_content"},
+    "read_namespaced_pod": {"_preload_content"},
+    "delete_namespaced_pod": {"grace_period_seconds", "_preload_content"},
+    "read_namespaced_pod_log": {
+        "container",
+        "follow",
+        "timestamps",
+        "since_seconds",
+        "_request_timeout",
+        "_preload_content",
+    },
+    "create_namespaced_job": {"_preload_content"},
+    "read_namespaced_job": {"_preload_content"},
+    "delete_namespaced_job": {"propagation_policy", "_preload_content"},
+    "create_namespaced_custom_object": {"_preload_content"},
+    "get_namespaced_custom_object": {"_preload_content"},
+    "delete_namespaced_custom_object": {"propagation_policy", "_preload_content"},
+    "list_namespaced_custom_object": {"limit", "_preload_content"},
+}
+
+
+def recorded(name: str) -> dict[str, Any]:
+    return json.loads((RECORDED / name).read_text())
+
+
+class FakeApiException(Exception):
+    """Carries what ``kubernetes.client.ApiException`` carries: status, reason, body (JSON text)."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(f"({status}) Reason: {body.get('reason')}")
+        self.status = status
+        self.reason = body.get("reason")
+        self.body = json.dumps(body)
+
+
+class FakeResponse:
+    def __init__(self, obj: Any) -> None:
+        self.data = json.dumps(obj).encode()
+        self.status = 200
+
+    def release_conn(self) -> None:
+        pass
+
+
+# --- what worker_entry prints in a pod ----------------------------------------------------------
+
+
+def msg_line(msg: p.Message) -> bytes:
+    return encode_message(json.dumps(msg.to_dict(), separators=(",", ":")).encode())
+
+
+def hello(task: str) -> bytes:
+    kind, index = task.split(":")
+    facts = p.NodeFacts(
+        hostname=f"pod-{kind}-{index}",
+        python="3.11.7",
+        packages={"tensorflow": "2.21.0", "tf_keras": "2.21.0", "tfcluster": "0.1.0"},
+        time=time.time(),
+    )
+    return msg_line(
+        p.Hello(pid=1, remote_dir=f"/tfcluster/{kind}-{index}", facts=facts, task=p.TaskRef(kind, int(index)))
+    )
+
+
+def started_lines(task: str, text: str = "") -> list[bytes]:
+    lines = [hello(task), msg_line(p.Spawned(pid=7)), msg_line(p.Heartbeat(seq=1, ts=time.time(), state="running"))]
+    lines.append(msg_line(p.Started(how="strategy")))
+    if text:
+        lines.append(encode_output(text.encode()))
+    return lines
+
+
+def exited_line(
+    code: int | None = 0, signal: int | None = None, stopped: bool = False, reason: str | None = None
+) -> bytes:
+    name = "SIGTERM" if signal == 15 else None
+    return msg_line(
+        p.Exited(code=code, signal=signal, signal_name=name, stopped=stopped, reason=reason, ended=time.time())
+    )
+
+
+# --- the fake cluster ----------------------------------------------------------------------------
+
+Behaviour = Callable[["FakeCluster", dict[str, Any]], None]
+
+
+class FakeCluster:
+    """Objects, pods and pod logs of one namespace, and the controllers' reactions."""
+
+    def __init__(self, namespace: str = "ml", behaviour: Behaviour | None = None) -> None:
+        self.ns = namespace
+        self.behaviour = behaviour or (lambda c, pod: None)
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.logs: dict[str, list[tuple[float, bytes]]] = {}
+        self.ended: set[str] = set()
+        self.calls: list[tuple[str, tuple, dict]] = []
+        self.created: list[dict[str, Any]] = []  # every body a create call got, in order
+        self.errors: dict[str, FakeApiException] = {}  # method -> raise this
+        self.start_state: dict[str, str] = {}  # task -> recorded status file for a pod that never runs
+        self.drop_log_after: dict[str, int] = {}  # pod prefix -> cut the followed stream after N lines, once
+        self.cond = threading.Condition(threading.RLock())
+        self._ids = itertools.count()
+        self.core, self.batch, self.custom = _Core(self), _Batch(self), _Custom(self)
+
+    # --- bookkeeping ---------------------------------------------------------------------------
+
+    def call(self, method: str, args: tuple, kwargs: dict) -> None:
+        unknown = set(kwargs) - ACCEPTED[method]
+        assert not unknown, f"{method}: unexpected keyword arguments {unknown}"
+        assert kwargs.get("_preload_content") is False, f"{method}: the backend must read raw JSON"
+        self.calls.append((method, args, kwargs))
+        if method in self.errors:
+            raise self.errors[method]
+
+    def called(self, method: str) -> list[tuple[tuple, dict]]:
+        return [(a, k) for m, a, k in self.calls if m == method]
+
+    def not_found(self, name: str) -> FakeApiException:
+        body = recorded("status-404.json")
+        body["message"] = body["message"].replace("PLACEHOLDER", name)
+        return FakeApiException(404, body)
+
+    # --- pods and logs -------------------------------------------------------------------------
+
+    def append(self, pod: str, *lines: bytes) -> None:
+        with self.cond:
+            for line in lines:
+                for part in line.splitlines(keepends=True):
+                    self.logs.setdefault(pod, []).append((time.time(), part))
+            self.cond.notify_all()
+
+    def end_pod(self, pod: str, status_file: str, exit_code: int | None = None) -> None:
+        """The container ended: the status from ``status_file`` (exit code overridable); the log ends."""
+        with self.cond:
+            obj = self.pods.get(pod)
+            if obj is None or pod in self.ended:
+                return
+            status = recorded(status_file)
+            if exit_code is not None:
+                status["containerStatuses"][0]["state"]["terminated"]["exitCode"] = exit_code
+            obj["status"] = status
+            self.ended.add(pod)
+            self.cond.notify_all()
+            self._react(obj)
+
+    def sigterm(self, pod: str) -> None:
+        """The kubelet's SIGTERM: worker_entry stops the task and reports (what it prints on it)."""
+        with self.cond:
+            obj = self.pods.get(pod)
+            if obj is None or pod in self.ended:
+                return
+            obj["metadata"]["deletionTimestamp"] = "2026-11-23T10:04:00Z"
+            if obj["status"].get("phase") == "Running":
+                self.append(pod, msg_line(p.Stopping(reason="worker_entry received SIGTERM")))
+                self.append(pod, exited_line(None, 15, True, "worker_entry received SIGTERM"))
+                self.end_pod(pod, "status-error.json", exit_code=143)
+            else:
+                self.ended.add(pod)
+                self.pods.pop(pod, None)
+                self.cond.notify_all()
+
+    def pods_of(self, **labels: str) -> list[dict[str, Any]]:
+        return [
+            pod for pod in self.pods.values()
+            if all(pod["metadata"]["labels"].get(k) == v for k, v in labels.items())
+        ]  # fmt: skip
+
+    def _new_pod(self, job: str, template: dict[str, Any], index: int, extra: dict[str, str], subdomain: str) -> None:
+        pod = recorded("pod.json")
+        name = f"{job}-{index}-{next(self._ids):05d}"
+        meta = pod["metadata"]
+        meta["name"], meta["generateName"], meta["namespace"] = name, f"{job}-{index}-", self.ns
+        meta["labels"].update({"job-name": job, "batch.kubernetes.io/job-name": job})
+        meta["labels"].update(template["metadata"].get("labels") or {})
+        meta["labels"].update(extra)
+        meta["labels"]["batch.kubernetes.io/job-completion-index"] = str(index)
+        meta["annotations"] = dict(template["metadata"].get("annotations") or {})
+        meta["annotations"].update(extra)
+        meta["annotations"]["batch.kubernetes.io/job-completion-index"] = str(index)
+        meta["ownerReferences"][0]["name"] = job
+        pod["spec"]["hostname"], pod["spec"]["subdomain"] = f"{job}-{index}", subdomain
+        task = f"{meta['labels'].get('tfcluster/task-type')}:{index}"
+        pod["status"] = recorded(self.start_state.get(task, "status-pending-creating.json"))
+        pod["_task"] = task
+        self.pods[name] = pod
+        self.logs[name] = []
+
+    def advance(self) -> None:
+        """Pods waiting for their container start (the kubelet got to them); their scripts run."""
+        with self.cond:
+            for name, pod in list(self.pods.items()):
+                if pod["_task"] in self.start_state or name in self.ended:
+                    continue
+                if pod["status"].get("phase") == "Pending":
+                    pod["status"] = recorded("status-running.json")
+                    self.behaviour(self, pod)
+
+    # --- controllers ---------------------------------------------------------------------------
+
+    def create_jobset(self, body: dict[str, Any]) -> None:
+        body = copy.deepcopy(body)
+        body["status"] = recorded("jobset-status-running.json")
+        self.objects[("JobSet", body["metadata"]["name"])] = body
+        self._jobset_pods(body, 0)
+
+    def _jobset_pods(self, js: dict[str, Any], attempt: int) -> None:
+        name = js["metadata"]["name"]
+        for rj in js["spec"]["replicatedJobs"]:
+            job = f"{name}-{rj['name']}-0"
+            extra = {
+                "jobset.sigs.k8s.io/jobset-name": name,
+                "jobset.sigs.k8s.io/replicatedjob-name": rj["name"],
+                "jobset.sigs.k8s.io/job-index": "0",
+                "jobset.sigs.k8s.io/restart-attempt": str(attempt),
+            }
+            template = rj["template"]["spec"]["template"]
+            for i in range(rj["template"]["spec"]["completions"]):
+                self._new_pod(job, template, i, extra, js["spec"]["network"]["subdomain"])
+
+    def create_job(self, body: dict[str, Any]) -> None:
+        body = copy.deepcopy(body)
+        body["status"] = {"active": body["spec"]["completions"]}
+        self.objects[("Job", body["metadata"]["name"])] = body
+        template = body["spec"]["template"]
+        for i in range(body["spec"]["completions"]):
+            self._new_pod(body["metadata"]["name"], template, i, {}, template["spec"]["subdomain"])
+
+    def _react(self, pod: dict[str, Any]) -> None:
+        """What the Job / JobSet controllers do when a pod ended."""
+        labels = pod["metadata"]["labels"]
+        failed = pod["status"]["phase"] == "Failed"
+        js_name = labels.get("jobset.sigs.k8s.io/jobset-name")
+        if js_name:
+            js = self.objects.get(("JobSet", js_name))
+            attempt = int(labels["jobset.sigs.k8s.io/restart-attempt"])
+            if js is None or attempt != js["status"]["restarts"] or js["status"].get("terminalState"):
+                return
+            peers = self.pods_of(
+                **{"jobset.sigs.k8s.io/jobset-name": js_name, "jobset.sigs.k8s.io/restart-attempt": str(attempt)}
+            )
+            if failed:
+                if js["status"]["restarts"] < js["spec"]["failurePolicy"]["maxRestarts"]:
+                    js["status"]["restarts"] += 1  # first: the peers' own ends are then of an old attempt
+                    restart = True
+                else:
+                    js["status"] = recorded("jobset-status-failed.json")
+                    restart = False
+                for peer in peers:
+                    self.sigterm(peer["metadata"]["name"])
+                if restart:
+                    self._jobset_pods(js, js["status"]["restarts"])
+            elif all(peer["status"]["phase"] == "Succeeded" for peer in peers):
+                js["status"]["conditions"] = [{"type": "Completed", "status": "True", "reason": "AllJobsCompleted"}]
+            return
+        job = self.objects.get(("Job", labels["job-name"]))
+        if job is not None and failed:
+            job["status"] = recorded("job-status-failed.json")
+            for peer in self.pods_of(**{"job-name": labels["job-name"]}):
+                self.sigterm(peer["metadata"]["name"])
+
+    def delete_owned(self, kind: str, name: str) -> None:
+        with self.cond:
+            self.objects.pop((kind, name), None)
+            key = "jobset.sigs.k8s.io/jobset-name" if kind == "JobSet" else "job-name"
+            for pod in self.pods_of(**{key: name}):
+                self.sigterm(pod["metadata"]["name"])
+
+
+class FakeLog:
+    """A followed log as urllib3 gives it with ``_preload_content=False``: ``stream()`` blocks for more."""
+
+    def __init__(self, cluster: FakeCluster, pod: str, since_seconds: int | None) -> None:
+        self.cluster, self.pod = cluster, pod
+        self.pos = 0
+        self.closed = False
+        if since_seconds is not None:
+            cutoff = time.time() - since_seconds
+            self.pos = sum(1 for ts, _ in cluster.logs.get(pod, []) if ts < cutoff)
+        self.cut_after = None
+        for prefix, n in list(cluster.drop_log_after.items()):
+            if pod.startswith(prefix):
+                self.cut_after = n
+                del cluster.drop_log_after[prefix]
+
+    def stream(self, amt: int):
+        c = self.cluster
+        sent = 0
+        while True:
+            with c.cond:
+                while not self.closed and self.pos >= len(c.logs.get(self.pod, [])) and self.pod not in c.ended:
+                    c.cond.wait(0.2)
+                if self.closed:
+                    return
+                lines = c.logs.get(self.pod, [])[self.pos :]
+                self.pos += len(lines)
+                done = self.pod in c.ended and self.pos >= len(c.logs.get(self.pod, []))
+            for ts, line in lines:
+                if self.cut_after is not None and sent >= self.cut_after:
+                    raise ConnectionResetError("the API server closed the stream")
+                sent += 1
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1e9):09d}Z "
+                yield stamp.encode() + line
+            if done:
+                return
+
+    def release_conn(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        with self.cluster.cond:
+            self.closed = True
+            self.cluster.cond.notify_all()
+
+
+class _Core:
+    def __init__(self, c: FakeCluster) -> None:
+        self.c = c
+
+    def create_namespaced_service(self, namespace, body, **kw):
+        self.c.call("create_namespaced_service", (namespace,), kw)
+        self.c.created.append(copy.deepcopy(body))
+        self.c.objects[("Service", body["metadata"]["name"])] = copy.deepcopy(body)
+        return FakeResponse(body)
+
+    def read_namespaced_service(self, name, namespace, **kw):
+        self.c.call("read_namespaced_service", (name, namespace), kw)
+        if ("Service", name) not in self.c.objects:
+            raise self.c.not_found(name)
+        return FakeResponse(self.c.objects[("Service", name)])
+
+    def delete_namespaced_service(self, name, namespace, **kw):
+        self.c.call("delete_namespaced_service", (name, namespace), kw)
+        if self.c.objects.pop(("Service", name), None) is None:
+            raise self.c.not_found(name)
+        return FakeResponse(recorded("status-404.json") | {"status": "Success", "code": 200})
+
+    def list_namespaced_pod(self, namespace, **kw):
+        self.c.call("list_namespaced_pod", (namespace,), kw)
+        self.c.advance()
+        key, _, value = kw.get("label_selector", "").partition("=")
+        with self.c.cond:
+            items = [{k: v for k, v in pod.items() if k != "_task"} for pod in self.c.pods_of(**{key: value})]
+            # ended pods disappear a moment later (their Job's finalizer is gone)
+            for name in [
+                n for n in self.c.ended if n in self.c.pods and self.c.pods[n]["metadata"].get("deletionTimestamp")
+            ]:
+                self.c.pods.pop(name)
+        return FakeResponse(
+            {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items}
+        )
+
+    def read_namespaced_pod(self, name, namespace, **kw):
+        self.c.call("read_namespaced_pod", (name, namespace), kw)
+        with self.c.cond:
+            pod = self.c.pods.get(name)
+            if pod is None:
+                raise self.c.not_found(name)
+            return FakeResponse({k: v for k, v in pod.items() if k != "_task"})
+
+    def delete_namespaced_pod(self, name, namespace, **kw):
+        self.c.call("delete_namespaced_pod", (name, namespace), kw)
+        if name not in self.c.pods:
+            raise self.c.not_found(name)
+        self.c.sigterm(name)
+        return FakeResponse({})
+
+    def read_namespaced_pod_log(self, name, namespace, **kw):
+        self.c.call("read_namespaced_pod_log", (name, namespace), kw)
+        assert kw.get("follow") is True and kw.get("timestamps") is True and kw.get("container") == "tensorflow"
+        if name not in self.c.pods:
+            raise self.c.not_found(name)
+        return FakeLog(self.c, name, kw.get("since_seconds"))
+
+
+class _Batch:
+    def __init__(self, c: FakeCluster) -> None:
+        self.c = c
+
+    def create_namespaced_job(self, namespace, body, **kw):
+        self.c.call("create_namespaced_job", (namespace,), kw)
+        if ("Job", body["metadata"]["name"]) in self.c.objects:
+            raise FakeApiException(409, recorded("status-409.json"))
+        self.c.created.append(copy.deepcopy(body))
+        self.c.create_job(body)
+        return FakeResponse(body)
+
+    def read_namespaced_job(self, name, namespace, **kw):
+        self.c.call("read_namespaced_job", (name, namespace), kw)
+        if ("Job", name) not in self.c.objects:
+            raise self.c.not_found(name)
+        return FakeResponse(self.c.objects[("Job", name)])
+
+    def delete_namespaced_job(self, name, namespace, **kw):
+        self.c.call("delete_namespaced_job", (name, namespace), kw)
+        if ("Job", name) not in self.c.objects:
+            raise self.c.not_found(name)
+        self.c.delete_owned("Job", name)
+        return FakeResponse({})
+
+
+class _Custom:
+    def __init__(self, c: FakeCluster) -> None:
+        self.c = c
+
+    def _check(self, group, version, plural) -> None:
+        assert (group, version, plural) == ("jobset.x-k8s.io", "v1alpha2", "jobsets")
+
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body, **kw):
+        self.c.call("create_namespaced_custom_object", (group, version, namespace, plural), kw)
+        self._check(group, version, plural)
+        if ("JobSet", body["metadata"]["name"]) in self.c.objects:
+            raise FakeApiException(409, recorded("status-409.json"))
+        self.c.created.append(copy.deepcopy(body))
+        self.c.create_jobset(body)
+        return FakeResponse(body)
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name, **kw):
+        self.c.call("get_namespaced_custom_object", (group, version, namespace, plural, name), kw)
+        if ("JobSet", name) not in self.c.objects:
+            raise self.c.not_found(name)
+        return FakeResponse(self.c.objects[("JobSet", name)])
+
+    def delete_namespaced_custom_object(self, group, version, namespace, plural, name, **kw):
+        self.c.call("delete_namespaced_custom_object", (group, version, namespace, plural, name), kw)
+        if ("JobSet", name) not in self.c.objects:
+            raise self.c.not_found(name)
+        self.c.delete_owned("JobSet", name)
+        return FakeResponse({})
+
+    def list_namespaced_custom_object(self, group, version, namespace, plural, **kw):
+        self.c.call("list_namespaced_custom_object", (group, version, namespace, plural), kw)
+        items = [o for (k, _), o in self.c.objects.items() if k == "JobSet"]
+        return FakeResponse({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSetList", "items": items})

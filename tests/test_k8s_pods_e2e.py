@@ -1,0 +1,211 @@
+"""worker_entry's Kubernetes mode, run for real as three "pods" on the network-namespace test bed.
+
+Each pod is a test bed host (its own network namespace and address) running exactly the container
+the JobSet rendering describes — its ``command`` + ``args``, its ``env`` with the downward-API
+fields filled in the way the JobSet and Job controllers do (``restart-attempt``,
+``JOB_COMPLETION_INDEX``), the pod's hostname (``unshare --uts``) — and the stable DNS names of the
+headless Service resolve through a per-namespace ``/etc/hosts`` (``ip netns exec`` mounts
+``/etc/netns/NS/hosts``). One deviation, stated: the pod's emptyDir ``/tfcluster`` is a directory
+per pod here (the env values that name it point there). The pods' combined output is what the
+kubelet would log; the launcher side reads it through the same ``PodChannel``/``PodStream`` as for
+the API and the real ``Supervisor`` runs the attempt. A real 3-worker MWMS training (tf_keras).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import assert_no_job_processes
+from test_supervisor import Recorder
+from testbed_fixtures import requires_netns
+
+from orchestrator.backends import Backend
+from orchestrator.backends.kubernetes import render
+from orchestrator.backends.kubernetes.channel import PodChannel
+from orchestrator.backends.kubernetes.stream import ContainerEnd
+from orchestrator.core.states import JobState, TaskState
+from orchestrator.events import EventBus
+from orchestrator.plan import build_plan
+from orchestrator.spec import load_spec_text
+from orchestrator.supervise import Interrupt, Supervisor
+from tfcluster_testbed import base
+
+pytestmark = [pytest.mark.e2e, requires_netns, pytest.mark.timeout(300)]
+REPO = Path(__file__).resolve().parent.parent
+EMPTYDIR = re.compile(r"(?<![\w/])/tfcluster(?=/|\"|$)")
+
+
+def fieldref(path: str, annotations: dict[str, str]) -> str:
+    m = re.fullmatch(r"metadata\.annotations\['([^']+)'\]", path)
+    assert m, f"unexpected downward API field {path}"
+    return annotations.get(m.group(1), "")
+
+
+class LocalPods(Backend):
+    """Starts each task's container as a process in its test bed host; its stdout+stderr is the pod log."""
+
+    name = "local-pods"
+    transfers = False
+
+    def __init__(self, tb, jobset: dict, names: list[str], workdir: Path) -> None:
+        self.tb, self.jobset, self.names, self.workdir = tb, jobset, names, workdir
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.envs: dict[str, dict[str, str]] = {}
+
+    def connect(self, nodes):
+        return []
+
+    def start(self, node, config):
+        raise OSError("started together")
+
+    def start_all(self, starts, deliver):
+        rj = next(r for r in self.jobset["spec"]["replicatedJobs"] if r["name"] == "worker")
+        template = rj["template"]["spec"]["template"]
+        container = template["spec"]["containers"][0]
+        for node, _ in starts:
+            i = node.task.index
+            host = self.tb.hosts[i]
+            # what the JobSet and Job controllers put on the pod (jobset_controller.go labelAndAnnotateObject)
+            annotations = {
+                **template["metadata"].get("annotations", {}),
+                "jobset.sigs.k8s.io/restart-attempt": "0",
+                "batch.kubernetes.io/job-completion-index": str(i),
+            }
+            emptydir = self.workdir / f"pod-{i}" / "tfcluster"
+            emptydir.mkdir(parents=True)
+            env = {"PATH": os.environ["PATH"], "HOME": str(self.workdir), "PYTHONPATH": str(REPO), "LANG": "C.UTF-8"}
+            for e in container["env"]:
+                value = e["value"] if "value" in e else fieldref(e["valueFrom"]["fieldRef"]["fieldPath"], annotations)
+                env[e["name"]] = EMPTYDIR.sub(str(emptydir), value)
+            env["JOB_COMPLETION_INDEX"] = str(i)  # set by the Job controller for Indexed Jobs
+            env[base.MARKER_ENV] = self.tb.marker(host)  # the test bed's leftover check finds strays
+            self.envs[str(node.task)] = env
+            pod_hostname = self.names[i].split(".")[0]
+            argv = [
+                "ip", "netns", "exec", host.netns, "unshare", "--uts", "--",
+                "sh", "-c", 'hostname "$0" && exec "$@"', pod_hostname,
+                *container["command"], *container["args"],
+            ]  # fmt: skip
+            proc = subprocess.Popen(
+                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+            self.procs[str(node.task)] = proc
+            chan = PodChannel(str(node.task), f"pod-{i}", self._kubelet_stop, 5.0)
+            threading.Thread(target=self._follow, args=(proc, chan), daemon=True).start()
+            deliver(str(node.task), chan)
+        return threading.Thread(target=lambda: None)
+
+    def _follow(self, proc: subprocess.Popen, chan: PodChannel) -> None:
+        while data := proc.stdout.read1(65536):
+            chan.feed(data)
+        rc = proc.wait()
+        chan.finish(ContainerEnd(chan.pod, rc, "Completed" if rc == 0 else "Error"))
+
+    def _kubelet_stop(self, pod: str, grace_s: int) -> None:
+        proc = self.procs[f"worker:{pod.split('-')[1]}"]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+    def close(self) -> None:
+        for proc in self.procs.values():  # a container that reported its exit ends by itself
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+@pytest.fixture
+def pod_dns():
+    """/etc/netns/NS/hosts files (bind-mounted over /etc/hosts by `ip netns exec`), removed after."""
+    made: list[Path] = []
+
+    def install(netns: str, entries: dict[str, str]) -> None:
+        d = Path("/etc/netns") / netns
+        assert not d.exists(), f"{d} exists already"
+        d.mkdir(parents=True)
+        made.append(d)
+        lines = ["127.0.0.1 localhost"] + [f"{addr} {name} {name.split('.')[0]}" for name, addr in entries.items()]
+        (d / "hosts").write_text("\n".join(lines) + "\n")
+
+    yield install
+    for d in made:
+        shutil.rmtree(d, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        Path("/etc/netns").rmdir()  # only if we were the ones who needed it
+
+
+def test_three_pods_train_mwms_from_the_rendered_jobset(testbed_factory, pod_dns, tmp_path):
+    tb = testbed_factory(3, mode="netns")
+    spec_doc = {
+        "version": 1,
+        "name": "mwms",
+        "scheduler": "kubernetes",
+        "kubernetes": {"namespace": "ml", "image": "tf-train:local", "workers": 3, "flavor": "jobset"},
+        "tensorflow": {"port": tb.hosts[0].tf_port, "communication": "ring"},
+        "job": {
+            "python": sys.executable,
+            "command": [
+                sys.executable,
+                "-m",
+                "worker_entry.examples.keras_synthetic",
+                "--epochs",
+                "2",
+                "--steps-per-epoch",
+                "15",
+            ],
+            "startup_timeout_s": 120,
+        },
+        "heartbeat": {"interval_s": 0.5, "timeout_s": 30, "profile_interval_s": 0},
+    }
+    loaded = load_spec_text(yaml.safe_dump(spec_doc), "pods.yaml")
+    plan = build_plan(loaded.spec, run_id="pods-1", local_user="root")
+    (jobset,) = render(loaded.spec, plan)
+    names = [n.host for n in plan.nodes]
+    assert names == [f"mwms-worker-0-{i}.mwms" for i in range(3)]
+    for h in tb.hosts:
+        pod_dns(h.netns, {name: host.address for name, host in zip(names, tb.hosts, strict=True)})
+
+    backend = LocalPods(tb, jobset, names, tmp_path)
+    rec = Recorder()
+    sup = Supervisor(
+        loaded.spec, plan, backend, attempt=0, bus=EventBus([rec]), logs=rec, heartbeats=rec, interrupt=Interrupt()
+    )
+    try:
+        res = sup.run()
+    finally:
+        backend.close()
+    out = {t: rec.lines.get(t, b"").decode(errors="replace") for t in ("worker:0", "worker:1", "worker:2")}
+    assert res.state == JobState.SUCCEEDED, (res.root_cause, {t: o[-3000:] for t, o in out.items()})
+    assert {t: r.state for t, r in res.tasks.items()} == {f"worker:{i}": TaskState.SUCCEEDED for i in range(3)}
+
+    for i in range(3):
+        task = f"worker:{i}"
+        assert re.search(rf"\[{task}\] epoch 2/2 ", out[task]), out[task][-2000:]
+        # the pod built the plan's TF_CONFIG from its index and the stable names
+        hello = next(e for e in rec.events if e.event == "task_ready" and e.task == task)
+        assert hello.data["hostname"] == f"mwms-worker-0-{i}"
+        assert backend.procs[task].returncode == 0
+    # progress reached the launcher through the pod log: heartbeats with training steps
+    steps = [r.get("progress", {}).get("steps", 0) for t, r in rec.beats if t == "worker:1"]
+    assert max(steps) >= 15
+    # the chief (worker 0) saved its checkpoint into the pod's emptyDir (TFCLUSTER_CHECKPOINT_DIR)
+    assert any((tmp_path / "pod-0" / "tfcluster" / "checkpoints").iterdir())
+    pod_config = json.loads(backend.envs["worker:2"]["TFCLUSTER_POD"])
+    assert pod_config["cluster"] == plan.nodes[2].tf_config["cluster"]
+    assert_no_job_processes(tb)

@@ -1,0 +1,122 @@
+"""Prometheus metrics of a running job, scraped over HTTP and parsed with prometheus_client's parser."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+from fakenode import FakeBackend, FakeNode, make_plan, stopped
+from prometheus_client.parser import text_string_to_metric_families
+
+from orchestrator.job import Job, LaunchOptions
+from worker_entry import protocol as p
+
+
+def scrape(url: str) -> dict[str, list]:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, list] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def value(samples, name, **labels):
+    for got, v in samples.get(name, []):
+        if all(got.get(k) == want for k, want in labels.items()):
+            return v
+    return None
+
+
+def test_a_running_job_is_scraped_with_per_task_and_job_metrics(tmp_path):
+    def trains(n: FakeNode) -> None:
+        n.hello()
+        n.wait_for(p.Go)
+        n.send(p.Spawned(pid=5))
+        n.send(p.Profile(steps=20, step_ms=20.0, input_ms=2.0, compute_ms=8.0, collective_ms=10.0))
+        stopped(n, n.run_until_stopped(beats=0.05, steps=5, state="running"))
+
+    loaded, plan = make_plan(2, metrics={"port": 0})
+    backend = FakeBackend({"worker:0": trains, "worker:1": trains})
+    job = Job(loaded, plan, LaunchOptions(run_dir=str(tmp_path / "run"), gather=False, live=False, echo_logs=False), backend)
+    seen: dict = {}
+
+    def scrape_then_stop() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            info = json.loads((tmp_path / "run" / "launcher.json").read_text()) if (tmp_path / "run" / "launcher.json").exists() else {}
+            if "metrics_url" in info:
+                got = scrape(info["metrics_url"])
+                if value(got, "tfcluster_task_steps_per_second", task="worker:1"):
+                    seen.update(got)
+                    break
+            time.sleep(0.2)
+        job.interrupt.trigger(15)
+
+    t = threading.Thread(target=scrape_then_stop)
+    t.start()
+    job.run()
+    t.join()
+    assert value(seen, "tfcluster_job_state", job="fake", state="running") == 1
+    for task in ("worker:0", "worker:1"):
+        assert value(seen, "tfcluster_task_steps", task=task, host=plan.node(p_task(task)).host) > 0
+        assert value(seen, "tfcluster_task_steps_per_second", task=task) > 0
+        assert value(seen, "tfcluster_task_examples_per_second", task=task) > 0
+        assert value(seen, "tfcluster_task_up", task=task) == 1
+        assert value(seen, "tfcluster_task_step_part_seconds", task=task, part="collective") == pytest.approx(0.010)
+        assert 0 <= value(seen, "tfcluster_task_heartbeat_age_seconds", task=task) < 5
+    assert value(seen, "tfcluster_job_restarts_total", job="fake") == 0
+    assert "tfcluster_job_info" in seen
+    # the server is gone with the job
+    with pytest.raises(OSError):
+        scrape(json.loads((tmp_path / "run" / "launcher.json").read_text())["metrics_url"])
+
+
+def p_task(text: str):
+    from orchestrator.plan import TaskId
+
+    return TaskId.parse(text)
+
+
+@pytest.mark.e2e
+def test_a_real_training_job_is_scraped_while_it_trains(testbed_factory, tmp_path):
+    from conftest import PY, start_launch, wait_until
+
+    tb = testbed_factory(3)
+    command = [PY, "-m", "worker_entry.examples.keras_synthetic", "--epochs", "4", "--steps-per-epoch", "100"]
+    spec = tb.write_spec(tmp_path / "spec.yaml", "scraped", command, heartbeat={"profile_interval_s": 1})
+    run = tmp_path / "run"
+    proc = start_launch(tb, spec, run, "--metrics-port", "0", "-q")
+    try:
+        url = wait_until(
+            lambda: (run / "launcher.json").exists() and json.loads((run / "launcher.json").read_text()).get("metrics_url"),
+            60,
+            what="the metrics URL",
+        )
+
+        def training():
+            got = scrape(url)
+            ok = all(
+                (value(got, "tfcluster_task_examples_per_second", task=f"worker:{i}") or 0) > 0
+                and value(got, "tfcluster_task_step_part_seconds", task=f"worker:{i}", part="step")
+                for i in range(3)
+            )
+            return got if ok else None
+
+        got = wait_until(training, 120, interval=0.5, what="training metrics of every worker")
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-2000:]
+    assert value(got, "tfcluster_job_state", state="running") == 1
+    for i in range(3):
+        host = tb.hosts[i].address
+        assert value(got, "tfcluster_task_steps", task=f"worker:{i}", host=host) > 0
+        assert value(got, "tfcluster_task_memory_rss_bytes", task=f"worker:{i}") > 100e6  # a TF worker
+        assert 0 < value(got, "tfcluster_task_step_part_seconds", task=f"worker:{i}", part="step") < 5

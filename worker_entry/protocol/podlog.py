@@ -1,0 +1,67 @@
+"""A task's stream as lines of a Kubernetes pod log, and the pod's own settings.
+
+In a pod nobody holds a channel to worker_entry: the pod log *is* the channel (the launcher follows
+it through the API, and ``kubectl logs`` shows the same). So worker_entry prints, in order, on the
+container's stdout:
+
+- every line the training process printed (stdout and stderr, in the order they were read), as is —
+  except that a line beginning with ``@``\\ s then ``@tfcluster`` gets one more ``@`` (like mbox's
+  ``>From``), so no line the user prints can pass for a message;
+- each protocol message as one line ``@tfcluster {json}`` (the JSON of the same message an SSH
+  channel carries in a MSG frame).
+
+``decode_line`` undoes it exactly. ``PodConfig`` is what the rendering puts into the pod's
+``TFCLUSTER_POD`` variable: the cluster and how worker_entry runs; the pod adds its own index.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .schema import Record, spec
+
+MARKER = b"@tfcluster "
+_ESCAPED = re.compile(rb"^@*@tfcluster")  # lines that need (or got) one more '@'
+POD_CONFIG_VERSION = 1
+
+
+def encode_output(data: bytes) -> bytes:
+    """Complete output lines (``data`` ends with a newline) as pod-log lines."""
+    if b"@tfcluster" not in data:  # the common case costs one search
+        return data
+    lines = data.split(b"\n")
+    return b"\n".join(b"@" + ln if _ESCAPED.match(ln) else ln for ln in lines)
+
+
+def encode_message(payload: bytes) -> bytes:
+    """One message line; ``payload`` is compact JSON (json.dumps escapes every newline)."""
+    return MARKER + payload + b"\n"
+
+
+def decode_line(line: bytes) -> tuple[bool, bytes]:
+    """One pod-log line without its newline → (is_message, JSON payload or the original line)."""
+    if line.startswith(MARKER):
+        return True, line[len(MARKER) :]
+    if line.startswith(b"@@") and _ESCAPED.match(line):
+        return False, line[1:]
+    return False, line
+
+
+@dataclass
+class PodConfig(Record):
+    """worker_entry's settings in a pod (``TFCLUSTER_POD``); the task index comes from the Job."""
+
+    job: str = field(metadata=spec(max_len=253))
+    task_type: Literal["chief", "worker"]
+    cluster: dict[str, list[str]] = field(metadata=spec(max_len=2))
+    remote_dir: str = field(metadata=spec(max_len=4096))
+    v: int = field(default=POD_CONFIG_VERSION, metadata=spec(lo=1, hi=POD_CONFIG_VERSION))
+    tf_port: int | None = field(default=None, metadata=spec(lo=1, hi=65535))
+    gpus: int = field(default=0, metadata=spec(lo=0, hi=1024))
+    heartbeat_interval_s: float = field(default=1.0, metadata=spec(lo=0.01, hi=3600))
+    stop_grace_s: float = field(default=10.0, metadata=spec(lo=0, hi=86400))
+    failure_grace_s: float = field(default=1.0, metadata=spec(lo=0, hi=86400))
+    instrument: bool = True
