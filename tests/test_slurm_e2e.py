@@ -28,11 +28,14 @@ MWMS = ["tests/workloads/mwms_job.py"]
 
 def mwms(*args: str) -> list[str]:
     """The MWMS workload, after printing the TF_CONFIG the task built (`TF_CONFIG {...}`)."""
-    return ["sh", "-c", 'echo "TF_CONFIG $TF_CONFIG"; echo "SECRET ${TFCLUSTER_SECRET:-none}"; exec "$0" "$@"', PY, *MWMS, *args]
+    show = 'echo "TF_CONFIG $TF_CONFIG"; echo "SECRET ${TFCLUSTER_SECRET:-none}"; echo "TOKENLEN ${#API_TOKEN}"'
+    return ["sh", "-c", show + '; exec "$0" "$@"', PY, *MWMS, *args]
 
 
 def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
-    spec = write_spec(tmp_path / "spec.yaml", "sl-login", mwms("--epochs", "2", "--steps", "10"))
+    token = "tok-" + os.urandom(6).hex()  # a credential in job.env: the job gets it, the run directory does not
+    spec = write_spec(tmp_path / "spec.yaml", "sl-login", mwms("--epochs", "2", "--steps", "10"),
+                      job={"env": {"API_TOKEN": token}})  # fmt: skip
     run_dir = tmp_path / "run"
     rc, out, err = finish(start(slurm, launch_argv(spec, run_dir), cwd=_repo()), timeout=150)
     assert rc == 0, err[-3000:]
@@ -41,6 +44,9 @@ def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
     hosts = {t: v["host"] for t, v in res["tasks"].items()}
     assert hosts == {"worker:0": "n1", "worker:1": "n2", "worker:2": "n3"}
     assert out.count("SECRET none") == 3  # the connect-back secret never reaches the training command
+    assert out.count(f"TOKENLEN {len(token)}") == 3  # the spec's credential reached every task (via the job's env)
+    stored = [p for p in run_dir.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
+    assert stored == [], stored
     for i in range(3):
         assert f"worker:{i}: done" in out  # live, prefixed, on the login node's stdout
         assert f"[worker:{i} n{i + 1}] worker:{i}: strategy ready with 3 replicas" in out
@@ -363,3 +369,14 @@ def test_a_busy_tf_port_stops_the_job_before_tensorflow_starts(slurm, tmp_path):
     res = result(run_dir)
     assert res["state"] == "preflight_failed"
     assert res["root_cause"]["task"] == "worker:1" and f"TF port {port}" in res["root_cause"]["message"]
+
+
+def test_launch_detach_from_the_login_node_submits_and_returns(slurm, tmp_path):
+    spec = write_spec(tmp_path / "spec.yaml", "sl-detached", ["sh", "-c", "sleep 2; echo finished $TFCLUSTER_TASK_INDEX"])
+    run_dir = tmp_path / "run"
+    rc, out, err = finish(start(slurm, launch_argv(spec, run_dir, "--detach"), cwd=_repo()), timeout=60)
+    assert rc == 0 and "submitted Slurm job" in out, err
+    follow = cli(slurm, _repo(), "logs", str(run_dir), "--follow", "--raw", timeout=90)
+    assert sorted(line for line in follow.stdout.splitlines() if line.startswith("finished")) == [
+        "finished 0", "finished 1", "finished 2"]  # fmt: skip
+    assert result(run_dir)["state"] == "succeeded"
