@@ -34,11 +34,11 @@ ORCHESTRATOR_LAYERS = [
 #: worker_entry, lowest first (the protocol at the bottom; the entry point at the top).
 WORKER_ENTRY_LAYERS = [
     ["protocol"],
-    ["progress", "sysinfo", "files", "writer", "child", "trace_events"],
-    ["output", "profiling", "strategy"],
-    ["runner", "stamps"],
-    ["stepclock"],
-    ["keras_callback"],
+    ["progress", "sysinfo", "files", "writer", "child", "trace_events", "stampring", "devsync", "hoststats", "nvml"],
+    ["output", "profiling", "strategy", "stepclock"],
+    ["runner", "stampreader"],
+    ["stamps"],
+    ["collectives", "keras_callback"],
     ["instrument", "examples", "_site"],
     ["__main__"],
 ]
