@@ -34,7 +34,8 @@ ORCHESTRATOR_LAYERS = [
 #: worker_entry, lowest first (the protocol at the bottom; the entry point at the top).
 WORKER_ENTRY_LAYERS = [
     ["protocol"],
-    ["progress", "sysinfo", "files", "writer", "child", "trace_events", "stampring", "devsync", "hoststats", "nvml"],
+    ["nvml", "hoststats"],
+    ["progress", "sysinfo", "files", "writer", "child", "trace_events", "stampring", "devsync"],
     ["output", "profiling", "strategy", "stepclock"],
     ["runner", "stampreader"],
     ["stamps"],

@@ -113,9 +113,45 @@ class Hello(Message):
 
 @dataclass
 class GpuSample(Record):
+    """One GPU in a heartbeat (NVML; a field the GPU or driver cannot report is absent)."""
+
     index: int = field(metadata=spec(lo=0, hi=1024))
     util: float | None = field(default=None, metadata=spec(lo=0, hi=100))
     mem_used_mb: int | None = field(default=None, metadata=spec(lo=0))
+    mem_total_mb: int | None = field(default=None, metadata=spec(lo=0))
+    sm_clock_mhz: int | None = field(default=None, metadata=spec(lo=0, hi=100_000))
+    sm_clock_max_mhz: int | None = field(default=None, metadata=spec(lo=0, hi=100_000))
+    throttle: list[str] | None = field(default=None, metadata=spec(max_len=16))  # clock-event reasons
+    temp_c: float | None = field(default=None, metadata=spec(lo=-100, hi=1000))
+    power_w: float | None = field(default=None, metadata=spec(lo=0, hi=100_000))
+    power_limit_w: float | None = field(default=None, metadata=spec(lo=0, hi=100_000))
+    pcie_gen: int | None = field(default=None, metadata=spec(lo=0, hi=64))
+    pcie_gen_max: int | None = field(default=None, metadata=spec(lo=0, hi=64))
+    pcie_width: int | None = field(default=None, metadata=spec(lo=0, hi=256))
+    pcie_width_max: int | None = field(default=None, metadata=spec(lo=0, hi=256))
+    nvlink_active: int | None = field(default=None, metadata=spec(lo=0, hi=256))
+    ecc_uncorrected: int | None = field(default=None, metadata=spec(lo=0))
+    xid_errors: int | None = field(default=None, metadata=spec(lo=0))
+    last_xid: int | None = field(default=None, metadata=spec(lo=0))
+
+
+@dataclass
+class HostSample(Record):
+    """A host's evidence about the training process over the last heartbeat interval (hoststats)."""
+
+    interval_s: float = field(default=0.0, metadata=spec(lo=0))
+    threads: int | None = field(default=None, metadata=spec(lo=0))
+    run_ms: float | None = field(default=None, metadata=spec(lo=0))  # CPU time of its threads
+    wait_ms: float | None = field(default=None, metadata=spec(lo=0))  # their run-queue delay
+    wait_pct: float | None = field(default=None, metadata=spec(lo=0, hi=100))  # wait / (run + wait)
+    throttled_pct: float | None = field(default=None, metadata=spec(lo=0, hi=100))  # cgroup throttled / wall
+    throttled_periods_pct: float | None = field(default=None, metadata=spec(lo=0, hi=100))
+    quota_cpus: float | None = field(default=None, metadata=spec(lo=0))
+    steal_pct: float | None = field(default=None, metadata=spec(lo=0, hi=100))
+    cpu_mhz: float | None = field(default=None, metadata=spec(lo=0))
+    cpu_max_mhz: float | None = field(default=None, metadata=spec(lo=0))
+    tcp_retrans_pct: float | None = field(default=None, metadata=spec(lo=0, hi=100))
+    net_errors: int | None = field(default=None, metadata=spec(lo=0))
 
 
 @dataclass
@@ -144,6 +180,7 @@ class Heartbeat(Message):
     load1: float | None = field(default=None, metadata=spec(lo=0))
     gpus: list[GpuSample] | None = None
     progress: Progress | None = None
+    host: HostSample | None = None
 
 
 @dataclass
@@ -167,7 +204,8 @@ class StrategyInfo(Message):
 
 @dataclass
 class Profile(Message):
-    """Step-clock (or profiler) medians over one window; see docs/instrumentation.md."""
+    """One step-clock window: per step, the parts of a step (trimmed means, ``input`` + ``compute`` +
+    ``collective`` + ``update`` + ``host`` + ``other`` = ``step``); see docs/instrumentation.md."""
 
     TYPE: ClassVar[str] = "profile"
     steps: int = field(metadata=spec(lo=0))
@@ -179,6 +217,11 @@ class Profile(Message):
     compute_ms: float | None = field(default=None, metadata=spec(lo=0))
     collective_ms: float | None = field(default=None, metadata=spec(lo=0))
     cpu_ms: float | None = field(default=None, metadata=spec(lo=0))
+    update_ms: float | None = field(default=None, metadata=spec(lo=0))
+    host_ms: float | None = field(default=None, metadata=spec(lo=0))
+    other_ms: float | None = field(default=None, metadata=spec(lo=0))
+    step_p50_ms: float | None = field(default=None, metadata=spec(lo=0))
+    stamps: str | None = field(default=None, metadata=spec(max_len=16))  # GPU sync mode of the stamps
 
 
 @dataclass
