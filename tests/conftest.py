@@ -52,6 +52,16 @@ class Launched:
         return (self.run_dir / "logs" / name).read_text()
 
 
+def repo_python(directory: Path) -> str:
+    """An interpreter for ``job.python`` that runs this checkout's ``worker_entry`` on the nodes: the
+    nodes start ``PYTHON -m worker_entry`` from the login directory, where an editable install of
+    another checkout would win. A wrapper script that puts REPO first on PYTHONPATH."""
+    path = directory / "python-this-repo"
+    path.write_text(f'#!/bin/sh\nPYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}} exec {PY} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "events.jsonl"
     if not path.exists():

@@ -24,6 +24,18 @@ def test_host_evidence_names_one_starved_worker_only():
     assert host_suspect(hosts()) is None
 
 
+def test_starvation_compares_run_queue_delay_per_cpu_second_not_percentages():
+    """On a box where every worker already waits 67 % of its runnable time, a quota'd worker at 93 % is
+    5x as starved per CPU second; a worker at 75 % is not."""
+
+    def sample(pct):
+        return {"interval_s": 1.0, "run_ms": 100.0 - pct, "wait_ms": pct, "wait_pct": pct}
+
+    busy = {t: [sample(67.0)] * 3 for t in TASKS}
+    assert host_suspect({**busy, "worker:1": [sample(93.0)] * 3}).task == "worker:1"
+    assert host_suspect({**busy, "worker:1": [sample(75.0)] * 3}) is None
+
+
 def test_cgroup_throttling_steal_cpu_clock_and_retransmissions():
     f = host_suspect(hosts(worker2={"throttled_pct": 62.0, "quota_cpus": 0.2, "wait_pct": 80.0}))
     assert f.task == "worker:2" and "throttled it 62%" in f.detail and "quota 0.2 CPU" in f.detail

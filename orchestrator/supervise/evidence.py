@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-WAIT_PCT_MIN = 55.0  # a starved worker's threads wait for a CPU at least this share of their runnable time
-WAIT_PCT_MARGIN = 20.0  # ... and that many points more than the other workers' median
+WAIT_ODDS_MIN = 1.0  # a starved worker's threads wait for a CPU at least as long as they run (50 %)
+WAIT_ODDS_RATIO = 2.5  # ... and 2.5x as long, per unit of CPU time, as the other workers' (median)
 THROTTLED_PCT_MIN = 10.0  # cgroup throttled time per wall time
 STEAL_PCT_MIN = 10.0
 CPU_CLOCK_RATIO = 0.7  # current / maximum CPU frequency
@@ -57,6 +57,32 @@ def _stands_out(values: Mapping[str, float], minimum: float, margin: float) -> t
     return None
 
 
+def _wait_odds(samples: Sequence[Mapping[str, Any]]) -> float | None:
+    """Run-queue delay per unit of CPU time of a worker's threads over its samples (wait / run):
+    near saturation it separates a starved worker far better than the share of time waiting."""
+    run = sum(float(s.get("run_ms") or 0.0) for s in samples)
+    wait = sum(float(s.get("wait_ms") or 0.0) for s in samples)
+    if run > 0:
+        return wait / run
+    pcts = [float(s["wait_pct"]) for s in samples if s.get("wait_pct") is not None]
+    if not pcts:
+        return None
+    pct = min(99.0, sum(pcts) / len(pcts))
+    return pct / (100.0 - pct)
+
+
+def _stands_out_ratio(values: Mapping[str, float], minimum: float, ratio: float) -> tuple[str, float, float] | None:
+    """(task, its value, the others' median) when one worker is above ``minimum`` and ``ratio`` times
+    the others' median."""
+    if len(values) < 2:
+        return None
+    cand = max(values, key=lambda t: values[t])
+    others = statistics.median(v for t, v in values.items() if t != cand)
+    if values[cand] >= minimum and values[cand] >= ratio * max(others, 1e-3):
+        return cand, values[cand], others
+    return None
+
+
 def host_suspect(samples: Mapping[str, Sequence[Mapping[str, Any]]]) -> HostFinding | None:
     """The one worker whose host evidence explains slowness, from each worker's recent host samples
     (``HostSample`` dicts, oldest first), or None."""
@@ -75,10 +101,12 @@ def host_suspect(samples: Mapping[str, Sequence[Mapping[str, Any]]]) -> HostFind
             f"cpu.cfs_quota_us) is too small for it",
             {"throttled_pct": round(value, 1), "quota_cpus": quota, "wait_pct": _round(avg[t]["wait_pct"])},
         )
-    waits = {t: a["wait_pct"] for t, a in avg.items() if a["wait_pct"] is not None}
-    hit = _stands_out(waits, WAIT_PCT_MIN, WAIT_PCT_MARGIN)
+    odds = {t: o for t, ss in samples.items() if ss and (o := _wait_odds(ss)) is not None}
+    hit = _stands_out_ratio(odds, WAIT_ODDS_MIN, WAIT_ODDS_RATIO)
     if hit:
-        t, value, others = hit
+        t = hit[0]
+        value = 100.0 * odds[t] / (1.0 + odds[t])
+        others = statistics.median(100.0 * o / (1.0 + o) for u, o in odds.items() if u != t)
         steal = avg[t]["steal_pct"]
         why = f"{steal:.0f}% of the host's CPU time stolen by the hypervisor" if steal and steal >= STEAL_PCT_MIN else (
             "a CPU quota, a noisy neighbour or an oversubscribed host"

@@ -346,8 +346,12 @@ class Monitor:
                     )
                 )
             return out
+        most = max(w.steps or 0 for w in stepping.values())
         for t, w in stepping.items():
-            if now - w.steps_changed_at > limit and "hung" not in w.reported:  # type: ignore[operator]
+            # "while others progress": they must be ahead of it, not just heard from a few ms later
+            # (every worker stops at the same step when one hangs inside the loop)
+            behind = (w.steps or 0) < most
+            if behind and now - w.steps_changed_at > limit and "hung" not in w.reported:  # type: ignore[operator]
                 w.reported.add("hung")
                 out.append(
                     Verdict(

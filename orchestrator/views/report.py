@@ -96,7 +96,9 @@ def build_report(run: RunDir, last_s: float | None = None) -> dict[str, Any]:
     for task, sc in scores(every_profile).items():
         workers[task].update(relative_score=sc["relative"], individual_score=sc["individual"])
 
-    analysis = analyse(workers, host_samples, last_gpus)
+    lo = window["from_ts"] if window else 0.0
+    named = [s for s in stragglers if (s.get("ts") or 0) >= lo]
+    analysis = analyse(workers, host_samples, last_gpus, named)
     if stragglers and end:
         # detection needs two slow windows in a row: the event follows the second one, so the
         # windows since ~1.5 windows before the first event are the slow ones
@@ -133,9 +135,11 @@ def analyse(
     workers: dict[str, dict[str, Any]],
     host_samples: dict[str, list[dict[str, Any]]] | None = None,
     gpus: dict[str, list[dict[str, Any]]] | None = None,
+    named: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The job's split, efficiency and advice in plain words: a straggler named from the step clock or
-    its host's evidence comes before any "communication-bound" verdict."""
+    its host's evidence (now, or by the launcher during the window: ``named``) comes before any
+    "communication-bound" verdict."""
     host_samples, gpus = host_samples or {}, gpus or {}
     split = job_split(workers)
     host = host_suspect({t: s for t, s in host_samples.items() if s})
@@ -166,7 +170,14 @@ def analyse(
     for t, descs in throttled.items():
         if finding is None or finding.task != t:
             advice.append(f"{t}: " + "; ".join(descs))
-    if finding is None and gpu_suspect(gpus) is None and step > 0 and split["allreduce_ms"] / step > 0.5:
+    for s in named or []:
+        if finding is None or finding.task != s.get("task"):
+            advice.append(
+                f"{s.get('task')} was named a straggler during this window (cause: {s.get('cause')}); the split mixes "
+                "its slow steps with others: see `--last` with the suggested window"
+            )
+    explained = finding is not None or gpu_suspect(gpus) is not None or bool(named)
+    if not explained and step > 0 and split["allreduce_ms"] / step > 0.5:
         advice.append(
             f"communication-bound: {split['allreduce_ms'] / step:.0%} of each step is the all-reduce itself (no worker "
             "is late and no host reports a starved CPU or a bad link). Larger per-worker batches (fewer all-reduces per "
