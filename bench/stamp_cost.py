@@ -104,6 +104,28 @@ def paired_added_us(times: dict[str, list[float]], name: str) -> float:
     return statistics.median((a - b) * 1e3 for a, b in zip(times[name], times["off"], strict=False))
 
 
+def split_of(variant, it, steps: int = 60) -> dict:
+    """The step clock's record over ``steps`` steps of one traced variant (rows read right after)."""
+    from worker_entry import stampreader, stampring
+
+    stampring.drain()
+    for _ in range(steps):
+        variant(next(it)).numpy()
+    rows = stampring.drain()
+    reader = stampreader.Reader(1e-9, min_steps=1, take=lambda: list(rows), take_inputs=list, count=lambda n, ex: None)
+    reader.poll()
+    return reader.last_record or {}
+
+
+def gpu_check(variants, it) -> dict:
+    """On a GPU: launch-time stamps (sync off) put the GPU's forward/backward time into the all-reduce;
+    synced stamps must put it into compute. PASS when the synced compute is at least twice the
+    launch-time one."""
+    launch, synced = split_of(variants["stamps"], it), split_of(variants["stamps + sync"], it)
+    ok = (synced.get("compute_ms") or 0) >= max(0.3, 2 * (launch.get("compute_ms") or 0))
+    return {"launch": launch, "synced": synced, "pass": ok}
+
+
 def reader_cost(steps: int) -> float:
     """µs of the reader's poll per step (rows → steps → window), on the rows the run left in the rings."""
     from worker_entry import stampreader, stampring
@@ -161,6 +183,8 @@ def main() -> int:
         added_pct_of_target={n: round(out["added_us"][n] / (args.target_ms * 1e3) * 100, 2) for n in out["added_us"]},
         reader_us_per_step=round(reader_cost(len(times["stamps"])), 1),
     )
+    if args.gpu:
+        out["gpu_check"] = gpu_check(variants, it)
     if args.json:
         print(json.dumps(out))
     else:
@@ -171,6 +195,15 @@ def main() -> int:
         for n, us in out["added_us_at_target"].items():
             print(f"  {n:<14} {out['median_ms'][n]:8.3f} ms (off {out['median_ms']['off']:.3f})  {us:+8.1f} µs/step")
         print(f"  reader thread  {out['reader_us_per_step']:8.1f} µs of CPU per step (off the training thread)")
+        if "gpu_check" in out:
+            g = out["gpu_check"]
+            for name in ("launch", "synced"):
+                r = g[name]
+                print(
+                    f"  {name:<8} stamps: compute {r.get('compute_ms')} ms, in the all-reduce {r.get('collective_ms')} ms, "
+                    f"step {r.get('step_ms')} ms"
+                )
+            print("GPU-correct stamps: " + ("PASS" if g["pass"] else "FAIL (the synced stamps do not see GPU compute)"))
     return 0
 
 

@@ -171,7 +171,7 @@ def test_reader_counts_steps_and_emits_the_slowest_replica_per_window():
     reader.poll()
     (rec,) = records
     assert rec["compute_ms"] == approx(6) and rec["collective_ms"] == approx(1)  # replica 1's
-    assert rec["steps"] == 7 and rec["stamps"] == "host"
+    assert rec["steps"] == 7 and rec["stamps"] == "auto"  # GPU tensors' stamps wait for completion
 
 
 def test_progress_ownership_stamps_outrank_the_callback_user_outranks_both(monkeypatch):
@@ -359,3 +359,26 @@ def test_compute_bound_straggler_shows_as_compute_not_input():
     assert pre[2] > 1.5 * max(pre[0], pre[1]), m
     finding = find_straggler({f"worker:{i}": profiles[i][-1] for i in range(3)}, ratio=1.5, min_ms=5.0)
     assert finding is not None and finding.task == "worker:2" and finding.cause == "compute", finding
+
+
+def test_report_split_adds_up_with_known_delays_in_each_part(cases, tmp_path):
+    """The step-clock windows of the run with known delays (input, compute, after the all-reduce, host),
+    as two workers' records in a run directory: `tfcluster report`'s split adds up to the step and
+    shows each delay in its own line."""
+    from orchestrator.runs import RunDir
+    from orchestrator.views.report import build_report, report_text
+
+    rec = cases[0]["delays"]["on"]["record"]
+    plan = {"job": "delays", "nodes": [{"host": f"h{i}", "task": {"type": "worker", "index": i}, "env": {}} for i in range(2)]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    lines = [{**rec, "task": f"worker:{i}", "kind": "profile", "ts": 1.0 + k} for k in range(3) for i in range(2)]
+    (tmp_path / "heartbeats.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (tmp_path / "events.jsonl").write_text("")
+    rep = build_report(RunDir(tmp_path))
+    split = rep["split"]
+    parts = ("input_ms", "compute_ms", "waiting_for_slowest_ms", "allreduce_ms", "update_ms", "host_ms", "other_ms")
+    assert sum(split[k] for k in parts) == pytest.approx(split["step_ms"], abs=0.01), split
+    assert split["compute_ms"] >= 9.5 and split["update_ms"] >= 9.5 and split["host_ms"] >= 9.5, split
+    assert split["input_ms"] >= 20, split
+    text = report_text(rep)
+    assert "input pipeline (waiting for the batch)" in text and "after it: optimizer update" in text

@@ -42,7 +42,7 @@ class Reader:
         count: Callable[..., Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
         cpu: Callable[[], float] = time.process_time,
-        stamps: str = "host",
+        stamps: str = "auto",
     ) -> None:
         self.interval_s = interval_s
         self.min_steps = max(1, int(min_steps))
@@ -62,9 +62,12 @@ class Reader:
         self.last_record: dict[str, Any] | None = None
         self._lock = threading.Lock()
 
-    def poll(self) -> int:
-        """One round: take rows, count steps, emit a window record when due. Returns steps counted."""
-        with self._lock:
+    def poll(self, wait_s: float = -1) -> int:
+        """One round: take rows, count steps, emit a window record when due. Returns steps counted
+        (0 when another round holds the lock longer than ``wait_s``; -1 waits as long as it takes)."""
+        if not self._lock.acquire(timeout=wait_s):
+            return 0
+        try:
             rows = self._take()
             inputs = self._take_inputs()
             by_replica: dict[int, list[stampring.Row]] = {}
@@ -89,6 +92,8 @@ class Reader:
             if self.interval_s > 0 and self._window_steps >= self.min_steps and due:
                 self._flush()
             return n
+        finally:
+            self._lock.release()
 
     def _flush(self) -> None:
         cpu = self._cpu() - self._cpu0
@@ -123,9 +128,9 @@ class _Thread(threading.Thread):
             if not self._round():
                 return
 
-    def _round(self) -> bool:
+    def _round(self, wait_s: float = -1) -> bool:
         try:
-            self.reader.poll()
+            self.reader.poll(wait_s)
             return True
         except Exception as exc:
             warn_once("stepclock-reader", f"step clock reader stopped ({exc!r}); training continues")
@@ -135,7 +140,7 @@ class _Thread(threading.Thread):
         """At exit: stop, take what is left, write the last progress record."""
         self.stop.set()
         self.join(timeout=2.0)
-        if self._round():
+        if self._round(wait_s=2.0):
             progress.flush()
 
 
@@ -156,7 +161,7 @@ def ensure_started(env: Mapping[str, str] = os.environ) -> bool:
             return False
         from .devsync import sync_mode
 
-        reader = Reader(progress.profile_interval_from_env(env), stamps="device" if sync_mode(env) != "off" else "host")
+        reader = Reader(progress.profile_interval_from_env(env), stamps=sync_mode(env))
         _thread = _Thread(reader, POLL_S)
         _thread.pid = os.getpid()  # type: ignore[attr-defined]
         _thread.start()
