@@ -79,6 +79,20 @@ def test_explain_puts_the_gpu_or_host_cause_on_the_step_clocks_finding():
     assert got.cause == "host CPU" and got.task == "worker:2"
 
 
+def test_a_moderately_starved_worker_the_step_clock_names_gets_the_host_cause():
+    profiles = {"worker:0": profile(4), "worker:1": profile(12, compute_ms=3.0, update_ms=8.0), "worker:2": profile(4)}
+    finding = find_straggler(profiles, 1.5, 5.0)
+    assert (finding.task, finding.cause) == ("worker:1", "after the all-reduce")
+
+    def sample(pct):
+        return [{"run_ms": 100.0 - pct, "wait_ms": pct}] * 3
+
+    moderate = {"worker:0": sample(65.0), "worker:1": sample(80.0), "worker:2": sample(66.0)}
+    assert host_suspect(moderate) is None  # not enough on its own (2.2x per CPU second)
+    got = explain(finding, moderate, {}, profiles)
+    assert got.cause == "host CPU" and "80%" in got.detail and "optimizer update" in got.detail
+
+
 def test_explain_names_a_starved_worker_the_step_clock_cannot_see():
     """A CPU-starved worker stalls inside the ring all-reduce: every worker's time outside it is the
     same, so the step clock names nobody; its host does."""

@@ -36,6 +36,20 @@ def _read(path: str) -> str | None:
         return None
 
 
+def _read_small(path: str) -> bytes:
+    """A small /proc file with raw syscalls (a third of ``open().read()``'s cost; one per thread)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 256)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
 def _keyed(text: str | None) -> dict[str, int]:
     out = {}
     for line in (text or "").splitlines():
@@ -189,7 +203,7 @@ class HostSampler:
         run = wait = 0
         seen: dict[str, tuple[int, int]] = {}
         for tid in tids:
-            parts = (_read(f"{base}/{tid}/schedstat") or "").split()
+            parts = _read_small(f"{base}/{tid}/schedstat").split()
             if len(parts) < 2:
                 continue
             r, w = int(parts[0]), int(parts[1])

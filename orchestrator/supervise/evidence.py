@@ -23,6 +23,7 @@ from typing import Any
 
 WAIT_ODDS_MIN = 1.0  # a starved worker's threads wait for a CPU at least as long as they run (50 %)
 WAIT_ODDS_RATIO = 2.5  # ... and 2.5x as long, per unit of CPU time, as the other workers' (median)
+CORROBORATE_RATIO = 1.5  # enough when the step clock already names that very worker
 THROTTLED_PCT_MIN = 10.0  # cgroup throttled time per wall time
 STEAL_PCT_MIN = 10.0
 CPU_CLOCK_RATIO = 0.7  # current / maximum CPU frequency
@@ -159,6 +160,21 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
 
 
+def starved(samples: Mapping[str, Sequence[Mapping[str, Any]]], task: str) -> str | None:
+    """Corroboration for a worker the step clock already names: its threads wait for a CPU the longest
+    per CPU second, at least CORROBORATE_RATIO times the others' median. The detail, or None."""
+    odds = {t: o for t, ss in samples.items() if ss and (o := _wait_odds(ss)) is not None}
+    hit = _stands_out_ratio(odds, WAIT_ODDS_MIN, CORROBORATE_RATIO)
+    if hit is None or hit[0] != task:
+        return None
+    mine = 100.0 * odds[task] / (1.0 + odds[task])
+    others = statistics.median(100.0 * o / (1.0 + o) for t, o in odds.items() if t != task)
+    return (
+        f"its threads waited for a CPU {mine:.0f}% of the time they were runnable (run-queue delay; {others:.0f}% on "
+        "the other workers): a CPU quota, a noisy neighbour or an oversubscribed host"
+    )
+
+
 def slow_gpus(gpus: Sequence[Mapping[str, Any]]) -> list[str]:
     """Descriptions of this worker's busy GPUs running well below their maximum clock for a slowing
     reason: "GPU 2 runs at 1.10 GHz of 1.98 GHz: power cap"."""
@@ -244,6 +260,9 @@ def explain(
             return replace(finding, cause="GPU throttled", detail=f"{finding.task}'s " + "; ".join(own_gpus))
         if host is not None and host.task == finding.task:
             return replace(finding, cause=host.cause, detail=f"{host.detail}; {finding.detail}")
+        weak = starved(hosts, finding.task) if host is None else None
+        if weak is not None:  # everything a starved worker does is slow: the parts only echo it
+            return replace(finding, cause="host CPU", detail=f"{weak}; {finding.detail}")
         if host is None:
             return finding  # (another worker's throttled GPU is not what this step waits for)
     other = host or gpu  # one worker's host evidence outranks the step clock's
