@@ -189,6 +189,16 @@ def test_progress_ownership_stamps_outrank_the_callback_user_outranks_both(monke
     c.add(5, None, None)  # report_step
     assert c.owner == "user" and c.steps == 12
     assert [e["steps"] for e in emitted][-1] == 12
+    # the step clock claims the count when its first function is traced, before Keras's first batch
+    # ends: the callback's early batches are not counted twice
+    c = progress.StepCounter("train", min_interval_s=0.0)
+    c.claim("stamps")
+    c.add(1, None, 0, source="callback")
+    c.add(1, None, 0, source="callback")
+    c.add(2, None, None, source="stamps")
+    assert c.steps == 2 and c.owner == "stamps"
+    c.claim("callback")
+    assert c.owner == "stamps"
 
 
 def test_modes_and_sync_modes_from_env():

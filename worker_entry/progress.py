@@ -165,6 +165,12 @@ class StepCounter:
         self.owner: str | None = None  # the source whose counts are used (see SOURCES)
         self.examples_per_step: int | None = None  # hint from the Keras callback (global batch size)
 
+    def claim(self, source: str) -> None:
+        """``source`` will count this phase's steps (if it outranks the current owner): claimed by the
+        step clock when its first function is traced, before any step could be counted twice."""
+        if self.owner is None or SOURCES.get(source, 2) > SOURCES.get(self.owner, 2):
+            self.owner = source
+
     def begin(self) -> None:
         """Mark the start of a step if no window is open (so idle time before it is not counted)."""
         if self._window_start is None:

@@ -159,6 +159,9 @@ def ensure_started(env: Mapping[str, str] = os.environ) -> bool:
             return False
         if not progress.get_writer(env).enabled:
             return False
+        # from now on the stamps count training steps: the Keras callback (whose first batch ends
+        # after this trace) must not count them too
+        progress.counter("train").claim("stamps")
         from .devsync import sync_mode
 
         reader = Reader(progress.profile_interval_from_env(env), stamps=sync_mode(env))
