@@ -193,6 +193,8 @@ def fn_id(graph: Any) -> int:
         fid = len(_fns) + 1
         if fid > MAX_FUNCTIONS:  # a retracing storm: reuse one id rather than grow without bound
             fid = MAX_FUNCTIONS
+            for key in [k for k, (ref, _) in _graphs.items() if ref() is None]:
+                del _graphs[key]  # graphs gone since
         _fns.setdefault(fid, FnInfo(fid))
         try:
             ref = weakref.ref(graph)
