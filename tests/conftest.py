@@ -52,6 +52,16 @@ class Launched:
         return (self.run_dir / "logs" / name).read_text()
 
 
+def repo_python(directory: Path) -> str:
+    """An interpreter for ``job.python`` that runs this checkout's ``worker_entry`` on the nodes: the
+    nodes start ``PYTHON -m worker_entry`` from the login directory, where an editable install of
+    another checkout would win. A wrapper script that puts REPO first on PYTHONPATH."""
+    path = directory / "python-this-repo"
+    path.write_text(f'#!/bin/sh\nPYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}} exec {PY} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "events.jsonl"
     if not path.exists():
@@ -143,3 +153,20 @@ def assert_no_job_processes(tb, timeout: float = 5.0) -> None:
 @pytest.fixture
 def launcher_env() -> dict[str, str]:
     return _env()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nodes_run_this_checkout(tmp_path_factory) -> Any:
+    """Test-bed specs (also those a launcher subprocess builds, e.g. `tfcluster demo`) run this
+    checkout's worker_entry on the hosts, whatever another checkout's editable install says."""
+    from tfcluster_testbed.spec import PYTHON_ENV
+
+    saved = os.environ.get(PYTHON_ENV)
+    os.environ[PYTHON_ENV] = repo_python(tmp_path_factory.mktemp("python"))
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(PYTHON_ENV, None)
+        else:
+            os.environ[PYTHON_ENV] = saved

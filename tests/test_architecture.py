@@ -34,11 +34,12 @@ ORCHESTRATOR_LAYERS = [
 #: worker_entry, lowest first (the protocol at the bottom; the entry point at the top).
 WORKER_ENTRY_LAYERS = [
     ["protocol"],
-    ["progress", "sysinfo", "files", "writer", "child", "trace_events", "hostlist"],
-    ["output", "handover", "profiling", "strategy"],
-    ["runner", "stamps"],
-    ["stepclock", "connect", "kubernetes"],
-    ["keras_callback", "slurm"],
+    ["nvml", "hoststats"],
+    ["progress", "sysinfo", "files", "writer", "child", "trace_events", "stampring", "devsync", "hostlist"],
+    ["output", "handover", "profiling", "strategy", "stepclock"],
+    ["runner", "stampreader"],
+    ["stamps", "connect", "kubernetes"],
+    ["collectives", "keras_callback", "slurm"],
     ["instrument", "examples", "_site"],
     ["__main__"],
 ]

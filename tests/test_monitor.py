@@ -262,3 +262,16 @@ def test_compute_excess_from_the_step_clock_names_compute():
     f = find_straggler(prof, 1.5, 5.0, 0.1)
     assert f is not None and (f.task, f.cause) == ("worker:1", "compute")
     assert "forward/backward pass takes 13.4 ms/step longer" in f.detail
+
+
+def test_workers_stopping_together_are_stalled_not_one_hung():
+    """One worker hangs inside the loop: every worker stops at the same step, their last progress
+    arriving a few ms apart. That is a stalled job, not one worker hung "while others progress"."""
+    m = Monitor(TASKS, POLICY, now=0.0)
+    for t in range(31):
+        for k, task in enumerate(TASKS):
+            m.on_heartbeat(task, beat({"state": "running", "progress": {"steps": 60}}), float(t) + 0.005 * k)
+    out = m.check(30.004)  # past the first worker's limit, not yet past the last one's
+    assert out == []
+    out = m.check(30.02)
+    assert [(v.kind, v.task) for v in out] == [("stalled", None)]

@@ -137,5 +137,7 @@ def test_mixed_gpu_models_warn_and_clock_skew_warns():
     out = evaluate(facts, {t: t for t in facts}, legacy_keras=True, gpus=2, skews={"worker:1": 3.2})
     gpu = [f for f in out if f.code == "gpus" and failed(f)]
     assert gpu and gpu[0].severity == "warning" and "mixed GPU models" in gpu[0].message
+    info = [f.message for f in out if f.code == "gpus" and not failed(f)]
+    assert info and "worker:0" in info[0] and "2x A100" in info[0] and "V100" in info[0]  # models (and memory) per host
     assert any(f.code == "clock" and f.task == "worker:1" and "+3.2s" in f.message for f in out)
     assert not any(f.blocks for f in out)

@@ -84,21 +84,28 @@ def _run_dir(tmp_path, healthy_windows: int, slow_windows: int) -> RunDir:
     return RunDir(tmp_path)
 
 
+def _parts_sum(split: dict) -> float:
+    keys = ("input_ms", "compute_ms", "waiting_for_slowest_ms", "allreduce_ms", "update_ms", "host_ms", "other_ms")
+    return sum(split[k] for k in keys)
+
+
 def test_homogeneous_split_and_efficiency(tmp_path):
     rep = build_report(_run_dir(tmp_path, 10, 0))
     split = rep["split"]
-    assert split["step_ms"] == 20.0 and split["work_ms"] == 4.0 and split["waiting_for_slowest_ms"] == 0
-    assert split["communication_ms"] == 16.0
+    assert split["step_ms"] == 20.0 and split["input_ms"] == 2.0 and split["compute_ms"] == 2.0
+    assert split["waiting_for_slowest_ms"] == 0 and split["allreduce_ms"] == 16.0
+    assert _parts_sum(split) == pytest.approx(split["step_ms"])
     assert rep["efficiency"] == pytest.approx(0.2)
     assert rep["stragglers"] == [] and "suggested_last_s" not in rep
-    assert any("communication-bound" in a for a in rep["advice"])
+    assert any("communication-bound" in a for a in rep["advice"])  # nobody late, no host evidence
     assert rep["workers"]["worker:1"]["steps_per_s"] == pytest.approx(15.0)
+    assert rep["workers"]["worker:1"]["relative_score"] == 1.0
 
 
 def test_midrun_straggler_is_diluted_over_the_run_and_clear_with_last(tmp_path):
     run = _run_dir(tmp_path, 20, 4)
     whole = build_report(run)
-    assert whole["split"]["waiting_for_slowest_ms"] == 0  # 4 slow windows of 24: the medians hide it
+    assert whole["split"]["waiting_for_slowest_ms"] < 10  # 4 slow windows of 24: the run's means dilute it
     assert [s["task"] for s in whole["stragglers"]] == ["worker:1"]
     suggested = whole["suggested_last_s"]
     text = report_text(whole)
@@ -107,9 +114,59 @@ def test_midrun_straggler_is_diluted_over_the_run_and_clear_with_last(tmp_path):
     assert recent["window"]["last_s"] == suggested
     assert all(w["profiles"] == 4 for w in recent["workers"].values())  # exactly the slow windows
     assert recent["split"]["slowest_worker"] == "worker:1"
-    assert recent["split"]["waiting_for_slowest_ms"] == 40.0
+    assert recent["split"]["waiting_for_slowest_ms"] == 40.0 and recent["split"]["allreduce_ms"] == 16.0
+    assert _parts_sum(recent["split"]) == pytest.approx(recent["split"]["step_ms"])
     assert any(a.startswith("worker:1 is a straggler") and "input pipeline" in a for a in recent["advice"])
+    assert not any("communication-bound" in a for a in recent["advice"])
     assert "of the last" in report_text(recent)
+    # scores compare its last windows with its best of the whole run
+    assert recent["workers"]["worker:1"]["individual_score"] < 0.5 and whole["workers"]["worker:0"]["individual_score"] == 1.0
+
+
+def _with_heartbeats(run: RunDir, host_of, gpus_of=None) -> None:
+    lines = []
+    for x in run.heartbeats_jsonl.read_text().splitlines():
+        rec = json.loads(x)
+        if rec.get("kind") == "heartbeat":
+            rec["host"] = host_of(rec["task"])
+            if gpus_of is not None:
+                rec["gpus"] = gpus_of(rec["task"])
+        lines.append(json.dumps(rec))
+    run.heartbeats_jsonl.write_text("\n".join(lines) + "\n")
+
+
+def test_a_starved_worker_is_named_and_the_job_is_not_called_communication_bound(tmp_path):
+    """A CPU quota on worker:2: every worker's step is mostly 'in the collective' (the starved worker
+    stalls inside the ring), but its host says why: nobody is told to buy a faster network."""
+    run = _run_dir(tmp_path, 10, 0)
+    _with_heartbeats(run, lambda t: {"interval_s": 1.0, "wait_pct": 88.0 if t == "worker:2" else 31.0})
+    rep = build_report(run)
+    assert rep["workers"]["worker:2"]["wait_pct"] == 88.0
+    assert any(a.startswith("worker:2 is a straggler") and "host CPU" in a for a in rep["advice"]), rep["advice"]
+    assert not any("communication-bound" in a for a in rep["advice"])
+    text = report_text(rep)
+    assert "CPU WAIT%" in text and "88.0" in text
+
+
+def test_gpu_models_per_host_mixed_models_and_a_throttled_gpu(tmp_path):
+    run = _run_dir(tmp_path, 10, 0)
+    models = {"worker:0": "NVIDIA A100-SXM4-80GB", "worker:1": "NVIDIA A100-SXM4-80GB", "worker:2": "NVIDIA V100"}
+    events = [
+        {"ts": T0, "event": "task_ready", "task": t, "host": f"10.0.0.{i + 1}", "gpus": [{"name": m, "memory_mb": 81920}]}
+        for i, (t, m) in enumerate(models.items())
+    ]
+    run.events_jsonl.write_text("".join(json.dumps(e) + "\n" for e in events))
+
+    def gpus(task):
+        clock = 1100 if task == "worker:1" else 1410
+        return [{"index": 0, "util": 97, "sm_clock_mhz": clock, "sm_clock_max_mhz": 1410, "throttle": ["power cap"]}]
+
+    _with_heartbeats(run, lambda t: {"interval_s": 1.0, "wait_pct": 20.0}, gpus)
+    rep = build_report(run)
+    assert rep["gpu_models"]["mixed"] is True
+    assert rep["gpu_models"]["per_host"]["10.0.0.3"] == ["NVIDIA V100 (80 GiB)"]
+    assert any("worker:1" in a and "GPU 0 runs at 1.10 GHz of 1.41 GHz: power cap" in a for a in rep["advice"])
+    assert "MIXED MODELS" in report_text(rep)
 
 
 def test_no_samples_and_cli_errors(tmp_path):

@@ -318,7 +318,7 @@ def test_a_custom_loop_saves_on_the_stop_request_and_resumes_there(slurm, tmp_pa
     """The documented way for a custom loop: TensorFlow's PreemptionCheckpointHandler sees the SIGTERM
     tfcluster sends (here on `tfcluster stop`, the same as after Slurm's USR2), saves at a step both
     workers agree on, exits; the next launch resumes from that step."""
-    loop = [PY, "-m", "worker_entry.examples.custom_loop", "--print-every", "20"]
+    loop = [PY, "-m", "worker_entry.examples.preemptible_loop", "--print-every", "20"]
     spec = write_spec(tmp_path / "spec.yaml", "sl-loop", [*loop, "--steps", "1000000"], slurm={"nodes": 2},
                       job={"stop_grace_s": 30}, restart={"backup_dir": str(tmp_path / "backup")})  # fmt: skip
     salloc = ["salloc", "--nodes=2", "--ntasks-per-node=1", "--immediate=30"]

@@ -1,382 +1,324 @@
-"""The step clock: pairing stamps with steps, the window, the in-graph stamps in real tf_keras fits
-(MirroredStrategy in one process), failure handling, and a 3-worker compute-bound straggler."""
+"""The step clock: rows → steps (pure), windows, the reader, progress ownership, and the stamps in real
+TensorFlow for every way of training (custom loops, Keras fit with tf_keras and Keras 3, several
+optimizers, gradient accumulation, IndexedSlices), training unchanged, failures, GPU-sync structure."""
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from worker_entry import stepclock
-from worker_entry.stepclock import Stamp, StepClock, pair_execution
+from worker_entry import collectives, devsync, progress, stampreader, stamps, stepclock
+from worker_entry.stampring import COLLECTIVE, RUN, Ring, Row
+from worker_entry.stepclock import Timeline, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
-T0 = 1_700_000_000.0  # seconds since the epoch, like tf.timestamp()
+T0 = 1_800_000_000.0  # seconds since the epoch, like tf.timestamp()
 
 
-def ms(x: float) -> float:
-    return T0 + x / 1e3
+def t(ms: float) -> float:
+    return T0 + ms / 1e3
 
 
-def approx(expected):
-    return pytest.approx(expected, abs=1e-3)  # doubles around 1.7e9 s resolve ~0.2 us
+def run_row(start, data, done, *inline, fn=1, replica=0) -> Row:
+    """A replica function's row: times in ms; ``inline`` = (call, enter, exit) collectives."""
+    return Row(replica, RUN, fn, len(inline), t(start), t(data), t(done), tuple((c, t(a), t(b)) for c, a, b in inline))
 
 
-# ------------------------------------------------------------------------------- pairing (pure)
+def coll_row(call, enter, exit_, fn=1, replica=0) -> Row:
+    return Row(replica, COLLECTIVE, fn, call, t(enter), t(exit_))
 
 
-def test_pair_one_step_one_replica():
-    (s,) = pair_execution(ms(0), ms(30), 1, [Stamp(0, 0, ms(4), ms(10), ms(25))])
-    assert s.step_ms == approx(30)
-    assert (s.input_ms, s.compute_ms, s.pre_collective_ms, s.collective_ms) == approx((4, 6, 10, 15))
+def approx(x):
+    return pytest.approx(x, abs=2e-3)
 
 
-def test_pair_takes_the_last_replica_and_each_replicas_first_all_reduce():
-    stamps = [
-        Stamp(0, 0, ms(2), ms(8), ms(20)),
-        Stamp(1, 0, ms(3), ms(12), ms(21)),  # replica 1 is the later one
-        Stamp(0, 1, None, ms(22), ms(24)),  # a second all-reduce in the same step (e.g. a second optimizer)
-        Stamp(1, 1, None, ms(22.5), ms(26)),
-    ]
-    (s,) = pair_execution(ms(0), ms(30), 1, stamps)
-    assert s.pre_collective_ms == approx(12)  # max over replicas of each one's first t_enter
-    assert s.input_ms == approx(3)
-    assert s.compute_ms == approx(9)  # max t_enter - max t_data
-    assert s.collective_ms == approx(26 - 12)
+def timeline(primary=frozenset({0}), runs=True) -> Timeline:
+    return Timeline(lambda fn: primary, lambda fn: runs)
 
 
-def test_pair_multi_step_execution_chains_step_starts():
-    stamps = [
-        Stamp(0, 0, ms(1), ms(5), ms(10)),
-        Stamp(0, 0, ms(12), ms(14), ms(20)),
-        Stamp(0, 0, ms(21), ms(27), ms(29)),
-    ]
-    out = pair_execution(ms(0), ms(30), 3, stamps)
-    assert [s.step_ms for s in out] == approx([10, 10, 10])  # the execution's mean
-    assert [s.pre_collective_ms for s in out] == approx([5, 4, 7])  # from begin, then from prev t_exit
-    assert [s.input_ms for s in out] == approx([1, 2, 1])
+# ------------------------------------------------------------------------------ the timeline (pure)
 
 
-def test_pair_window_assigns_stamps_to_back_to_back_executions():
-    executions = [(ms(0), ms(10), 1), (ms(10.1), ms(20), 1)]
-    stamps = [Stamp(0, 0, ms(1), ms(9.5), ms(9.9)), Stamp(0, 0, ms(10.2), ms(10.3), ms(19))]
-    first, second = stepclock.pair_window(executions, stamps)
-    assert first.pre_collective_ms == approx(9.5) and second.pre_collective_ms == approx(0.2)
-    # a stamp from before the window is ignored
-    (only,) = stepclock.pair_window(executions[1:], stamps)
-    assert only.input_ms == approx(0.1)
+def test_steps_are_spans_between_gradient_all_reduces_and_every_instant_has_one_part():
+    tl = timeline()
+    first = tl.feed([run_row(0, 4, 12, (0, 6, 9))])  # input 4, compute 2, all-reduce 3, update 3
+    assert len(first) == 1 and first[0].warmup  # the first step of a function: tracing, setup
+    (s,) = tl.feed([run_row(15, 20, 31, (0, 27, 29))])  # host 3 (12→15), input 5, compute 7, AR 2
+    assert not s.warmup and s.step_ms == approx(29 - 9)
+    # the previous step's update (9→12) belongs to this step: it starts at the last all-reduce's exit
+    assert s.parts == approx({"input": 5, "compute": 7, "collective": 2, "update": 3, "host": 3, "other": 0})
+    assert sum(s.parts.values()) == approx(s.step_ms)
+    assert s.local_ms == approx(18)
 
 
-def test_pair_ignores_stale_stamps_and_degrades_without_them():
-    stale = Stamp(0, 0, ms(-50), ms(-40), ms(-30))  # from before this execution
-    (s,) = pair_execution(ms(0), ms(30), 1, [stale, Stamp(0, 0, None, ms(10), ms(25))])
-    assert s.pre_collective_ms == approx(10) and s.input_ms is None and s.compute_ms is None
-    # no stamps, or stamps that do not split into the execution's steps: only the step time
-    (alone,) = pair_execution(ms(0), ms(30), 1, [])
-    assert alone.step_ms == approx(30) and alone.pre_collective_ms is None
-    two = pair_execution(ms(0), ms(30), 2, [Stamp(0, 0, None, ms(10), ms(25))])
-    assert [s.step_ms for s in two] == approx([15, 15]) and [s.pre_collective_ms for s in two] == [None, None]
+def test_gradient_accumulation_one_step_spans_the_k_executions_before_the_all_reduce():
+    tl = timeline()
+    tl.feed([run_row(0, 1, 5, (0, 3, 4))])
+    rows = [run_row(6 + 10 * k, 8 + 10 * k, 14 + 10 * k) for k in range(3)]  # 3 micro-steps, no collective
+    assert tl.feed(rows) == []  # no all-reduce: the step is not over
+    (s,) = tl.feed([run_row(36, 38, 50, (0, 44, 46))])  # the 4th execution all-reduces
+    assert s.step_ms == approx(46 - 4)
+    assert s.parts["input"] == approx(4 * 2) and s.parts["compute"] == approx(3 * 6 + 6)
+    assert s.parts["collective"] == approx(2) and s.parts["update"] == approx(1)  # 4 -> 5
+    assert sum(s.parts.values()) == approx(s.step_ms)
 
 
-# ------------------------------------------------------------------------------- the window
+def test_other_collectives_count_as_collective_time_and_the_step_waits_for_its_run_row():
+    tl = timeline(primary=frozenset({1}))
+    tl.feed([run_row(0, 1, 9, (0, 2, 3), (1, 4, 6))])
+    # a loss strategy.reduce after strategy.run: its own row, then the next run
+    assert tl.feed([coll_row(2, 10, 12)]) == []
+    (s,) = tl.feed([run_row(14, 15, 25, (0, 16, 17), (1, 20, 22))])
+    assert s.step_ms == approx(22 - 6)
+    # 6-9 update, 9-10 host, 10-12 collective (the reduce), 12-14 host, 14-15 input, 15-16 compute,
+    # 16-17 collective (a non-primary all-reduce, e.g. a synchronized batch norm), 17-20 compute, 20-22 AR
+    assert s.parts == approx({"input": 1, "compute": 4, "collective": 5, "update": 3, "host": 3, "other": 0})
 
 
-class FakeTime:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def test_window_skips_warmup_emits_medians_and_cpu():
-    wall, mono, cpu = FakeTime(), FakeTime(), FakeTime()
-    pending: list[Stamp] = []
-    emitted: list[dict] = []
-
-    def take():
-        out = list(pending)
-        pending.clear()
-        return out
-
-    sc = StepClock(
-        1.0,
-        min_steps=3,
-        emit=lambda kind, **kw: emitted.append({"kind": kind, **kw}),
-        wall=lambda: T0 + wall.t,
-        clock=mono,
-        cpu=cpu,
-        take=take,
-    )
-
-    def step(pre_ms: float, dur_ms: float = 20.0, cpu_ms: float = 5.0):
-        sc.on_batch_begin()
-        pending.append(Stamp(0, 0, T0 + wall.t + 0.001, T0 + wall.t + pre_ms / 1e3, T0 + wall.t + (pre_ms + 2) / 1e3))
-        wall.t += dur_ms / 1e3
-        mono.t += dur_ms / 1e3
-        cpu.t += cpu_ms / 1e3
-        sc.on_batch_end(1)
-
-    step(5000, dur_ms=6000)  # first execution: tracing; left out
-    for pre in (4, 5, 6, 100):  # one outlier: the median ignores it
-        step(pre)
-    assert emitted == []  # the interval has not passed
-    mono.t += 1.0
-    step(5)
-    (rec,) = emitted
-    assert rec["kind"] == "profile" and rec["source"] == "stepclock" and rec["steps"] == 5
-    assert rec["pre_collective_ms"] == approx(5) and rec["input_ms"] == approx(1)
-    assert rec["compute_ms"] == approx(4) and rec["collective_ms"] == approx(2)
-    assert rec["step_ms"] == approx(20) and rec["cpu_ms"] == approx(5)
-    assert set(rec) >= {"steps", "step_ms", "pre_collective_ms", "input_ms", "collective_ms", "cpu_ms"}
-    json.dumps(rec, allow_nan=False)  # a valid progress record
+def test_collective_rows_without_run_stamps_leave_the_rest_unattributed():
+    tl = timeline(runs=False)
+    tl.feed([coll_row(0, 5, 6)])
+    (s,) = tl.feed([coll_row(0, 15, 17)])
+    assert s.parts == approx({"input": 0, "compute": 0, "collective": 2, "update": 0, "host": 0, "other": 9})
 
 
-def test_window_needs_min_steps_and_failures_disable_with_one_warning(capsys):
-    emitted: list[dict] = []
-    mono = FakeTime()
-    sc = StepClock(
-        0.5, min_steps=10, emit=lambda kind, **kw: emitted.append(kw), clock=mono, take=list, skip_executions=0
-    )
-    for _ in range(5):
-        mono.t += 1.0
-        sc.on_batch_begin()
-        sc.on_batch_end()
-    assert emitted == []  # 5 < 10 steps although the interval passed
-
-    def broken():
-        raise RuntimeError("stamps exploded")
-
-    sc = StepClock(0.5, take=broken, emit=lambda kind, **kw: None)
-    for _ in range(20):
-        sc.on_batch_begin()
-        sc.on_batch_end()  # never raises
-    assert sc.enabled is False
-    err = capsys.readouterr().err
-    assert err.count("tfcluster:") == 1 and "stamps exploded" in err
+def test_eager_next_calls_between_executions_are_input_time():
+    tl = timeline()
+    tl.feed([run_row(0, 0, 5, (0, 2, 3))])
+    (s,) = tl.feed([run_row(20, 20, 30, (0, 25, 27))], inputs=[(t(8), t(17))])
+    assert s.parts["input"] == approx(9) and s.parts["host"] == approx(20 - 5 - 9)
+    assert sum(s.parts.values()) == approx(s.step_ms)
 
 
-def test_modes_and_sources_from_env():
-    base = {"TFCLUSTER_PROFILE_INTERVAL_S": "10"}
-    assert stepclock.mode(base) == "auto"
-    assert stepclock.mode({**base, "TFCLUSTER_STEPCLOCK": "1"}) == "force"
-    assert stepclock.mode({**base, "TFCLUSTER_STEPCLOCK": "0"}) == "off"
-    assert stepclock.mode({}) == "off"  # no interval: no records, so no stamps either
-    assert stepclock.mode({**base, "TFCLUSTER_PROFILER": "1"}) == "off"  # the profiler instead
-    assert isinstance(stepclock.sampler_from_env(base), StepClock)
-    assert stepclock.sampler_from_env({}) is None
-    from worker_entry.profiling import ProfileSampler
-
-    assert isinstance(stepclock.sampler_from_env({**base, "TFCLUSTER_PROFILER": "1"}), ProfileSampler)
-    assert stepclock.sampler_from_env({**base, "TFCLUSTER_PROFILER": "1"}, tf_profiler=False) is None
+def test_unrolled_steps_several_primaries_in_one_run_and_two_replicas():
+    tl = timeline(primary=frozenset({0, 1}))
+    steps = tl.feed([run_row(0, 1, 20, (0, 5, 6), (1, 12, 14))])
+    assert len(steps) == 2 and steps[1].step_ms == approx(8)
+    a, b = Timeline(lambda fn: frozenset({0})), Timeline(lambda fn: frozenset({0}))
+    assert len(a.feed([run_row(0, 1, 3, (0, 2, 2.5), replica=0)])) == 1
+    assert len(b.feed([run_row(0, 1, 3, (0, 2, 2.5), replica=1)])) == 1
 
 
-def test_patch_and_adopt_are_idempotent_and_leave_user_aggregators_alone():
-    import types
-
-    module = types.ModuleType("fake.optimizers.utils")
-
-    def all_reduce_sum_gradients(grads_and_vars):
-        return list(grads_and_vars)
-
-    all_reduce_sum_gradients.__module__ = module.__name__
-    module.all_reduce_sum_gradients = all_reduce_sum_gradients
-    assert stepclock.patch_optimizer_utils(module) is True
-    assert stepclock.patch_optimizer_utils(module) is False
-    wrapped = module.all_reduce_sum_gradients
-    assert wrapped is not all_reduce_sum_gradients and wrapped([(1, "v")]) == [(1, "v")]  # eager: as is
-
-    legacy = types.SimpleNamespace(gradient_aggregator=all_reduce_sum_gradients)  # built before the patch
-    assert stepclock.adopt_optimizer(legacy) is True and legacy.gradient_aggregator([]) == []
-    assert stepclock.adopt_optimizer(legacy) is False
-
-    def mine(grads_and_vars):
-        return grads_and_vars
-
-    own = types.SimpleNamespace(gradient_aggregator=mine)
-    assert stepclock.adopt_optimizer(own) is False and own.gradient_aggregator is mine
-    assert stepclock.adopt_optimizer(None) is False
+def test_summary_is_additive_trimmed_and_names_local_time():
+    steps = [stepclock.StepSplit(1, 0, 10.0, {**dict.fromkeys(stepclock.CATEGORIES, 0.0), "compute": 6.0, "collective": 4.0})] * 18
+    steps += [stepclock.StepSplit(1, 0, 500.0, {**dict.fromkeys(stepclock.CATEGORIES, 0.0), "host": 490.0, "collective": 10.0})] * 2
+    rec = summarize(steps, cpu_s=0.2, counted=20)
+    assert rec["steps"] == 20 and rec["step_ms"] == approx(10) and rec["compute_ms"] == approx(6)
+    assert rec["host_ms"] == approx(0)  # the two outliers (a checkpoint, an evaluation) are trimmed
+    assert sum(rec[f"{k}_ms"] for k in stepclock.CATEGORIES) == approx(rec["step_ms"])
+    assert rec["pre_collective_ms"] == approx(6) and rec["cpu_ms"] == approx(10)
+    json.dumps(rec, allow_nan=False)
 
 
-# --------------------------------------------------------------- real fits (one process, no cluster)
+# ------------------------------------------------------------------------------ ring, reader, progress
 
-FIT_SCRIPT = textwrap.dedent(
-    """
-    import json, os, sys
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"
-    import tensorflow as tf
-    tf.config.set_logical_device_configuration(
-        tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+
+class _Var:
+    def __init__(self, value):
+        self.value = value
+
+    def numpy(self):
+        return self.value
+
+
+def test_ring_takes_only_rows_whose_index_matches():
     import numpy as np
-    import tf_keras.src.optimizers.utils as optimizer_utils
-    from worker_entry import stamps, stepclock
 
-    original = optimizer_utils.all_reduce_sum_gradients
-    calls = {"n": 0}
-    def counting(gv):
-        calls["n"] += 1
-        return original(gv)
-    optimizer_utils.all_reduce_sum_gradients = counting
-    stepclock.patch_optimizer_utils(optimizer_utils)
-    keras = tf.keras
+    ring = Ring.__new__(Ring)
+    ring.replica, ring.size, ring.read_upto, ring.lost = 0, 4, 0, 0
+    table = np.full((4, 13), -1.0)
+    for i in range(6):  # 6 rows written into 4 slots: rows 0 and 1 were overwritten
+        table[i % 4, :7] = [i, COLLECTIVE, 1, 0, 10.0 + i, 11.0 + i, 0.0]
+    table[5 % 4, 0] = 1.0  # row 5 counted but not written yet (the slot still holds row 1)
+    ring.count, ring.rows = _Var(5), _Var(table)
+    rows = ring.take()
+    assert [r.a for r in rows] == [12.0, 13.0, 14.0] and ring.lost == 2 and ring.read_upto == 5
+    table[5 % 4, 0] = 5.0
+    assert [r.a for r in ring.take()] == [15.0]
 
-    def fit(case, clock, devices=1, spe=1, legacy=False, jit=False, embedding=False, fail=None, epochs=2, how="ring"):
-        os.environ["TFCLUSTER_STEPCLOCK"] = "1" if clock else "0"
-        os.environ["TFCLUSTER_STEPCLOCK_DELIVERY"] = how
-        if fail:
-            saved = getattr(stamps, fail)
-            def boom(*a, **k):
-                raise RuntimeError("injected " + fail)
-            setattr(stamps, fail, boom)
-        keras.utils.set_random_seed(7)
-        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(devices)])
-        rng = np.random.default_rng(3)
-        if embedding:
-            x = rng.integers(0, 50, (512, 4)); y = (x.sum(1, keepdims=True) / 100.0).astype("f4")
-        else:
-            x = rng.random((512, 10), dtype=np.float32); y = x.sum(1, keepdims=True)
-        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat()
-        with strategy.scope():
-            first = keras.layers.Embedding(50, 8) if embedding else keras.layers.Dense(16, activation="relu")
-            layers = [keras.layers.Input((4,) if embedding else (10,)), first]
-            if embedding:
-                layers.append(keras.layers.Flatten())
-            model = keras.Sequential(layers + [keras.layers.Dense(1)])
-            opt = keras.optimizers.legacy.SGD(0.05) if legacy else keras.optimizers.SGD(0.05)
-            model.compile(opt, "mse", steps_per_execution=spe, jit_compile=jit)
-        undo = stepclock.wrap_train_step(model)
-        got = []
-        sc = StepClockCb(got)
-        stepclock.drain()
-        n0, c0 = stepclock.delivered(), calls["n"]
-        h = model.fit(ds, epochs=epochs, steps_per_epoch=12, verbose=0, callbacks=[sc])
-        undo()
-        if fail:
-            setattr(stamps, fail, saved)
-        chained = []  # our stamps / py_function with a control input from another stamp (program-order chain)
-        for f in model.train_tf_function._list_all_concrete_functions():
-            for op in f.graph.get_operations():
-                if op.type in ("Timestamp", "EagerPyFunc"):
-                    chained += [c.name for c in op.control_inputs if c.type in ("Timestamp", "EagerPyFunc")]
-        return {"case": case, "loss": h.history["loss"], "stamps": stepclock.delivered() - n0,
-                "all_reduce_traces": calls["n"] - c0, "records": got, "restored": "train_step" not in model.__dict__,
-                "chained": chained}
 
-    class StepClockCb(keras.callbacks.Callback):
-        def __init__(self, got):
-            super().__init__()
-            self.spe = 1
-            self.clock = stepclock.StepClock(1e-6, min_steps=6, emit=lambda kind, **kw: got.append(kw))
-        def on_train_begin(self, logs=None):
-            self.spe = self.model._steps_per_execution.numpy().item()
-        def on_train_batch_begin(self, batch, logs=None):
-            self.clock.on_batch_begin()
-        def on_train_batch_end(self, batch, logs=None):
-            self.clock.on_batch_end(self.spe)
+def test_reader_counts_steps_and_emits_the_slowest_replica_per_window():
+    rows: list[Row] = []
+    records, counts = [], []
+    now = [0.0]
+    reader = stampreader.Reader(
+        2.0,
+        min_steps=2,
+        take=lambda: [rows.pop(0) for _ in range(len(rows))],
+        take_inputs=list,
+        primaries=lambda fn: frozenset({0}),
+        has_runs=lambda fn: True,
+        examples=lambda fn: 64,
+        emit=lambda kind, **kw: records.append(kw),
+        count=lambda n, ex: counts.append((n, ex)),
+        clock=lambda: now[0],
+        cpu=lambda: 0.0,
+    )
+    for k in range(6):
+        base = 10 * k
+        rows.append(run_row(base, base + 1, base + 9, (0, base + 3, base + 8), replica=0))
+        rows.append(run_row(base, base + 1, base + 9, (0, base + 7, base + 8), replica=1))  # works 4 ms longer
+    assert reader.poll() == 6 and counts == [(6, 6 * 64)]
+    assert records == []  # the window (2 s) is not over
+    now[0] = 3.0
+    rows.append(run_row(60, 61, 69, (0, 63, 68), replica=0))
+    rows.append(run_row(60, 61, 69, (0, 67, 68), replica=1))
+    reader.poll()
+    (rec,) = records
+    assert rec["compute_ms"] == approx(6) and rec["collective_ms"] == approx(1)  # replica 1's
+    assert rec["steps"] == 7 and rec["stamps"] == "auto"  # GPU tensors' stamps wait for completion
 
-    cases = [
-        fit("off", False), fit("on", True), fit("py_function delivery", True, how="pyfunc"),
-        fit("two replicas", True, devices=2),
-        fit("two replicas, 3 steps per execution", True, devices=2, spe=3),
-        fit("two replicas off", False, devices=2, spe=3),
-        fit("legacy optimizer", True, legacy=True), fit("legacy off", False, legacy=True),
-        fit("embedding", True, embedding=True), fit("embedding off", False, embedding=True),
-        fit("jit_compile", True, jit=True, epochs=1),
-        fit("fail before", True, fail="_before"), fit("fail after", True, fail="_after"),
-        fit("fail data", True, fail="_begin_step"),
-    ]
-    print("RESULT " + json.dumps(cases))
-    """
-)
+
+def test_progress_ownership_stamps_outrank_the_callback_user_outranks_both(monkeypatch):
+    emitted = []
+    monkeypatch.setattr(progress, "emit", lambda kind, **kw: emitted.append(kw) or True)
+    c = progress.StepCounter("train", min_interval_s=0.0)
+    c.add(1, None, 0, source="callback")
+    c.add(3, None, None, source="stamps")  # the stamps take over; their first poll's duration is unknown
+    c.add(1, None, 2, source="callback")  # only the epoch
+    c.add(2, None, None, source="stamps")
+    assert c.owner == "stamps" and c.steps == 6 and c.epoch == 2
+    c.examples_per_step = 32
+    c.add(1, None, None, source="stamps")
+    assert c.examples == 32
+    c.add(5, None, None)  # report_step
+    assert c.owner == "user" and c.steps == 12
+    assert [e["steps"] for e in emitted][-1] == 12
+    # the step clock claims the count when its first function is traced, before Keras's first batch
+    # ends: the callback's early batches are not counted twice
+    c = progress.StepCounter("train", min_interval_s=0.0)
+    c.claim("stamps")
+    c.add(1, None, 0, source="callback")
+    c.add(1, None, 0, source="callback")
+    c.add(2, None, None, source="stamps")
+    assert c.steps == 2 and c.owner == "stamps"
+    c.claim("callback")
+    assert c.owner == "stamps"
+
+
+def test_modes_and_sync_modes_from_env():
+    assert stamps.mode({}) == "auto"
+    assert stamps.mode({"TFCLUSTER_STEPCLOCK": "1"}) == "force"
+    assert stamps.mode({"TFCLUSTER_STEPCLOCK": "0"}) == "off"
+    assert stamps.mode({"TFCLUSTER_PROFILER": "1"}) == "off"  # the profiler instead
+    assert devsync.sync_mode({}) == "auto" and devsync.sync_mode({"TFCLUSTER_STAMP_SYNC": "1"}) == "force"
+    assert devsync.needs_sync("/job:worker/replica:0/task:1/device:GPU:0", "auto")
+    assert not devsync.needs_sync("/job:worker/replica:0/task:1/device:CPU:0", "auto")
+    assert devsync.needs_sync("/device:CPU:0", "force") and not devsync.needs_sync("/device:GPU:0", "off")
+
+
+def test_patches_are_idempotent():
+    class Ops:
+        def _all_reduce(self, reduce_op, value, replica_id, options):
+            return value
+
+    class Mod:
+        CollectiveAllReduce = Ops
+
+    assert collectives.patch_cross_device_ops(Mod) is True and collectives.patch_cross_device_ops(Mod) is False
+    assert Ops()._all_reduce(None, [1], 0, None) == [1]  # outside a tf.function trace: as is
+
+
+# --------------------------------------------------------------------- real TensorFlow, one process
 
 
 @pytest.fixture(scope="module")
-def fits(tmp_path_factory):
+def cases(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFCLUSTER_") and k != "TF_CONFIG"}
-    env.update(PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2", TFCLUSTER_PROFILE_INTERVAL_S="5")
+    env.update(PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2", STAMP_CASES_EXTRA="fail,sync")
     proc = subprocess.Popen(
-        [sys.executable, "-c", FIT_SCRIPT],
+        [sys.executable, str(ROOT / "tests" / "workloads" / "stamp_cases.py")],
         env=env,
-        cwd=tmp_path_factory.mktemp("fits"),
+        cwd=tmp_path_factory.mktemp("stamps"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        out, err = proc.communicate(timeout=240)
+        out, err = proc.communicate(timeout=400)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, err[-4000:]
-    return {c["case"]: c for c in json.loads(lines[0][7:])}, err
+    return json.loads(lines[0][7:]), err
 
 
-def test_real_fit_records_every_step_and_losses_are_unchanged(fits):
-    cases, _ = fits
-    off = cases["off"]
-    assert off["stamps"] == 0
-    for on in (cases["on"], cases["py_function delivery"]):  # the ring (default) and the py_function
-        assert on["loss"] == off["loss"]  # bit-identical training with the clock
-        assert on["stamps"] == 24 and on["restored"]  # one stamp per step; train_step restored after fit
-        assert on["all_reduce_traces"] == off["all_reduce_traces"]  # the all-reduce is built once per trace
-        assert len(on["records"]) >= 2
-        for rec in on["records"]:
-            assert rec["source"] == "stepclock" and rec["steps"] >= 6
-            for key in ("step_ms", "pre_collective_ms", "input_ms", "compute_ms", "collective_ms", "cpu_ms"):
-                assert rec[key] is not None and rec[key] >= 0, rec
-            # (t_data's op may run a little after the batch arrived: input_ms can exceed pre by a hair)
-            assert rec["input_ms"] <= rec["pre_collective_ms"] + 0.5 and rec["pre_collective_ms"] <= rec["step_ms"], rec
+EXPECTED_STEPS = {
+    "loop": 24,
+    "loop next inside": 24,
+    "loop legacy optimizer": 24,
+    "loop embedding": 24,
+    "loop two optimizers": 24,
+    "loop accumulation": 8,  # 32 micro-batches, every 4th all-reduces
+    "fit": 24,
+    "fit 3 per execution": 24,
+    "fit legacy optimizer": 24,
+    "keras 3 fit": 24,
+    "delays": 16,
+}
 
 
-def test_real_fit_two_replicas_several_steps_per_execution(fits):
-    cases, _ = fits
-    two, off = cases["two replicas, 3 steps per execution"], cases["two replicas off"]
-    assert two["loss"] == off["loss"]
-    assert two["stamps"] == 2 * 24  # each replica delivers its stamps
-    rec = two["records"][0]
-    assert rec["steps"] % 3 == 0 and rec["pre_collective_ms"] is not None and rec["input_ms"] is not None
-    # The replicas are traced one after the other into one graph: automatic control dependencies would
-    # chain replica 1's t_data after replica 0's t_enter. Our ops are exempt from that chain.
-    one = cases["two replicas"]
-    assert one["stamps"] == 2 * 24 and one["loss"] == off["loss"]
-    assert one["chained"] == [] and cases["on"]["chained"] == []
+@pytest.mark.parametrize("case", sorted(EXPECTED_STEPS))
+def test_every_way_of_training_is_stamped_and_unchanged(cases, case):
+    results, _ = cases
+    on, off = results[case]["on"], results[case]["off"]
+    assert on["losses"] == off["losses"]  # bit-identical training with the stamps
+    assert off["rows"] == 0 and on["rows"] > 0
+    assert on["steps"] == EXPECTED_STEPS[case]  # steps derived from the stamps alone
+    rec = on["record"]
+    parts = [rec[f"{k}_ms"] for k in stepclock.CATEGORIES]
+    assert all(p >= 0 for p in parts) and sum(parts) == pytest.approx(rec["step_ms"], abs=0.01)
+    assert rec["other_ms"] == 0  # every instant attributed to a measured part
+    assert on["graph"]["chained"] == []  # no stamp waits for another one beyond the designed edges
 
 
-def test_real_fit_legacy_optimizer_and_indexed_slices(fits):
-    cases, _ = fits
-    assert cases["legacy optimizer"]["loss"] == cases["legacy off"]["loss"]
-    assert cases["legacy optimizer"]["stamps"] == 24  # patched before the optimizer was built
-    assert cases["embedding"]["loss"] == cases["embedding off"]["loss"]  # IndexedSlices gradients
-    assert cases["embedding"]["stamps"] == 24
+def test_known_delays_land_in_their_parts(cases):
+    """input: 80 ms per batch in the tf.data map (partly hidden by prefetching behind the step);
+    compute: 5 ms before the gradients, after: 5 ms after the update, per replica (the two replicas'
+    py_functions run one after the other); host: 10 ms of Python between steps."""
+    rec = cases[0]["delays"]["on"]["record"]
+    assert rec["compute_ms"] >= 9.5 and rec["update_ms"] >= 9.5 and rec["host_ms"] >= 9.5, rec
+    assert rec["input_ms"] >= 20 and rec["input_ms"] == max(rec[f"{k}_ms"] for k in stepclock.CATEGORIES), rec
 
 
-def test_real_fit_xla_and_failures_leave_the_step_alone(fits):
-    cases, err = fits
-    assert cases["jit_compile"]["stamps"] == 0 and len(cases["jit_compile"]["loss"]) == 1  # XLA: no stamps
-    for case in ("fail before", "fail after", "fail data"):
-        assert cases[case]["loss"] == cases["on"]["loss"], case
-        assert cases[case]["all_reduce_traces"] == cases["on"]["all_reduce_traces"], case  # never twice
-    assert cases["fail before"]["stamps"] == 0
-    assert cases["fail after"]["stamps"] == 0
-    assert cases["fail data"]["stamps"] == 24  # still stamped, without t_data
+def test_xla_is_left_alone_and_failures_leave_training_unchanged(cases):
+    results, err = cases
+    assert results["fit jit"]["on"]["rows"] == 0 and results["fit jit"]["on"]["losses"] == results["fit jit"]["off"]["losses"]
+    for fail in ("_enter", "_exit", "_begin_run", "_end_run"):
+        got = results[f"loop fail {fail}"]["on"]
+        assert got["losses"] == results["loop"]["on"]["losses"], fail
+    assert results["loop fail _begin_run"]["on"]["steps"] == 24  # the collectives are still stamped
     lines = [x for x in err.splitlines() if x.startswith("tfcluster:")]
-    assert len(lines) == 3, lines
-    assert all("injected" in x and "step unchanged" in x for x in lines), lines
+    assert len(lines) == 4 and all("injected" in x and "step unchanged" in x for x in lines), lines
+
+
+def test_gpu_sync_structure_on_cpu_graphs(cases):
+    """TFCLUSTER_STAMP_SYNC=1 on CPU builds the GPU path: each stamp waits for a host copy (on
+    /device:CPU:0) of a one-element slice created after every gradient — a data dependency through a
+    device-to-host value, so on a GPU the stamp is taken when the kernels have *finished*."""
+    results, _ = cases
+    for case in ("loop synced", "fit synced"):
+        on = results[case]["on"]
+        assert on["losses"] == results[case.replace(" synced", "")]["on"]["losses"]
+        assert on["steps"] == 24 and on["graph"]["d2h_stamps"] >= 8
+        for enter in on["graph"]["enter_sync"]:
+            assert enter == {"copy_device": "/device:CPU:0", "slice": "StridedSlice", "waits_for_gradients": True}
 
 
 # ------------------------------------------------------------------------- 3 workers (e2e)
 
 
-def run_cluster(extra: list[str], steps: int, interval_s: float = 1.0, num_workers: int = 3, env_extra=None):
-    """The demo on ``num_workers`` local MWMS workers under the instrumentation (step clock on)."""
+def run_cluster(extra: list[str], steps: int, interval_s: float = 1.0, num_workers: int = 3, env_extra=None, module="keras_synthetic"):
+    """An example on ``num_workers`` local MWMS workers under the instrumentation (step clock on)."""
+    import statistics  # noqa: F401 - used by callers through medians()
+
     from worker_entry.examples.local_cluster import run_local_cluster
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFCLUSTER_") and k != "TF_CONFIG"}
@@ -386,19 +328,13 @@ def run_cluster(extra: list[str], steps: int, interval_s: float = 1.0, num_worke
         PYTHONPATH=os.pathsep.join([str(ROOT / "worker_entry" / "_site"), str(ROOT)]),
         TFCLUSTER_INSTRUMENT="1",
         TFCLUSTER_PROFILE_INTERVAL_S=str(interval_s),
-        # No TFCLUSTER_COLLECTIVE_TIMEOUT_S: with a collective timeout TF 2.21 keeps ~4 threads per
-        # collective alive for the whole timeout (thousands per worker here) and steps get slower.
         **(env_extra or {}),
     )
-    argv = [
-        sys.executable,
-        "-m",
-        "worker_entry.examples.keras_synthetic",
-        "--epochs",
-        "1",
-        "--steps-per-epoch",
-        str(steps),
-    ]
+    if module == "keras_synthetic":
+        argv = ["--epochs", "1", "--steps-per-epoch", str(steps)]
+    else:
+        argv = ["--steps", str(steps)]
+    argv = [sys.executable, "-m", f"worker_entry.examples.{module}", *argv]
     results = run_local_cluster([*argv, *extra], num_workers, env=env, timeout_s=150, cwd=str(ROOT))
     for r in results:
         assert r.returncode == 0, r.output[-3000:]
@@ -409,13 +345,15 @@ def run_cluster(extra: list[str], steps: int, interval_s: float = 1.0, num_worke
 def medians(
     records: list[dict], keys=("pre_collective_ms", "input_ms", "compute_ms", "collective_ms", "step_ms", "cpu_ms")
 ):
+    import statistics
+
     return {k: round(statistics.median(r[k] for r in records if r.get(k) is not None), 2) for k in keys}
 
 
 @pytest.mark.e2e
 def test_compute_bound_straggler_shows_as_compute_not_input():
-    """worker:2 multiplies 30 extra 256x256 matrices per forward pass: its excess before the all-reduce
-    is between batch and gradients (compute_ms), not waiting for the batch (input_ms)."""
+    """Keras fit, 3 local workers: worker:2 multiplies 30 extra 256x256 matrices per forward pass: its
+    excess between two all-reduces is compute (batch → gradients), not input."""
     from orchestrator.supervise import find_straggler
 
     results = run_cluster(["--extra-matmuls", "30", "--slow-task", "worker:2"], steps=150)
@@ -428,6 +366,29 @@ def test_compute_bound_straggler_shows_as_compute_not_input():
     assert comp[2] > 4 * max(comp[0], comp[1], 0.5) and comp[2] > 5, m
     assert inp[2] < comp[2] / 2, m  # not an input problem
     pre = [x["pre_collective_ms"] for x in m]
-    assert pre[2] > 2 * max(pre[0], pre[1]), m
+    assert pre[2] > 1.5 * max(pre[0], pre[1]), m
     finding = find_straggler({f"worker:{i}": profiles[i][-1] for i in range(3)}, ratio=1.5, min_ms=5.0)
-    assert finding is not None and finding.task == "worker:2" and finding.cause != "input pipeline", finding
+    assert finding is not None and finding.task == "worker:2" and finding.cause == "compute", finding
+
+
+def test_report_split_adds_up_with_known_delays_in_each_part(cases, tmp_path):
+    """The step-clock windows of the run with known delays (input, compute, after the all-reduce, host),
+    as two workers' records in a run directory: `tfcluster report`'s split adds up to the step and
+    shows each delay in its own line."""
+    from orchestrator.runs import RunDir
+    from orchestrator.views.report import build_report, report_text
+
+    rec = cases[0]["delays"]["on"]["record"]
+    plan = {"job": "delays", "nodes": [{"host": f"h{i}", "task": {"type": "worker", "index": i}, "env": {}} for i in range(2)]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    lines = [{**rec, "task": f"worker:{i}", "kind": "profile", "ts": 1.0 + k} for k in range(3) for i in range(2)]
+    (tmp_path / "heartbeats.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (tmp_path / "events.jsonl").write_text("")
+    rep = build_report(RunDir(tmp_path))
+    split = rep["split"]
+    parts = ("input_ms", "compute_ms", "waiting_for_slowest_ms", "allreduce_ms", "update_ms", "host_ms", "other_ms")
+    assert sum(split[k] for k in parts) == pytest.approx(split["step_ms"], abs=0.01), split
+    assert split["compute_ms"] >= 9.5 and split["update_ms"] >= 9.5 and split["host_ms"] >= 9.5, split
+    assert split["input_ms"] >= 20, split
+    text = report_text(rep)
+    assert "input pipeline (waiting for the batch)" in text and "after it: optimizer update" in text

@@ -12,7 +12,17 @@ import signal
 from datetime import UTC, datetime
 
 import pytest
-from conftest import PY, WORKLOADS, assert_no_job_processes, read_events, run_cli, run_launch, start_launch, wait_until
+from conftest import (
+    PY,
+    WORKLOADS,
+    assert_no_job_processes,
+    read_events,
+    repo_python,
+    run_cli,
+    run_launch,
+    start_launch,
+    wait_until,
+)
 from testbed_fixtures import requires_netns
 
 pytestmark = [pytest.mark.e2e, requires_netns]
@@ -32,6 +42,7 @@ def _spec(tb, tmp_path, name, *args):
         tmp_path / "spec.yaml",
         name,
         [PY, str(WORKLOADS / "mwms_job.py"), *args],
+        job={"python": repo_python(tmp_path)},  # this checkout's worker_entry on the nodes
         heartbeat={"interval_s": 1.0, "timeout_s": 10, "profile_interval_s": 2},
     )
 

@@ -6,6 +6,7 @@ working while the code under test is broken.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -15,6 +16,10 @@ from typing import Any
 from .base import TestHost
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+#: job.python for the hosts when set: e.g. a wrapper that puts the checkout under test first on
+#: PYTHONPATH (the hosts start ``PYTHON -m worker_entry`` from the login directory, where an
+#: editable install of another checkout would win).
+PYTHON_ENV = "TFCLUSTER_TESTBED_PYTHON"
 
 
 def _deep_merge(base: dict, extra: dict) -> dict:
@@ -39,7 +44,7 @@ def _spec_dict(
     sections: dict[str, Any],
 ) -> dict:
     """A cluster spec for `hosts` with `sections` deep-merged over the defaults; job.python is
-    this interpreter so worker_entry imports."""
+    this interpreter so worker_entry imports (or $TFCLUSTER_TESTBED_PYTHON)."""
     if not _NAME_RE.match(name):
         raise ValueError(f"spec name {name!r}: lowercase letters, digits and '-' only")
     entries = []
@@ -58,6 +63,6 @@ def _spec_dict(
             "known_hosts": str(known_hosts),
         },
         "hosts": entries,
-        "job": {"command": list(command), "python": sys.executable},
+        "job": {"command": list(command), "python": os.environ.get(PYTHON_ENV) or sys.executable},
     }
     return _deep_merge(spec, sections)

@@ -7,11 +7,13 @@ worker_entry runs the user's command with ``worker_entry/_site`` first on PYTHON
 - ``tf.distribute.MultiWorkerMirroredStrategy`` (``CollectiveAllReduceStrategy.__init__``) gets the
   tfcluster communication options when the script passes none, the coordination heartbeat is
   pre-configured, and a ``strategy`` progress record is emitted once the strategy exists;
-- ``Model.fit`` (tf_keras, Keras 2, Keras 3) gets our ProgressCallback appended unless one is there;
-  with tf_keras / Keras 2 it also wraps the model instance's ``train_step`` for the step clock's batch
-  stamp for the duration of the call;
-- ``all_reduce_sum_gradients`` of tf_keras's (Keras 2's) ``optimizers.utils`` is wrapped by the step
-  clock (``stepclock.py``) right after that module executes, before any optimizer can be built.
+- ``Model.fit`` (tf_keras, Keras 2, Keras 3) gets our ProgressCallback appended unless one is there
+  (epochs, examples, the evaluate/predict phases);
+- the step clock (``stamps.py``) stamps every MWMS collective and every replica function of
+  ``strategy.run`` while a ``tf.function`` is traced: ``CollectiveAllReduce._all_reduce`` of
+  ``cross_device_ops``, ``MirroredExtended._call_for_each_replica`` (MWMS's), and eager
+  ``next()`` on distributed iterators (``input_lib``) — so steps, progress and the straggler signals
+  exist for Keras fit and custom loops alike, with no callback.
 
 Every hook is wrapped: a failure prints one ``tfcluster:`` warning line on stderr and the user's call
 proceeds exactly as it would without us. This module must import with the standard library only (it
@@ -160,10 +162,8 @@ def _global_batch_size(x: Any, batch_size: Any) -> int | None:
     return None
 
 
-def patch_fit(cls: type, keras_package: str, step_clock: bool = False) -> bool:
-    """Wrap ``cls.fit`` to append a ProgressCallback unless the call already has one; with
-    ``step_clock`` also wrap the instance's ``train_step`` (and adopt a legacy optimizer built before
-    the all-reduce was patched) for the duration of the call."""
+def patch_fit(cls: type, keras_package: str) -> bool:
+    """Wrap ``cls.fit`` to append a ProgressCallback unless the call already has one."""
     original = cls.fit
     if getattr(original, _WRAPPED, False):
         return False
@@ -200,30 +200,12 @@ def patch_fit(cls: type, keras_package: str, step_clock: bool = False) -> bool:
             kwargs = {**kwargs, "callbacks": new}
         return args, kwargs
 
-    @_guard("fit-step-clock", "preparing the step clock")
-    def prepare_step_clock(model: Any) -> Callable[[], None] | None:
-        from . import stepclock
-
-        if stepclock.mode() == "off":
-            return None
-        stepclock.adopt_optimizer(getattr(model, "optimizer", None))
-        return stepclock.wrap_train_step(model)
-
-    @_guard("fit-step-clock-undo", "restoring train_step")
-    def undo_step_clock(undo: Callable[[], None]) -> None:
-        undo()
-
     @functools.wraps(original)
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
         changed = add_callback(args, kwargs)
         if changed is not None:
             args, kwargs = changed
-        undo = prepare_step_clock(self) if step_clock else None
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            if undo is not None:
-                undo_step_clock(undo)
+        return original(self, *args, **kwargs)
 
     setattr(fit, _WRAPPED, True)
     cls.fit = fit
@@ -233,23 +215,25 @@ def patch_fit(cls: type, keras_package: str, step_clock: bool = False) -> bool:
 # ---------------------------------------------------------------------------- post-import hooks
 
 
-def patch_optimizer_utils(module: ModuleType) -> bool:
-    from . import stepclock
+def _stamps(name: str) -> Callable[[ModuleType], Any]:
+    def hook(module: ModuleType) -> Any:
+        from . import collectives, stamps
 
-    return stepclock.patch_optimizer_utils(module)
+        return getattr(stamps if hasattr(stamps, name) else collectives, name)(module)
+
+    return hook
 
 
 # module name -> hook run right after that module has executed
 HOOKS: dict[str, Callable[[ModuleType], Any]] = {
     "tensorflow.python.distribute.collective_all_reduce_strategy": patch_mwms,
-    "tf_keras.src.optimizers.utils": patch_optimizer_utils,
-    "tf_keras.src.engine.training": lambda m: patch_fit(m.Model, "tf_keras", step_clock=True),
+    "tensorflow.python.distribute.mirrored_strategy": _stamps("patch_extended"),  # MWMS's base
+    "tensorflow.python.distribute.cross_device_ops": _stamps("patch_cross_device_ops"),
+    "tensorflow.python.distribute.input_lib": _stamps("patch_input_lib"),
+    "tf_keras.src.engine.training": lambda m: patch_fit(m.Model, "tf_keras"),
     "keras.src.backend.tensorflow.trainer": lambda m: patch_fit(m.TensorFlowTrainer, "keras"),  # Keras 3
-    "keras.src.optimizers.utils": patch_optimizer_utils,  # Keras 2.13-2.15 (absent in Keras 3)
-    "keras.src.engine.training": lambda m: patch_fit(m.Model, "keras", step_clock=True),  # Keras 2.13-2.15
-    "keras.optimizers.utils": patch_optimizer_utils,  # Keras 2.11-2.12
-    "keras.optimizers.optimizer_v2.utils": patch_optimizer_utils,  # Keras <= 2.12, legacy optimizers
-    "keras.engine.training": lambda m: patch_fit(m.Model, "keras", step_clock=True),  # Keras <= 2.12
+    "keras.src.engine.training": lambda m: patch_fit(m.Model, "keras"),  # Keras 2.13-2.15
+    "keras.engine.training": lambda m: patch_fit(m.Model, "keras"),  # Keras <= 2.12
 }
 
 

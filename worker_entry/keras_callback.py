@@ -1,7 +1,12 @@
-"""The Keras callback that reports steps to worker_entry and drives the step clock during ``fit``.
+"""The Keras callback that reports epochs, examples and steps to worker_entry during ``fit``.
 
 Built once per Keras ``Callback`` base class (tf_keras, Keras 2 or Keras 3), so it works with
 whichever Keras the program uses. ``progress.py`` (records, counters) stays free of TensorFlow.
+
+Under a multi-worker MWMS the step clock's stamps (``stamps.py``) count the training steps and produce
+the straggler signals by themselves; the callback then adds what only Keras knows — the epoch and the
+global batch size (examples) — and counts the evaluate/predict phases. Without stamps (one worker, no
+MWMS) it counts the training steps too. With ``TFCLUSTER_PROFILER=1`` it drives the TF-profiler sampler.
 """
 
 from __future__ import annotations
@@ -32,20 +37,19 @@ def callback_class(base: type | None = None) -> type:
 def progress_callback(
     batch_size: int | None = None, profile: bool = True, base: type | None = None, tf_profiler: bool = True
 ) -> Any:
-    """A Keras callback reporting train/test/predict steps and the straggler signals (``profile`` records).
+    """A Keras callback reporting train/test/predict steps, epochs and examples.
 
     ``batch_size`` is the global batch size (examples per step across all replicas) if known; the
-    records then carry cumulative ``examples``. ``profile=False`` turns the straggler signals off.
-    The signals come from the step clock (``stepclock.py``), or with ``TFCLUSTER_PROFILER=1`` from the
-    TF-profiler sampler (``profiling.py``); ``tf_profiler=False`` (another callback profiles) keeps
-    the latter off.
+    records then carry cumulative ``examples``. The straggler signals come from the step clock without
+    any callback; with ``TFCLUSTER_PROFILER=1`` this callback drives the TF-profiler sampler instead
+    (``profile=False`` or ``tf_profiler=False``, when another callback profiles, keep it off).
     """
     return callback_class(base)(batch_size=batch_size, profile=profile, tf_profiler=tf_profiler)
 
 
 def _build_callback_class(base: type) -> type:
     class ProgressCallback(base):  # type: ignore[misc, valid-type]
-        """Reports steps to worker_entry; drives the straggler signals (step clock) during training."""
+        """Reports epochs, examples and steps to worker_entry (the step clock's stamps outrank its steps)."""
 
         _tfcluster_progress = True  # marker: the instrumentation adds no second one
 
@@ -73,18 +77,21 @@ def _build_callback_class(base: type) -> type:
 
         def _batch_end(self, phase: str, batch: int) -> int:
             steps = self._steps_since(phase, int(batch))
-            counter(phase).add(steps, self._examples(steps), self._epoch)
+            counter(phase).add(steps, self._examples(steps), self._epoch, source="callback")
             return steps
 
         # -- train
         def on_train_begin(self, logs=None) -> None:
             try:
-                if self.profile and self._sampler is None and get_writer().enabled:
-                    from .stepclock import sampler_from_env
+                if self.batch_size:
+                    counter("train").examples_per_step = int(self.batch_size)
+                if self.profile and self.tf_profiler and self._sampler is None and get_writer().enabled:
+                    from .profiling import ProfileSampler
 
-                    self._sampler = sampler_from_env(tf_profiler=self.tf_profiler)
+                    sampler = ProfileSampler.from_env()  # only with TFCLUSTER_PROFILER=1
+                    self._sampler = sampler if sampler.enabled else None
             except Exception as exc:
-                warn_once("sampler-init", f"straggler signals disabled: {exc!r}")
+                warn_once("sampler-init", f"profiler sampling disabled: {exc!r}")
                 self._sampler = None
 
         def on_epoch_begin(self, epoch, logs=None) -> None:
@@ -94,7 +101,7 @@ def _build_callback_class(base: type) -> type:
         def on_train_batch_begin(self, batch, logs=None) -> None:
             try:
                 if self._sampler is not None:
-                    self._sampler.on_batch_begin()  # first: the step clock's stamp of the step start
+                    self._sampler.on_batch_begin()
                 counter("train").begin()
             except Exception as exc:
                 warn_once("cb-train-begin", f"progress callback error: {exc!r}")
@@ -103,8 +110,8 @@ def _build_callback_class(base: type) -> type:
             try:
                 steps = self._steps_since("train", int(batch))
                 if self._sampler is not None:
-                    self._sampler.on_batch_end(steps)  # first: the step clock's stamp of the step end
-                counter("train").add(steps, self._examples(steps), self._epoch)
+                    self._sampler.on_batch_end(steps)
+                counter("train").add(steps, self._examples(steps), self._epoch, source="callback")
             except Exception as exc:
                 warn_once("cb-train-end", f"progress callback error: {exc!r}")
 

@@ -138,6 +138,12 @@ def emit(kind: str, **fields: Any) -> bool:
         return False
 
 
+#: Who counts a phase's steps when several sources report them: the step clock's stamps (steps
+#: derived from the gradient all-reduces) outrank the Keras callback, an explicit ``report_step``
+#: outranks both. A lower source still sets the epoch (and the callback the batch size).
+SOURCES = {"callback": 0, "stamps": 1, "user": 2}
+
+
 class StepCounter:
     """Cumulative counters for one phase, emitting rate-limited ``progress`` records.
 
@@ -155,18 +161,41 @@ class StepCounter:
         self._window_start: float | None = None
         self._window_steps = 0
         self._last_emit = -float("inf")
+        self._emitted = 0  # steps in the last record
+        self.owner: str | None = None  # the source whose counts are used (see SOURCES)
+        self.examples_per_step: int | None = None  # hint from the Keras callback (global batch size)
+
+    def claim(self, source: str) -> None:
+        """``source`` will count this phase's steps (if it outranks the current owner): claimed by the
+        step clock when its first function is traced, before any step could be counted twice."""
+        if self.owner is None or SOURCES.get(source, 2) > SOURCES.get(self.owner, 2):
+            self.owner = source
 
     def begin(self) -> None:
         """Mark the start of a step if no window is open (so idle time before it is not counted)."""
         if self._window_start is None:
             self._window_start = self._clock()
 
-    def add(self, steps: int = 1, examples: int | None = None, epoch: int | None = None) -> bool:
-        """Count steps; emit a record when the rate limit allows. True if a record was written."""
-        if self._window_start is None:
-            self._window_start = self._clock()
+    def add(
+        self, steps: int = 1, examples: int | None = None, epoch: int | None = None, source: str = "user"
+    ) -> bool:
+        """Count steps; emit a record when the rate limit allows. True if a record was written.
+        A ``source`` ranked below the current owner only updates the epoch."""
         if epoch is not None:
             self.epoch = int(epoch)
+        rank = SOURCES.get(source, 2)
+        if self.owner is not None and rank < SOURCES.get(self.owner, 2):
+            return False
+        self.owner = source
+        if examples is None and self.examples_per_step and source == "stamps":
+            examples = self.examples_per_step * int(steps)
+        if self._window_start is None:
+            self._window_start = self._clock()
+            if source == "stamps":  # counted by a poll: their duration is unknown, keep them out of the window
+                self.steps += int(steps)
+                if examples is not None:
+                    self.examples = (self.examples or 0) + int(examples)
+                return False
         steps = int(steps)
         self.steps += steps
         self._window_steps += steps
@@ -178,19 +207,22 @@ class StepCounter:
 
     def flush(self) -> bool:
         """Emit a record for the open window now (if it has steps)."""
-        if self._window_steps <= 0 or self._window_start is None:
+        if self._window_steps <= 0 and self.steps == self._emitted:
             return False
         now = self._clock()
-        step_time = (now - self._window_start) / self._window_steps
+        step_time = None
+        if self._window_steps > 0 and self._window_start is not None:
+            step_time = round((now - self._window_start) / self._window_steps, 6)
         self._last_emit = now
         self._window_start = now
         self._window_steps = 0
+        self._emitted = self.steps
         return emit(
             "progress",
             steps=self.steps,
             epoch=self.epoch,
             examples=self.examples,
-            step_time_s=round(step_time, 6),
+            step_time_s=step_time,
             phase=self.phase,
         )
 

@@ -27,6 +27,7 @@ from typing import Any
 from . import protocol as p
 from .child import kill_escaped, kill_group, signal_name, spawn, spawn_error
 from .handover import hand_over
+from .hoststats import HostSampler
 from .output import OutputPipes
 from .sysinfo import GroupSampler, Nvml, listening, node_facts
 from .writer import FrameWriter
@@ -56,6 +57,7 @@ class Runner:
         self.sel = selectors.DefaultSelector()
         self.child: subprocess.Popen | None = None
         self.sampler: GroupSampler | None = None
+        self.host: HostSampler | None = None
         self.nvml: Nvml | None = None
         self.stdin_buf = stdin_rest
         self.progress_buf = b""
@@ -159,6 +161,7 @@ class Runner:
             pidfd = os.pidfd_open(self.child.pid)
             self.sel.register(pidfd, selectors.EVENT_READ, "exit")
         self.sampler = GroupSampler(self.child.pid)
+        self.host = HostSampler(self.child.pid)
         self.msg(p.Spawned(pid=self.child.pid))
 
     def _spawn_failed(self, exc: OSError) -> int:
@@ -323,14 +326,16 @@ class Runner:
         if self.started_how is None and self.tf_port and listening(int(self.tf_port)):
             self._mark_started("tf_server")
         sample = self.sampler.sample() if self.sampler is not None else {}
-        gpus = self.nvml.utilization() if self.nvml is not None and self.nvml.available else None
+        gpus = self.nvml.sample() if self.nvml is not None and self.nvml.available else None
+        host = self.host.sample() if self.host is not None else {}
         self.msg(
             p.Heartbeat(
                 seq=self._next_seq(),
                 ts=time.time(),
                 load1=round(os.getloadavg()[0], 2),
-                gpus=[p.GpuSample(**g) for g in gpus] if gpus is not None else None,
+                gpus=[p.GpuSample.from_dict(g) for g in gpus] if gpus is not None else None,
                 progress=self.progress,
+                host=p.HostSample.from_dict(host) if host else None,
                 **sample,
             )
         )

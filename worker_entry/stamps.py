@@ -1,9 +1,27 @@
-"""The step clock's graph side: timestamps inside the train step, around the gradient all-reduce.
+"""The step clock's graph side: stamps around each replica function of ``strategy.run``, and the
+shared machinery of the stamps (configuration, where they may be added, how they are made).
 
-See ``stepclock.py`` for what the stamps mean and how they are paired with steps. This module patches
-the all-reduce and the train step, adds the stamps while a ``tf.function`` is traced, and delivers them
-(a ring of local variables, or one ``py_function`` per step). It imports TensorFlow only inside
-functions.
+Around each replica's function of ``strategy.run`` (``_call_for_each_replica``, which MWMS inherits
+from ``MirroredExtended``; the same for Keras's train function and custom loops) while a
+``tf.function`` is traced:
+
+- ``t_start``: a stamp with no inputs, taken before the ops that fetch the batch (``IteratorGetNext``
+  and kin get a control edge from it): when the function (or loop iteration) begins executing;
+- ``t_data``: when every input tensor of the replica function is available (the batch); the
+  function's first ops get a control edge from it, so the forward pass starts after it;
+- ``t_done``: after the replica function's outputs, the exits of its collectives and every stateful
+  op it created (optimizer and metric updates): the end of its work after the all-reduce.
+
+The collectives themselves are stamped by ``collectives.py``. Each replica function writes one row
+into its replica's ring (``stampring``), carrying its collectives; the reader thread
+(``stampreader``) turns rows into steps: one step = the span between consecutive *primary*
+collectives (the function's largest all-reduces whose inputs look like gradients) — no framework
+callback needed. Our control edges only order our stamps; no op is added in front of the user's.
+
+Stamps are added only while tracing a ``tf.function`` (not XLA-compiled), in TF2 mode, under a
+multi-worker MWMS (``TFCLUSTER_STEPCLOCK=1``: any collective strategy; ``0``: never), with progress
+records on (or forced). Any failure prints one ``tfcluster:`` warning and the step is built exactly as
+without us: the replica function is called once with its own arguments.
 """
 
 from __future__ import annotations
@@ -11,67 +29,34 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field
+from typing import Any
 
-from . import progress
+from . import devsync, progress, stampreader, stampring
 from .progress import warn_once
 from .protocol.env import OFF_VALUES, Env
+from .stampring import RUN
 
-ENV_MODE = Env.STEPCLOCK  # auto (default) | 1 (any strategy) | 0 (off)
-ENV_PROFILER = Env.PROFILER  # 1: the TF-profiler sampler instead (crash-prone, see profiling.py)
-ENV_DELIVERY = Env.STEPCLOCK_DELIVERY  # ring (default) | pyfunc
-RING_SIZE = 4096  # stamps kept per replica until the callback reads them (older ones are overwritten)
-MAX_PENDING = 4096  # py_function delivery: stamps waiting for the callback (bounded)
-_OFF = OFF_VALUES
 _ON = ("1", "true", "yes", "on", "force")
 _WRAPPED = "_tfcluster_stepclock"
-_MISSING = -1.0  # t_data when no train_step stamp exists in the graph
 
 
 # ------------------------------------------------------------------------------------ configuration
 
 
-def profiler_opt_in(env: Mapping[str, str] = os.environ) -> bool:
-    """``TFCLUSTER_PROFILER=1``: sample the TF profiler instead of the step clock (see profiling.py)."""
-    from .profiling import opted_in
-
-    return opted_in(env)
-
-
 def mode(env: Mapping[str, str] = os.environ) -> str:
-    """``off``, ``auto`` (multi-worker MWMS only) or ``force`` (any strategy), from the environment."""
-    raw = (env.get(ENV_MODE) or "auto").strip().lower()
-    if raw in _OFF or progress.profile_interval_from_env(env) <= 0 or profiler_opt_in(env):
-        return "off"
-    if raw in _ON:
-        return "force"
-    return "auto"
+    """``off``, ``auto`` (multi-worker MWMS, progress records on) or ``force`` (any collective strategy)."""
+    raw = (env.get(Env.STEPCLOCK) or "auto").strip().lower()
+    if raw in OFF_VALUES or (env.get(Env.PROFILER) or "").strip().lower() in _ON:
+        return "off"  # TFCLUSTER_PROFILER=1: the TF-profiler sampler instead (profiling.py)
+    return "force" if raw in _ON else "auto"
 
 
-def _is_multi_worker_mwms(strategy: Any) -> bool:
-    extended = getattr(strategy, "extended", None)
-    names = {c.__name__ for c in type(extended).__mro__}
-    if "CollectiveAllReduceExtended" not in names:
-        return False
-    in_mw = getattr(extended, "_in_multi_worker_mode", None)
-    return bool(in_mw()) if callable(in_mw) else False
-
-
-def _bytes_per_pack(strategy: Any) -> int:
-    options = getattr(getattr(strategy, "extended", None), "_communication_options", None)
-    try:
-        return int(getattr(options, "bytes_per_pack", 0) or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _tracing_context() -> tuple[Any, Any, Any] | None:
-    """(tf, graph, strategy) when stamps belong in the step being traced now, else None."""
+def _active(multi_worker: bool) -> tuple[Any, Any] | None:
+    """(tf, graph) when stamps belong in the function being traced now, else None."""
     m = mode()
-    if m == "off":
+    if m == "off" or (m == "auto" and (not multi_worker or not progress.get_writer().enabled)):
         return None
     import tensorflow as tf
     from tensorflow.python.framework import ops
@@ -81,131 +66,20 @@ def _tracing_context() -> tuple[Any, Any, Any] | None:
         return None  # eager steps have no graph to stamp; TF1 graph mode is not supported
     graph = ops.get_default_graph()
     if control_flow_util.GraphOrParentsInXlaContext(graph):
-        return None  # jit_compile: XLA cannot compile Timestamp / EagerPyFunc
-    if tf.distribute.in_cross_replica_context():
-        return None
-    strategy = tf.distribute.get_strategy()
-    if m == "auto" and not _is_multi_worker_mwms(strategy):
-        return None
-    return tf, graph, strategy
+        return None  # jit_compile: XLA cannot compile Timestamp
+    return tf, graph
 
 
-# ------------------------------------------------------------------------- stamps from the graph
-
-
-class Stamp(NamedTuple):
-    """One all-reduce of one replica in one step, as delivered from the graph."""
-
-    replica: int
-    call: int  # index of this all-reduce among those of the traced step (0 = the first)
-    t_data: float | None
-    t_enter: float
-    t_exit: float
-
-
-def delivery(env: Mapping[str, str] = os.environ) -> str:
-    """How stamps leave the graph: ``ring`` (default) or ``pyfunc`` (see the module docstring)."""
-    return "pyfunc" if (env.get(ENV_DELIVERY) or "").strip().lower() == "pyfunc" else "ring"
-
-
-class _Ring:
-    """One replica's stamps in two local CPU variables: a counter and ``RING_SIZE`` rows of
-    (call, t_data, t_enter, t_exit). Written by the graph (``assign_add`` + ``scatter_nd_update``,
-    ~10 us per step), read by the callback once per window."""
-
-    def __init__(self, tf: Any, replica: int) -> None:
-        from tensorflow.python.ops import resource_variable_ops
-
-        self.replica = replica
-        self.read_upto = 0  # rows below this count have been taken
-        # Created eagerly (init_scope), on this host's CPU, and as a plain ResourceVariable (which
-        # bypasses variable creator scopes): never a distributed variable, never in a checkpoint.
-        with tf.init_scope(), tf.device("/cpu:0"):
-            self.count = resource_variable_ops.ResourceVariable(
-                tf.constant(0, tf.int64), trainable=False, name=f"tfcluster_stamps_count_{replica}"
-            )
-            self.rows = resource_variable_ops.ResourceVariable(
-                tf.zeros([RING_SIZE, 4], tf.float64), trainable=False, name=f"tfcluster_stamps_{replica}"
-            )
-
-    def write(self, tf: Any, call: int, stamps: Any) -> None:
-        n = self.count.assign_add(1)
-        index = tf.reshape((n - 1) % RING_SIZE, [1, 1])
-        row = tf.reshape(tf.concat([tf.constant([call], tf.float64), stamps], 0), [1, 4])
-        self.rows.scatter_nd_update(index, row)
-
-    def take(self) -> list[Stamp]:
-        count = int(self.count.numpy())
-        rows = self.rows.numpy()
-        start = max(self.read_upto, count - RING_SIZE)
-        self.read_upto = count
-        out = []
-        for i in range(start, count):
-            call, t_data, t_enter, t_exit = (float(x) for x in rows[i % RING_SIZE])
-            out.append(Stamp(self.replica, int(call), t_data if t_data >= 0 else None, t_enter, t_exit))
-        return out
-
-
-_rings: dict[int, _Ring] = {}
-_rings_lock = threading.Lock()
-_pending: deque[Stamp] = deque(maxlen=MAX_PENDING)
-_counts = {"pyfunc": 0}
-
-
-def _ring(tf: Any, replica: int) -> _Ring:
-    with _rings_lock:
-        ring = _rings.get(replica)
-        if ring is None:
-            ring = _rings[replica] = _Ring(tf, replica)
-        return ring
-
-
-def _deliver(replica: int, call: int, stamps: Any) -> None:
-    """Body of the py_function delivery: runs on a TF executor thread; must never raise."""
-    try:
-        t_data, t_enter, t_exit = (float(x) for x in stamps.numpy())
-        _pending.append(Stamp(replica, call, t_data if t_data >= 0 else None, t_enter, t_exit))
-        _counts["pyfunc"] += 1
-    except Exception:
-        pass
-
-
-def delivered() -> int:
-    """How many stamps the graph has delivered in this process (tests, diagnostics)."""
-    with _rings_lock:
-        rings = list(_rings.values())
-    return _counts["pyfunc"] + sum(int(r.count.numpy()) for r in rings)
-
-
-def drain() -> list[Stamp]:
-    """Take every stamp delivered since the last call (per replica in delivery order). Call it from
-    the training loop's thread between steps (it reads the ring variables eagerly)."""
-    out: list[Stamp] = []
-    while True:
-        try:
-            out.append(_pending.popleft())
-        except IndexError:
-            break
-    with _rings_lock:
-        rings = list(_rings.values())
-    for ring in rings:
-        out.extend(ring.take())
-    return out
-
-
-# trace-time stash: (id(graph), thread) -> {"t_data": tensor, "calls": int}
-_stash: dict[tuple[int, int], dict[str, Any]] = {}
-_stash_lock = threading.Lock()
-
-
-def _key(graph: Any) -> tuple[int, int]:
-    return id(graph), threading.get_ident()
+def _outermost(graph: Any) -> Any:
+    while getattr(graph, "outer_graph", None) is not None and hasattr(graph.outer_graph, "outer_graph"):
+        graph = graph.outer_graph
+    return graph
 
 
 def _independent(*tensors_or_ops: Any) -> None:
-    """Exempt our stamps and the py_function from the automatic control dependencies' program-order
-    chain of stateful ops without resource inputs: chained, a replica's t_data would wait for the
-    stamps created before it (with several replicas per worker, for another replica's t_enter)."""
+    """Exempt our stamps from the automatic control dependencies' program-order chain of stateful ops
+    without resource inputs: chained, a stamp would wait for every stamp created before it (with two
+    replicas per worker, replica 1's t_data for replica 0's t_enter)."""
     from tensorflow.python.framework import ops
 
     manager = getattr(ops.get_default_graph(), "experimental_acd_manager", None)
@@ -218,188 +92,230 @@ def _independent(*tensors_or_ops: Any) -> None:
             run_independently(op)
 
 
-def _begin_step(data: Any) -> tuple[int, int] | None:
-    """In a wrapped train_step being traced: stamp the arrival of ``data`` and stash it."""
-    ctx = _tracing_context()
-    if ctx is None:
-        return None
-    tf, graph, _ = ctx
-    flat = [t for t in tf.nest.flatten(data, expand_composites=True) if isinstance(t, tf.Tensor)]
-    with tf.control_dependencies(flat), tf.device("/cpu:0"):
-        t_data = tf.timestamp(name="tfcluster_t_data")
-    _independent(t_data)
-    key = _key(graph)
-    with _stash_lock:
-        _stash[key] = {"t_data": t_data, "calls": 0}
-    return key
+def _stamp(tf: Any, name: str, deps: list[Any]) -> Any:
+    with tf.control_dependencies(deps), tf.device("/cpu:0"):
+        t = tf.timestamp(name=name)
+    _independent(t)
+    return t
 
 
-def _end_step(key: tuple[int, int] | None) -> None:
-    if key is not None:
-        with _stash_lock:
-            _stash.pop(key, None)
+def _dense(tf: Any, values: list[Any]) -> list[Any]:
+    out = []
+    for v in values:
+        if isinstance(v, tf.IndexedSlices):
+            out.append(v.values)
+        elif isinstance(v, tf.Tensor):
+            out.append(v)
+    return out
 
 
-def _replica_id(tf: Any) -> int:
-    ctx = tf.distribute.get_replica_context()
-    rid = getattr(ctx, "_replica_id_in_sync_group", 0)
-    return rid if isinstance(rid, int) else 0
+# ------------------------------------------------------------------ the replica function's stamps
 
 
 @dataclass
-class _Pending:
+class _Run:
     tf: Any
-    t_data: Any
-    t_enter: Any
+    graph: Any
+    fn: int
     replica: int
-    call: int
+    device: str | None
+    mark: int
+    t_start: Any
+    t_data: Any
+    examples: int | None
+    inputs: list[Any] = field(default_factory=list)
+    inline: list[tuple[int, Any, Any]] = field(default_factory=list)  # (call, t_enter, t_exit)
+    results: list[tuple[Any, list[Any]]] = field(default_factory=list)  # (t_exit, the collective's outputs)
+    exits: list[Any] = field(default_factory=list)
+    reduced: list[Any] = field(default_factory=list)
 
 
-def _dense(g: Any, tf: Any) -> Any:
-    return g.values if isinstance(g, tf.IndexedSlices) else g
+_runs: dict[tuple[int, int], _Run] = {}  # (id(graph of the replica function), local replica) -> run
+_runs_lock = threading.Lock()
 
 
-def _before(grads_and_vars: list) -> tuple[list, _Pending] | None:
-    """Stamp t_enter after every gradient; gradients for the all-reduce that wait for the stamp."""
-    ctx = _tracing_context()
-    if ctx is None:
+def _local_replica(tf: Any) -> int:
+    ctx = tf.distribute.get_replica_context()
+    rid = getattr(ctx, "_replica_id", 0)
+    return rid if isinstance(rid, int) else 0
+
+
+_INPUT_OPS = {
+    "IteratorGetNext",
+    "IteratorGetNextSync",
+    "IteratorGetNextAsOptional",
+    "OptionalGetValue",
+    "MultiDeviceIteratorGetNextFromShard",
+}
+
+
+def _input_ops(tensors: list[Any], graph: Any, depth: int = 12) -> list[Any]:
+    """The ops of ``graph`` that fetch the batch (``IteratorGetNext`` and kin) upstream of ``tensors``."""
+    found, seen = [], set()
+    frontier = [t.op for t in tensors]
+    for _ in range(depth):
+        nxt = []
+        for op in frontier:
+            if op.name in seen or op.graph is not graph or len(seen) > 256:
+                continue
+            seen.add(op.name)
+            if op.type in _INPUT_OPS:
+                found.append(op)
+                continue
+            nxt.extend(i.op for i in op.inputs)
+        frontier = nxt
+    return found
+
+
+def _begin_run(extended: Any, args: tuple, kwargs: dict) -> tuple[_Run, tuple, dict] | None:
+    """Stamp the start of a replica function and the arrival of its batch (``_end_run`` makes the
+    function's first ops wait for that stamp)."""
+    act = _active(_multi_worker(extended))
+    if act is None:
         return None
-    tf, graph, strategy = ctx
-    grads = [g for g, _ in grads_and_vars if g is not None]
-    if not grads or not all(isinstance(g, (tf.Tensor, tf.IndexedSlices)) for g in grads):
-        return None  # nothing to reduce (the original raises its own error) or a type we do not know
-    with tf.control_dependencies([_dense(g, tf) for g in grads]), tf.device("/cpu:0"):
-        t_enter = tf.timestamp(name="tfcluster_t_enter")
-    _independent(t_enter)
-    if _bytes_per_pack(strategy) > 0:
-        # The strategy reduces gradients in packs as they become ready (overlapping the backward
-        # pass): do not hold them back; t_enter is then "the last gradient is ready".
-        new = grads_and_vars
-    else:
-        new = []
-        with tf.control_dependencies([t_enter]):
-            for g, v in grads_and_vars:
-                if isinstance(g, tf.IndexedSlices):
-                    g = tf.IndexedSlices(tf.identity(g.values), g.indices, g.dense_shape)
-                elif g is not None:
-                    g = tf.identity(g)
-                new.append((g, v))
-    with _stash_lock:
-        entry = _stash.get(_key(graph))
-        call = 0
-        t_data = None
-        if entry is not None:
-            call = entry["calls"]
-            entry["calls"] += 1
-            t_data = entry["t_data"]
-    return new, _Pending(tf, t_data, t_enter, _replica_id(tf), call)
+    tf, graph = act
+    replica = _local_replica(tf)
+    devices = list(getattr(extended, "worker_devices", ()) or ())
+    device = devices[replica] if replica < len(devices) else None
+    fid = stampring.fn_id(_outermost(graph))
+    flat = [t for t in tf.nest.flatten((args, kwargs), expand_composites=True) if isinstance(t, tf.Tensor)]
+    t_start = _stamp(tf, "tfcluster_t_start", [])
+    for op in _input_ops(flat, graph):
+        op._add_control_input(t_start.op)  # t_start is taken before the batch is fetched
+    t_data = _stamp(tf, "tfcluster_t_data", [*devsync.ready(tf, flat, device), t_start])
+    examples = _examples(flat, getattr(extended._container_strategy(), "num_replicas_in_sync", 1))
+    run = _Run(tf, graph, fid, replica, device, len(graph.get_operations()), t_start, t_data, examples, flat)
+    with _runs_lock:
+        _runs[(id(graph), replica)] = run
+    return run, args, kwargs
 
 
-def _after(p: _Pending, reduced: Any) -> None:
-    """Stamp t_exit after the reduced gradients and deliver the three stamps (created after the
-    all-reduce in program order, exempt from the stateful-op chain: nothing waits for them but the
-    end of the function)."""
-    tf = p.tf
-    outs = [_dense(g, tf) for g, _ in reduced if g is not None]
-    with tf.control_dependencies(outs), tf.device("/cpu:0"):
-        t_exit = tf.timestamp(name="tfcluster_t_exit")
-    _independent(t_exit)
-    how = delivery()
-    ring = _ring(tf, p.replica) if how == "ring" else None
-    with tf.device("/cpu:0"):  # host ops on host values: no copies through an accelerator
-        t_data = p.t_data if p.t_data is not None else tf.constant(_MISSING, tf.float64)
-        stamps = tf.stack([t_data, p.t_enter, t_exit], name="tfcluster_stamps")
-        if ring is None:
-            op = tf.py_function(
-                functools.partial(_deliver, p.replica, p.call), [stamps], [], name="tfcluster_step_clock"
-            )
-            _independent(op)  # with no outputs, py_function returns its Operation
-        else:
-            ring.write(tf, p.call, stamps)  # resource ops on our own variables: ordered among themselves
+def _examples(flat: list[Any], replicas: int) -> int | None:
+    """Examples per step across all replicas: the static batch dimension of the first input."""
+    for t in flat:
+        shape = t.shape
+        if shape.rank and shape[0] is not None:
+            return int(shape[0]) * int(replicas or 1)
+    return None
 
 
-def wrap_all_reduce(original: Callable[..., Any]) -> Callable[..., Any]:
-    """The stamping wrapper of ``all_reduce_sum_gradients`` (the original is called exactly once)."""
+def _end_run(run: _Run, outputs: Any) -> None:
+    """After the replica function was traced: its first ops wait for ``t_data`` (the forward pass
+    cannot start before the batch stamp), ``t_done`` follows all its work, and one row carries the
+    run's stamps with up to ``INLINE`` of its collectives."""
+    tf, graph = run.tf, run.graph
+    created = graph.get_operations()[run.mark :]
+    mine = set(created)
+
+    def wait_for(stamp: Any, tensors: list[Any]) -> None:
+        for t in tensors:
+            for op in t.consumers():
+                if op in mine and "tfcluster_" not in op.name:
+                    op._add_control_input(stamp.op)
+
+    wait_for(run.t_data, run.inputs)  # the forward pass starts after the batch stamp
+    for t_exit, outs in run.results:
+        wait_for(t_exit, outs)  # the update starts after the all-reduce's exit stamp
+    flat = [t for t in tf.nest.flatten(outputs, expand_composites=True) if isinstance(t, tf.Tensor)]
+    after = [
+        op
+        for op in created
+        if op._is_stateful and "tfcluster_" not in op.name and getattr(op, "_control_flow_context", None) is None
+    ]
+    # t_done follows the last collective's exit, the outputs and every stateful op of the function
+    # (optimizer and metric updates); on a GPU it waits for them through a copy of a reduced value.
+    t_done = _stamp(tf, "tfcluster_t_done", devsync.ready(tf, flat + run.reduced[-1:], run.device, after + run.exits))
+    values = [run.t_start, run.t_data, t_done]
+    for call, t_enter, t_exit in run.inline:
+        values += [float(call), t_enter, t_exit]
+    stampring.ring(tf, run.replica).write(tf, RUN, run.fn, len(run.inline), values)
+    stampring.note_run(run.fn, run.examples)  # its steps close when this row arrives
+    stampreader.ensure_started()
+
+
+def _finish_run(run: _Run | None) -> None:
+    if run is not None:
+        with _runs_lock:
+            if _runs.get((id(run.graph), run.replica)) is run:
+                del _runs[(id(run.graph), run.replica)]
+
+
+def _run_of(graph: Any, replica: int) -> _Run | None:
+    """The replica function being traced whose graph is ``graph`` or encloses it (cond/while bodies)."""
+    with _runs_lock:
+        while graph is not None:
+            run = _runs.get((id(graph), replica))
+            if run is not None:
+                return run
+            graph = getattr(graph, "outer_graph", None)
+    return None
+
+
+def _multi_worker(extended: Any) -> bool:
+    check = getattr(extended, "_in_multi_worker_mode", None)
+    try:
+        return bool(check()) if callable(check) else False
+    except Exception:
+        return False
+
+
+def wrap_call_for_each_replica(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``MirroredExtended._call_for_each_replica``: each replica's function is traced between our
+    t_start/t_data and t_done stamps."""
     if getattr(original, _WRAPPED, False):
         return original
 
     @functools.wraps(original)
-    def all_reduce_sum_gradients(grads_and_vars: Any) -> Any:
-        grads_and_vars = list(grads_and_vars)  # the original does the same; lets us read it twice
+    def _call_for_each_replica(self: Any, fn: Any, args: Any, kwargs: Any) -> Any:
+        replica_fn = fn
         try:
-            prepared = _before(grads_and_vars)
+            if not hasattr(fn, "python_function") and mode() != "off":  # a tf.function keeps its own path
+                replica_fn = _replica_wrapper(self, fn)
         except Exception as exc:
-            warn_once(
-                "stepclock-before", f"step clock: stamping before the all-reduce failed ({exc!r}); step unchanged"
-            )
-            prepared = None
-        if prepared is None:
-            return original(grads_and_vars)
-        new, pending = prepared
-        reduced = original(new)
+            warn_once("stepclock-run", f"step clock: wrapping the replica function failed ({exc!r}); step unchanged")
+        return original(self, replica_fn, args, kwargs)
+
+    setattr(_call_for_each_replica, _WRAPPED, True)
+    _call_for_each_replica.__wrapped_original__ = original  # type: ignore[attr-defined]
+    return _call_for_each_replica
+
+
+def _replica_wrapper(extended: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+    from tensorflow.python.autograph.impl import api as autograph_api
+
+    def replica_fn(*args: Any, **kwargs: Any) -> Any:
+        run = None
         try:
-            _after(pending, reduced)
+            begun = _begin_run(extended, args, kwargs)
+            if begun is not None:
+                run, args, kwargs = begun
         except Exception as exc:
-            warn_once("stepclock-after", f"step clock: stamping after the all-reduce failed ({exc!r}); step unchanged")
-        return reduced
-
-    setattr(all_reduce_sum_gradients, _WRAPPED, True)
-    all_reduce_sum_gradients.__wrapped_original__ = original  # type: ignore[attr-defined]
-    return all_reduce_sum_gradients
-
-
-def patch_optimizer_utils(module: Any) -> bool:
-    """Post-import hook for ``tf_keras.src.optimizers.utils`` (and Keras 2's): wrap the all-reduce."""
-    original = getattr(module, "all_reduce_sum_gradients", None)
-    if original is None or getattr(original, _WRAPPED, False):
-        return False
-    module.all_reduce_sum_gradients = wrap_all_reduce(original)
-    return True
-
-
-def adopt_optimizer(optimizer: Any) -> bool:
-    """A legacy optimizer built before the patch holds the original aggregator: give it ours."""
-    agg = getattr(optimizer, "gradient_aggregator", None)
-    if agg is None or getattr(agg, _WRAPPED, False):
-        return False
-    module = getattr(agg, "__module__", "") or ""
-    if agg.__name__ != "all_reduce_sum_gradients" or not module.endswith("optimizers.utils"):
-        return False  # the user's own aggregator: leave it alone
-    optimizer.gradient_aggregator = wrap_all_reduce(agg)
-    return True
-
-
-def wrap_train_step(model: Any) -> Callable[[], None] | None:
-    """Wrap the *instance's* ``train_step`` (user overrides included) to stamp t_data; returns undo.
-
-    Set with ``object.__setattr__`` (no Keras attribute tracking) for the duration of one ``fit``; the
-    train function traced meanwhile keeps the stamp."""
-    original = getattr(model, "train_step", None)
-    if original is None or getattr(original, _WRAPPED, False):
-        return None
-    had_own = "train_step" in getattr(model, "__dict__", {})
-    previous = model.__dict__.get("train_step") if had_own else None
-
-    @functools.wraps(original)
-    def train_step(data: Any) -> Any:
+            warn_once("stepclock-begin", f"step clock: stamping the batch failed ({exc!r}); step unchanged")
         try:
-            key = _begin_step(data)
-        except Exception as exc:
-            warn_once("stepclock-data", f"step clock: stamping the batch failed ({exc!r}); step unchanged")
-            key = None
-        try:
-            return original(data)
+            out = fn(*args, **kwargs)
+            if run is not None:
+                try:
+                    _end_run(run, out)
+                except Exception as exc:
+                    warn_once("stepclock-end", f"step clock: stamping the step's end failed ({exc!r}); step unchanged")
+            return out
         finally:
-            _end_step(key)
+            _finish_run(run)
 
-    setattr(train_step, _WRAPPED, True)
-    object.__setattr__(model, "train_step", train_step)
+    # AutoGraph converted ``fn`` already (strategy.run); it must not convert our wrapper's own code.
+    return autograph_api.autograph_artifact(functools.wraps(fn)(replica_fn))
 
-    def undo() -> None:
-        if model.__dict__.get("train_step") is train_step:
-            if had_own:
-                object.__setattr__(model, "train_step", previous)
-            else:
-                object.__delattr__(model, "train_step")
 
-    return undo
+def _patch(cls: Any, name: str, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+    original = getattr(cls, name, None)
+    if original is None or getattr(original, _WRAPPED, False):
+        return False
+    setattr(cls, name, wrapper(original))
+    return True
+
+
+def patch_extended(module: Any) -> bool:
+    """Post-import hook for ``tensorflow.python.distribute.mirrored_strategy``: MWMS's extended class
+    inherits ``_call_for_each_replica`` from ``MirroredExtended`` (the wrapper stamps only under a
+    multi-worker strategy, or when forced)."""
+    return _patch(module.MirroredExtended, "_call_for_each_replica", wrap_call_for_each_replica)

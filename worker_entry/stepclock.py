@@ -1,297 +1,242 @@
-"""The step clock: straggler signals from timestamps taken inside the train step (no profiler).
+"""The step clock's arithmetic: stamp rows → steps → one ``profile`` record per window. Pure Python.
 
-Under synchronous all-reduce every worker's wall step time is the same (the fast workers wait inside the
-collective for the slow one), so what tells a straggler apart is the time each worker spends *before*
-it enters the gradient all-reduce. Three host timestamps per step (``tf.timestamp()``, seconds since
-the epoch, the clock of ``time.time()``) split that time:
+The graph (``stamps.py``) writes, per local replica and in program order, a row for each collective
+(``t_enter``, ``t_exit``) and, when a replica function's work is done, one for the function: when it
+started (``t_start``), got its batch (``t_data``) and finished its work (``t_done``, after the
+optimizer and metric updates).
+A **step** is the span between two consecutive *primary* collective exits (the function's largest
+gradient all-reduces): with gradient accumulation every k-th execution all-reduces, and the k-1
+executions in between belong to the step that ends with it.
 
-- ``t_data``: the batch is available to the train step (a stamp that depends on every input tensor,
-  taken by a wrapper around the model instance's ``train_step``);
-- ``t_enter``: every gradient is ready and the worker joins the all-reduce (a stamp that depends on
-  every gradient; the all-reduce then consumes ``tf.identity`` copies of the gradients that depend on
-  the stamp, so it cannot start before it);
-- ``t_exit``: the reduced gradients are there.
+Every instant of a step is attributed to exactly one part, by the state the replica is in, so the
+parts add up to the step by construction and each is measured between two stamps:
 
-They are taken in a wrapper around ``tf_keras``'s ``optimizers.utils.all_reduce_sum_gradients``
-(``patch_optimizer_utils``: the new optimizers call it at call time, the legacy ``OptimizerV2`` stores
-it as ``gradient_aggregator`` when constructed, so it is patched by a post-import hook right after the
-module executes) and delivered after the all-reduce in program order. Delivery (``delivery()``):
-
-- ``ring`` (default): the graph writes each stamp row into a per-replica ring of two local CPU
-  variables (``assign_add`` + ``scatter_nd_update``); the callback reads the rings once per window.
-- ``pyfunc`` (``TFCLUSTER_STEPCLOCK_DELIVERY=pyfunc``): ONE ``tf.py_function`` per step and replica
-  appends the row to a deque. It costs a Python call on an executor thread at the tail of every step:
-  ~0.15 ms in one process, ~0.35 ms (2.4 % of a 14 ms step) with 3 MWMS workers on 2 cores, against no
-  measurable cost for the ring (docs/instrumentation.md).
-
-Our stateful ops are exempt from the automatic control dependencies' program-order chain of stateful
-ops without resource inputs (``run_independently``): chained, a stamp would wait for the stamps created
-before it (the py_function, created before the all-reduce, would delay entering it; with several
-replicas per worker, a replica's t_data would wait for the previous replica's t_enter).
-
-The Keras callback (``progress.ProgressCallback``) stamps ``time.time()`` at ``on_train_batch_begin`` /
-``_end`` and feeds ``StepClock``, which pairs the stamps with the steps and emits one ``profile`` record
-(medians over the window) every ``TFCLUSTER_PROFILE_INTERVAL_S`` seconds.
-
-In-graph stamps are added only while tracing a ``tf.function`` (not XLA-compiled) under a multi-worker
-``MultiWorkerMirroredStrategy`` (``TFCLUSTER_STEPCLOCK=1``: under any strategy; ``0``: never), with a
-positive ``TFCLUSTER_PROFILE_INTERVAL_S`` and without the TF-profiler opt-in (``TFCLUSTER_PROFILER=1``).
-Anything failing while patching or tracing prints one ``tfcluster:`` warning and the step is built
-exactly as without us: the all-reduce is never called twice and never gets different inputs.
-
-The graph side (patches, stamps, delivery) is ``stamps.py``; this module pairs stamps with steps.
-It imports TensorFlow only inside functions (``import worker_entry.stepclock`` stays cheap).
+==========  ===============================================================================
+input       the function started but its batch is not there yet (``t_start``→``t_data``), and
+            eager ``next()`` calls on a distributed iterator between executions (host-timed)
+compute     the batch is there, the step's gradient all-reduce not done yet, not in a collective
+collective  inside any collective (the all-reduce itself plus waiting for the slowest peer)
+update      after the gradient all-reduce, until the replica function's work is done
+            (optimizer update, metric updates)
+host        between the replica function's end and the next one's start: framework overhead,
+            the training loop's Python, host callbacks, other graph work after ``strategy.run``
+other       outside collectives where no replica-function stamps exist (e.g. the function
+            passed to ``strategy.run`` was itself a ``tf.function``)
+==========  ===============================================================================
 """
-
 
 from __future__ import annotations
 
 import bisect
-import os
 import statistics
-import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
-from . import progress
-from .progress import warn_once
-from .stamps import (  # noqa: F401 - the step clock's public API lives here too
-    Stamp,
-    adopt_optimizer,
-    delivered,
-    delivery,
-    drain,
-    mode,
-    patch_optimizer_utils,
-    profiler_opt_in,
-    wrap_all_reduce,
-    wrap_train_step,
-)
+from .stampring import COLLECTIVE, IN_RUN, RUN, Row
 
-DEFAULT_MIN_STEPS = 10  # a window has at least this many steps
+CATEGORIES = ("input", "compute", "collective", "update", "host", "other")
+DEFAULT_MIN_STEPS = 5
 MAX_WINDOW = 4096  # steps kept per window (the newest)
+TRIM = 0.1  # trimmed means: drop the fastest and slowest 10 % of a window's steps
+_START, _DATA, _ENTER, _EXIT, _DONE, _ENTER_FREE, _EXIT_FREE = range(7)
 
 
-# ------------------------------------------------------------------------------ pairing with steps
+@dataclass
+class StepSplit:
+    """One step of one replica: its duration and parts (milliseconds; the parts sum to ``step_ms``)."""
 
-
-@dataclass(frozen=True)
-class StepTimes:
-    """One step's split (milliseconds); None where the stamp is missing."""
-
+    fn: int
+    end: float  # t_exit of the primary collective that ends it (seconds since the epoch)
     step_ms: float
-    pre_collective_ms: float | None = None
-    input_ms: float | None = None
-    compute_ms: float | None = None
-    collective_ms: float | None = None
+    parts: dict[str, float]
+    warmup: bool = False  # the first step of a function (tracing, collective setup): not in windows
+
+    @property
+    def local_ms(self) -> float:
+        """Everything outside collectives: the time this replica works between two all-reduces."""
+        return self.step_ms - self.parts["collective"]
 
 
-def _per_step(stamps: Sequence[Stamp]) -> list[list[Stamp]]:
-    """Split one replica's stamps (in delivery order) into steps: a new step begins at call 0."""
-    steps: list[list[Stamp]] = []
-    for s in stamps:
-        if s.call == 0 or not steps:
-            steps.append([])
-        steps[-1].append(s)
-    return steps
+@dataclass
+class _State:
+    in_run: bool = False
+    have_data: bool = False
+    primary_done: bool = False
+    open_run: int = 0  # collectives issued by the replica function, open now
+    open_free: int = 0  # collectives outside it (strategy.reduce of the loss ...), open now
+    seen_run: bool = False
+
+    def category(self) -> str:
+        """Inside a replica function its own phase rules: a collective issued outside it (the loss's
+        strategy.reduce, which may start as soon as the loss exists) runs concurrently with the work
+        and counts only once the function is done and the worker waits for it."""
+        if self.open_run > 0:
+            return "collective"
+        if self.in_run:
+            if not self.have_data:
+                return "input"
+            return "update" if self.primary_done else "compute"
+        if self.open_free > 0:
+            return "collective"
+        return "host" if self.seen_run else "other"
 
 
-def pair_execution(
-    begin: float, end: float, steps: int, stamps: Sequence[Stamp], slack_s: float = 0.002
-) -> list[StepTimes]:
-    """The per-step split of one execution of the train function (``steps`` steps between the
-    callback's ``begin`` and ``end``, seconds since the epoch) from the stamps it delivered.
+@dataclass
+class Timeline:
+    """One replica's rows → steps, incrementally. ``primaries(fn)`` names the step-ending calls;
+    ``has_runs(fn)``: a RUN row follows the collectives of a run of ``fn`` (close its steps then)."""
 
-    Replicas are aggregated per step: the last replica to get its batch (max t_data), to enter the
-    all-reduce (max t_enter; with several all-reduces in a step, each replica's first) and to leave it.
-    Step ``k > 0`` of a multi-step execution starts at step ``k - 1``'s t_exit (the callback only sees
-    the execution's edges); every step gets the execution's mean ``step_ms``. Stamps outside
-    [begin, end] (stale ones) are ignored; if the stamps do not split into ``steps`` steps on every
-    replica, the execution yields only ``step_ms`` values.
-    """
-    steps = max(1, int(steps))
-    step_ms = max(0.0, (end - begin) * 1e3 / steps)
-    fresh = [s for s in stamps if s.t_enter >= begin - slack_s and s.t_exit <= end + slack_s]
-    by_replica: dict[int, list[Stamp]] = {}
-    for s in fresh:
-        by_replica.setdefault(s.replica, []).append(s)
-    split = {r: _per_step(v) for r, v in by_replica.items()}
-    counts = {len(v) for v in split.values()}
-    if not split or counts != {steps}:
-        if split and steps == 1:
-            split = {r: [[s for step in v for s in step]] for r, v in split.items()}
+    primaries: Callable[[int], frozenset[int]]
+    has_runs: Callable[[int], bool] = lambda fn: False
+    _events: list[tuple[float, int, int, int]] = field(default_factory=list)  # (t, order, kind, fn)
+    _closes: list[tuple[float, int]] = field(default_factory=list)  # primary exits waiting for their run
+    _inputs: list[tuple[float, float]] = field(default_factory=list)
+    _state: _State = field(default_factory=_State)
+    _t: float | None = None  # accounted up to here
+    _cut: float | None = None  # the end of the last step
+    _acc: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
+    _fns_seen: set[int] = field(default_factory=set)
+    _order: int = 0
+    _first: float = float("inf")
+
+    def feed(self, rows: Iterable[Row], inputs: Sequence[tuple[float, float]] = ()) -> list[StepSplit]:
+        """Add rows (write order) and eager input intervals; return the steps they complete."""
+        for a, b in inputs:
+            if b > a:
+                bisect.insort(self._inputs, (a, b))
+        out: list[StepSplit] = []
+        for r in rows:
+            if r.code == RUN:
+                start = min(r.a, r.b, r.c)
+                self._push(start, _START, r.fn)
+                self._push(min(max(r.b, start), r.c), _DATA, r.fn)
+                self._push(r.c, _DONE, r.fn)
+                primaries = self.primaries(r.fn)
+                for call, t_enter, t_exit in r.inline:
+                    self._push(t_enter, _ENTER, r.fn)
+                    if call in primaries:
+                        self._closes.append((max(t_enter, t_exit), r.fn))
+                    else:
+                        self._push(max(t_enter, t_exit), _EXIT, r.fn)
+                for t_exit, fn in sorted(self._closes):
+                    out.append(self._close(t_exit, fn))
+                self._closes.clear()
+            elif r.code in (COLLECTIVE, IN_RUN):
+                primary = r.call in self.primaries(r.fn)
+                runs = self.has_runs(r.fn)
+                # a collective outside the replica function, unless it is a step's all-reduce of a
+                # function without replica-function stamps (then nothing else marks the work)
+                free = r.code == COLLECTIVE and not (primary and not runs)
+                self._push(r.a, _ENTER_FREE if free else _ENTER, r.fn)
+                t_exit = max(r.a, r.b)
+                if not primary:
+                    self._push(t_exit, _EXIT_FREE if free else _EXIT, r.fn)
+                elif runs:
+                    self._closes.append((t_exit, r.fn))  # closed when its function's RUN row arrives
+                else:
+                    out.append(self._close(t_exit, r.fn))
+        return out
+
+    def _push(self, t: float, kind: int, fn: int) -> None:
+        self._order += 1
+        self._events.append((t, self._order, kind, fn))
+
+    def _close(self, t_exit: float, fn: int) -> StepSplit:
+        self._events.sort()
+        keep = []
+        for ev in self._events:
+            if ev[0] <= t_exit:
+                self._apply(ev)
+            else:
+                keep.append(ev)
+        self._events = keep
+        self._account(t_exit)
+        start = self._cut if self._cut is not None else min(self._first, t_exit)
+        self._cut = t_exit
+        self._state.open_run = max(0, self._state.open_run - 1)
+        self._state.primary_done = True
+        parts = {k: round(v * 1e3, 6) for k, v in self._acc.items()}
+        self._acc = dict.fromkeys(CATEGORIES, 0.0)
+        warmup = fn not in self._fns_seen
+        self._fns_seen.add(fn)
+        self._prune_inputs(t_exit)
+        return StepSplit(fn, t_exit, round((t_exit - start) * 1e3, 6), parts, warmup)
+
+    def _apply(self, ev: tuple[float, int, int, int]) -> None:
+        t, _, kind, _fn = ev
+        if self._t is None:
+            self._t = self._first = t
+        self._account(t)
+        s = self._state
+        if kind == _START:
+            s.in_run, s.have_data, s.primary_done, s.seen_run = True, False, False, True
+        elif kind == _DATA:
+            s.have_data = True
+        elif kind == _ENTER:
+            s.open_run += 1
+            s.have_data = True  # a collective of the run: its batch was there (t_data may be stamped late)
+        elif kind == _EXIT:
+            s.open_run = max(0, s.open_run - 1)
+        elif kind == _ENTER_FREE:
+            s.open_free += 1
+        elif kind == _EXIT_FREE:
+            s.open_free = max(0, s.open_free - 1)
+        elif kind == _DONE:
+            s.in_run = False
+            s.open_run = 0
+
+    def _account(self, t: float) -> None:
+        """Attribute [self._t, t] to the current state's part."""
+        if self._t is None:
+            self._t = t
+            return
+        if t <= self._t:
+            return
+        cat = self._state.category()
+        if cat == "host" and self._inputs:
+            fetched = self._overlap(self._t, t)
+            self._acc["input"] += fetched
+            self._acc["host"] += (t - self._t) - fetched
         else:
-            return [StepTimes(step_ms) for _ in range(steps)]
-    out: list[StepTimes] = []
-    start = begin
-    for k in range(steps):
-        groups = [v[k] for v in split.values()]
-        t_enter = max(min(s.t_enter for s in g) for g in groups)
-        t_exit = max(max(s.t_exit for s in g) for g in groups)
-        datas = [
-            min(s.t_data for s in g if s.t_data is not None) for g in groups if any(s.t_data is not None for s in g)
-        ]
-        t_data = max(datas) if len(datas) == len(groups) else None
-        out.append(
-            StepTimes(
-                step_ms=step_ms,
-                pre_collective_ms=max(0.0, (t_enter - start) * 1e3),
-                input_ms=None if t_data is None else max(0.0, (t_data - start) * 1e3),
-                compute_ms=None if t_data is None else max(0.0, (t_enter - t_data) * 1e3),
-                collective_ms=max(0.0, (t_exit - t_enter) * 1e3),
-            )
-        )
-        start = t_exit
-    return out
+            self._acc[cat] += t - self._t
+        self._t = t
+
+    def _overlap(self, a: float, b: float) -> float:
+        total = 0.0
+        i = max(0, bisect.bisect_left(self._inputs, (a, a)) - 1)
+        for x, y in self._inputs[i:]:
+            if x >= b:
+                break
+            total += max(0.0, min(b, y) - max(a, x))
+        return min(total, b - a)
+
+    def _prune_inputs(self, t: float) -> None:
+        self._inputs = [iv for iv in self._inputs if iv[1] > t]
 
 
-def pair_window(
-    executions: Sequence[tuple[float, float, int]], stamps: Sequence[Stamp], slack_s: float = 0.002
-) -> list[StepTimes]:
-    """The per-step split of a window: ``executions`` are (begin, end, steps) of the train function's
-    executions in order, ``stamps`` what the graph delivered meanwhile (in delivery order per replica);
-    each stamp belongs to the execution during which it entered the all-reduce."""
-    begins = [b for b, _, _ in executions]
-    groups: list[list[Stamp]] = [[] for _ in executions]
-    for st in stamps:
-        i = bisect.bisect_right(begins, st.t_enter) - 1  # executions follow each other within ~0.1 ms
-        if i >= 0 and st.t_enter <= executions[i][1] + slack_s:
-            groups[i].append(st)
-    out: list[StepTimes] = []
-    for (begin, end, steps), group in zip(executions, groups, strict=True):
-        out.extend(pair_execution(begin, end, steps, group, slack_s))
-    return out
+def trimmed(steps: Sequence[StepSplit], trim: float = TRIM) -> list[StepSplit]:
+    """The window's steps without the fastest and slowest ``trim`` share (when there are ≥ 10)."""
+    ordered = sorted(steps, key=lambda s: s.step_ms)
+    k = int(len(ordered) * trim) if len(ordered) >= 10 else 0
+    return ordered[k : len(ordered) - k] if k else ordered
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return round(statistics.median(vals), 3) if vals else None
-
-
-class StepClock:
-    """Pairs the in-graph stamps with the callback's batch edges; emits one ``profile`` record (medians
-    over the window) every ``interval_s`` seconds once the window has ``min_steps`` steps.
-
-    Driven like the profiler sampler: ``on_batch_begin()`` before and ``on_batch_end(steps)`` after each
-    execution of the train function; ``close()`` at the end of training. Per step it only reads the
-    clock twice; the stamps are taken (``take``, default ``drain``) and paired once per window. The
-    first execution (tracing, collective setup) is left out. Never raises: a failure prints one
-    warning and disables it.
-    """
-
-    source = "stepclock"
-
-    def __init__(
-        self,
-        interval_s: float,
-        min_steps: int = DEFAULT_MIN_STEPS,
-        emit: Callable[..., Any] = progress.emit,
-        wall: Callable[[], float] = time.time,
-        clock: Callable[[], float] = time.monotonic,
-        cpu: Callable[[], float] = time.process_time,
-        take: Callable[[], list[Stamp]] = drain,
-        skip_executions: int = 1,
-    ) -> None:
-        self.interval_s = interval_s
-        self.min_steps = max(1, int(min_steps))
-        self.enabled = interval_s > 0
-        self._emit = emit
-        self._wall = wall
-        self._clock = clock
-        self._cpu = cpu
-        self._take = take
-        self._skip = max(0, int(skip_executions))
-        self._begin: float | None = None
-        self._executions: deque[tuple[float, float, int]] = deque(maxlen=MAX_WINDOW)
-        self._window_steps = 0  # every step of the window (for cpu_ms), even beyond MAX_WINDOW
-        self._window_start = clock()
-        self._cpu0 = cpu()
-        self.windows = 0
-        self.last_record: dict[str, Any] | None = None
-        if self.enabled:
-            self._reset()  # stamps of an earlier fit or loop are not ours
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ, **kwargs: Any) -> StepClock:
-        return cls(progress.profile_interval_from_env(env) if mode(env) != "off" else 0.0, **kwargs)
-
-    def _disable(self, exc: BaseException) -> None:
-        self.enabled = False
-        warn_once("stepclock", f"step clock disabled ({exc!r}); training continues")
-
-    def on_batch_begin(self) -> None:
-        if self.enabled:
-            self._begin = self._wall()
-
-    def on_batch_end(self, steps: int = 1) -> None:
-        if not self.enabled:
-            return
-        end = self._wall()
-        begin, self._begin = self._begin, None
-        if begin is None:
-            return
-        try:
-            if self._skip > 0:
-                self._skip -= 1
-                self._reset()
-                return
-            steps = max(1, int(steps))
-            self._executions.append((begin, end, steps))
-            self._window_steps += steps
-            if self._window_steps >= self.min_steps and self._clock() - self._window_start >= self.interval_s:
-                self._flush()
-        except Exception as exc:
-            self._disable(exc)
-
-    def _reset(self) -> None:
-        try:
-            self._take()  # what was delivered before this window
-        except Exception as exc:
-            self._disable(exc)
-        self._executions.clear()
-        self._window_steps = 0
-        self._window_start = self._clock()
-        self._cpu0 = self._cpu()
-
-    def summary(self, steps: Sequence[StepTimes]) -> dict[str, Any]:
-        """The record for a window's steps (medians of the per-step values)."""
-        cpu = self._cpu() - self._cpu0
-        return {
-            "steps": len(steps),
-            "step_ms": _median([s.step_ms for s in steps]),
-            "pre_collective_ms": _median([s.pre_collective_ms for s in steps]),
-            "input_ms": _median([s.input_ms for s in steps]),
-            "compute_ms": _median([s.compute_ms for s in steps]),
-            "collective_ms": _median([s.collective_ms for s in steps]),
-            "cpu_ms": round(cpu * 1e3 / self._window_steps, 3) if self._window_steps else None,
-            "source": self.source,
-        }
-
-    def _flush(self) -> None:
-        record = self.summary(pair_window(list(self._executions), self._take()))
-        self._reset()
-        self.windows += 1
-        self.last_record = record
-        self._emit("profile", **record)
-
-    def close(self) -> None:
-        """End of training: the partial window is dropped (it may hold the last, uneven steps)."""
-        self._executions.clear()
-        self.enabled = False
-
-
-def sampler_from_env(env: Mapping[str, str] = os.environ, tf_profiler: bool = True) -> Any:
-    """What produces ``profile`` records for a Keras fit: the step clock (default), or the TF-profiler
-    sampler with ``TFCLUSTER_PROFILER=1`` (``tf_profiler=False``: another callback profiles; none then).
-    None when neither is enabled."""
-    if profiler_opt_in(env):
-        if not tf_profiler:
-            return None
-        from .profiling import ProfileSampler
-
-        sampler = ProfileSampler.from_env(env)
-    else:
-        sampler = StepClock.from_env(env)
-    return sampler if sampler.enabled else None
+def summarize(steps: Sequence[StepSplit], cpu_s: float | None = None, counted: int | None = None) -> dict:
+    """One window's record: means over the trimmed steps (additive: the parts sum to ``step_ms``),
+    ``pre_collective_ms`` = time outside collectives (this worker's own work per step, the straggler
+    signal), ``cpu_ms`` = process CPU time per step over the window."""
+    kept = trimmed(steps)
+    n = len(kept)
+    rec: dict = {"steps": counted if counted is not None else len(steps), "source": "stepclock"}
+    if not n:
+        return rec
+    means = {k: sum(s.parts[k] for s in kept) / n for k in CATEGORIES}
+    rec["step_ms"] = round(sum(s.step_ms for s in kept) / n, 3)
+    for k in CATEGORIES:
+        rec[f"{k}_ms"] = round(means[k], 3)
+    rec["pre_collective_ms"] = round(rec["step_ms"] - means["collective"], 3)
+    rec["step_p50_ms"] = round(statistics.median(s.step_ms for s in steps), 3)
+    total = counted if counted is not None else len(steps)
+    if cpu_s is not None and total:
+        rec["cpu_ms"] = round(cpu_s * 1e3 / total, 3)
+    return rec

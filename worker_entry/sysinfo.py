@@ -1,6 +1,7 @@
 """What a node knows about itself: facts for preflight and resource samples for heartbeats.
 
-Stdlib first; psutil and NVML (nvidia-ml-py) are used when importable. No GPU is not an error.
+Stdlib first; psutil and NVML (nvidia-ml-py, through ``nvml.Nvml``) are used when importable. No GPU
+is not an error.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import time
 from typing import Any
 
+from .nvml import Nvml
 from .protocol.env import Env
 
 try:
@@ -77,56 +79,6 @@ def _metadata_version(name: str) -> str | None:
         return importlib.metadata.version(name)
     except Exception:  # PackageNotFoundError, or broken metadata
         return None
-
-
-class Nvml:
-    """NVML if a driver is there; otherwise an empty GPU list, checked once."""
-
-    def __init__(self) -> None:
-        self._nvml: Any = None
-        self._handles: list[Any] = []
-        if not os.path.exists("/dev/nvidiactl") and not os.environ.get("NVIDIA_VISIBLE_DEVICES"):
-            return  # no NVIDIA driver here: skip importing pynvml and a failing nvmlInit
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml = pynvml
-            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        except Exception:
-            self._nvml = None
-
-    @property
-    def available(self) -> bool:
-        return self._nvml is not None
-
-    def inventory(self) -> list[dict[str, Any]]:
-        out = []
-        for i, h in enumerate(self._handles):
-            try:
-                name = self._nvml.nvmlDeviceGetName(h)
-                mem = self._nvml.nvmlDeviceGetMemoryInfo(h)
-                out.append(
-                    {
-                        "index": i,
-                        "name": name.decode() if isinstance(name, bytes) else str(name),
-                        "memory_mb": int(mem.total // (1024 * 1024)),
-                    }
-                )
-            except Exception:
-                continue
-        return out
-
-    def utilization(self) -> list[dict[str, Any]]:
-        out = []
-        for i, h in enumerate(self._handles):
-            try:
-                util = self._nvml.nvmlDeviceGetUtilizationRates(h)
-                mem = self._nvml.nvmlDeviceGetMemoryInfo(h)
-                out.append({"index": i, "util": util.gpu, "mem_used_mb": int(mem.used // (1024 * 1024))})
-            except Exception:
-                continue
-        return out
 
 
 def gpu_inventory(nvml: Nvml | None = None) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ EVENT_KINDS = frozenset(
         "startup_timeout",
         "straggler",
         "straggler_cleared",
+        "worker_slowing",
         "heterogeneous_gpus",
         "shell_noise",
         "teardown",

@@ -148,7 +148,7 @@ def preflight_text(report: PreflightReport) -> str:
     bad_tasks = {f.task for f in report.findings if f.blocks}
     for h in report.hosts:
         f = h.facts
-        models = sorted({g.name for g in f.gpus}) if f else []
+        models = sorted({f"{g.name} {g.memory_mb / 1024:.0f} GiB" if g.memory_mb else g.name for g in f.gpus}) if f else []
         rows.append(
             (
                 h.task,

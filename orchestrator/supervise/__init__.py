@@ -2,6 +2,7 @@
 teardown), pure policy (monitor, stragglers, cross-host checks) and the status/result it reports."""
 
 from .checks import evaluate, failed, finding
+from .evidence import HostFinding, Scores, explain, gpu_suspect, host_suspect, slow_gpus
 from .inputs import Interrupt
 from .monitor import Monitor, Policy, Verdict
 from .session import TaskSession
@@ -9,15 +10,21 @@ from .stragglers import StragglerFinding, find_straggler
 from .supervisor import Supervisor
 
 __all__ = [
+    "HostFinding",
     "Interrupt",
     "Monitor",
     "Policy",
+    "Scores",
     "StragglerFinding",
     "Supervisor",
     "TaskSession",
     "Verdict",
     "evaluate",
+    "explain",
     "failed",
     "find_straggler",
     "finding",
+    "gpu_suspect",
+    "host_suspect",
+    "slow_gpus",
 ]

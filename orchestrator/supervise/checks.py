@@ -160,7 +160,7 @@ def evaluate(
                 )
             )
 
-    models = {t: tuple(sorted({g.name for g in f.gpus})) for t, f in facts.items()}
+    models = {t: tuple(sorted({f"{g.name} ({g.memory_mb / 1024:.0f} GiB)" for g in f.gpus})) for t, f in facts.items()}
     distinct = {m for m in models.values() if m}
     if len(distinct) > 1:
         desc = "; ".join(f"{t}: {', '.join(m) or 'none'}" for t, m in models.items())
@@ -173,9 +173,9 @@ def evaluate(
                 fix="use identical GPUs per job, or expect the slowest model's speed",
             )
         )
-    if gpus:
-        counts = {t: len(f.gpus) for t, f in facts.items()}
-        out.append(finding("gpus", True, f"GPUs visible per host: {counts}", severity="info"))
+    if gpus or distinct:
+        per = {t: f"{len(f.gpus)}x {', '.join(models[t]) or 'none'}" for t, f in facts.items()}
+        out.append(finding("gpus", True, f"GPUs per host: {per}", severity="info"))
 
     for t, skew in (skews or {}).items():
         if abs(skew) > CLOCK_SKEW_WARN_S:

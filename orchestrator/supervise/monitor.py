@@ -11,17 +11,24 @@ Why these rules:
 - stalled: no step anywhere for `progress_timeout_s` after training began = a wedged collective;
 - startup: MWMS waits forever in the strategy constructor for a task that never starts;
 - straggler: under synchronous all-reduce all wall step times are equal (the fast wait inside the
-  collective), so we compare the time each worker spends *before* entering the all-reduce.
+  collective), so we compare the time each worker spends outside the all-reduces, and what each
+  worker's host says about itself (evidence: a starved CPU, a throttled GPU, a bad link);
+- slowing: a worker whose own speed fell well below its best window (scores), even when all workers
+  were equally slow at first.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from worker_entry import protocol as p
 
+from .evidence import Scores, explain
 from .stragglers import StragglerFinding, find_straggler
+
+EVIDENCE_BEATS = 3  # heartbeats of host evidence a round looks at
 
 STOPPED_STATES = frozenset({"stopped", "tracing-stop"})
 
@@ -37,6 +44,7 @@ class Policy:
     straggler_min_share: float = 0.1  # ... and so is one below this share of the step
     straggler_confirmations: int = 2  # consecutive profile rounds naming the same worker
     kill_stragglers: bool = False
+    slowing_score: float = 0.6  # individual score (best window / now) that flags a slowing worker
 
     @property
     def stopped_after_s(self) -> float:
@@ -79,6 +87,9 @@ class _Watch:
     steps_changed_at: float | None = None
     profile: dict[str, Any] | None = None
     profile_round: int = -1
+    hosts: deque = field(default_factory=lambda: deque(maxlen=EVIDENCE_BEATS))
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    slow_rounds: int = 0
     done: bool = False
     reported: set[str] = field(default_factory=set)
 
@@ -93,6 +104,8 @@ class Monitor:
         self._candidate: tuple[str | None, int] = (None, 0)
         self._clear_count = 0
         self.last_finding: StragglerFinding | None = None
+        self.scores: dict[str, dict[str, float]] = {}
+        self._scores = Scores()
 
     # --- observations ------------------------------------------------------------------------
 
@@ -118,6 +131,10 @@ class Monitor:
                 w.stopped_since = None
         if hb.progress is not None:
             self.on_steps(task, hb.progress.steps, now)
+        if hb.host is not None:
+            w.hosts.append(hb.host.to_dict())
+        if hb.gpus is not None:
+            w.gpus = [g.to_dict() for g in hb.gpus]
 
     def on_steps(self, task: str, steps: int, now: float) -> None:
         w = self.watch[task]
@@ -141,9 +158,55 @@ class Monitor:
             return []
         profiles = {t: self.watch[t].profile for t in live if self.watch[t].profile}
         self._round += 1
-        return self._judge_stragglers(
-            find_straggler(profiles, self.policy.straggler_ratio, self.policy.straggler_min_ms)
+        finding = find_straggler(profiles, self.policy.straggler_ratio, self.policy.straggler_min_ms)
+        finding = explain(
+            finding,
+            {t: list(self.watch[t].hosts) for t in live},
+            {t: self.watch[t].gpus for t in live},
+            profiles,
         )
+        slowing = self._judge_scores(profiles)  # first: the straggler event carries the scores
+        return self._judge_stragglers(finding) + slowing
+
+    def _judge_scores(self, profiles: dict[str, Any]) -> list[Verdict]:
+        """A worker slowing down against its own best window, more than the others did."""
+        self.scores = self._scores.update(profiles)
+        out = []
+        steps = sorted(float(x.get("step_ms") or 0.0) for x in profiles.values())
+        step = steps[len(steps) // 2] if steps else 0.0
+        for t, s in self.scores.items():
+            w = self.watch[t]
+            others = sorted(x["individual"] for u, x in self.scores.items() if u != t)
+            typical = others[len(others) // 2] if others else 1.0
+            excess = s["local_ms"] - (s["best_local_ms"] or s["local_ms"])
+            slow = (
+                s["individual"] < self.policy.slowing_score
+                and s["individual"] <= typical - 0.15
+                and excess >= self.policy.straggler_min_ms
+                and excess >= self.policy.straggler_min_share * step
+            )
+            w.slow_rounds = w.slow_rounds + 1 if slow else 0
+            if w.slow_rounds >= self.policy.straggler_confirmations and "slowing" not in w.reported:
+                w.reported.add("slowing")
+                out.append(
+                    Verdict(
+                        "worker_slowing",
+                        t,
+                        f"slowing down: its work per step outside the all-reduces is {s['local_ms']:.1f} ms, "
+                        f"{1 / s['individual']:.1f}x its best window ({s['best_local_ms']:.1f} ms); "
+                        f"relative to the fastest worker {s['relative']:.2f}",
+                        fatal=False,
+                        data={
+                            "individual_score": s["individual"],
+                            "relative_score": s["relative"],
+                            "local_ms": s["local_ms"],
+                            "best_local_ms": s["best_local_ms"],
+                        },
+                    )
+                )
+            elif s["individual"] >= 0.8:
+                w.reported.discard("slowing")
+        return out
 
     def on_terminal(self, task: str) -> None:
         self.watch[task].done = True
@@ -169,11 +232,17 @@ class Monitor:
         if finding is not None and count >= p.straggler_confirmations and self._straggler != name:
             self._straggler = name
             self._clear_count = 0
-            msg = (
-                f"straggler: the other workers wait ≈{finding.wait_ms:.0f} ms per step for it "
-                f"({finding.share:.0%} of a {finding.step_ms:.0f} ms step); likely cause: {finding.cause} — "
-                f"{finding.detail}"
-            )
+            if finding.wait_ms >= 1.0:
+                msg = (
+                    f"straggler: the other workers wait ≈{finding.wait_ms:.0f} ms per step for it "
+                    f"({finding.share:.0%} of a {finding.step_ms:.0f} ms step); likely cause: {finding.cause} — "
+                    f"{finding.detail}"
+                )
+            else:  # its stall is inside the all-reduce: its host's evidence names it
+                msg = (
+                    f"straggler: every worker's {finding.step_ms:.0f} ms step waits for it; likely cause: "
+                    f"{finding.cause} — {finding.detail}"
+                )
             out.append(
                 Verdict(
                     "straggler",
@@ -186,6 +255,7 @@ class Monitor:
                         "share": round(finding.share, 3),
                         "cause": finding.cause,
                         "pre_collective_ms": {k: round(v, 2) for k, v in finding.pre_ms.items()},
+                        "relative_score": (self.scores.get(name) or {}).get("relative"),
                     },
                 )
             )
@@ -276,8 +346,12 @@ class Monitor:
                     )
                 )
             return out
+        most = max(w.steps or 0 for w in stepping.values())
         for t, w in stepping.items():
-            if now - w.steps_changed_at > limit and "hung" not in w.reported:  # type: ignore[operator]
+            # "while others progress": they must be ahead of it, not just heard from a few ms later
+            # (every worker stops at the same step when one hangs inside the loop)
+            behind = (w.steps or 0) < most
+            if behind and now - w.steps_changed_at > limit and "hung" not in w.reported:  # type: ignore[operator]
                 w.reported.add("hung")
                 out.append(
                     Verdict(

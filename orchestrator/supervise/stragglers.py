@@ -1,7 +1,9 @@
 """Who the others wait for: the straggler of one round of per-worker step-clock samples. Pure.
 
 Under synchronous all-reduce all wall step times are equal (the fast workers wait inside the
-collective), so we compare the time each worker spends *before* entering the all-reduce.
+collective), so we compare the time each worker spends outside the collectives between two
+all-reduces (``pre_collective_ms``: the time before it enters the next one), and name the part of
+the step where its excess lies. ``evidence.explain`` adds what the worker's host says.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ class StragglerFinding:
     task: str
     wait_ms: float  # how long the others wait for it, per step
     step_ms: float
-    cause: str  # "input pipeline" | "compute" | "other"
+    cause: str  # "input pipeline" | "compute" | "after the all-reduce" | "host CPU" | "GPU throttled" | "network" | "other"
     pre_ms: dict[str, float]
     detail: str
 
@@ -53,6 +55,8 @@ def find_straggler(
     input_excess = excess_of("input_ms")
     compute_excess = excess_of("compute_ms")  # batch ready -> gradients ready (step clock)
     cpu_excess = excess_of("cpu_ms")
+    update_excess, host_excess = excess_of("update_ms"), excess_of("host_ms")
+    after_excess = None if update_excess is None or host_excess is None else update_excess + host_excess
     if input_excess is not None and input_excess >= 0.5 * excess:
         cause = "input pipeline"
         detail = f"its input pipeline takes {input_excess:.1f} ms/step longer than the others' to deliver a batch"
@@ -61,6 +65,13 @@ def find_straggler(
         detail = (
             f"its forward/backward pass takes {compute_excess:.1f} ms/step longer than the others' "
             "(slower CPU/GPU, thermal throttling, or more work on that task)"
+        )
+    elif after_excess is not None and after_excess >= 0.5 * excess:
+        cause = "after the all-reduce"
+        detail = (
+            f"its work after the gradient all-reduce takes {after_excess:.1f} ms/step longer than the others' "
+            f"(optimizer update {update_excess:.1f} ms, framework and host code between steps "
+            f"{host_excess:.1f} ms: callbacks, logging, its training loop)"
         )
     elif cpu_excess is not None and cpu_excess >= 0.5 * excess:
         cause = "compute"

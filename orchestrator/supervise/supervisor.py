@@ -188,7 +188,8 @@ class Supervisor:
             self.heartbeats.write(s.task, _record(m))
         elif isinstance(m, p.Hello):
             hostname = m.facts.hostname
-            self.bus.emit("task_ready", task=s.task, host=s.host, hostname=hostname, pid=m.pid)
+            gpus = [{"name": g.name, "memory_mb": g.memory_mb} for g in m.facts.gpus]
+            self.bus.emit("task_ready", task=s.task, host=s.host, hostname=hostname, pid=m.pid, gpus=gpus)
         elif isinstance(m, p.Spawned):
             self.bus.emit("task_spawned", task=s.task, host=s.host, pid=m.pid)
         elif isinstance(m, p.Started):

@@ -1,14 +1,11 @@
-"""`tfcluster report`: why a job does (not) scale, from its heartbeats and step-clock samples.
+"""`tfcluster report`: why a job does (not) scale, from its heartbeats and step-clock windows.
 
-Under synchronous all-reduce a step lasts as long as the slowest worker's work plus the all-reduce:
-
-    step ≈ max_i(pre_i) + allreduce       pre_i = work before entering the all-reduce (input + compute)
-
-Every worker spends `step - pre_i` inside the collective; the straggler spends the least there.
-From the per-worker step-clock medians we split a step into useful work (the median worker's pre),
-time lost waiting for the slowest worker (max pre - median pre), and communication (the rest), and
-estimate the scaling efficiency as useful / step: the fraction of each step doing work that a
-single worker would also do.
+Under synchronous all-reduce a step lasts as long as the slowest worker's own work plus the
+all-reduce; the others wait inside it. Each step-clock window splits a worker's step into parts that
+add up to it (input, compute, collective, update, host — see ``split``); from the workers' splits we
+separate waiting for the slowest worker from the all-reduce itself, name the slowest worker and the
+part where its excess lies, and ask each worker's host (CPU run-queue delay, cgroup throttling,
+steal, TCP retransmissions; NVML for GPUs) before calling anything "communication-bound".
 """
 
 from __future__ import annotations
@@ -21,9 +18,10 @@ from worker_entry.protocol.env import Env
 
 from ..core.text import table
 from ..runs import RunDir, read_jsonl
-from ..supervise import find_straggler
+from ..supervise import explain, find_straggler, gpu_suspect, host_suspect, slow_gpus
+from .split import job_split, scores, split_lines, weighted
 
-PROFILE_KEYS = ("step_ms", "collective_ms", "input_ms", "compute_ms", "pre_collective_ms", "cpu_ms")
+HOST_KEYS = ("wait_pct", "throttled_pct", "steal_pct", "tcp_retrans_pct")
 
 
 def _median(xs: list[float]) -> float | None:
@@ -33,7 +31,7 @@ def _median(xs: list[float]) -> float | None:
 
 def build_report(run: RunDir, last_s: float | None = None) -> dict[str, Any]:
     """The report of a run; ``last_s`` keeps only samples from the run's last ``last_s`` seconds
-    (a straggler that appeared mid-run is diluted in whole-run medians)."""
+    (a straggler that appeared mid-run is diluted in whole-run means)."""
     profiles: dict[str, list[dict[str, Any]]] = {}
     beats: dict[str, list[dict[str, Any]]] = {}
     for rec in read_jsonl(run.heartbeats_jsonl):
@@ -41,6 +39,7 @@ def build_report(run: RunDir, last_s: float | None = None) -> dict[str, Any]:
         if task:
             (profiles if rec.get("kind") == "profile" else beats).setdefault(task, []).append(rec)
     window = None
+    every_profile = dict(profiles)  # the scores compare a worker's last windows with its best of the run
     # the end of training: the last step-clock sample (heartbeats go on through teardown)
     end = max((r.get("ts") or 0 for rs in profiles.values() for r in rs), default=0) or max(
         (r.get("ts") or 0 for rs in beats.values() for r in rs), default=0
@@ -54,13 +53,18 @@ def build_report(run: RunDir, last_s: float | None = None) -> dict[str, Any]:
     nodes = plan.get("nodes") or [{}]
     profile_window_s = float((nodes[0].get("env") or {}).get(Env.PROFILE_INTERVAL_S) or 10)
     hosts = {f"{n['task']['type']}:{n['task']['index']}": n["host"] for n in plan.get("nodes", [])}
+    events = list(read_jsonl(run.events_jsonl))
     stragglers = [
         {k: ev.get(k) for k in ("ts", "task", "host", "wait_ms", "share", "cause", "message")}
-        for ev in read_jsonl(run.events_jsonl)
+        for ev in events
         if ev.get("event") == "straggler"
     ]
+    slowing = [{k: ev.get(k) for k in ("ts", "task", "host", "message")} for ev in events if ev.get("event") == "worker_slowing"]
+    gpu_models = {ev["task"]: ev.get("gpus") or [] for ev in events if ev.get("event") == "task_ready" and ev.get("task")}
 
     workers: dict[str, dict[str, Any]] = {}
+    host_samples: dict[str, list[dict[str, Any]]] = {}
+    last_gpus: dict[str, list[dict[str, Any]]] = {}
     for task in sorted(set(hosts) | set(beats) | set(profiles)):
         bs = beats.get(task, [])
         progress = [b["progress"] for b in bs if isinstance(b.get("progress"), dict)]
@@ -71,6 +75,8 @@ def build_report(run: RunDir, last_s: float | None = None) -> dict[str, Any]:
             dt = (last.get("ts") or 0) - (first.get("ts") or 0)
             if dt > 0:
                 steps_per_s = ((last.get("steps") or 0) - (first.get("steps") or 0)) / dt
+        host_samples[task] = [b["host"] for b in bs if isinstance(b.get("host"), dict)]
+        last_gpus[task] = next((b["gpus"] for b in reversed(bs) if b.get("gpus")), [])
         w: dict[str, Any] = {
             "host": hosts.get(task),
             "steps": steps,
@@ -79,13 +85,20 @@ def build_report(run: RunDir, last_s: float | None = None) -> dict[str, Any]:
             "cpu_pct": _round(_median([b.get("cpu_pct") for b in bs if b.get("cpu_pct") is not None])),
             "rss_mb_max": max((b.get("rss_mb") or 0 for b in bs), default=None),
             "gpu_util_pct": _round(_median([g.get("util") for b in bs for g in (b.get("gpus") or [])])),
+            "gpus": gpu_models.get(task, []),
             "profiles": len(profiles.get(task, [])),
+            "cpu_ms": _round(_median([p.get("cpu_ms") for p in profiles.get(task, [])])),
         }
-        for key in PROFILE_KEYS:
-            w[key] = _round(_median([p.get(key) for p in profiles.get(task, [])]))
+        w.update(weighted(profiles.get(task, [])) or {})
+        for key in HOST_KEYS:
+            w[key] = _round(_median([h.get(key) for h in host_samples[task]]))
         workers[task] = w
+    for task, sc in scores(every_profile).items():
+        workers[task].update(relative_score=sc["relative"], individual_score=sc["individual"])
 
-    analysis = analyse(workers)
+    lo = window["from_ts"] if window else 0.0
+    named = [s for s in stragglers if (s.get("ts") or 0) >= lo]
+    analysis = analyse(workers, host_samples, last_gpus, named)
     if stragglers and end:
         # detection needs two slow windows in a row: the event follows the second one, so the
         # windows since ~1.5 windows before the first event are the slow ones
@@ -96,7 +109,9 @@ def build_report(run: RunDir, last_s: float | None = None) -> dict[str, Any]:
         "job": plan.get("job"),
         "window": window,
         "workers": workers,
+        "gpu_models": _gpu_models(workers),
         "stragglers": stragglers,
+        "slowing": slowing,
         **analysis,
     }
 
@@ -105,106 +120,122 @@ def _round(x: float | None, scale: float = 1.0) -> float | None:
     return None if x is None else round(x * scale, 2)
 
 
-def analyse(workers: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Step split and efficiency from per-worker step-clock medians; advice in plain words."""
-    prof = {t: w for t, w in workers.items() if w.get("pre_collective_ms") is not None and w.get("step_ms")}
-    if not prof:
+def _gpu_models(workers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """GPU models and memory per host; ``mixed`` when hosts differ (every step waits for the slowest)."""
+    per_host = {}
+    for w in workers.values():
+        gpus = w.get("gpus") or []
+        if gpus:
+            per_host[str(w.get("host"))] = sorted({f"{g.get('name')} ({(g.get('memory_mb') or 0) / 1024:.0f} GiB)" for g in gpus})
+    models = {tuple(v) for v in per_host.values()}
+    return {"per_host": per_host, "mixed": len(models) > 1}
+
+
+def analyse(
+    workers: dict[str, dict[str, Any]],
+    host_samples: dict[str, list[dict[str, Any]]] | None = None,
+    gpus: dict[str, list[dict[str, Any]]] | None = None,
+    named: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The job's split, efficiency and advice in plain words: a straggler named from the step clock or
+    its host's evidence (now, or by the launcher during the window: ``named``) comes before any
+    "communication-bound" verdict."""
+    host_samples, gpus = host_samples or {}, gpus or {}
+    split = job_split(workers)
+    host = host_suspect({t: s for t, s in host_samples.items() if s})
+    if split is None:
+        if host is not None:
+            return {"efficiency": None, "split": None, "advice": [f"{host.task}: {host.cause} — {host.detail}"]}
         if any(w.get("steps") for w in workers.values()):
             why = (
                 "no step-clock samples, although training steps were reported: the training was shorter than "
-                "one step-clock window (heartbeat.profile_interval_s), or the step clock is off "
-                "(TFCLUSTER_STEPCLOCK=0, or a custom loop: see docs/instrumentation.md)"
+                "one step-clock window (heartbeat.profile_interval_s), the step clock is off (TFCLUSTER_STEPCLOCK=0), "
+                "or the steps do not run in a tf.function under a multi-worker MultiWorkerMirroredStrategy"
             )
         else:
             why = (
                 "no step-clock samples: run with job.instrument: true and heartbeat.profile_interval_s > 0 "
-                "(Keras fit under MWMS is instrumented automatically)"
+                "(any MWMS training in a tf.function is instrumented automatically)"
             )
         return {"efficiency": None, "split": None, "advice": [why]}
-    step = statistics.median(w["step_ms"] for w in prof.values())
-    pres = {t: w["pre_collective_ms"] for t, w in prof.items()}
-    median_pre = statistics.median(pres.values())
-    slowest = max(pres, key=lambda t: pres[t])
-    straggler_loss = max(0.0, pres[slowest] - median_pre)
-    comm = max(0.0, step - pres[slowest])
-    useful = min(median_pre, step)
-    split = {
-        "step_ms": round(step, 2),
-        "work_ms": round(useful, 2),
-        "waiting_for_slowest_ms": round(straggler_loss, 2),
-        "communication_ms": round(comm, 2),
-        "slowest_worker": slowest,
-        "input_ms": _round(_median([w.get("input_ms") for w in prof.values()])),
-    }
-    efficiency = useful / step if step > 0 else None
+    step = split["step_ms"]
+    prof = {t: dict(w) for t, w in workers.items() if w.get("pre_collective_ms") is not None and w.get("step_ms")}
+    finding = find_straggler(prof, ratio=1.5, min_ms=5.0, min_share=0.1)
+    finding = explain(finding, host_samples, gpus, prof)
     advice = []
-    finding = find_straggler({t: dict(w) for t, w in prof.items()}, ratio=1.5, min_ms=5.0, min_share=0.1)
     if finding is not None:
+        waits = f"the others wait ≈{finding.wait_ms:.0f} ms per step for it ({finding.share:.0%} of a step); " if finding.wait_ms >= 1 else ""
+        advice.append(f"{finding.task} is a straggler: {waits}cause: {finding.cause} — {finding.detail}")
+    throttled = {t: slow_gpus(g) for t, g in gpus.items() if slow_gpus(g)}
+    for t, descs in throttled.items():
+        if finding is None or finding.task != t:
+            advice.append(f"{t}: " + "; ".join(descs))
+    for s in named or []:
+        if finding is None or finding.task != s.get("task"):
+            advice.append(
+                f"{s.get('task')} was named a straggler during this window (cause: {s.get('cause')}); the split mixes "
+                "its slow steps with others: see `--last` with the suggested window"
+            )
+    explained = finding is not None or gpu_suspect(gpus) is not None or bool(named)
+    if not explained and step > 0 and split["allreduce_ms"] / step > 0.5:
         advice.append(
-            f"{finding.task} is a straggler: the others wait ≈{finding.wait_ms:.0f} ms per step for it "
-            f"({finding.share:.0%} of a step); cause: {finding.cause} — {finding.detail}"
-        )
-    if step > 0 and comm / step > 0.5:
-        advice.append(
-            f"communication-bound: {comm / step:.0%} of each step is the gradient all-reduce. Larger per-worker "
-            "batches (fewer all-reduces per example), NCCL on GPUs, a faster network, or fp16 gradients help"
+            f"communication-bound: {split['allreduce_ms'] / step:.0%} of each step is the all-reduce itself (no worker "
+            "is late and no host reports a starved CPU or a bad link). Larger per-worker batches (fewer all-reduces per "
+            "example), NCCL on GPUs, a faster network, or fp16 gradients help"
         )
     if split["input_ms"] and step > 0 and split["input_ms"] / step > 0.2:
         advice.append("input-bound: tf.data takes >20% of a step; add .prefetch(AUTOTUNE), parallel map, cache")
+    if step > 0 and split["host_ms"] / step > 0.3:
+        advice.append(
+            f"framework-bound: {split['host_ms'] / step:.0%} of each step is spent between steps (the training loop, "
+            "callbacks, logging); Keras: steps_per_execution > 1; custom loops: several steps per tf.function call"
+        )
     if not advice:
         advice.append("no dominant bottleneck found: work dominates the step, which is what scales")
+    local = step - split["waiting_for_slowest_ms"] - split["allreduce_ms"]
+    efficiency = local / step if step > 0 else None
     return {"efficiency": round(efficiency, 3) if efficiency is not None else None, "split": split, "advice": advice}
 
 
 def report_text(rep: dict[str, Any]) -> str:
     lines = [f"job {rep.get('job')}   run {rep.get('run_dir')}", ""]
-    rows = [
-        (
-            "TASK",
-            "HOST",
-            "STEPS",
-            "STEP ms",
-            "STEPS/s",
-            "PRE-AR ms",
-            "IN AR ms",
-            "INPUT ms",
-            "CPU ms/step",
-            "CPU%",
-            "RSS MB",
-        )
-    ]
+    head = ("TASK", "HOST", "STEPS", "STEP ms", "STEPS/s", "INPUT", "COMPUTE", "IN COLL", "AFTER", "OWN WORK")
+    rows = [(*head, "REL", "IND", "CPU WAIT%", "CPU%", "RSS MB")]
     for t, w in rep["workers"].items():
+        after = None if w.get("update_ms") is None else w["update_ms"] + (w.get("host_ms") or 0)
         rows.append(
             (
                 t,
                 str(w.get("host") or ""),
                 _s(w.get("steps")),
-                _s(w.get("step_time_ms")),
+                _s(w.get("step_ms") or w.get("step_time_ms")),
                 _s(w.get("steps_per_s")),
-                _s(w.get("pre_collective_ms")),
-                _s(w.get("collective_ms")),
                 _s(w.get("input_ms")),
-                _s(w.get("cpu_ms")),
+                _s(w.get("compute_ms")),
+                _s(w.get("collective_ms")),
+                _s(after),
+                _s(w.get("pre_collective_ms")),
+                _s(w.get("relative_score"), ".2f"),
+                _s(w.get("individual_score"), ".2f"),
+                _s(w.get("wait_pct")),
                 _s(w.get("cpu_pct")),
                 _s(w.get("rss_mb_max")),
             )
         )
     lines += table(rows)
+    gm = rep.get("gpu_models") or {}
+    if gm.get("per_host"):
+        lines += ["", "GPUs:" + ("  MIXED MODELS: every step waits for the slowest GPU" if gm.get("mixed") else "")]
+        lines += [f"  {h}: {', '.join(models)}" for h, models in gm["per_host"].items()]
     split = rep.get("split")
     if split:
-        s = split["step_ms"]
-        parts = [
-            ("work before the all-reduce (median worker)", split["work_ms"]),
-            (f"waiting for the slowest ({split['slowest_worker']})", split["waiting_for_slowest_ms"]),
-            ("all-reduce communication", split["communication_ms"]),
-        ]
-        over = "the workers' step-clock samples"
+        over = "step-weighted means of its step-clock windows"
         if rep.get("window"):
             over += f" of the last {rep['window']['last_s']:g} s"
-        lines += ["", f"a step takes {s:.1f} ms (median over {over}):"]
-        lines += [f"  {label:<46}{ms:8.1f} ms  {ms / s:6.1%}" for label, ms in parts]
+        lines += ["", *split_lines(split, over)]
         lines += [
-            f"scaling efficiency ≈ {rep['efficiency']:.0%} (useful work / step time: N workers give efficiency x N times one worker)",
+            f"scaling efficiency ≈ {rep['efficiency']:.0%} (time outside the all-reduce and the wait for the slowest "
+            "worker / step time: N workers give efficiency x N times one worker)",
         ]
     if rep.get("stragglers"):
         lines += ["", "straggler events:"] + [f"  {s['task']} ({s['host']}): {s['message']}" for s in rep["stragglers"]]
@@ -213,13 +244,15 @@ def report_text(rep: dict[str, Any]) -> str:
                 f"  (the split above is over the whole run; `--last {rep['suggested_last_s']}s` splits only the "
                 "steps since the first straggler appeared)"
             )
+    if rep.get("slowing"):
+        lines += ["", "slowing workers:"] + [f"  {s['task']} ({s['host']}): {s['message']}" for s in rep["slowing"]]
     lines += ["", "advice:"] + [f"  - {a}" for a in rep["advice"]]
     return "\n".join(lines)
 
 
-def _s(v: Any) -> str:
+def _s(v: Any, fmt: str = ".1f") -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
-        return f"{v:.1f}"
+        return format(v, fmt)
     return str(v)

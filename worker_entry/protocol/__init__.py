@@ -2,7 +2,7 @@
 
 Standard library only: it runs on every node, and the launcher imports it from here. ``frames``: the
 byte stream; ``schema``: validation on receipt; ``messages``: ``NodeConfig`` and every message;
-``env``: the environment variable names. A bad message becomes one ``ProtocolError`` naming the field.
+``samples``: the host and GPU evidence in heartbeats; ``env``: the environment variable names. A bad message becomes one ``ProtocolError`` naming the field.
 """
 
 import importlib
@@ -27,10 +27,11 @@ _LAZY = {
     "FrameDecoder": "frames",
     "Go": "messages",
     "GpuInfo": "messages",
-    "GpuSample": "messages",
+    "GpuSample": "samples",
     "HEADER": "frames",
     "Heartbeat": "messages",
     "Hello": "messages",
+    "HostSample": "samples",
     "MARKER": "frames",
     "MAX_COMMAND_LINE": "frames",
     "MAX_PAYLOAD": "frames",
@@ -123,6 +124,7 @@ __all__ = [
     "GpuSample",
     "Heartbeat",
     "Hello",
+    "HostSample",
     "Manifest",
     "ManifestReply",
     "Message",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from .frames import ProtocolError
+from .samples import GpuSample, HostSample
 from .schema import LONG, STR, Record, spec
 
 VERSION = 2
@@ -114,13 +115,6 @@ class Hello(Message):
 
 
 @dataclass
-class GpuSample(Record):
-    index: int = field(metadata=spec(lo=0, hi=1024))
-    util: float | None = field(default=None, metadata=spec(lo=0, hi=100))
-    mem_used_mb: int | None = field(default=None, metadata=spec(lo=0))
-
-
-@dataclass
 class Progress(Record):
     """The training process's cumulative counters (its last progress record)."""
 
@@ -146,6 +140,7 @@ class Heartbeat(Message):
     load1: float | None = field(default=None, metadata=spec(lo=0))
     gpus: list[GpuSample] | None = None
     progress: Progress | None = None
+    host: HostSample | None = None
 
 
 @dataclass
@@ -169,7 +164,8 @@ class StrategyInfo(Message):
 
 @dataclass
 class Profile(Message):
-    """Step-clock (or profiler) medians over one window; see docs/instrumentation.md."""
+    """One step-clock window: per step, the parts of a step (trimmed means, ``input`` + ``compute`` +
+    ``collective`` + ``update`` + ``host`` + ``other`` = ``step``); see docs/instrumentation.md."""
 
     TYPE: ClassVar[str] = "profile"
     steps: int = field(metadata=spec(lo=0))
@@ -181,6 +177,11 @@ class Profile(Message):
     compute_ms: float | None = field(default=None, metadata=spec(lo=0))
     collective_ms: float | None = field(default=None, metadata=spec(lo=0))
     cpu_ms: float | None = field(default=None, metadata=spec(lo=0))
+    update_ms: float | None = field(default=None, metadata=spec(lo=0))
+    host_ms: float | None = field(default=None, metadata=spec(lo=0))
+    other_ms: float | None = field(default=None, metadata=spec(lo=0))
+    step_p50_ms: float | None = field(default=None, metadata=spec(lo=0))
+    stamps: str | None = field(default=None, metadata=spec(max_len=16))  # GPU sync mode of the stamps
 
 
 @dataclass

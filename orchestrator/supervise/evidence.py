@@ -1,0 +1,282 @@
+"""A slow worker's cause from its own host's evidence, and every worker's speed scores. Pure.
+
+The step clock sees the time a worker spends outside the all-reduces. A worker starved of CPU (a
+quota, a noisy neighbour, a hypervisor stealing) also stalls *inside* the ring all-reduce and after
+it, where that signal cannot see it — and every worker then looks "communication-bound". Its host can
+tell (``hoststats`` in each heartbeat): the run-queue delay of its threads, cgroup throttling, steal,
+a low CPU clock; TCP retransmissions and NIC errors for a degraded link; NVML for a throttled GPU.
+A finding needs one worker to stand out from the others, so a machine-wide condition (every worker on
+one overloaded box) names nobody.
+
+Scores (as NVIDIA's resiliency extension computes them): per worker, *relative* = the fastest
+worker's local work per step / its own, and *individual* = its own best window / its current one.
+The individual score flags a worker that slows down over time (thermal drift, a noisy neighbour)
+even when all workers were equally slow at first.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+WAIT_ODDS_MIN = 1.0  # a starved worker's threads wait for a CPU at least as long as they run (50 %)
+WAIT_ODDS_RATIO = 2.5  # ... and 2.5x as long, per unit of CPU time, as the other workers' (median)
+CORROBORATE_RATIO = 1.5  # enough when the step clock already names that very worker
+THROTTLED_PCT_MIN = 10.0  # cgroup throttled time per wall time
+STEAL_PCT_MIN = 10.0
+CPU_CLOCK_RATIO = 0.7  # current / maximum CPU frequency
+RETRANS_PCT_MIN = 1.0
+GPU_CLOCK_RATIO = 0.85  # SM clock / its maximum on a busy GPU
+GPU_BUSY_PCT = 50.0
+SLOWING_REASONS = frozenset({"power cap", "HW slowdown", "thermal (SW)", "thermal (HW)", "power brake"})
+
+
+@dataclass(frozen=True)
+class HostFinding:
+    task: str
+    cause: str  # "host CPU" | "GPU throttled" | "network"
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def _mean(values: Sequence[Any]) -> float | None:
+    vals = [float(v) for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _stands_out(values: Mapping[str, float], minimum: float, margin: float) -> tuple[str, float, float] | None:
+    """(task, its value, the others' median) when exactly one worker is above ``minimum`` and above
+    the others' median by ``margin``."""
+    if len(values) < 2:
+        return None
+    cand = max(values, key=lambda t: values[t])
+    others = statistics.median(v for t, v in values.items() if t != cand)
+    if values[cand] >= minimum and values[cand] - others >= margin:
+        return cand, values[cand], others
+    return None
+
+
+def _wait_odds(samples: Sequence[Mapping[str, Any]]) -> float | None:
+    """Run-queue delay per unit of CPU time of a worker's threads over its samples (wait / run):
+    near saturation it separates a starved worker far better than the share of time waiting."""
+    run = sum(float(s.get("run_ms") or 0.0) for s in samples)
+    wait = sum(float(s.get("wait_ms") or 0.0) for s in samples)
+    if run > 0:
+        return wait / run
+    pcts = [float(s["wait_pct"]) for s in samples if s.get("wait_pct") is not None]
+    if not pcts:
+        return None
+    pct = min(99.0, sum(pcts) / len(pcts))
+    return pct / (100.0 - pct)
+
+
+def _stands_out_ratio(values: Mapping[str, float], minimum: float, ratio: float) -> tuple[str, float, float] | None:
+    """(task, its value, the others' median) when one worker is above ``minimum`` and ``ratio`` times
+    the others' median."""
+    if len(values) < 2:
+        return None
+    cand = max(values, key=lambda t: values[t])
+    others = statistics.median(v for t, v in values.items() if t != cand)
+    if values[cand] >= minimum and values[cand] >= ratio * max(others, 1e-3):
+        return cand, values[cand], others
+    return None
+
+
+def host_suspect(samples: Mapping[str, Sequence[Mapping[str, Any]]]) -> HostFinding | None:
+    """The one worker whose host evidence explains slowness, from each worker's recent host samples
+    (``HostSample`` dicts, oldest first), or None."""
+    avg = {t: {k: _mean([s.get(k) for s in ss]) for k in _KEYS} for t, ss in samples.items() if ss}
+    # a host whose cgroup is not readable (no cgroup mount in its namespace) counts as not throttled
+    throttled = {t: a["throttled_pct"] or 0.0 for t, a in avg.items()}
+    hit = _stands_out(throttled, THROTTLED_PCT_MIN, THROTTLED_PCT_MIN)
+    if hit:
+        t, value, _ = hit
+        quota = avg[t]["quota_cpus"]
+        q = f" (quota {quota:g} CPU)" if quota else ""
+        return HostFinding(
+            t,
+            "host CPU",
+            f"its CPU cgroup throttled it {value:.0f}% of the time{q}: a CPU quota (cgroup cpu.max / "
+            f"cpu.cfs_quota_us) is too small for it",
+            {"throttled_pct": round(value, 1), "quota_cpus": quota, "wait_pct": _round(avg[t]["wait_pct"])},
+        )
+    odds = {t: o for t, ss in samples.items() if ss and (o := _wait_odds(ss)) is not None}
+    hit = _stands_out_ratio(odds, WAIT_ODDS_MIN, WAIT_ODDS_RATIO)
+    if hit:
+        t = hit[0]
+        value = 100.0 * odds[t] / (1.0 + odds[t])
+        others = statistics.median(100.0 * o / (1.0 + o) for u, o in odds.items() if u != t)
+        steal = avg[t]["steal_pct"]
+        why = f"{steal:.0f}% of the host's CPU time stolen by the hypervisor" if steal and steal >= STEAL_PCT_MIN else (
+            "a CPU quota, a noisy neighbour or an oversubscribed host"
+        )
+        return HostFinding(
+            t,
+            "host CPU",
+            f"its threads waited for a CPU {value:.0f}% of the time they were runnable (run-queue delay; "
+            f"{others:.0f}% on the other workers): {why}",
+            {"wait_pct": round(value, 1), "others_wait_pct": round(others, 1), "steal_pct": _round(steal)},
+        )
+    steals = {t: a["steal_pct"] for t, a in avg.items() if a["steal_pct"] is not None}
+    hit = _stands_out(steals, STEAL_PCT_MIN, STEAL_PCT_MIN)
+    if hit:
+        t, value, _ = hit
+        return HostFinding(t, "host CPU", f"the hypervisor steals {value:.0f}% of its host's CPU time", {"steal_pct": value})
+    clocks = {
+        t: a["cpu_mhz"] / a["cpu_max_mhz"] for t, a in avg.items() if a["cpu_mhz"] and a["cpu_max_mhz"]
+    }
+    slow = {t: 1.0 - r for t, r in clocks.items()}
+    hit = _stands_out(slow, 1.0 - CPU_CLOCK_RATIO, 0.2)
+    if hit:
+        t = hit[0]
+        a = avg[t]
+        return HostFinding(
+            t,
+            "host CPU",
+            f"its CPUs run at {a['cpu_mhz'] / 1000:.2f} GHz of {a['cpu_max_mhz'] / 1000:.2f} GHz (power or thermal limit)",
+            {"cpu_mhz": a["cpu_mhz"], "cpu_max_mhz": a["cpu_max_mhz"]},
+        )
+    retrans = {t: a["tcp_retrans_pct"] for t, a in avg.items() if a["tcp_retrans_pct"] is not None}
+    hit = _stands_out(retrans, RETRANS_PCT_MIN, RETRANS_PCT_MIN)
+    if hit:
+        t, value, others = hit
+        errors = avg[t]["net_errors"]
+        extra = f", {errors:.0f} NIC errors/drops per interval" if errors else ""
+        return HostFinding(
+            t,
+            "network",
+            f"its host retransmits {value:.1f}% of its TCP segments ({others:.1f}% elsewhere{extra}): a degraded link",
+            {"tcp_retrans_pct": value},
+        )
+    return None
+
+
+_KEYS = ("wait_pct", "throttled_pct", "quota_cpus", "steal_pct", "cpu_mhz", "cpu_max_mhz", "tcp_retrans_pct", "net_errors")
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
+def starved(samples: Mapping[str, Sequence[Mapping[str, Any]]], task: str) -> str | None:
+    """Corroboration for a worker the step clock already names: its threads wait for a CPU the longest
+    per CPU second, at least CORROBORATE_RATIO times the others' median. The detail, or None."""
+    odds = {t: o for t, ss in samples.items() if ss and (o := _wait_odds(ss)) is not None}
+    hit = _stands_out_ratio(odds, WAIT_ODDS_MIN, CORROBORATE_RATIO)
+    if hit is None or hit[0] != task:
+        return None
+    mine = 100.0 * odds[task] / (1.0 + odds[task])
+    others = statistics.median(100.0 * o / (1.0 + o) for t, o in odds.items() if t != task)
+    return (
+        f"its threads waited for a CPU {mine:.0f}% of the time they were runnable (run-queue delay; {others:.0f}% on "
+        "the other workers): a CPU quota, a noisy neighbour or an oversubscribed host"
+    )
+
+
+def slow_gpus(gpus: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Descriptions of this worker's busy GPUs running well below their maximum clock for a slowing
+    reason: "GPU 2 runs at 1.10 GHz of 1.98 GHz: power cap"."""
+    out = []
+    for g in gpus:
+        clock, top = g.get("sm_clock_mhz"), g.get("sm_clock_max_mhz")
+        why = [r for r in (g.get("throttle") or []) if r in SLOWING_REASONS]
+        busy = (g.get("util") or 0) >= GPU_BUSY_PCT
+        if clock and top and busy and why and clock < GPU_CLOCK_RATIO * top:
+            out.append(f"GPU {g.get('index')} runs at {clock / 1000:.2f} GHz of {top / 1000:.2f} GHz: {', '.join(why)}")
+    return out
+
+
+def gpu_suspect(gpus: Mapping[str, Sequence[Mapping[str, Any]]]) -> HostFinding | None:
+    """The one worker with throttled busy GPUs (the others' GPUs run at speed), or None."""
+    slow = {t: slow_gpus(g) for t, g in gpus.items()}
+    bad = [t for t, s in slow.items() if s]
+    if len(bad) != 1 or len(slow) < 2:
+        return None
+    t = bad[0]
+    return HostFinding(t, "GPU throttled", f"{t}'s " + "; ".join(slow[t]), {"gpus": slow[t]})
+
+
+# ------------------------------------------------------------------------------------- the scores
+
+
+@dataclass
+class Scores:
+    """Relative and individual speed per worker, from the local work per step (``pre_collective_ms``:
+    the time outside collectives) of each profile round."""
+
+    history: int = 3  # windows in a worker's current speed (median)
+    warmup: int = 2  # rounds before a worker's best counts
+    _local: dict[str, list[float]] = field(default_factory=dict)
+    _best: dict[str, float] = field(default_factory=dict)
+
+    def update(self, profiles: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+        current: dict[str, float] = {}
+        for task, rec in profiles.items():
+            local = rec.get("pre_collective_ms")
+            if local is None:
+                continue
+            seen = self._local.setdefault(task, [])
+            seen.append(float(local))
+            del seen[: -max(self.history, 8)]
+            now = statistics.median(seen[-self.history :])  # one odd window does not move it
+            current[task] = now
+            if len(seen) > self.warmup:
+                self._best[task] = min(self._best.get(task, now), now)
+        if not current:
+            return {}
+        fastest = min(current.values())
+        out = {}
+        for task, now in current.items():
+            best = self._best.get(task)
+            out[task] = {
+                "local_ms": round(now, 2),
+                "relative": round(fastest / now, 3) if now > 0 else 1.0,
+                "individual": round(best / now, 3) if best and now > 0 else 1.0,
+                "best_local_ms": round(best, 2) if best else None,
+            }
+        return out
+
+
+def explain(
+    finding: Any,
+    hosts: Mapping[str, Sequence[Mapping[str, Any]]],
+    gpus: Mapping[str, Sequence[Mapping[str, Any]]],
+    profiles: Mapping[str, Mapping[str, Any]],
+) -> Any:
+    """The straggler of a round (a ``StragglerFinding`` from the step clock, or None) with what the
+    hosts say: a throttled GPU or a starved host on the same worker names the cause; one worker's
+    host evidence alone names it even when the step clock cannot (its stall is inside the all-reduce)."""
+    from dataclasses import replace
+
+    from .stragglers import StragglerFinding
+
+    gpu = gpu_suspect(gpus)
+    host = host_suspect(hosts)
+    if finding is not None:
+        own_gpus = slow_gpus(gpus.get(finding.task, ()))
+        if own_gpus and finding.cause in ("compute", "other"):
+            return replace(finding, cause="GPU throttled", detail=f"{finding.task}'s " + "; ".join(own_gpus))
+        if host is not None and host.task == finding.task:
+            return replace(finding, cause=host.cause, detail=f"{host.detail}; {finding.detail}")
+        weak = starved(hosts, finding.task) if host is None else None
+        if weak is not None:  # everything a starved worker does is slow: the parts only echo it
+            return replace(finding, cause="host CPU", detail=f"{weak}; {finding.detail}")
+        if host is None:
+            return finding  # (another worker's throttled GPU is not what this step waits for)
+    other = host or gpu  # one worker's host evidence outranks the step clock's
+    if other is None:
+        return finding
+    pre = {t: float(p["pre_collective_ms"]) for t, p in profiles.items() if p.get("pre_collective_ms") is not None}
+    rest = [v for t, v in pre.items() if t != other.task]
+    wait = max(0.0, pre.get(other.task, 0.0) - statistics.median(rest)) if rest and other.task in pre else 0.0
+    steps = [float(p.get("step_ms") or 0.0) for p in profiles.values()]
+    return StragglerFinding(
+        task=other.task,
+        wait_ms=wait,
+        step_ms=statistics.median(steps) if steps else 0.0,
+        cause=other.cause,
+        pre_ms=pre,
+        detail=other.detail,
+    )

@@ -1,0 +1,208 @@
+"""The node's GPUs through NVML (``pynvml`` from nvidia-ml-py): inventory for preflight, and per
+heartbeat the evidence of a slow GPU — SM clock against its maximum, the clock-throttle reasons
+(power cap, thermal, HW slowdown ...), temperature, power, memory, PCIe/NVLink links, ECC and XID
+errors. Every reading is optional: a query the GPU or driver does not support is left out (None).
+
+No driver, no ``pynvml``, or a failing ``nvmlInit`` is not an error: no GPUs. Standard library only
+otherwise; ``pynvml`` is imported lazily (and can be replaced by a fake module in tests).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+#: NVML clock-event (throttle) reason bits → names (nvml.h, nvmlClocksEventReason*).
+THROTTLE_REASONS = {
+    0x1: "idle",
+    0x2: "application clocks",
+    0x4: "power cap",
+    0x8: "HW slowdown",
+    0x10: "sync boost",
+    0x20: "thermal (SW)",
+    0x40: "thermal (HW)",
+    0x80: "power brake",
+    0x100: "display clocks",
+}
+#: Reasons that make a busy GPU slow (the others are settings or idleness).
+SLOWING = frozenset({"power cap", "HW slowdown", "thermal (SW)", "thermal (HW)", "power brake"})
+SLOW_EVERY = 30  # samples between re-reading what rarely changes (max link speed, NVLink state)
+MAX_XID_EVENTS = 32  # per sample
+
+
+def reasons(mask: int) -> list[str]:
+    return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
+
+
+class Nvml:
+    """NVML if a driver is there; otherwise an empty GPU list, checked once."""
+
+    def __init__(self, module: Any = None, check_driver: bool = True) -> None:
+        self._nvml: Any = None
+        self._handles: list[Any] = []
+        self._events: Any = None
+        self._slow: dict[int, dict[str, Any]] = {}
+        self._xid: dict[int, tuple[int, int | None]] = {}  # index -> (count, last xid)
+        self._n = 0
+        no_driver = not os.path.exists("/dev/nvidiactl") and not os.environ.get("NVIDIA_VISIBLE_DEVICES")
+        if module is None and check_driver and no_driver:
+            return  # no NVIDIA driver here: skip importing pynvml and a failing nvmlInit
+        try:
+            if module is None:
+                import pynvml as module  # type: ignore[no-redef]
+
+            module.nvmlInit()
+            self._nvml = module
+            self._handles = [module.nvmlDeviceGetHandleByIndex(i) for i in range(module.nvmlDeviceGetCount())]
+        except Exception:
+            self._nvml = None
+            return
+        self._register_xid()
+
+    @property
+    def available(self) -> bool:
+        return self._nvml is not None
+
+    def _get(self, fn: str, *args: Any) -> Any:
+        """One NVML query; None when unsupported or failing."""
+        try:
+            return getattr(self._nvml, fn)(*args)
+        except Exception:
+            return None
+
+    def inventory(self) -> list[dict[str, Any]]:
+        out = []
+        for i, h in enumerate(self._handles):
+            name = self._get("nvmlDeviceGetName", h)
+            mem = self._get("nvmlDeviceGetMemoryInfo", h)
+            if name is None or mem is None:
+                continue
+            out.append(
+                {
+                    "index": i,
+                    "name": name.decode() if isinstance(name, bytes) else str(name),
+                    "memory_mb": int(mem.total // (1024 * 1024)),
+                }
+            )
+        return out
+
+    def utilization(self) -> list[dict[str, Any]]:
+        """The short form: utilisation and memory (kept for callers that want only that)."""
+        return [{k: g[k] for k in ("index", "util", "mem_used_mb") if k in g} for g in self.sample()]
+
+    def sample(self) -> list[dict[str, Any]]:
+        """Per GPU, everything readable now (see the module docstring). Never raises."""
+        if self._nvml is None:
+            return []
+        self._n += 1
+        xids = self._poll_xid()
+        out = []
+        for i, h in enumerate(self._handles):
+            try:
+                out.append(self._one(i, h, xids.get(i)))
+            except Exception:
+                continue
+        return out
+
+    def _one(self, i: int, h: Any, xid: tuple[int, int | None] | None) -> dict[str, Any]:
+        n = self._nvml
+        g: dict[str, Any] = {"index": i}
+        util = self._get("nvmlDeviceGetUtilizationRates", h)
+        if util is not None:
+            g["util"] = util.gpu
+        mem = self._get("nvmlDeviceGetMemoryInfo", h)
+        if mem is not None:
+            g["mem_used_mb"] = int(mem.used // (1024 * 1024))
+            g["mem_total_mb"] = int(mem.total // (1024 * 1024))
+        sm = getattr(n, "NVML_CLOCK_SM", 1)
+        g["sm_clock_mhz"] = self._get("nvmlDeviceGetClockInfo", h, sm)
+        g["sm_clock_max_mhz"] = self._get("nvmlDeviceGetMaxClockInfo", h, sm)
+        mask = self._get("nvmlDeviceGetCurrentClocksEventReasons", h)
+        if mask is None:
+            mask = self._get("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+        if mask is not None:
+            g["throttle"] = reasons(int(mask))
+        g["temp_c"] = self._get("nvmlDeviceGetTemperature", h, getattr(n, "NVML_TEMPERATURE_GPU", 0))
+        power = self._get("nvmlDeviceGetPowerUsage", h)
+        limit = self._get("nvmlDeviceGetEnforcedPowerLimit", h)
+        g["power_w"] = round(power / 1000.0, 1) if power is not None else None
+        g["power_limit_w"] = round(limit / 1000.0, 1) if limit is not None else None
+        g["pcie_gen"] = self._get("nvmlDeviceGetCurrPcieLinkGeneration", h)
+        g["pcie_width"] = self._get("nvmlDeviceGetCurrPcieLinkWidth", h)
+        g.update(self._slow_fields(i, h))
+        ecc = self._get(
+            "nvmlDeviceGetTotalEccErrors",
+            h,
+            getattr(n, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
+            getattr(n, "NVML_VOLATILE_ECC", 0),
+        )
+        g["ecc_uncorrected"] = int(ecc) if ecc is not None else None
+        if xid is not None:
+            g["xid_errors"], g["last_xid"] = xid
+        return {k: v for k, v in g.items() if v is not None}
+
+    def _slow_fields(self, i: int, h: Any) -> dict[str, Any]:
+        """Maximum link generation/width and active NVLinks: read every SLOW_EVERY samples."""
+        cached = self._slow.get(i)
+        if cached is not None and self._n % SLOW_EVERY != 1:
+            return cached
+        out: dict[str, Any] = {
+            "pcie_gen_max": self._get("nvmlDeviceGetMaxPcieLinkGeneration", h),
+            "pcie_width_max": self._get("nvmlDeviceGetMaxPcieLinkWidth", h),
+        }
+        links = getattr(self._nvml, "NVML_NVLINK_MAX_LINKS", 18)
+        active = 0
+        readable = False
+        for link in range(int(links)):
+            state = self._get("nvmlDeviceGetNvLinkState", h, link)
+            if state is None:
+                break
+            readable = True
+            active += 1 if state else 0
+        out["nvlink_active"] = active if readable else None
+        self._slow[i] = {k: v for k, v in out.items() if v is not None}
+        return self._slow[i]
+
+    def _register_xid(self) -> None:
+        kind = getattr(self._nvml, "nvmlEventTypeXidCriticalError", None)
+        if kind is None:
+            return
+        try:
+            events = self._nvml.nvmlEventSetCreate()
+            for h in self._handles:
+                try:
+                    self._nvml.nvmlDeviceRegisterEvents(h, kind, events)
+                except Exception:
+                    continue
+            self._events = events
+        except Exception:
+            self._events = None
+
+    def _poll_xid(self) -> dict[int, tuple[int, int | None]]:
+        """Critical XID events since the last sample (non-blocking), counted per GPU."""
+        if self._events is not None:
+            wait: Callable[..., Any] | None = getattr(self._nvml, "nvmlEventSetWait_v2", None) or getattr(
+                self._nvml, "nvmlEventSetWait", None
+            )
+            for _ in range(MAX_XID_EVENTS):
+                try:
+                    data = wait(self._events, 0) if wait else None
+                except Exception:
+                    break  # NVML_ERROR_TIMEOUT: nothing pending
+                if data is None:
+                    break
+                index = self._index_of(getattr(data, "device", None))
+                count, _ = self._xid.get(index, (0, None))
+                self._xid[index] = (count + 1, int(getattr(data, "eventData", 0)))
+        return dict(self._xid)
+
+    def _index_of(self, handle: Any) -> int:
+        for i, h in enumerate(self._handles):
+            if h == handle:
+                return i
+        return 0
+
+    def close(self) -> None:
+        if self._nvml is not None and self._events is not None:
+            self._get("nvmlEventSetFree", self._events)

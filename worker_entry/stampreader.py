@@ -1,0 +1,176 @@
+"""The step clock's reader: a daemon thread in the training process that turns stamp rows into
+progress (``steps``, examples) and, every ``TFCLUSTER_PROFILE_INTERVAL_S``, one ``profile`` record.
+
+No framework callback is involved: it works for Keras ``fit`` and any custom loop alike. Every
+``POLL_S`` it takes the rows the graph wrote (``stampring.drain``: a read of two small variables per
+replica), walks each replica's timeline (``stepclock.Timeline``) and counts the steps it closed.
+Per window it emits the record of the replica that worked longest between all-reduces (the one its
+worker's collectives wait for). It stops at interpreter exit after a last read. Any failure prints one
+``tfcluster:`` warning and stops the reader; training is never affected.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import progress, stampring
+from .progress import warn_once
+from .stepclock import DEFAULT_MIN_STEPS, MAX_WINDOW, StepSplit, Timeline, summarize
+
+POLL_S = 0.5
+
+
+class Reader:
+    """Rows → steps → progress and profile records. ``poll()`` does one round (tests drive it)."""
+
+    def __init__(
+        self,
+        interval_s: float,
+        min_steps: int = DEFAULT_MIN_STEPS,
+        take: Callable[[], list[stampring.Row]] = stampring.drain,
+        take_inputs: Callable[[], list[tuple[float, float]]] = stampring.take_inputs,
+        primaries: Callable[[int], frozenset[int]] = stampring.primary_calls,
+        has_runs: Callable[[int], bool] = stampring.has_runs,
+        examples: Callable[[int], int | None] = stampring.examples_per_step,
+        emit: Callable[..., Any] = progress.emit,
+        count: Callable[..., Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        cpu: Callable[[], float] = time.process_time,
+        stamps: str = "auto",
+    ) -> None:
+        self.interval_s = interval_s
+        self.min_steps = max(1, int(min_steps))
+        self._take, self._take_inputs = take, take_inputs
+        self._primaries, self._has_runs, self._examples = primaries, has_runs, examples
+        self._emit = emit
+        self._count = count or (lambda n, examples: progress.counter("train").add(n, examples, source="stamps"))
+        self._clock, self._cpu = clock, cpu
+        self.stamps = stamps
+        self.timelines: dict[int, Timeline] = {}
+        self.windows: dict[int, deque[StepSplit]] = {}
+        self.steps = 0
+        self._window_steps = 0
+        self._window_start = clock()
+        self._cpu0 = cpu()
+        self.records = 0
+        self.last_record: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+
+    def poll(self, wait_s: float = -1) -> int:
+        """One round: take rows, count steps, emit a window record when due. Returns steps counted
+        (0 when another round holds the lock longer than ``wait_s``; -1 waits as long as it takes)."""
+        if not self._lock.acquire(timeout=wait_s):
+            return 0
+        try:
+            rows = self._take()
+            inputs = self._take_inputs()
+            by_replica: dict[int, list[stampring.Row]] = {}
+            for r in rows:
+                by_replica.setdefault(r.replica, []).append(r)
+            for replica in by_replica:
+                self.timelines.setdefault(replica, Timeline(self._primaries, self._has_runs))
+            closed: dict[int, list[StepSplit]] = {}
+            for replica, timeline in self.timelines.items():
+                closed[replica] = timeline.feed(by_replica.get(replica, ()), inputs)
+                window = self.windows.setdefault(replica, deque(maxlen=MAX_WINDOW))
+                window.extend(s for s in closed[replica] if not s.warmup)
+            counting = min(closed) if closed else None  # the lowest replica counts the worker's steps
+            n = len(closed[counting]) if counting is not None else 0
+            if n:
+                per_step = [self._examples(s.fn) for s in closed[counting]]
+                examples = sum(per_step) if all(per_step) else None  # type: ignore[arg-type]
+                self.steps += n
+                self._window_steps += n
+                self._count(n, examples)
+            due = self._clock() - self._window_start >= self.interval_s
+            if self.interval_s > 0 and self._window_steps >= self.min_steps and due:
+                self._flush()
+            return n
+        finally:
+            self._lock.release()
+
+    def _flush(self) -> None:
+        cpu = self._cpu() - self._cpu0
+        best: dict[str, Any] | None = None
+        for window in self.windows.values():
+            if not window:
+                continue
+            rec = summarize(list(window), cpu_s=cpu, counted=self._window_steps)
+            if best is None or rec.get("pre_collective_ms", 0) > best.get("pre_collective_ms", 0):
+                best = rec
+        for window in self.windows.values():
+            window.clear()
+        self._window_steps = 0
+        self._window_start = self._clock()
+        self._cpu0 = self._cpu()
+        if best is not None and "step_ms" in best:
+            best["stamps"] = self.stamps
+            self.records += 1
+            self.last_record = best
+            self._emit("profile", **best)
+
+
+class _Thread(threading.Thread):
+    def __init__(self, reader: Reader, poll_s: float) -> None:
+        super().__init__(name="tfcluster-stepclock", daemon=True)
+        self.reader = reader
+        self.poll_s = poll_s
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.poll_s):
+            if not self._round():
+                return
+
+    def _round(self, wait_s: float = -1) -> bool:
+        try:
+            self.reader.poll(wait_s)
+            return True
+        except Exception as exc:
+            warn_once("stepclock-reader", f"step clock reader stopped ({exc!r}); training continues")
+            return False
+
+    def finish(self) -> None:
+        """At exit: stop, take what is left, write the last progress record."""
+        self.stop.set()
+        self.join(timeout=2.0)
+        if self._round(wait_s=2.0):
+            progress.flush()
+
+
+_thread: _Thread | None = None
+_thread_lock = threading.Lock()
+
+
+def ensure_started(env: Mapping[str, str] = os.environ) -> bool:
+    """Start the reader once per process (called while a stamped function is traced); only when
+    progress records go somewhere."""
+    global _thread
+    if _thread is not None and _thread.is_alive():
+        return False
+    with _thread_lock:
+        if _thread is not None and _thread.pid == os.getpid():  # type: ignore[attr-defined]
+            return False
+        if not progress.get_writer(env).enabled:
+            return False
+        # from now on the stamps count training steps: the Keras callback (whose first batch ends
+        # after this trace) must not count them too
+        progress.counter("train").claim("stamps")
+        from .devsync import sync_mode
+
+        reader = Reader(progress.profile_interval_from_env(env), stamps=sync_mode(env))
+        _thread = _Thread(reader, POLL_S)
+        _thread.pid = os.getpid()  # type: ignore[attr-defined]
+        _thread.start()
+        atexit.register(_thread.finish)
+        return True
+
+
+def current() -> Reader | None:
+    return _thread.reader if _thread is not None else None

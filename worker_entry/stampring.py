@@ -1,0 +1,259 @@
+"""Where the step clock's in-graph stamps go, and what is known about them at trace time.
+
+- ``Ring``: one local replica's stamps in two local CPU variables (a counter and ``RING_ROWS`` rows of
+  ``(seq, code, fn, call, a, b, c)``), written by the graph, read by the reader thread. A row is valid
+  when its ``seq`` column equals its position: a reader never takes a row that is half written or
+  already overwritten by a newer lap.
+- the registry: every stamped traced function (``fn`` id, by its outermost ``FuncGraph``) and, per
+  function, every stamped collective (``call`` index in trace order) with whether its inputs look like
+  gradients and how many elements it reduces. The *primary* collectives of a function (its largest
+  gradient all-reduces) are the step boundaries.
+- the host intervals of eager ``next(distributed_iterator)`` calls (input fetched outside the
+  ``tf.function``), bounded.
+
+TensorFlow is imported only inside functions; nothing here raises into user code.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+RING_ROWS = 4096  # rows kept per replica until the reader takes them (older ones are overwritten)
+INLINE = 2  # collectives of a replica function carried in its own row (more get rows of their own)
+COLS = 7 + 3 * INLINE
+# Row codes: COLLECTIVE: a collective outside any replica function (e.g. strategy.reduce of the loss),
+# IN_RUN: one issued inside a replica function that did not fit its row (call, a=t_enter, b=t_exit);
+# RUN: a replica function (a=t_start, b=t_data, c=t_done, inline: up to INLINE of its collectives as
+# (call, t_enter, t_exit)), written when its work is done.
+COLLECTIVE, RUN, IN_RUN = 2, 3, 4
+MAX_INPUT_INTERVALS = 4096
+MAX_FUNCTIONS = 4096
+
+
+class Row(NamedTuple):
+    """One stamp row as read back from a ring (times in seconds since the epoch)."""
+
+    replica: int
+    code: int
+    fn: int
+    call: int
+    a: float
+    b: float
+    c: float = 0.0
+    inline: tuple[tuple[int, float, float], ...] = ()
+
+
+class Ring:
+    """One local replica's rows in two plain ``ResourceVariable``s on the host CPU, created eagerly
+    (``init_scope``) and bypassing variable creator scopes: never distributed variables, never part of
+    the model or its checkpoints."""
+
+    def __init__(self, tf: Any, replica: int, rows: int = RING_ROWS) -> None:
+        from tensorflow.python.ops import resource_variable_ops
+
+        self.replica = replica
+        self.size = rows
+        self.read_upto = 0  # rows below this sequence number have been taken
+        self.lost = 0  # rows overwritten before the reader took them
+        with tf.init_scope(), tf.device("/cpu:0"):
+            # the counter holds the index of the last row written (-1: none), so that assign_add's
+            # result is the new row's index
+            self.count = resource_variable_ops.ResourceVariable(
+                tf.constant(-1, tf.int64), trainable=False, name=f"tfcluster_ring_count_{replica}"
+            )
+            self.rows = resource_variable_ops.ResourceVariable(
+                tf.fill([rows, COLS], tf.constant(-1.0, tf.float64)),
+                trainable=False,
+                name=f"tfcluster_ring_{replica}",
+            )
+
+    def write(self, tf: Any, code: int, fn: int, call: int, values: list[Any]) -> Any:
+        """Graph side: append one row ``(index, code, fn, call, *values)`` (values padded with zeros):
+        8 small ops on the host CPU — the counter first, then the row carrying its own index."""
+        with tf.name_scope("tfcluster_ring"), tf.device("/cpu:0"):
+            index = tf.convert_to_tensor(self.count.assign_add(tf.constant(1, tf.int64), read_value=True))
+            pad = [0.0] * (COLS - 4 - len(values))
+            row = tf.stack([tf.cast(index, tf.float64), float(code), float(fn), float(call), *values, *pad])
+            where = tf.reshape(index % self.size, [1, 1])
+            return self.rows.scatter_nd_update(where, tf.reshape(row, [1, COLS]))
+
+    def take(self) -> list[Row]:
+        """Reader side: the rows written since the last call, in write order."""
+        count = int(self.count.numpy()) + 1
+        if count <= self.read_upto:
+            return []
+        table = self.rows.numpy()
+        start = max(self.read_upto, count - self.size)
+        self.lost += start - self.read_upto
+        out: list[Row] = []
+        i = start
+        while i < count:
+            r = table[i % self.size].tolist()
+            seq = int(r[0])
+            if seq < i:  # counted but not written yet: take it next time
+                break
+            if seq == i:
+                out.append(_row(self.replica, r))
+            else:
+                self.lost += 1  # a newer lap overwrote it meanwhile
+            i += 1
+        self.read_upto = i
+        return out
+
+
+def _row(replica: int, r: list[float]) -> Row:
+    code, fn, call = int(r[1]), int(r[2]), int(r[3])
+    if code == RUN:
+        inline = tuple((int(r[7 + 3 * k]), r[8 + 3 * k], r[9 + 3 * k]) for k in range(min(call, INLINE)))
+        return Row(replica, code, fn, call, r[4], r[5], r[6], inline)
+    return Row(replica, code, fn, call, r[4], r[5])
+
+
+_lock = threading.Lock()
+_rings: dict[int, Ring] = {}
+_inputs: deque[tuple[float, float]] = deque(maxlen=MAX_INPUT_INTERVALS)
+
+
+def ring(tf: Any, replica: int) -> Ring:
+    with _lock:
+        r = _rings.get(replica)
+        if r is None:
+            r = _rings[replica] = Ring(tf, replica)
+        return r
+
+
+def drain() -> list[Row]:
+    """Every row written since the last call, per replica in write order (reads the variables eagerly)."""
+    with _lock:
+        rings = list(_rings.values())
+    out: list[Row] = []
+    for r in rings:
+        out.extend(r.take())
+    return out
+
+
+def delivered() -> int:
+    """Rows written by the graph in this process (tests, diagnostics)."""
+    with _lock:
+        rings = list(_rings.values())
+    return sum(int(r.count.numpy()) + 1 for r in rings)
+
+
+def lost() -> int:
+    with _lock:
+        return sum(r.lost for r in _rings.values())
+
+
+def note_input(t0: float, t1: float) -> None:
+    """An eager ``next()`` on a distributed iterator took [t0, t1] (``time.time()`` seconds)."""
+    _inputs.append((t0, t1))
+
+
+def take_inputs() -> list[tuple[float, float]]:
+    out = []
+    while True:
+        try:
+            out.append(_inputs.popleft())
+        except IndexError:
+            return out
+
+
+# ---------------------------------------------------------------------------------- the registry
+
+
+@dataclass
+class CallInfo:
+    gradient: bool
+    elements: int
+
+
+@dataclass
+class FnInfo:
+    fn: int
+    calls: dict[int, CallInfo] = field(default_factory=dict)
+    next_call: dict[int, int] = field(default_factory=dict)  # per replica: the next call index
+    examples_per_step: int | None = None
+    runs: bool = False  # its replica functions are stamped (a RUN row follows their collectives)
+
+
+_fns: dict[int, FnInfo] = {}
+_graphs: dict[int, tuple[Any, int]] = {}  # id(outermost graph) -> (weakref to it, fn id)
+
+
+def fn_id(graph: Any) -> int:
+    """The id of the stamped function whose outermost graph is ``graph`` (assigned on first use)."""
+    with _lock:
+        entry = _graphs.get(id(graph))
+        if entry is not None and entry[0]() is graph:
+            return entry[1]
+        fid = len(_fns) + 1
+        if fid > MAX_FUNCTIONS:  # a retracing storm: reuse one id rather than grow without bound
+            fid = MAX_FUNCTIONS
+            for key in [k for k, (ref, _) in _graphs.items() if ref() is None]:
+                del _graphs[key]  # graphs gone since
+        _fns.setdefault(fid, FnInfo(fid))
+        try:
+            ref = weakref.ref(graph)
+        except TypeError:
+            ref = lambda g=graph: g  # noqa: E731 - objects without weakref support (tests)
+        _graphs[id(graph)] = (ref, fid)
+        return fid
+
+
+def next_call(fid: int, replica: int) -> int:
+    """Number one collective of ``replica`` in function ``fid`` (every replica numbers alike)."""
+    with _lock:
+        info = _fns.setdefault(fid, FnInfo(fid))
+        n = info.next_call.get(replica, 0)
+        info.next_call[replica] = n + 1
+        return n
+
+
+def note_call(fid: int, call: int, gradient: bool, elements: int) -> None:
+    with _lock:
+        _fns.setdefault(fid, FnInfo(fid)).calls.setdefault(call, CallInfo(gradient, elements))
+
+
+def note_run(fid: int, examples: int | None) -> None:
+    """A replica function of ``fid`` is stamped; ``examples`` per step across all replicas if known."""
+    with _lock:
+        info = _fns.setdefault(fid, FnInfo(fid))
+        info.runs = True
+        if examples and info.examples_per_step is None:
+            info.examples_per_step = examples
+
+
+def has_runs(fid: int) -> bool:
+    with _lock:
+        info = _fns.get(fid)
+        return bool(info and info.runs)
+
+
+def primary_calls(fid: int) -> frozenset[int]:
+    """The step boundaries of a function: its gradient all-reduces of the largest size (several when
+    a Python loop unrolled steps into one function); empty when it has no gradient all-reduce."""
+    with _lock:
+        info = _fns.get(fid)
+        grads = {c: i.elements for c, i in info.calls.items() if i.gradient} if info else {}
+    if not grads:
+        return frozenset()
+    top = max(grads.values())
+    return frozenset(c for c, e in grads.items() if e == top)
+
+
+def examples_per_step(fid: int) -> int | None:
+    with _lock:
+        info = _fns.get(fid)
+        return info.examples_per_step if info else None
+
+
+def reset_for_tests() -> None:
+    with _lock:
+        _rings.clear()
+        _fns.clear()
+        _graphs.clear()
+        _inputs.clear()
