@@ -49,13 +49,13 @@ class Recorder:
         return [e for e in self.events if e.event == kind]
 
 
-def supervise(scripts, n_hosts=3, interrupt=None, **sections):
+def supervise(scripts, n_hosts=3, interrupt=None, bound=None, **sections):
     loaded, plan = make_plan(n_hosts, **sections)
     backend = FakeBackend(scripts)
     rec = Recorder()
     sup = Supervisor(
         loaded.spec, plan, backend, attempt=0, bus=EventBus([rec]), logs=rec, heartbeats=rec,
-        interrupt=interrupt or Interrupt(),
+        interrupt=interrupt or Interrupt(), bound=bound,
     )
     try:
         res = sup.run()

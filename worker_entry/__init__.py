@@ -11,6 +11,7 @@ _LAZY = {
     "make_strategy": ("strategy", "make_strategy"),
     "report_step": ("progress", "report_step"),
     "progress_callback": ("keras_callback", "progress_callback"),
+    "sweep_batch_size": ("sweep", "sweep_batch_size"),
 }
 
 

@@ -6,10 +6,14 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from ..core.diagnostics import Diagnostic
 from ..core.errors import SpecError, UsageError
 from .exitcodes import EXIT_CONNECT, EXIT_OK, EXIT_USAGE, exit_code_for
+
+if TYPE_CHECKING:
+    from ..supervise.bound import RunBound
 
 
 def version() -> str:
@@ -85,7 +89,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
     command = list(args.cmd) or None
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         raise UsageError(f"--metrics-port {args.metrics_port}: must be a TCP port (0: any free port)")
+    bound = run_bound(args.max_steps, args.max_duration)
     loaded, plan = load_plan(args.spec, _run_id_from_dir(args.run_dir), command)
+    if plan.scheduler == "slurm" and bound.active:
+        raise UsageError("--max-steps/--max-duration: not under scheduler: slurm yet (use the spec's slurm.time)")
     if plan.scheduler == "slurm":
         from .slurm import launch_slurm
 
@@ -96,6 +103,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         flags = [f for f, on in (("--no-preflight", args.no_preflight), ("--no-gather", args.no_gather)) if on]
         if args.metrics_port is not None:
             flags += ["--metrics-port", str(args.metrics_port)]
+        flags += ["--max-steps", str(args.max_steps)] if args.max_steps is not None else []
+        flags += ["--max-duration", args.max_duration] if args.max_duration is not None else []
         code, message = launch_detached(
             args.spec, args.run_dir or os.path.join("runs", plan.run_id), [*flags, *(["--", *command] if command else [])]
         )
@@ -112,9 +121,23 @@ def cmd_launch(args: argparse.Namespace) -> int:
             echo_logs=not args.quiet,
             adopt_run_dir=args.detached_child,
             metrics_port=args.metrics_port,
+            bound=bound if bound.active else None,
         ),
     )
     return exit_code_for(result)
+
+
+def run_bound(max_steps: int | None, max_duration: str | None) -> RunBound:
+    """--max-steps/--max-duration as a RunBound (inactive when neither is given)."""
+    from ..supervise.bound import RunBound
+    from ..views.logs import parse_duration
+
+    if max_steps is not None and max_steps < 1:
+        raise UsageError(f"--max-steps {max_steps}: must be at least 1")
+    seconds = parse_duration(max_duration, "--max-duration") if max_duration is not None else None
+    if seconds is not None and seconds <= 0:
+        raise UsageError(f"--max-duration {max_duration}: must be longer than 0 s")
+    return RunBound(steps=max_steps, seconds=seconds)
 
 
 def _run_id_from_dir(run_dir: str | None) -> str | None:
@@ -191,17 +214,6 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     else:
         print(preflight_text(report))
     return EXIT_OK if report.ok else EXIT_CONNECT
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    from ..runs import resolve_run
-    from ..views.logs import parse_duration
-    from ..views.report import build_report, report_text
-
-    last_s = parse_duration(args.last, "--last") if args.last else None
-    report = build_report(resolve_run(args.run, args.runs_dir), last_s=last_s)
-    print(json.dumps(report, indent=2) if args.json else report_text(report))
-    return EXIT_OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

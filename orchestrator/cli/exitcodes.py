@@ -60,3 +60,13 @@ def exit_code_for_state(state: str, gather_error: bool = False) -> int:
     if js == JobState.SUCCEEDED and gather_error:
         return EXIT_GATHER
     return STATE_EXIT_CODES.get(js, EXIT_JOB_FAILED)
+
+
+def exit_code_for_sweep(states: list[str], interrupted: bool) -> int:
+    """`tfcluster scale`: the code of the first size that did not succeed (an interrupted sweep: 130
+    or 143 as its size's state says, 130 when it stopped between sizes); 0 when every size ran."""
+    for state in states:
+        code = exit_code_for_state(state)
+        if code != EXIT_OK:
+            return code
+    return EXIT_SIGINT if interrupted or not states else EXIT_OK

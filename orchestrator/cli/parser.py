@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
+from . import analysis as a
 from . import commands as c
 
 
@@ -116,6 +117,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PORT",
         help="serve Prometheus metrics of the running job on PORT (0: any free port; see metrics: in the spec)",
     )
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        metavar="N",
+        help="stop the job cleanly once every worker made N training steps (exit 0; the step clock counts them)",
+    )
+    p.add_argument(
+        "--max-duration",
+        metavar="DURATION",
+        help="stop the job cleanly after DURATION of training (90s, 5m; from the first step), exit 0",
+    )
     p.add_argument("--detached-child", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=c.cmd_launch, cmd=[])
     p.usage = "tfcluster launch [options] SPEC [-- COMMAND...]   (COMMAND overrides job.command)"
@@ -192,8 +204,30 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="only samples from the run's last DURATION (30s, 5m): the split after a slowdown, not diluted by the whole run",
     )
+    p.add_argument("--html", action="store_true", help="also write RUN/report/report.html and its PNGs (matplotlib)")
     p.add_argument("--runs-dir", default="runs")
-    p.set_defaults(func=c.cmd_report)
+    p.set_defaults(func=a.cmd_report)
+
+    p = _cmd(
+        sub,
+        "scale",
+        "Measure scaling: run the job at several worker counts (its first hosts), each bounded, and report "
+        "examples/s, speed-up, efficiency, time split, stragglers and advice (table, scale.json, HTML, PNGs).",
+        "tfcluster scale cluster.yaml --workers 1,2,4 --duration 60s\n"
+        "tfcluster scale cluster.yaml --workers 1,2,4,8 --steps 300 --strong --run-dir runs/sweep1",
+    )
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--workers", metavar="N,N,...", help="worker counts (default: 1, 2, 4, ... and all hosts)")
+    p.add_argument("--steps", type=int, metavar="N", help="train each size for N steps")
+    p.add_argument("--duration", metavar="DURATION", help="train each size for DURATION (default 60s; 90s, 5m)")
+    p.add_argument(
+        "--strong", action="store_true", help="keep the global batch (default: the per-worker batch; weak scaling)"
+    )
+    p.add_argument("--run-dir", help="sweep directory (default: ./runs/scale-NAME-<UTC timestamp>)")
+    p.add_argument("--no-preflight", action="store_true", help="skip the host checks before each size")
+    p.add_argument("--verbose", "-v", action="store_true", help="print the workers' output (it is stored anyway)")
+    p.add_argument("--json", action="store_true", help="print scale.json on stdout instead of the table")
+    p.set_defaults(func=a.cmd_scale)
 
     p = _cmd(
         sub,

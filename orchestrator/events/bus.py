@@ -31,6 +31,7 @@ EVENT_KINDS = frozenset(
         "worker_slowing",
         "heterogeneous_gpus",
         "shell_noise",
+        "bound_reached",
         "teardown",
         "interrupted",
         "detached",

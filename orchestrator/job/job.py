@@ -26,6 +26,7 @@ from ..sinks.status import StatusWriter
 from ..spec import LoadedSpec
 from ..spec.redact import redacted_text
 from ..supervise import Interrupt, Supervisor
+from ..supervise.bound import RunBound
 from .signals import Hangup, signals_to
 
 
@@ -38,6 +39,7 @@ class LaunchOptions:
     echo_logs: bool = True
     adopt_run_dir: bool = False  # --detach: the run directory was created for us (holds launcher.log)
     metrics_port: int | None = None  # overrides the spec's metrics.port
+    bound: RunBound | None = None  # stop cleanly (a success) after N steps or D seconds of training
 
 
 class _ProfileTee:
@@ -247,6 +249,7 @@ class Job:
             interrupt=self.interrupt,
             preflight=self.opts.preflight,
             on_status=self.status,
+            bound=self.opts.bound,
         )
         return sup.run(), sup
 

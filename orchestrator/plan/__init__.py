@@ -3,7 +3,7 @@ environment and ``NodeConfig`` of every node. ``tfcluster plan`` prints exactly 
 
 from .build import SshLookup, build_plan, resolve_communication
 from .kubernetes import PodNames, kubernetes_plan, pod_names
-from .load import default_run_id, load_plan, run_id_for_dir
+from .load import default_run_id, load_plan, plan_loaded, run_id_for_dir
 from .model import NodePlan, Plan, Runtime, SshTarget, TaskId, bracket
 from .secrets import REDACTED, redact_env
 from .slurm import slurm_plan  # registers the slurm planner with build_plan
@@ -22,6 +22,7 @@ __all__ = [
     "default_run_id",
     "kubernetes_plan",
     "load_plan",
+    "plan_loaded",
     "pod_names",
     "redact_env",
     "resolve_communication",

@@ -54,9 +54,14 @@ def load_plan(spec_path: str, run_id: str | None = None, command: list[str] | No
     if command:
         spec = spec.model_copy(update={"job": override_command(spec, command)})
         loaded = LoadedSpec(spec=spec, path=loaded.path, text=loaded.text, warnings=loaded.warnings)
+    return loaded, plan_loaded(loaded, run_id)
+
+
+def plan_loaded(loaded: LoadedSpec, run_id: str | None = None) -> Plan:
+    """The plan of an already validated spec (with ~/.ssh/config for scheduler: ssh)."""
+    spec = loaded.spec
     try:
         lookup = ssh_config_lookup(spec.ssh.config_file) if spec.scheduler == "ssh" else None
     except SshConfigError as exc:
         raise UsageError(f"ssh.config_file: {exc}") from None
-    plan = build_plan(spec, run_id=run_id or default_run_id(spec.name), local_user=local_user(), ssh_lookup=lookup)
-    return loaded, plan
+    return build_plan(spec, run_id=run_id or default_run_id(spec.name), local_user=local_user(), ssh_lookup=lookup)

@@ -91,7 +91,11 @@ def describe(ev: Event) -> str | None:
         return (
             f"{who}: the login shell printed before worker_entry started (kept in the log): {d.get('text', '')[:120]!r}"
         )
+    if k == "bound_reached":
+        return f"bounded run: {d.get('message')}; stopping the job"
     if k == "teardown":
+        if str(d.get("reason", "")).startswith("bounded run:"):
+            return None  # bound_reached said it
         return f"tearing down the job: {d.get('reason')}"
     if k == "interrupted":
         return f"received {d.get('signal')}; tearing down (press Ctrl-C again to kill at once)"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from worker_entry import protocol as p
 
@@ -26,6 +27,12 @@ TAIL_BYTES = 16 * 1024
 DIAG_BYTES = 64 * 1024
 LAST_LINES = 20
 RATE_WINDOW_S = 1.0  # examples/s and steps/s over at least this much time
+
+
+PROTOCOL_HINT = (
+    "the host runs a different or broken worker_entry, or something writes into its output channel; "
+    "compare versions with `tfcluster preflight`"
+)
 
 
 @dataclass(frozen=True)
@@ -213,6 +220,12 @@ class TaskSession:
         elif isinstance(msg, p.Exited):
             self.exit = msg
 
+    @property
+    def progress_steps(self) -> int | None:
+        """Training steps so far, from its last heartbeat (None before its first progress record)."""
+        prog = self.heartbeat.progress if self.heartbeat is not None else None
+        return prog.steps if prog is not None else None
+
     def finish(self, exited: p.Exited, job_stopping: bool) -> TaskState:
         """The terminal state an ``exited`` message means."""
         if exited.not_started:
@@ -262,3 +275,8 @@ class TaskSession:
         if not lines and self._diag:
             lines = [ln for ln in self.diag_text.splitlines() if ln.strip()]
         return tuple(line[:1000] for line in lines[-n:])
+
+
+def record_of(m: p.Message) -> dict[str, Any]:
+    """A message as a heartbeats.jsonl record (without its type, without empty fields)."""
+    return {k: v for k, v in m.to_dict().items() if k != "type" and v is not None}

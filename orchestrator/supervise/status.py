@@ -63,8 +63,11 @@ def attempt_result(
     interrupted_by: int | None,
     started_ts: float,
     went: bool = True,
+    bounded: bool = False,
 ) -> AttemptResult:
-    """The attempt's outcome; ``went``: the go was sent (a failure before it means nothing ran)."""
+    """The attempt's outcome; ``went``: the go was sent (a failure before it means nothing ran);
+    ``bounded``: a bounded run stopped its tasks on purpose (stopped tasks are a success)."""
+    done = (TaskState.SUCCEEDED, TaskState.STOPPED) if bounded else (TaskState.SUCCEEDED,)
     tasks = {}
     for s in sessions:
         ex = s.exit
@@ -83,7 +86,7 @@ def attempt_result(
         state = JobState.PREFLIGHT_FAILED
     elif failures and not went and failures[0].kind in ("spawn", "protocol"):
         state = JobState.START_FAILED
-    elif failures or any(t.state != TaskState.SUCCEEDED for t in tasks.values()):
+    elif failures or any(t.state not in done for t in tasks.values()):
         state = JobState.FAILED
     else:
         state = JobState.SUCCEEDED

@@ -22,17 +22,14 @@ from ..core.states import JobState, TaskState
 from ..events import EventBus, HeartbeatSink, LogSink
 from ..plan import Plan
 from ..spec import ClusterSpec
+from .bound import BoundWatch, RunBound
 from .gate import check_before_go
 from .inputs import QUEUE_ITEMS, ChannelPump, ChannelReady, Interrupt, Received
 from .monitor import Monitor, Policy, Verdict
-from .session import Output, ShellNoise, TaskSession, Violation
+from .session import PROTOCOL_HINT, Output, ShellNoise, TaskSession, Violation, record_of
 from .status import attempt_result, snapshot
 
 TEARDOWN_MARGIN_S = 5.0
-PROTOCOL_HINT = (
-    "the host runs a different or broken worker_entry, or something writes into its output channel; "
-    "compare versions with `tfcluster preflight`"
-)
 
 
 class Supervisor:
@@ -50,6 +47,7 @@ class Supervisor:
         preflight: bool = True,
         on_status: Callable[[dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        bound: RunBound | None = None,
     ) -> None:
         self.spec = spec
         self.plan = plan
@@ -75,6 +73,8 @@ class Supervisor:
         self.started_ts = time.time()
         self.monitor = Monitor(list(self.sessions), self.policy, clock())
         self._handled_interrupts = 0
+        self.bound = BoundWatch(bound, spec.job.startup_timeout_s) if bound is not None and bound.active else None
+        self.bound_reached: str | None = None
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -103,6 +103,7 @@ class Supervisor:
                 if self.state == JobState.RUNNING:  # while stopping, the teardown deadline rules
                     for v in self.monitor.check(now):
                         self._verdict(v)
+                    self._check_bound(now)
                 if self.teardown_deadline is not None:
                     if now >= self.teardown_deadline:
                         self._abandon_all("no exit confirmation before the teardown deadline")
@@ -185,7 +186,7 @@ class Supervisor:
             self.monitor.seen(s.task, now)
         if isinstance(m, p.Heartbeat):
             self.monitor.on_heartbeat(s.task, m, now)
-            self.heartbeats.write(s.task, _record(m))
+            self.heartbeats.write(s.task, record_of(m))
         elif isinstance(m, p.Hello):
             hostname = m.facts.hostname
             gpus = [{"name": g.name, "memory_mb": g.memory_mb} for g in m.facts.gpus]
@@ -198,7 +199,7 @@ class Supervisor:
         elif isinstance(m, p.StrategyInfo):
             self.monitor.on_started(s.task, now)
         elif isinstance(m, p.Profile):
-            record = _record(m)
+            record = record_of(m)
             self.heartbeats.write(s.task, {**record, "kind": "profile"})
             for v in self.monitor.on_profile(s.task, record, now):
                 self._verdict(v)
@@ -243,7 +244,7 @@ class Supervisor:
             self.bus.emit(
                 "task_exited", task=s.task, host=s.host, code=None, signal=None, stopped=True,
                 reason="channel closed during teardown",
-            )
+            )  # fmt: skip
             return
         s.state = TaskState.LOST
         diag = entry_failure(status, s.diag_text, s.node.argv[0], synced=s.decoder.synced)
@@ -304,6 +305,15 @@ class Supervisor:
             self.monitor.on_terminal(s.task)
         if v.fatal:
             self._fail(self._failure(v.kind, v.message, s))
+
+    def _check_bound(self, now: float) -> None:
+        """A bounded run that had enough stops like `tfcluster stop`, and counts as a success."""
+        running = {t: s.progress_steps for t, s in self.sessions.items() if s.state == TaskState.RUNNING}
+        why = self.bound.check(running, now, self.went_at) if self.bound and not self.stopping_reason else None
+        if why is not None:
+            self.bound_reached = why
+            self.bus.emit("bound_reached", message=why, steps=min((n or 0 for n in running.values()), default=0))
+            self._teardown(f"bounded run: {why}")
 
     def _blame_suspects(self, failed_task: TaskSession) -> None:
         """A peer that went silent or was stopped *before* this failure is the likelier cause."""
@@ -402,12 +412,8 @@ class Supervisor:
             interrupted_by=self.interrupted_by,
             started_ts=self.started_ts,
             went=self.went_at is not None,
+            bounded=self.bound_reached is not None,
         )
         self.state = result.state
         self._publish_status()
         return result
-
-
-def _record(m: p.Message) -> dict[str, Any]:
-    """A message as a heartbeats.jsonl record (without its type, without empty fields)."""
-    return {k: v for k, v in m.to_dict().items() if k != "type" and v is not None}

@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+from worker_entry.sweep import sweep_batch_size
+
 # Keras 3 breaks multi-worker model.fit under MWMS in TF 2.21 (keras-team/keras#20585): use tf_keras
 # through tf.keras. The launcher sets this; setting the default here keeps the script runnable alone.
 # It must happen before TensorFlow is imported.
@@ -88,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         ds = tf.data.Dataset.from_tensor_slices((features, labels)).repeat()
-        per_replica = ctx.get_per_replica_batch_size(args.batch_size * ctx.num_replicas_in_sync)
+        # Under `tfcluster scale --strong` each worker takes its share of the baseline's global batch.
+        per_worker = sweep_batch_size(args.batch_size)
+        per_replica = ctx.get_per_replica_batch_size(per_worker * ctx.num_replicas_in_sync)
         # A static batch size (drop_remainder on a repeated dataset drops nothing): shapes are known
         # to TensorFlow, and tfcluster's instrumentation can count examples/s from it.
         ds = ds.batch(per_replica, drop_remainder=True)

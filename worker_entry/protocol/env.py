@@ -36,6 +36,9 @@ class Env:
     SLURM_SPEC = "TFCLUSTER_SLURM_SPEC"  # slurm: the spec the batch supervisor runs (in sbatch's environment only)
     POD = "TFCLUSTER_POD"  # Kubernetes: the pod's worker_entry settings (JSON, rendered into the pod spec)
     JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"  # Kubernetes: set by the Job controller (Indexed Jobs)
+    SCALE_WORKERS = "TFCLUSTER_SCALE_WORKERS"  # tfcluster scale: the workers of this size of the sweep
+    SCALE_BASE_WORKERS = "TFCLUSTER_SCALE_BASE_WORKERS"  # ... its smallest size (the baseline)
+    SCALE_MODE = "TFCLUSTER_SCALE_MODE"  # ... weak (same per-worker batch) or strong (same global batch)
     PREFIX = "TFCLUSTER_"
 
 

@@ -1,0 +1,87 @@
+"""`tfcluster report` and `tfcluster scale`: why a job does (not) scale, from one run or a sweep."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from ..core.errors import UsageError
+from .exitcodes import EXIT_OK, exit_code_for_sweep
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ..runs import resolve_run
+    from ..views.logs import parse_duration
+    from ..views.report import build_report, report_text
+
+    last_s = parse_duration(args.last, "--last") if args.last else None
+    run = resolve_run(args.run, args.runs_dir)
+    report = build_report(run, last_s=last_s)
+    text = report_text(report)
+    if args.html:
+        from ..views.pages import report_page
+
+        page, pngs = report_page(run, report, text)
+        report["html"] = str(page)
+        report["pngs"] = [str(p) for p in pngs]
+    print(json.dumps(report, indent=2) if args.json else text)
+    if args.html and not args.json:
+        print(f"\nwrote {report['html']} and {', '.join(os.path.basename(p) for p in report['pngs'])}")
+    return EXIT_OK
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    from ..job.scale import SizeRun, SweepOptions, parse_sizes, run_sweep
+    from ..runs import write_json_atomic
+    from ..spec import load_spec
+    from ..views.pages import sweep_page
+    from ..views.scale import sweep_summary, sweep_text
+    from .commands import run_bound
+
+    loaded = load_spec(args.spec)
+    hosts = len(loaded.spec.hosts or [])
+    sizes = parse_sizes(args.workers, hosts) if args.workers else _default_sizes(hosts)
+    if args.steps is None and args.duration is None:
+        args.duration = "60s"
+    bound = run_bound(args.steps, args.duration)
+    root = Path(args.run_dir or os.path.join("runs", f"scale-{loaded.spec.name}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"))
+    if root.exists() and any(root.iterdir()):
+        raise UsageError(f"--run-dir {root}: already exists and is not empty; choose another")
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    opts = SweepOptions(sizes, bound, root, strong=args.strong, preflight=not args.no_preflight, echo_logs=args.verbose)
+    say = sys.stderr
+    print(f"tfcluster scale: {', '.join(map(str, sizes))} workers, {bound.describe()} each; sweep directory {root}", file=say)
+
+    def on_size(run: SizeRun) -> None:
+        print(f"tfcluster scale: {run.workers} worker(s): {run.state} in {run.wall_s:.0f}s ({run.run_dir})", file=say)
+
+    runs, interrupted = run_sweep(loaded, opts, on_size)
+    summary = sweep_summary([r.to_dict() for r in runs], args.strong)
+    summary.update(spec=loaded.path, sweep_dir=str(root), bound=bound.describe(), interrupted=interrupted)
+    text = sweep_text(summary)
+    try:
+        page, pngs = sweep_page(summary, text, root)
+        summary.update(html=str(page), pngs=[str(p) for p in pngs])
+    except UsageError as exc:  # no matplotlib: the table and JSON still stand
+        summary.update(html=None, pngs=[], pictures_error=str(exc))
+    write_json_atomic(root / "scale.json", summary)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(text)
+        where = f"{summary['html']} (pictures: {len(summary['pngs'])} PNGs)" if summary.get("html") else summary["pictures_error"]
+        print(f"\nwrote {root / 'scale.json'} and {where}")
+    return exit_code_for_sweep([r.state for r in runs], interrupted)
+
+
+def _default_sizes(hosts: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to the spec's hosts, and the spec's hosts itself."""
+    sizes, n = [], 1
+    while n < hosts:
+        sizes.append(n)
+        n *= 2
+    return (*sizes, hosts) if hosts else (1,)

@@ -1,0 +1,273 @@
+"""What a scaling sweep measured: per size throughput, speed-up, efficiency, split, straggler; advice
+tied to the measurement that triggers it. Pure, from each size's run directory.
+
+Throughput is measured, not estimated: the workers' own step and example counters (the step clock
+counts every MWMS step; examples come from the batch's static shape) over each size's steady state
+(the first window, with tracing and warm-up, is left out). Under MWMS every worker counts the global
+batch, so the job's rate is one worker's rate (the median), never the sum.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core.text import table
+from ..runs import RunDir, read_jsonl
+from .report import build_report
+
+#: Below this efficiency a size is "not scaling" and its bottleneck gets advice.
+GOOD_EFFICIENCY = 0.85
+WARMUP_SHARE = 0.2  # of each size's training time, left out of the rate (tracing, first steps)
+
+
+def steady_rate(points: Sequence[tuple[float, int, int | None]], warmup_s: float) -> tuple[float | None, float | None]:
+    """(steps/s, examples/s) of one worker from its (ts, steps, examples) progress points, after the
+    warm-up: from the first training step + max(``warmup_s``, 20% of the training time) to the last."""
+    pts = sorted(p for p in points if p[1] > 0)
+    if len(pts) < 2:
+        return None, None
+    t_first, t_last = pts[0][0], pts[-1][0]
+    cut = t_first + max(warmup_s, WARMUP_SHARE * (t_last - t_first))
+    steady = [p for p in pts if p[0] >= cut]
+    if len(steady) < 2 or steady[-1][0] - steady[0][0] <= 0:
+        steady = pts
+    a, b = steady[0], steady[-1]
+    dt = b[0] - a[0]
+    if dt <= 0 or b[1] <= a[1]:
+        return None, None
+    steps = (b[1] - a[1]) / dt
+    examples = (b[2] - a[2]) / dt if a[2] is not None and b[2] is not None and b[2] > a[2] else None
+    return steps, examples
+
+
+def measure_size(run_dir: str | Path, workers: int) -> dict[str, Any]:
+    """One size: rates, batch, split, straggler and the report's advice, from its run directory."""
+    run = RunDir(Path(run_dir))
+    rep = build_report(run)
+    plan = run.read_json(run.plan_json) or {}
+    nodes = plan.get("nodes") or [{}]
+    window = float((nodes[0].get("env") or {}).get("TFCLUSTER_PROFILE_INTERVAL_S") or 5)
+    series: dict[str, list[tuple[float, int, int | None]]] = {}
+    gpu_mem_pct = None
+    for rec in read_jsonl(run.heartbeats_jsonl):
+        gpu_mem_pct = _max_opt(gpu_mem_pct, _gpu_mem_pct(rec.get("gpus")))
+        prog = rec.get("progress")
+        task = rec.get("task")
+        if rec.get("kind") == "profile" or not isinstance(prog, dict) or not isinstance(task, str):
+            continue
+        steps, ts, ex = prog.get("steps"), prog.get("ts"), prog.get("examples")
+        if isinstance(steps, int) and isinstance(ts, int | float):
+            series.setdefault(task, []).append((float(ts), steps, ex if isinstance(ex, int) else None))
+    rates = [steady_rate(pts, window) for pts in series.values()]
+    steps_per_s = _median([r[0] for r in rates])
+    examples_per_s = _median([r[1] for r in rates])
+    global_batch = round(examples_per_s / steps_per_s) if examples_per_s and steps_per_s else None
+    split = rep.get("split") or None
+    named = rep.get("stragglers") or []
+    straggler = None
+    if named:
+        last = named[-1]
+        straggler = {k: last.get(k) for k in ("task", "host", "cause", "message")}
+    else:
+        slowest = (split or {}).get("slowest_worker")
+        text = next((a for a in rep.get("advice", []) if slowest and a.startswith(f"{slowest} is a straggler")), None)
+        if text:
+            straggler = {"task": slowest, "host": (rep["workers"].get(slowest) or {}).get("host"), "cause": None, "message": text}
+    return {
+        "workers": workers,
+        "run_dir": str(run_dir),
+        "steps_per_s": _round(steps_per_s, 3),
+        "examples_per_s": _round(examples_per_s, 1),
+        "global_batch": global_batch,
+        "per_worker_batch": round(global_batch / workers) if global_batch else None,
+        "step_ms": split.get("step_ms") if split else None,
+        "split": split,
+        "straggler": straggler,
+        "efficiency_estimate": rep.get("efficiency"),
+        "advice": rep.get("advice") or [],
+        "gpu_mem_pct": gpu_mem_pct,
+        "per_worker": {t: {k: w.get(k) for k in SPLIT_KEYS} for t, w in rep["workers"].items()},
+    }
+
+
+SPLIT_KEYS = ("step_ms", "input_ms", "compute_ms", "collective_ms", "update_ms", "host_ms", "other_ms")
+
+
+def compare(sizes: list[dict[str, Any]], strong: bool) -> dict[str, Any]:
+    """Speed-up and efficiency of every size against the smallest one that measured, and the notes
+    on what the sizes really ran (the batch each used)."""
+    unit = "examples/s" if all(s.get("examples_per_s") for s in sizes if s.get("steps_per_s")) else "steps/s"
+    measured = [s for s in sizes if s.get("steps_per_s")]
+    notes: list[str] = []
+    if not measured:
+        return {"unit": unit, "baseline_workers": None, "notes": ["no size reported training steps"]}
+    base = measured[0]
+
+    def throughput(s: dict[str, Any]) -> float:
+        if unit == "examples/s":
+            return float(s["examples_per_s"])
+        # Steps only: weak scaling does N times the work per step; strong scaling the same work.
+        return float(s["steps_per_s"]) * (1 if strong else s["workers"])
+
+    for s in sizes:
+        if not s.get("steps_per_s"):
+            s.update(throughput=None, speedup=None, efficiency=None)
+            continue
+        s["throughput"] = round(throughput(s), 2)
+        s["speedup"] = round(s["throughput"] / throughput(base), 3)
+        s["efficiency"] = round(s["speedup"] / (s["workers"] / base["workers"]), 3)
+    if unit == "steps/s":
+        notes.append(
+            "examples/s unknown (no static batch dimension): throughput is steps/s"
+            + ("" if strong else " x workers, assuming the per-worker batch stays the same (weak scaling)")
+        )
+    batches = {s["workers"]: (s.get("global_batch"), s.get("per_worker_batch")) for s in measured if s.get("global_batch")}
+    if len(batches) >= 2:
+        globals_ = {g for g, _ in batches.values()}
+        per_worker = {p for _, p in batches.values()}
+        if strong and len(globals_) > 1:
+            notes.append(
+                f"--strong asked for the same global batch at every size, but the script used {_batches(batches, 0)}: "
+                "it keeps its per-worker batch, so this measured weak scaling; make it call "
+                "worker_entry.sweep_batch_size(per_worker_batch) (or read TFCLUSTER_SCALE_*)"
+            )
+        elif not strong and len(per_worker) > 1:
+            notes.append(
+                f"weak scaling keeps the per-worker batch, but the script used {_batches(batches, 1)} per worker: "
+                "it keeps a fixed global batch, so this measured strong scaling"
+            )
+    return {"unit": unit, "baseline_workers": base["workers"], "notes": notes}
+
+
+def _batches(batches: Mapping[int, tuple[Any, Any]], i: int) -> str:
+    return ", ".join(f"{v[i]} at {n}" for n, v in sorted(batches.items()))
+
+
+def advise(sizes: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Advice, each tied to the size and the measurement that triggers it (the largest size that
+    scales badly speaks for the sweep; one slow host is named wherever it appeared)."""
+    out: list[dict[str, str]] = []
+    for s in sizes:
+        st = s.get("straggler")
+        if st:
+            out.append(
+                {
+                    "size": str(s["workers"]),
+                    "trigger": f"{st.get('task')} on {st.get('host')} named a straggler"
+                    + (f" (cause: {st['cause']})" if st.get("cause") else ""),
+                    "advice": f"one slow host: {st.get('host')} ({st.get('task')}). {st.get('message')}. Every step waits "
+                    "for it: fix or replace that host (or leave it out) before adding workers",
+                }
+            )
+    bad = [s for s in sizes if s.get("efficiency") is not None and s["efficiency"] < GOOD_EFFICIENCY and s.get("split")]
+    worst = bad[-1] if bad else None
+    if worst is None:
+        if sizes and all(s.get("efficiency") is not None for s in sizes):
+            top = max(sizes, key=lambda s: s["workers"])
+            out.append({"size": str(top["workers"]), "trigger": f"efficiency {top['efficiency']:.0%}",
+                        "advice": f"scales well up to {top['workers']} workers: work dominates every step"})  # fmt: skip
+        return out
+    sp, n = worst["split"], str(worst["workers"])
+    step = sp.get("step_ms") or 0.0
+    share = {k: (sp.get(k) or 0.0) / step if step else 0.0 for k in ("input_ms", "allreduce_ms", "waiting_for_slowest_ms", "host_ms")}
+    eff = f"efficiency {worst['efficiency']:.0%} at {n} workers"
+    if share["input_ms"] > 0.2:
+        out.append({"size": n, "trigger": f"{eff}; input pipeline {share['input_ms']:.0%} of a step",
+                    "advice": "input-bound: add .prefetch(tf.data.AUTOTUNE), map(..., num_parallel_calls=AUTOTUNE), "
+                    ".cache() after the expensive steps, and read sharded files in parallel (interleave)"})  # fmt: skip
+    if share["allreduce_ms"] > 0.3 and not worst.get("straggler"):
+        out.append({"size": n, "trigger": f"{eff}; the all-reduce itself {share['allreduce_ms']:.0%} of a step",
+                    "advice": "communication-bound: a larger per-replica batch or gradient accumulation (fewer all-reduces "
+                    "per example); tf.distribute.experimental.CommunicationOptions(bytes_per_pack=32 * 2**20) to pack "
+                    "small gradients into fewer all-reduces; on GPUs NCCL with NCCL_SOCKET_IFNAME on the fast network "
+                    "(and InfiniBand not disabled); mixed precision halves the compute, not the float32 gradients MWMS "
+                    "all-reduces, so it makes a communication-bound job more so"})  # fmt: skip
+    if share["waiting_for_slowest_ms"] > 0.2 and not worst.get("straggler"):
+        out.append({"size": n, "trigger": f"{eff}; waiting for the slowest worker {share['waiting_for_slowest_ms']:.0%} of a step",
+                    "advice": f"uneven workers: {sp.get('slowest_worker')} is the slowest; compare its host with "
+                    "`tfcluster report` (CPU wait, throttling, GPU clocks) and balance the input shards"})  # fmt: skip
+    if share["host_ms"] > 0.3:
+        out.append({"size": n, "trigger": f"{eff}; framework and loop {share['host_ms']:.0%} of a step",
+                    "advice": "framework-bound: Keras steps_per_execution > 1; custom loops: several steps per tf.function call"})  # fmt: skip
+    if (worst.get("gpu_mem_pct") or 0) > 95:
+        out.append({"size": n, "trigger": f"GPU memory {worst['gpu_mem_pct']:.0f}% used",
+                    "advice": "memory-bound: a smaller per-replica batch, or mixed precision (half the activations)"})  # fmt: skip
+    if len(out) == sum(1 for a in out if a["advice"].startswith("one slow host")):
+        out.append({"size": n, "trigger": eff, "advice": "; ".join(worst.get("advice") or ["no single bottleneck found"])})
+    return out
+
+
+def sweep_summary(runs: Sequence[Mapping[str, Any]], strong: bool) -> dict[str, Any]:
+    """scale.json: every size as ran and measured, the comparison and the advice."""
+    sizes = []
+    for r in runs:
+        m = measure_size(r["run_dir"], r["workers"]) if Path(r["run_dir"], "plan.json").exists() else {"workers": r["workers"]}
+        sizes.append({**m, "state": r["state"], "wall_s": r.get("wall_s"), "root_cause": r.get("root_cause")})
+    cmp = compare(sizes, strong)
+    return {"mode": "strong" if strong else "weak", **cmp, "sizes": sizes, "advice": advise(sizes)}
+
+
+def sweep_text(summary: Mapping[str, Any]) -> str:
+    unit = summary.get("unit", "examples/s")
+    rows = [("WORKERS", "STATE", unit.upper(), "SPEED-UP", "EFFICIENCY", "STEP ms", "INPUT", "COMPUTE", "WAIT",
+             "ALL-REDUCE", "AFTER", "STRAGGLER")]  # fmt: skip
+    for s in summary["sizes"]:
+        sp = s.get("split") or {}
+        st = s.get("straggler")
+        rows.append(
+            (
+                str(s["workers"]),
+                str(s.get("state")),
+                _f(s.get("throughput"), ".1f"),
+                _f(s.get("speedup"), ".2f", "x"),
+                _f(None if s.get("efficiency") is None else 100 * s["efficiency"], ".0f", "%"),
+                _f(sp.get("step_ms"), ".1f"),
+                _f(sp.get("input_ms"), ".1f"),
+                _f(sp.get("compute_ms"), ".1f"),
+                _f(sp.get("waiting_for_slowest_ms"), ".1f"),
+                _f(sp.get("allreduce_ms"), ".1f"),
+                _f(sp.get("after_allreduce_ms"), ".1f"),
+                f"{st['task']} ({st.get('host')}): {st.get('cause') or 'slow'}" if st else "-",
+            )
+        )
+    lines = [f"scaling sweep ({summary.get('mode')} scaling; speed-up against {summary.get('baseline_workers')} worker(s))", ""]
+    lines += table(rows)
+    failed = [s for s in summary["sizes"] if s.get("root_cause")]
+    for s in failed:
+        lines.append(f"  {s['workers']} workers: {s['state']}: {s['root_cause'].get('message')}")
+    if summary.get("notes"):
+        lines += ["", "notes:"] + [f"  - {n}" for n in summary["notes"]]
+    if summary.get("advice"):
+        lines += ["", "advice:"] + [f"  - [{a['size']} workers: {a['trigger']}] {a['advice']}" for a in summary["advice"]]
+    return "\n".join(lines)
+
+
+def _gpu_mem_pct(gpus: Any) -> float | None:
+    """The fullest GPU's memory use (%) in one heartbeat's NVML samples."""
+    pcts = [
+        100.0 * g["mem_used_mb"] / g["mem_total_mb"]
+        for g in (gpus if isinstance(gpus, list) else [])
+        if isinstance(g, dict) and isinstance(g.get("mem_used_mb"), int | float) and g.get("mem_total_mb")
+        and isinstance(g["mem_total_mb"], int | float)
+    ]
+    return max(pcts) if pcts else None
+
+
+def _max_opt(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _median(xs: Sequence[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _round(x: float | None, nd: int) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def _f(v: Any, fmt: str, suffix: str = "") -> str:
+    return "-" if v is None else f"{format(v, fmt)}{suffix}"
