@@ -336,7 +336,6 @@ def test_goodput_of_a_real_run_with_a_restart(testbed_factory, tmp_path):
     result = json.loads((run_dir / "result.json").read_text())
     assert result["restarts"] == 1 and g["finished"] is True
     assert _sum(g) == pytest.approx(g["wall_s"], abs=0.01)
-    assert g["wall_s"] == pytest.approx(result["wall_time_s"], abs=0.5)
     first, second = g["attempts"]
     assert (first["state"], second["state"]) == ("failed", "succeeded")
     assert first["startup_s"] > 0 and second["startup_s"] > 0  # TensorFlow starts again after the restart
