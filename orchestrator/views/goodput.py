@@ -21,10 +21,12 @@ the backup was written as the failed attempt left epoch E-1: we take its last pr
 epoch below E (the backup is at most one heartbeat later). No such evidence (a custom loop without
 epochs, no later attempt, a resume at epoch 0): the attempt's whole training is lost. A final failed
 attempt counts only epochs it finished when an earlier resume proved that backups are written. The
-"copied the chief's backup" warning says a backup existed, not when it was written: not used.
+"copied the chief's backup" warning says a backup existed, not when it was written: not used. A
+``save_freq`` of N steps saves more often than we assume: the lost work is then overstated.
 
-Clocks: events carry the launcher's clock, progress records the nodes'. Times are clamped into order,
-so a skew moves time between neighbouring categories, never out of the wall.
+Clocks: events carry the launcher's clock, progress records the nodes' (records go to the attempt
+whose start precedes them). Times are clamped into order, so a skew moves time between neighbouring
+categories, never out of the wall. Input: events and heartbeat records as ``records`` cleans them.
 """
 
 from __future__ import annotations
