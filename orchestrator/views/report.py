@@ -17,8 +17,10 @@ from typing import Any
 from worker_entry.protocol.env import Env
 
 from ..core.text import table
-from ..runs import RunDir, read_jsonl
+from ..runs import RunDir
 from ..supervise import explain, find_straggler, gpu_suspect, host_suspect, slow_gpus
+from .goodput import goodput, goodput_lines
+from .records import event_records, heartbeat_records, json_object
 from .split import job_split, scores, split_lines, weighted
 
 HOST_KEYS = ("wait_pct", "throttled_pct", "steal_pct", "tcp_retrans_pct")
@@ -34,7 +36,8 @@ def build_report(run: RunDir, last_s: float | None = None) -> dict[str, Any]:
     (a straggler that appeared mid-run is diluted in whole-run means)."""
     profiles: dict[str, list[dict[str, Any]]] = {}
     beats: dict[str, list[dict[str, Any]]] = {}
-    for rec in read_jsonl(run.heartbeats_jsonl):
+    records = heartbeat_records(run.heartbeats_jsonl)  # damaged records skipped: a report, never a traceback
+    for rec in records:
         task = rec.get("task")
         if task:
             (profiles if rec.get("kind") == "profile" else beats).setdefault(task, []).append(rec)
@@ -49,11 +52,13 @@ def build_report(run: RunDir, last_s: float | None = None) -> dict[str, Any]:
         profiles = {t: [r for r in rs if start <= (r.get("ts") or 0)] for t, rs in profiles.items()}
         beats = {t: [r for r in rs if start <= (r.get("ts") or 0) <= end] for t, rs in beats.items()}
         window = {"last_s": last_s, "from_ts": round(start, 3), "to_ts": round(end, 3)}
-    plan = run.read_json(run.plan_json) or {}
-    nodes = plan.get("nodes") or [{}]
-    profile_window_s = float((nodes[0].get("env") or {}).get(Env.PROFILE_INTERVAL_S) or 10)
-    hosts = {f"{n['task']['type']}:{n['task']['index']}": n["host"] for n in plan.get("nodes", [])}
-    events = list(read_jsonl(run.events_jsonl))
+    plan = json_object(run, run.plan_json)
+    nodes = plan.get("nodes") if isinstance(plan.get("nodes"), list) else []
+    nodes = [n for n in nodes if isinstance(n, dict) and isinstance(n.get("task"), dict)]
+    env = nodes[0].get("env") if nodes else None
+    profile_window_s = _float((env if isinstance(env, dict) else {}).get(Env.PROFILE_INTERVAL_S), 10)
+    hosts = {f"{n['task'].get('type')}:{n['task'].get('index')}": n.get("host") for n in nodes}
+    events = event_records(run.events_jsonl)
     stragglers = [
         {k: ev.get(k) for k in ("ts", "task", "host", "wait_ms", "share", "cause", "message")}
         for ev in events
@@ -113,7 +118,16 @@ def build_report(run: RunDir, last_s: float | None = None) -> dict[str, Any]:
         "stragglers": stragglers,
         "slowing": slowing,
         **analysis,
+        "goodput": goodput(events, records, json_object(run, run.result_json), run.is_finished()),
     }
+
+
+def _float(x: Any, default: float) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return default
+    return v if math.isfinite(v) and v > 0 else default
 
 
 def _round(x: float | None, scale: float = 1.0) -> float | None:
@@ -247,6 +261,8 @@ def report_text(rep: dict[str, Any]) -> str:
     if rep.get("slowing"):
         lines += ["", "slowing workers:"] + [f"  {s['task']} ({s['host']}): {s['message']}" for s in rep["slowing"]]
     lines += ["", "advice:"] + [f"  - {a}" for a in rep["advice"]]
+    if rep.get("goodput"):
+        lines += ["", *goodput_lines(rep["goodput"])]
     return "\n".join(lines)
 
 

@@ -1,0 +1,279 @@
+"""Goodput: where a run's wall time went, as ML goodput measurements count it. Pure.
+
+goodput = productive training time / wall time (job_started → the run's end). Every second of the wall
+lands in exactly one category, so the categories add up to the wall:
+
+- ``startup_s``: each attempt's start → its first training step (the first progress record: tracing
+  and compiling the first steps included); attempt 0's also holds connecting and the preflight.
+- training, first step → last step, split by the step clock's shares of a step (the median worker's,
+  see ``split``): ``input_stall_s`` (waiting for the batch) and ``straggler_wait_s`` (waiting for the
+  slowest worker inside the all-reduce) are parts of step time, so ``productive_s`` is the rest.
+- ``failure_s``: per failed attempt, the training since its last backup (work the next attempt
+  redoes) plus failure → next attempt's start (teardown, reconnecting, copying the backup; for Slurm,
+  the wait for the next allocation).
+- ``teardown_s``: the final attempt's last step (or its failure) → its tasks' exit (final save, exit).
+- ``gather_s``: gather_started → gather_finished; ``other_s``: the rest.
+
+The last backup before a failure: Keras' BackupAndRestore saves at every epoch end (its default
+``save_freq="epoch"``) and a restarted attempt resumes at the epoch after the last backup; progress
+records carry Keras' epoch. So the next attempt's first epoch E says epochs below E were saved, and
+the backup was written as the failed attempt left epoch E-1: we take its last progress record of an
+epoch below E (the backup is at most one heartbeat later). No such evidence (a custom loop without
+epochs, no later attempt, a resume at epoch 0): the attempt's whole training is lost. A final failed
+attempt counts only epochs it finished when an earlier resume proved that backups are written. The
+"copied the chief's backup" warning says a backup existed, not when it was written: not used. A
+``save_freq`` of N steps saves more often than we assume: the lost work is then overstated.
+
+Clocks: events carry the launcher's clock, progress records the nodes' (records go to the attempt
+whose start precedes them). Times are clamped into order, so a skew moves time between neighbouring
+categories, never out of the wall. Input: events and heartbeat records as ``records`` cleans them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .records import is_number
+from .split import job_split, weighted
+
+#: The categories, in the report's order, with their labels; they add up to the wall time.
+CATEGORIES = {
+    "productive_s": "productive training steps",
+    "startup_s": "startup until the first step (per attempt)",
+    "input_stall_s": "input stalls (part of step time)",
+    "straggler_wait_s": "waiting for the slowest worker (part of step time)",
+    "failure_s": "failures: work redone since the last backup, restarts",
+    "teardown_s": "after the last step: final save, exit",
+    "gather_s": "gathering logs and checkpoints",
+    "other_s": "other",
+}
+BACKUP_NOTE = (
+    "work lost to a failure = its training since the last backup: the last epoch end before the epoch the next "
+    "attempt resumed at (Keras BackupAndRestore saves at every epoch end); without such evidence, all of it"
+)
+
+
+@dataclass
+class Attempt:
+    n: int
+    start: float | None = None
+    end: float | None = None
+    state: str | None = None
+    failed_at: float | None = None
+    points: list[tuple[float, int | None, str]] = field(default_factory=list)  # (ts, epoch, task) of steps made
+
+    @property
+    def first(self) -> float | None:
+        return min((t for t, _, _ in self.points), default=None)
+
+    @property
+    def last(self) -> float | None:
+        return max((t for t, _, _ in self.points), default=None)
+
+    def first_epoch(self) -> int | None:
+        """The epoch the attempt began at: the lowest of each task's first record with an epoch."""
+        firsts: dict[str, tuple[float, int]] = {}
+        for t, ep, task in self.points:
+            if ep is not None and (task not in firsts or t < firsts[task][0]):
+                firsts[task] = (t, ep)
+        return min((ep for _, ep in firsts.values()), default=None)
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if is_number(x) else None
+
+
+def _no(n: Any) -> int | None:
+    """An attempt number, or None for anything else (a bool, a string, a negative or huge number)."""
+    return n if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 10_000 else None
+
+
+def _attempts(events: list[dict[str, Any]], result: Mapping[str, Any]) -> list[Attempt]:
+    """Attempts with their start, end, state and failure time, from events, then result.json."""
+    by_n: dict[int, Attempt] = {}
+    stops: list[float] = []  # teardowns and interrupts: the failure time when no root cause says it
+    for ev in events:
+        kind, n = ev.get("event"), _no(ev.get("attempt"))
+        if kind in ("teardown", "interrupted", "requeued"):
+            stops.append(ev["ts"])
+        if n is None:
+            continue
+        if kind == "attempt_started":
+            by_n.setdefault(n, Attempt(n)).start = ev["ts"]
+        elif kind == "attempt_finished":
+            a = by_n.setdefault(n, Attempt(n))
+            a.end, a.state = ev["ts"], ev.get("state")
+            rc = ev.get("root_cause")
+            a.failed_at = _num(rc.get("ts") if isinstance(rc, dict) else None)
+    for d in result.get("attempts") if isinstance(result.get("attempts"), list) else []:
+        n = _no(d.get("attempt")) if isinstance(d, dict) else None
+        if n is None:
+            continue
+        a = by_n.setdefault(n, Attempt(n))
+        a.start = a.start if a.start is not None else _num(d.get("started_ts"))
+        a.end = a.end if a.end is not None else _num(d.get("ended_ts"))
+        a.state = a.state or (d.get("state") if isinstance(d.get("state"), str) else None)
+        rc = d.get("root_cause")
+        a.failed_at = a.failed_at if a.failed_at is not None else _num(rc.get("ts") if isinstance(rc, dict) else None)
+    out = sorted((a for a in by_n.values() if a.start is not None), key=lambda a: (a.start, a.n))
+    for a in out:
+        if a.failed_at is None and a.state != "succeeded":
+            a.failed_at = min((t for t in stops if a.start <= t <= (a.end if a.end is not None else t)), default=a.end)
+    return out
+
+
+def _assign(attempts: list[Attempt], beats: Iterable[Mapping[str, Any]]) -> dict[int, list[Mapping[str, Any]]]:
+    """Training evidence into the attempt it falls in (by time); returns each attempt's profiles."""
+    profiles: dict[int, list[Mapping[str, Any]]] = {}
+    if not attempts:
+        return profiles
+    starts = [a.start or 0.0 for a in attempts]
+
+    def which(ts: float) -> int | None:
+        return max((i for i, s in enumerate(starts) if s <= ts), default=None)
+
+    for rec in beats:
+        task = rec.get("task")
+        if rec.get("kind") == "profile":
+            ts = _num(rec.get("ts"))
+            if ts is not None and (rec.get("steps") or 0) > 0 and (i := which(ts)) is not None:
+                attempts[i].points.append((ts, None, task))
+                profiles.setdefault(i, []).append(rec)
+            continue
+        prog = rec.get("progress")
+        if not isinstance(prog, dict) or prog.get("phase", "train") != "train" or not (prog.get("steps") or 0) > 0:
+            continue
+        ts = _num(prog.get("ts")) or _num(rec.get("ts"))
+        if ts is not None and (i := which(ts)) is not None:
+            ep = prog.get("epoch")
+            attempts[i].points.append((ts, int(ep) if is_number(ep) else None, task))
+    return profiles
+
+
+def _shares(profiles: list[Mapping[str, Any]]) -> tuple[float, float] | None:
+    """(input, waiting for the slowest) as fractions of a step, from the step-clock windows."""
+    per_task: dict[str, list[Mapping[str, Any]]] = {}
+    for r in profiles:
+        per_task.setdefault(str(r.get("task")), []).append(r)
+    workers = {t: w for t, rs in per_task.items() if (w := weighted(rs))}
+    split = job_split(workers) if workers else None
+    if not split or not split["step_ms"] or split["step_ms"] <= 0:
+        return None
+    inp = min(1.0, max(0.0, (split["input_ms"] or 0.0) / split["step_ms"]))
+    wait = min(1.0 - inp, max(0.0, split["waiting_for_slowest_ms"] / split["step_ms"]))
+    return inp, wait
+
+
+def _backup(a: Attempt, first: float, later: list[Attempt], proven: bool) -> tuple[float, str]:
+    """When the failed attempt's last backup was written (its training after it is lost), and why."""
+    resumed = next((x.first_epoch() for x in later if x.points and x.first_epoch() is not None), None)
+    if resumed is not None:
+        why = f"the next attempt resumed at epoch {resumed}"
+    elif proven and (top := max((ep for _, ep, _ in a.points if ep is not None), default=None)) is not None:
+        resumed, why = top, f"it was in epoch {top} (earlier epochs were backed up)"
+    else:
+        return first, "no backup evidence: all its training is lost"
+    before = [t for t, ep, _ in a.points if ep is not None and ep < resumed]
+    return (max(before), why) if before else (first, why + ": nothing it trained was kept")
+
+
+def goodput(
+    events: list[dict[str, Any]], beats: list[dict[str, Any]], result: Mapping[str, Any] | None, finished: bool = True
+) -> dict[str, Any] | None:
+    """The wall time split into CATEGORIES (seconds), ``goodput`` (a fraction) and per-attempt detail;
+    None when the run has no start to measure from."""
+    result = result if isinstance(result, Mapping) else {}
+    begun = [e["ts"] for e in events if e.get("event") == "job_started"]
+    start = min(begun) if begun else _num(result.get("started_ts"))
+    if start is None:
+        start = min((e["ts"] for e in events), default=None)
+    stamps = [e["ts"] for e in events] + [x for x in [_num(result.get("ended_ts"))] if x is not None]
+    if not finished:
+        stamps += [t for r in beats if (t := _num(r.get("ts"))) is not None]
+    end = max(stamps, default=None)
+    if start is None or end is None or end <= start:
+        return None
+    attempts = [a for a in _attempts(events, result) if a.start is not None and a.start < end]
+    profiles = _assign(attempts, beats)
+    run_shares = _shares([r for rs in profiles.values() for r in rs])
+    trained = any(a.points for a in attempts)
+    proven = any((ep := a.first_epoch()) is not None and ep > 0 for a in attempts[1:])
+    sums = dict.fromkeys(CATEGORIES, 0.0)
+    t = start
+
+    def upto(cat: str, until: float | None) -> float:
+        nonlocal t
+        u = t if until is None else min(max(until, t), end)
+        sums[cat] += u - t
+        was, t = t, u
+        return u - was
+
+    details = []
+    for i, a in enumerate(attempts):
+        nxt = attempts[i + 1] if i + 1 < len(attempts) else None
+        gap = upto("startup_s" if i == 0 else "failure_s", a.start)
+        connect = gap if i == 0 else 0.0  # attempt 0's startup holds connecting and the preflight
+        d: dict[str, Any] = {"attempt": a.n, "state": a.state}
+        body = "startup_s" if trained else "other_s"
+        ok = a.state == "succeeded" or (nxt is None and not finished and a.end is None)
+        if not a.points:
+            d["startup_s"] = connect + upto(body, a.end if ok or a.failed_at is None else a.failed_at)
+        else:
+            d["startup_s"] = connect + upto("startup_s", a.first)
+            keep, why = (a.last, None) if ok else _backup(a, a.first or t, attempts[i + 1 :], proven)
+            shares = _shares(profiles.get(i, [])) or run_shares or (0.0, 0.0)
+            span = upto("productive_s", keep)
+            sums["productive_s"] -= span * (shares[0] + shares[1])
+            sums["input_stall_s"] += span * shares[0]
+            sums["straggler_wait_s"] += span * shares[1]
+            d["training_s"] = span
+            if not ok:
+                d["lost_work_s"], d["backup"] = upto("failure_s", a.failed_at), why
+        if nxt is not None:
+            d["until_next_attempt_s"] = upto("failure_s", nxt.start)
+        else:
+            d["teardown_s"] = upto("teardown_s", a.end)
+        details.append({k: round(v, 3) if isinstance(v, float) else v for k, v in d.items()})
+    gathers = [e for e in events if e.get("event") in ("gather_started", "gather_finished", "gather_failed")]
+    g0 = min((e["ts"] for e in gathers if e["event"] == "gather_started"), default=None)
+    if g0 is not None:
+        upto("other_s", g0)
+        upto("gather_s", max((e["ts"] for e in gathers if e["event"] != "gather_started"), default=end))
+    upto("other_s", end)
+    wall = end - start
+    out: dict[str, Any] = {"wall_s": round(wall, 3), **{k: round(v, 3) for k, v in sums.items()}}
+    out["goodput"] = round(sums["productive_s"] / wall, 4) if trained else None
+    out["finished"] = finished
+    out["step_clock"] = run_shares is not None
+    out["attempts"] = details
+    notes = []
+    if not trained:
+        notes.append("no training steps were reported (progress records): productive time is unknown")
+    elif run_shares is None:
+        notes.append("no step-clock windows: input stalls and straggler waits are unknown (counted as productive)")
+    if any(a.state != "succeeded" for a in attempts) and trained:
+        notes.append(BACKUP_NOTE)
+    if not finished:
+        notes.append("the run has not finished: up to its latest record")
+    out["notes"] = notes
+    return out
+
+
+def goodput_lines(g: Mapping[str, Any]) -> list[str]:
+    """The report's goodput section: one line per category, seconds and share of the wall."""
+    wall = g.get("wall_s") or 0.0
+    gp = g.get("goodput")
+    head = (
+        f"goodput {gp:.1%} of {wall:.1f} s wall time" if gp is not None else f"goodput unknown ({wall:.1f} s wall time)"
+    )
+    lines = [head + ("" if g.get("finished", True) else " so far") + ":"]
+    for k, label in CATEGORIES.items():
+        v = g.get(k) or 0.0
+        lines.append(f"  {label:<52}{v:9.1f} s  {v / wall if wall > 0 else 0.0:6.1%}")
+    for a in g.get("attempts") or []:
+        if a.get("backup"):
+            lines.append(f"  attempt {a['attempt']}: lost {a.get('lost_work_s', 0):.1f} s of training ({a['backup']})")
+    lines += [f"  ({n})" for n in g.get("notes") or []]
+    return lines

@@ -1,0 +1,116 @@
+"""Run-directory records the views can compute with: a hostile or damaged run directory (a torn line,
+a hand-edited file, a record with a string where a number belongs) must give a report, not a traceback.
+
+A heartbeat or profile record whose known numeric fields are not finite numbers is skipped (the
+protocol refused such a message on receipt, so only a damaged file has one); a bad optional part
+(``progress``, ``host``, ``gpus``) is dropped from its record. Unknown fields pass untouched: newer
+launchers may add some. The known fields come from the protocol's own records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from pathlib import Path
+from typing import Any
+
+from worker_entry import protocol as p
+
+from ..runs import RunDir, read_jsonl
+
+
+def _numeric(cls: type) -> dict[str, tuple[float, float]]:
+    """Fields of a protocol record typed int or float (optional or not), with their allowed range."""
+    out = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        args = set(typing.get_args(hints[f.name]) or (hints[f.name],)) - {type(None)}
+        if args and args <= {int, float}:
+            lo, hi = f.metadata.get("lo"), f.metadata.get("hi")
+            out[f.name] = (-math.inf if lo is None else lo, math.inf if hi is None else hi)
+    return out
+
+
+HEARTBEAT_NUMERIC = _numeric(p.Heartbeat)
+PROFILE_NUMERIC = _numeric(p.Profile)
+PROGRESS_NUMERIC = _numeric(p.Progress)
+HOST_NUMERIC = _numeric(p.HostSample)
+GPU_NUMERIC = {**_numeric(p.GpuSample), "memory_mb": (0, math.inf)}  # memory_mb: task_ready's GPUs
+EVENT_NUMERIC = dict.fromkeys(("wait_ms", "share", "step_ms", "attempt", "seconds", "silent_s"), (0, math.inf))
+
+
+def is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _numbers_ok(rec: dict[str, Any], ranges: dict[str, tuple[float, float]]) -> bool:
+    """Every known numeric field present is a finite number in the protocol's range (or null)."""
+    for k, (lo, hi) in ranges.items():
+        v = rec.get(k)
+        if v is not None and not (is_number(v) and lo <= v <= hi):
+            return False
+    return True
+
+
+def _clean_gpus(gpus: Any) -> list[dict[str, Any]] | None:
+    if not isinstance(gpus, list):
+        return None
+    good = [g for g in gpus if isinstance(g, dict) and _numbers_ok(g, GPU_NUMERIC)]
+    for g in good:
+        if "throttle" in g and not (isinstance(g["throttle"], list) and all(isinstance(t, str) for t in g["throttle"])):
+            g.pop("throttle")
+        if "name" in g and not isinstance(g["name"], str):
+            g.pop("name")
+    return good
+
+
+def clean_heartbeat(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """The record as the views may use it, or None when its core fields are damaged."""
+    if not isinstance(rec.get("task"), str):
+        return None
+    if rec.get("kind") == "profile":
+        return rec if _numbers_ok(rec, PROFILE_NUMERIC) else None
+    if not _numbers_ok(rec, HEARTBEAT_NUMERIC):
+        return None
+    prog = rec.get("progress")
+    if prog is not None and not (
+        isinstance(prog, dict) and _numbers_ok(prog, PROGRESS_NUMERIC) and isinstance(prog.get("phase", ""), str)
+    ):
+        rec.pop("progress")
+    if rec.get("host") is not None and not (isinstance(rec["host"], dict) and _numbers_ok(rec["host"], HOST_NUMERIC)):
+        rec.pop("host")
+    if "gpus" in rec:
+        rec["gpus"] = _clean_gpus(rec["gpus"])
+    return rec
+
+
+def clean_event(ev: dict[str, Any]) -> dict[str, Any] | None:
+    """An event with a numeric ``ts``, a string ``event``, string ``task``/``host`` (or none), known
+    numbers as numbers; a damaged ``gpus`` or ``root_cause`` is dropped from it."""
+    if not is_number(ev.get("ts")) or not isinstance(ev.get("event"), str):
+        return None
+    if any(ev.get(k) is not None and not isinstance(ev[k], str) for k in ("task", "host", "state", "cause")):
+        return None
+    if not _numbers_ok(ev, EVENT_NUMERIC):
+        return None
+    if "gpus" in ev:
+        ev["gpus"] = _clean_gpus(ev["gpus"])
+    rc = ev.get("root_cause")
+    if rc is not None and not (isinstance(rc, dict) and (rc.get("ts") is None or is_number(rc["ts"]))):
+        ev.pop("root_cause")
+    return ev
+
+
+def heartbeat_records(path: Path) -> list[dict[str, Any]]:
+    return [r for r in map(clean_heartbeat, read_jsonl(path)) if r is not None]
+
+
+def event_records(path: Path) -> list[dict[str, Any]]:
+    return [e for e in map(clean_event, read_jsonl(path)) if e is not None]
+
+
+def json_object(run: RunDir, path: Path) -> dict[str, Any]:
+    """A JSON file of the run that should hold an object ({} when missing, unreadable or not one)."""
+    data = run.read_json(path)
+    return data if isinstance(data, dict) else {}

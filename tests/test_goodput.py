@@ -1,0 +1,347 @@
+"""Goodput in `tfcluster report`: the wall time split into productive training and badput.
+
+Unit tests on synthetic runs (a restart resumed from a backup, no restart, no step clock, a custom loop
+without epochs, a failure before the first step, a run still going, hostile records), and one e2e run on
+the test bed whose worker is killed mid-run and restarted from its BackupAndRestore backup.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import random
+import re
+import signal
+
+import pytest
+from conftest import PY, assert_no_job_processes, run_cli, start_launch, wait_until
+
+from orchestrator.runs import RunDir
+from orchestrator.views.goodput import CATEGORIES, goodput
+from orchestrator.views.records import clean_event, clean_heartbeat
+from orchestrator.views.report import build_report, report_text
+
+T0 = 1_800_000_000.0
+TASKS = ("worker:0", "worker:1")
+
+
+def _sum(g: dict) -> float:
+    return sum(g[k] for k in CATEGORIES)
+
+
+def _progress(ts: float, steps: int, epoch: int | None, task: str) -> dict:
+    prog = {"steps": steps, "ts": ts, "phase": "train", "step_time_s": 0.02}
+    if epoch is not None:
+        prog["epoch"] = epoch
+    return {"task": task, "ts": ts + 0.3, "seq": int(ts - T0), "state": "running", "progress": prog}
+
+
+def _profile(ts: float, task: str) -> dict:
+    """20 ms steps: 4 ms input; worker:0 waits 4 ms for worker:1 inside the 6 ms all-reduce."""
+    pre, coll = (10.0, 10.0) if task == "worker:0" else (14.0, 6.0)
+    return {
+        "task": task,
+        "kind": "profile",
+        "ts": ts,
+        "steps": 100,
+        "step_ms": 20.0,
+        "input_ms": 4.0,
+        "compute_ms": pre - 4.0,
+        "collective_ms": coll,
+        "update_ms": 0.0,
+        "host_ms": 0.0,
+        "other_ms": 0.0,
+        "pre_collective_ms": pre,
+    }
+
+
+def _training(t0: float, t1: float, epoch_of, profiles: bool = True) -> list[dict]:
+    """Progress records every second in [t0, t1] on both workers, profiles every 2 s."""
+    out = []
+    for i in range(int(t1 - t0) + 1):
+        ts = t0 + i
+        for task in TASKS:
+            out.append(_progress(T0 + ts, 50 * (i + 1), epoch_of(ts), task))
+            if profiles and i % 2 == 1:
+                out.append(_profile(T0 + ts, task))
+    return out
+
+
+def _ev(t: float, event: str, **kw) -> dict:
+    return {"ts": T0 + t, "event": event, **kw}
+
+
+def restart_run(profiles: bool = True, epochs: bool = True) -> tuple[list[dict], list[dict], dict]:
+    """Attempt 0 trains epochs 0-2 (10 s each from t=10) and is killed at t=35, in epoch 2; attempt 1
+    starts at t=38, resumes at epoch 2 (its first step at t=45) and succeeds; gather 66.1-68."""
+    events = [
+        _ev(0, "job_started", job="gp", tasks=2),
+        _ev(0.5, "connected", hosts=2),
+        _ev(1, "attempt_started", attempt=0),
+        _ev(35, "teardown", reason="worker:1 killed"),
+        _ev(36, "attempt_finished", attempt=0, state="failed", root_cause={"kind": "signal", "ts": T0 + 35}),
+        _ev(36.5, "restart", attempt=1),
+        _ev(38, "attempt_started", attempt=1),
+        _ev(66, "attempt_finished", attempt=1, state="succeeded", root_cause=None),
+        _ev(66.1, "gather_started", attempts=2),
+        _ev(68, "gather_finished", files=3),
+        _ev(68.5, "job_finished", state="succeeded"),
+    ]
+    ep0 = (lambda t: int((t - 10) // 10)) if epochs else (lambda t: None)
+    ep1 = (lambda t: 2 + int((t - 45) // 10)) if epochs else (lambda t: None)
+    beats = _training(10, 34, ep0, profiles) + _training(45, 64, ep1, profiles)
+    result = {
+        "state": "succeeded",
+        "started_ts": T0,
+        "ended_ts": T0 + 68.4,
+        "attempts": [
+            {"attempt": 0, "state": "failed", "started_ts": T0 + 1, "ended_ts": T0 + 36, "root_cause": {"ts": T0 + 35}},
+            {"attempt": 1, "state": "succeeded", "started_ts": T0 + 38, "ended_ts": T0 + 66, "root_cause": None},
+        ],
+    }
+    return events, beats, result
+
+
+def test_restart_resumed_from_a_backup():
+    g = goodput(*restart_run())
+    assert g["wall_s"] == pytest.approx(68.5)
+    assert _sum(g) == pytest.approx(g["wall_s"], abs=0.01)
+    a0, a1 = g["attempts"]
+    # attempt 0: startup t=0 (connect included) → 10; kept 10 → 29 (the last record of epoch 1: attempt 1
+    # resumed at epoch 2); lost 29 → 35 (the failure); 35 → 38 until attempt 1 starts
+    assert (a0["startup_s"], a0["training_s"], a0["lost_work_s"], a0["until_next_attempt_s"]) == (10, 19, 6, 3)
+    assert "resumed at epoch 2" in a0["backup"]
+    assert (a1["startup_s"], a1["training_s"], a1["teardown_s"]) == (7, 19, 2)
+    assert g["startup_s"] == pytest.approx(17) and g["failure_s"] == pytest.approx(9)
+    assert g["teardown_s"] == pytest.approx(2) and g["gather_s"] == pytest.approx(1.9)
+    assert g["other_s"] == pytest.approx(0.6)
+    # 38 s of training: 20% of a step waits for input, 20% for the slowest worker
+    assert g["input_stall_s"] == pytest.approx(7.6) and g["straggler_wait_s"] == pytest.approx(7.6)
+    assert g["productive_s"] == pytest.approx(22.8)
+    assert g["goodput"] == pytest.approx(22.8 / 68.5, abs=1e-4)
+    assert g["step_clock"] is True and g["finished"] is True
+    assert any("BackupAndRestore" in n for n in g["notes"])
+
+
+def test_no_restart():
+    events, beats, _ = restart_run()
+    keep = {"job_started", "connected", "job_finished", "gather_started", "gather_finished"}
+    events = [e for e in events if e["event"] in keep] + [
+        _ev(1, "attempt_started", attempt=0),
+        _ev(66, "attempt_finished", attempt=0, state="succeeded"),
+    ]
+    events.sort(key=lambda e: e["ts"])
+    beats = _training(10, 64, lambda t: int((t - 10) // 10))
+    g = goodput(events, beats, {"started_ts": T0, "ended_ts": T0 + 68.4})
+    assert g["failure_s"] == 0 and g["startup_s"] == pytest.approx(10) and g["teardown_s"] == pytest.approx(2)
+    assert g["input_stall_s"] + g["straggler_wait_s"] + g["productive_s"] == pytest.approx(54)
+    assert _sum(g) == pytest.approx(g["wall_s"], abs=0.01)
+    assert not any("BackupAndRestore" in n for n in g["notes"])
+
+
+def test_no_step_clock_counts_the_steps_as_productive():
+    g = goodput(*restart_run(profiles=False))
+    assert g["step_clock"] is False and g["input_stall_s"] == 0 and g["straggler_wait_s"] == 0
+    assert g["productive_s"] == pytest.approx(38)
+    assert _sum(g) == pytest.approx(g["wall_s"], abs=0.01)
+    assert any("no step-clock windows" in n for n in g["notes"])
+
+
+def test_without_backup_evidence_the_whole_attempt_is_lost():
+    """A custom loop reports no epochs: nothing says what the restart kept."""
+    g = goodput(*restart_run(epochs=False))
+    a0 = g["attempts"][0]
+    assert a0["training_s"] == 0 and a0["lost_work_s"] == pytest.approx(25)  # t=10 → 35
+    assert "no backup evidence" in a0["backup"]
+    assert g["failure_s"] == pytest.approx(28)
+    assert _sum(g) == pytest.approx(g["wall_s"], abs=0.01)
+
+
+def test_resumed_from_scratch_and_a_final_failure():
+    """Attempt 1 starts again at epoch 0 (no backup) and fails too: the job fails; neither kept anything."""
+    events, beats, _ = restart_run()
+    beats = [b for b in beats if b["ts"] < T0 + 40] + _training(45, 60, lambda t: int((t - 45) // 10))
+    events = [e for e in events if e["event"] not in ("attempt_finished", "gather_started", "gather_finished")]
+    events += [
+        _ev(36, "attempt_finished", attempt=0, state="failed", root_cause={"ts": T0 + 35}),
+        _ev(61, "attempt_finished", attempt=1, state="failed", root_cause={"ts": T0 + 60.5}),
+    ]
+    events.sort(key=lambda e: e["ts"])
+    g = goodput(events, beats, {"started_ts": T0, "ended_ts": T0 + 68.4, "attempts": "damaged"})
+    a0, a1 = g["attempts"]
+    assert a0["training_s"] == 0 and "nothing it trained was kept" in a0["backup"]
+    # the final failure: no later attempt, but attempt 0 proved no backups either → all of it is lost
+    assert a1["training_s"] == 0 and a1["lost_work_s"] == pytest.approx(15.5) and a1["teardown_s"] == pytest.approx(0.5)
+    assert g["productive_s"] == 0 and g["goodput"] == 0
+    assert _sum(g) == pytest.approx(g["wall_s"], abs=0.01)
+
+
+def test_a_failure_before_the_first_step_is_startup_then_failure():
+    events, beats, result = restart_run()
+    beats = [b for b in beats if b["ts"] > T0 + 40]  # attempt 0 never made a step
+    g = goodput(events, beats, result)
+    a0 = g["attempts"][0]
+    assert a0["startup_s"] == pytest.approx(35) and a0["until_next_attempt_s"] == pytest.approx(3)
+    assert "training_s" not in a0 and g["startup_s"] == pytest.approx(42)
+    assert _sum(g) == pytest.approx(g["wall_s"], abs=0.01)
+
+
+def test_a_run_still_going_counts_up_to_its_latest_record():
+    events, beats, _ = restart_run()
+    events = [e for e in events if e["ts"] <= T0 + 49.5]
+    beats = [b for b in beats if b["ts"] <= T0 + 49.5]
+    g = goodput(events, beats, None, finished=False)
+    assert g["finished"] is False and g["wall_s"] == pytest.approx(49.3)  # the last heartbeat: t=49.3
+    assert g["attempts"][1]["training_s"] == pytest.approx(4)  # first step t=45, latest t=49
+    assert _sum(g) == pytest.approx(g["wall_s"], abs=0.01)
+    assert goodput([], [], None) is None
+
+
+def _plan() -> dict:
+    return {"job": "gp", "nodes": [{"host": f"10.0.0.{i}", "task": {"type": "worker", "index": i}} for i in (0, 1)]}
+
+
+def _write_run(path, events, beats, result, plan=None) -> RunDir:
+    plan = _plan() if plan is None else plan
+    (path / "plan.json").write_text(json.dumps(plan))
+    (path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (path / "heartbeats.jsonl").write_text("".join(json.dumps(b) + "\n" for b in beats))
+    if result is not None:
+        (path / "result.json").write_text(json.dumps(result))
+    return RunDir(path)
+
+
+def test_report_json_and_text_carry_goodput(tmp_path):
+    run = _write_run(tmp_path, *restart_run())
+    rep = build_report(run)
+    assert rep["goodput"]["productive_s"] == pytest.approx(22.8)
+    text = report_text(rep)
+    assert "goodput 33.3% of 68.5 s wall time:" in text
+    assert re.search(r"failures: work redone since the last backup, restarts\s+9\.0 s\s+13\.1%", text)
+    assert "attempt 0: lost 6.0 s of training (the next attempt resumed at epoch 2)" in text
+    r = run_cli("report", str(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["goodput"]["failure_s"] == pytest.approx(9)
+
+
+HOSTILE = ["x", None, [], {}, [1, "a"], {"ts": "x"}, -5, 1e300, True, "NaN", 3.5, 0]
+
+
+def _damage(rec, rng: random.Random):
+    """Replace a random field (also nested ones) with a hostile value, or drop it."""
+    target = rec
+    while isinstance(target, dict) and target and rng.random() < 0.5:
+        nested = [v for v in target.values() if isinstance(v, dict)]
+        if not nested:
+            break
+        target = rng.choice(nested)
+    if isinstance(target, dict) and target:
+        key = rng.choice(sorted(target))
+        if rng.random() < 0.2:
+            del target[key]
+        else:
+            target[key] = copy.deepcopy(rng.choice(HOSTILE))
+    return rec
+
+
+def test_hostile_and_truncated_records_never_traceback(tmp_path):
+    events, beats, result = restart_run()
+    rng = random.Random(14)
+    for i in range(150):
+        d = tmp_path / f"r{i}"
+        d.mkdir()
+        ev, bs, res = copy.deepcopy((events, beats, result))
+        for recs in (ev, bs, res["attempts"]):
+            for rec in rng.sample(recs, k=min(len(recs), rng.randint(1, 6))):
+                _damage(rec, rng)
+        if i % 3 == 0:
+            _damage(res, rng)
+        plan = _plan()
+        for rec in (plan, *plan["nodes"]) if i % 4 == 0 else ():
+            _damage(rec, rng)
+        run = _write_run(d, ev, bs, res if i % 5 else rng.choice(HOSTILE), plan)
+        with open(run.heartbeats_jsonl, "a") as f:
+            f.write('{"task": "worker:0", "kind": "prof')  # torn by a crash mid-write
+        with open(run.events_jsonl, "a") as f:
+            f.write("[1, 2]\n\x00\xff garbage\n")
+        rep = build_report(run)
+        report_text(rep)
+        g = rep["goodput"]
+        if g is not None:
+            assert all(math.isfinite(g[k]) and g[k] >= 0 for k in CATEGORIES), g
+            assert _sum(g) == pytest.approx(g["wall_s"], abs=0.01, rel=1e-9)
+    # damaged plan.json and result.json, and nothing else
+    d = tmp_path / "bare"
+    d.mkdir()
+    (d / "plan.json").write_text('{"job": "x", "nodes": [1, {"task": "w"}, {"task": {}, "env": []}]')
+    (d / "result.json").write_text("[]")
+    rep = build_report(RunDir(d))
+    assert rep["goodput"] is None and "goodput" not in report_text(rep)
+
+
+def test_cleaning_keeps_good_records_and_unknown_fields():
+    beat = {"task": "worker:0", "ts": T0, "seq": 1, "new_field": "from a newer launcher", "progress": {"steps": 3}}
+    assert clean_heartbeat(dict(beat)) == beat
+    assert clean_heartbeat({**beat, "progress": {"steps": "3"}}) == {k: v for k, v in beat.items() if k != "progress"}
+    assert clean_heartbeat({**beat, "ts": float("nan")}) is None
+    assert clean_heartbeat({**beat, "task": ["worker:0"]}) is None
+    assert clean_event({"ts": T0, "event": "restart", "attempt": 1}) is not None
+    assert clean_event({"ts": "T0", "event": "restart"}) is None
+    assert "root_cause" not in clean_event({"ts": T0, "event": "attempt_finished", "root_cause": "x"})
+
+
+# --- e2e: a real run whose worker is killed mid-run and restarted from its backup --------------------
+
+
+def _training_pid(tb, host) -> int | None:
+    for p in tb.host_processes(host):
+        try:
+            if "keras_synthetic" in " ".join(p.cmdline()) and "worker_entry" not in p.cmdline()[1:3]:
+                return p.pid
+        except Exception:
+            continue
+    return None
+
+
+@pytest.mark.e2e
+def test_goodput_of_a_real_run_with_a_restart(testbed_factory, tmp_path):
+    tb = testbed_factory(2)
+    example = "worker_entry.examples.keras_synthetic"
+    command = [PY, "-m", example, "--epochs", "6", "--steps-per-epoch", "40", "--backup"]  # epochs of ~1 s
+    spec = tb.write_spec(
+        tmp_path / "spec.yaml",
+        "goodput",
+        command,
+        restart={"max_restarts": 1},
+        heartbeat={"interval_s": 0.5, "profile_interval_s": 1},
+    )
+    run_dir = tmp_path / "run"
+    proc = start_launch(tb, spec, run_dir, "-q")
+    try:
+        log = run_dir / "logs" / "worker-1.log"
+        wait_until(lambda: log.exists() and "] epoch 2/6 " in log.read_text(), 180, what="epoch 2 backed up")
+        os.kill(wait_until(lambda: _training_pid(tb, tb.hosts[1]), 10, what="training pid"), signal.SIGKILL)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    assert_no_job_processes(tb, 5)
+    r = run_cli("report", str(run_dir), "--json")
+    assert r.returncode == 0, r.stderr
+    g = json.loads(r.stdout)["goodput"]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["restarts"] == 1 and g["finished"] is True
+    assert _sum(g) == pytest.approx(g["wall_s"], abs=0.01)
+    first, second = g["attempts"]
+    assert (first["state"], second["state"]) == ("failed", "succeeded")
+    assert first["startup_s"] > 0 and second["startup_s"] > 0  # TensorFlow starts again after the restart
+    assert g["failure_s"] > 0 and first["until_next_attempt_s"] > 0
+    assert "resumed at epoch" in first["backup"] and first["training_s"] > 0  # epochs 1-2 were kept
+    assert g["productive_s"] > 0 and 0 < g["goodput"] < 1
+    assert all(g[k] >= 0 for k in CATEGORIES)
+    text = run_cli("report", str(run_dir)).stdout
+    assert "goodput" in text and "attempt 0: lost" in text
