@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
               tfcluster preflight cluster.yaml       # ssh, versions, GPUs, ports on every host
               tfcluster launch cluster.yaml          # run it; Ctrl-C tears everything down
               tfcluster logs resnet-4x8 --follow     # from another terminal
+              tfcluster report resnet-4x8 --html     # why it does (not) scale, with pictures
+              tfcluster scale cluster.yaml --workers 1,2,4   # measure it at several sizes
             exit codes: 0 ok, 2 bad spec/usage, 3 job failed, 4 connection/preflight failed,
                         5 gather failed, 130/143 interrupted, 1 internal error"""
         ),

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from worker_entry.protocol.env import Env
+
 from ..core.text import table
 from ..runs import RunDir, read_jsonl
 from .report import build_report
@@ -49,7 +51,7 @@ def measure_size(run_dir: str | Path, workers: int) -> dict[str, Any]:
     rep = build_report(run)
     plan = run.read_json(run.plan_json) or {}
     nodes = plan.get("nodes") or [{}]
-    window = float((nodes[0].get("env") or {}).get("TFCLUSTER_PROFILE_INTERVAL_S") or 5)
+    window = float((nodes[0].get("env") or {}).get(Env.PROFILE_INTERVAL_S) or 5)
     series: dict[str, list[tuple[float, int, int | None]]] = {}
     gpu_mem_pct = None
     for rec in read_jsonl(run.heartbeats_jsonl):
@@ -195,7 +197,7 @@ def advise(sizes: list[dict[str, Any]]) -> list[dict[str, str]]:
     if (worst.get("gpu_mem_pct") or 0) > 95:
         out.append({"size": n, "trigger": f"GPU memory {worst['gpu_mem_pct']:.0f}% used",
                     "advice": "memory-bound: a smaller per-replica batch, or mixed precision (half the activations)"})  # fmt: skip
-    if len(out) == sum(1 for a in out if a["advice"].startswith("one slow host")):
+    if not any(a["size"] == n for a in out):  # nothing specific: what the size's own report says
         out.append({"size": n, "trigger": eff, "advice": "; ".join(worst.get("advice") or ["no single bottleneck found"])})
     return out
 
