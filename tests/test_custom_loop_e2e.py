@@ -27,6 +27,7 @@ from conftest import (
     start_launch,
     wait_until,
 )
+from cpu_quota import cpu_cgroup
 from testbed_fixtures import requires_netns
 
 pytestmark = [pytest.mark.e2e, requires_netns]
@@ -71,18 +72,8 @@ def _stop(p) -> None:
             p.communicate()
 
 
-def _cpu_cgroup() -> tuple[str, str] | None:
-    """(version, parent) of a CPU cgroup hierarchy where we may create a child, else None."""
-    if os.path.exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") and os.access("/sys/fs/cgroup/cpu", os.W_OK):
-        return "v1", "/sys/fs/cgroup/cpu"
-    ctl = Path("/sys/fs/cgroup/cgroup.controllers")
-    if ctl.exists() and "cpu" in ctl.read_text().split() and os.access("/sys/fs/cgroup", os.W_OK):
-        return "v2", "/sys/fs/cgroup"
-    return None
-
-
 def test_cpu_quota_mid_run_names_that_worker_alone(testbed_factory, tmp_path):
-    found = _cpu_cgroup()
+    found = cpu_cgroup()
     if found is None:
         pytest.skip("no writable CPU cgroup (v1 cpu.cfs_quota_us or v2 cpu.max) on this machine")
     version, parent = found
