@@ -111,6 +111,7 @@ def test_each_size_runs_on_the_first_hosts_and_knows_the_sweep():
     env = sized.job.env
     assert (env["TFCLUSTER_SCALE_WORKERS"], env["TFCLUSTER_SCALE_BASE_WORKERS"], env["TFCLUSTER_SCALE_MODE"]) == ("2", "1", "strong")
     assert sized.job.instrument is True
+    assert sized.job.stop_grace_s <= 2.0  # nothing to save at the end of a measurement
     assert 2.0 <= sized.heartbeat.profile_interval_s <= 5.0  # several windows in 20 s
     assert loaded.spec.hosts and len(loaded.spec.hosts) == 4  # the spec itself is untouched
 

@@ -27,6 +27,8 @@ from .job import LaunchOptions, launch
 #: Step-clock windows of a sweep: several per size even for short runs, never below 2 s.
 MIN_PROFILE_S = 2.0
 MAX_PROFILE_S = 5.0
+#: TensorFlow ignores SIGTERM once an MWMS exists: a measured size need not wait the spec's grace.
+STOP_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,9 @@ def sized_spec(loaded: LoadedSpec, workers: int, opts: SweepOptions) -> LoadedSp
     sized = spec.model_copy(
         update={
             "hosts": spec.hosts[:workers],
-            "job": spec.job.model_copy(update={"env": env, "instrument": True}),
+            "job": spec.job.model_copy(
+                update={"env": env, "instrument": True, "stop_grace_s": min(spec.job.stop_grace_s, STOP_GRACE_S)}
+            ),
             "heartbeat": spec.heartbeat.model_copy(update={"profile_interval_s": window}),
         }
     )
