@@ -116,6 +116,22 @@ def test_each_size_runs_on_the_first_hosts_and_knows_the_sweep():
     assert loaded.spec.hosts and len(loaded.spec.hosts) == 4  # the spec itself is untouched
 
 
+def test_bad_sweeps_are_usage_errors_naming_the_option(tmp_path):
+    from conftest import REPO, run_cli
+
+    specs = REPO / "cluster_specs"
+    for args, needle in [
+        (["loopback-3.yaml", "--workers", "1,9"], "--workers 1,9: the spec has 3 host(s)"),
+        (["loopback-3.yaml", "--duration", "soon"], "--duration 'soon'"),
+        (["loopback-3.yaml", "--steps", "0"], "--steps 0: must be at least 1"),
+        (["k8s-jobset.yaml"], "scheduler: kubernetes: `tfcluster scale` runs over ssh"),
+        (["slurm-2x4.yaml"], "scheduler: slurm"),
+    ]:
+        out = run_cli("scale", str(specs / args[0]), *args[1:], "--run-dir", str(tmp_path / "sweep"))
+        assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
+        assert not (tmp_path / "sweep").exists()  # nothing made before the checks
+
+
 def test_the_script_side_batch_follows_the_mode():
     assert sweep_batch_size(64, {}) == 64
     weak = {"TFCLUSTER_SCALE_MODE": "weak", "TFCLUSTER_SCALE_WORKERS": "4", "TFCLUSTER_SCALE_BASE_WORKERS": "1"}

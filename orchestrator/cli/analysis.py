@@ -35,7 +35,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    from ..job.scale import SizeRun, SweepOptions, parse_sizes, run_sweep
+    from ..job.scale import SizeRun, SweepOptions, check_scheduler, parse_sizes, run_sweep
     from ..runs import write_json_atomic
     from ..spec import load_spec
     from ..views.pages import sweep_page
@@ -43,11 +43,12 @@ def cmd_scale(args: argparse.Namespace) -> int:
     from .commands import run_bound
 
     loaded = load_spec(args.spec)
+    check_scheduler(loaded)
     hosts = len(loaded.spec.hosts or [])
     sizes = parse_sizes(args.workers, hosts) if args.workers else _default_sizes(hosts)
     if args.steps is None and args.duration is None:
         args.duration = "60s"
-    bound = run_bound(args.steps, args.duration)
+    bound = run_bound(args.steps, args.duration, ("--steps", "--duration"))
     root = Path(args.run_dir or os.path.join("runs", f"scale-{loaded.spec.name}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"))
     if root.exists() and any(root.iterdir()):
         raise UsageError(f"--run-dir {root}: already exists and is not empty; choose another")

@@ -127,16 +127,19 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return exit_code_for(result)
 
 
-def run_bound(max_steps: int | None, max_duration: str | None) -> RunBound:
-    """--max-steps/--max-duration as a RunBound (inactive when neither is given)."""
+def run_bound(
+    max_steps: int | None, max_duration: str | None, names: tuple[str, str] = ("--max-steps", "--max-duration")
+) -> RunBound:
+    """--max-steps/--max-duration (or scale's --steps/--duration: ``names``) as a RunBound (inactive
+    when neither is given)."""
     from ..supervise.bound import RunBound
     from ..views.logs import parse_duration
 
     if max_steps is not None and max_steps < 1:
-        raise UsageError(f"--max-steps {max_steps}: must be at least 1")
-    seconds = parse_duration(max_duration, "--max-duration") if max_duration is not None else None
+        raise UsageError(f"{names[0]} {max_steps}: must be at least 1")
+    seconds = parse_duration(max_duration, names[1]) if max_duration is not None else None
     if seconds is not None and seconds <= 0:
-        raise UsageError(f"--max-duration {max_duration}: must be longer than 0 s")
+        raise UsageError(f"{names[1]} {max_duration}: must be longer than 0 s")
     return RunBound(steps=max_steps, seconds=seconds)
 
 

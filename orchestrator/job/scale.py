@@ -69,15 +69,22 @@ def parse_sizes(text: str, hosts: int) -> tuple[int, ...]:
     return tuple(sorted(sizes))
 
 
-def sized_spec(loaded: LoadedSpec, workers: int, opts: SweepOptions) -> LoadedSpec:
-    """The spec on its first ``workers`` hosts, telling the script the sweep's size and mode, with
-    step-clock windows short enough for several per size."""
+def check_scheduler(loaded: LoadedSpec) -> None:
+    """A sweep cuts the spec's hosts: scheduler: ssh only, today."""
     spec = loaded.spec
-    if spec.scheduler != "ssh" or spec.hosts is None:
+    if spec.scheduler != "ssh" or not spec.hosts:
         raise UsageError(
             f"{loaded.path}: scheduler: {spec.scheduler}: `tfcluster scale` runs over ssh (hosts:) today; "
             "under Slurm, launch each size with its own slurm.nodes"
         )
+
+
+def sized_spec(loaded: LoadedSpec, workers: int, opts: SweepOptions) -> LoadedSpec:
+    """The spec on its first ``workers`` hosts, telling the script the sweep's size and mode, with
+    step-clock windows short enough for several per size."""
+    check_scheduler(loaded)
+    spec = loaded.spec
+    hosts = spec.hosts or []
     env = {
         **spec.job.env,
         Env.SCALE_WORKERS: str(workers),
@@ -90,7 +97,7 @@ def sized_spec(loaded: LoadedSpec, workers: int, opts: SweepOptions) -> LoadedSp
     window = min(max(window, MIN_PROFILE_S), MAX_PROFILE_S)
     sized = spec.model_copy(
         update={
-            "hosts": spec.hosts[:workers],
+            "hosts": hosts[:workers],
             "job": spec.job.model_copy(
                 update={"env": env, "instrument": True, "stop_grace_s": min(spec.job.stop_grace_s, STOP_GRACE_S)}
             ),
