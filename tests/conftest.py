@@ -62,6 +62,17 @@ def repo_python(directory: Path) -> str:
     return str(path)
 
 
+def training_pid(tb, host) -> int | None:
+    """PID of the ``keras_synthetic`` training process on a test-bed host (not its worker_entry)."""
+    for p in tb.host_processes(host):
+        try:
+            if "keras_synthetic" in " ".join(p.cmdline()) and "worker_entry" not in p.cmdline()[1:3]:
+                return p.pid
+        except Exception:
+            continue
+    return None
+
+
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "events.jsonl"
     if not path.exists():

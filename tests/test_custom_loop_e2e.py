@@ -10,7 +10,6 @@ test bed (3 hosts, this checkout's worker_entry on the nodes), with the instrume
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from datetime import UTC, datetime
@@ -27,7 +26,7 @@ from conftest import (
     start_launch,
     wait_until,
 )
-from cpu_quota import cpu_cgroup
+from cpu_quota import cpu_cgroup, cpu_quota
 from testbed_fixtures import requires_netns
 
 pytestmark = [pytest.mark.e2e, requires_netns]
@@ -73,49 +72,35 @@ def _stop(p) -> None:
 
 
 def test_cpu_quota_mid_run_names_that_worker_alone(testbed_factory, tmp_path):
-    found = cpu_cgroup()
-    if found is None:
+    if cpu_cgroup() is None:
         pytest.skip("no writable CPU cgroup (v1 cpu.cfs_quota_us or v2 cpu.max) on this machine")
-    version, parent = found
     tb = testbed_factory(3, mode="netns")
     spec = _spec(tb, tmp_path, "quota", "--steps", "100000", "--log-every", "1000")
     run_dir = tmp_path / "run"
-    cg = Path(parent, f"tfcluster-e2e-{os.getpid()}")
-    cg.mkdir()
-    p = start_launch(tb, spec, run_dir, "-q", "--no-gather")
-    try:
-        if version == "v1":
-            (cg / "cpu.cfs_period_us").write_text("100000")
-            (cg / "cpu.cfs_quota_us").write_text("20000")  # 0.2 CPU
-        else:
-            (cg / "cpu.max").write_text("20000 100000")
-        spawned = wait_until(
-            lambda: {e["task"]: e["pid"] for e in read_events(run_dir) if e["event"] == "task_spawned"} or None,
-            120,
-            what="task_spawned",
-        )
-        # let it train for a while (a few step-clock windows), then starve worker:1
-        wait_until(lambda: len(_records(run_dir, "profile")) >= 9, 150, interval=0.5, what="profile windows")
-        (cg / "cgroup.procs").write_text(str(spawned["worker:1"]))
-        quota_at = time.time()
-        ev = wait_until(
-            lambda: next((e for e in read_events(run_dir) if e["event"] == "straggler"), None),
-            90,
-            interval=0.5,
-            what="straggler event",
-        )
-        time.sleep(4)  # any further (wrong) straggler verdict would come within two rounds
-        _stop(p)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
-        for _ in range(100):  # removable once its processes are gone
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+    with cpu_quota(0.2, "tfcluster-e2e") as cg:
+        p = start_launch(tb, spec, run_dir, "-q", "--no-gather")
+        try:
+            spawned = wait_until(
+                lambda: {e["task"]: e["pid"] for e in read_events(run_dir) if e["event"] == "task_spawned"} or None,
+                120,
+                what="task_spawned",
+            )
+            # let it train for a while (a few step-clock windows), then starve worker:1
+            wait_until(lambda: len(_records(run_dir, "profile")) >= 9, 150, interval=0.5, what="profile windows")
+            (cg / "cgroup.procs").write_text(str(spawned["worker:1"]))
+            quota_at = time.time()
+            ev = wait_until(
+                lambda: next((e for e in read_events(run_dir) if e["event"] == "straggler"), None),
+                90,
+                interval=0.5,
+                what="straggler event",
+            )
+            time.sleep(4)  # any further (wrong) straggler verdict would come within two rounds
+            _stop(p)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
     assert not cg.exists()
     named = [(e["task"], e["cause"]) for e in read_events(run_dir) if e["event"] == "straggler"]
     assert {t for t, _ in named} == {"worker:1"}, named

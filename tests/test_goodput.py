@@ -16,7 +16,7 @@ import re
 import signal
 
 import pytest
-from conftest import PY, assert_no_job_processes, run_cli, start_launch, wait_until
+from conftest import PY, assert_no_job_processes, run_cli, start_launch, training_pid, wait_until
 
 from orchestrator.runs import RunDir
 from orchestrator.views.goodput import CATEGORIES, goodput
@@ -295,16 +295,6 @@ def test_cleaning_keeps_good_records_and_unknown_fields():
 # --- e2e: a real run whose worker is killed mid-run and restarted from its backup --------------------
 
 
-def _training_pid(tb, host) -> int | None:
-    for p in tb.host_processes(host):
-        try:
-            if "keras_synthetic" in " ".join(p.cmdline()) and "worker_entry" not in p.cmdline()[1:3]:
-                return p.pid
-        except Exception:
-            continue
-    return None
-
-
 @pytest.mark.e2e
 def test_goodput_of_a_real_run_with_a_restart(testbed_factory, tmp_path):
     tb = testbed_factory(2)
@@ -322,7 +312,7 @@ def test_goodput_of_a_real_run_with_a_restart(testbed_factory, tmp_path):
     try:
         log = run_dir / "logs" / "worker-1.log"
         wait_until(lambda: log.exists() and "] epoch 2/6 " in log.read_text(), 180, what="epoch 2 backed up")
-        os.kill(wait_until(lambda: _training_pid(tb, tb.hosts[1]), 10, what="training pid"), signal.SIGKILL)
+        os.kill(wait_until(lambda: training_pid(tb, tb.hosts[1]), 10, what="training pid"), signal.SIGKILL)
         _, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:

@@ -11,7 +11,7 @@ import signal
 import time
 
 import pytest
-from conftest import PY, assert_no_job_processes, read_events, start_launch, wait_until
+from conftest import PY, assert_no_job_processes, read_events, start_launch, training_pid, wait_until
 
 from orchestrator.backends.ssh import close_all, connect_all
 from orchestrator.events import EventBus
@@ -26,16 +26,6 @@ EPOCH_RE = re.compile(r"\] epoch (\d+)/(\d+) ")
 
 def epochs_in(text: str) -> list[int]:
     return [int(m.group(1)) for m in EPOCH_RE.finditer(text)]
-
-
-def training_pid(tb, host) -> int | None:
-    for p in tb.host_processes(host):
-        try:
-            if "keras_synthetic" in " ".join(p.cmdline()) and "worker_entry" not in p.cmdline()[1:3]:
-                return p.pid
-        except Exception:
-            continue
-    return None
 
 
 def test_killed_worker_restarts_all_tasks_and_resumes_from_backup(testbed_factory, tmp_path):

@@ -18,7 +18,6 @@ from typing import Any
 from worker_entry.protocol.env import Env
 
 from ..core.errors import UsageError
-from ..core.states import JobState
 from ..plan import plan_loaded
 from ..spec import LoadedSpec
 from ..supervise.bound import RunBound
@@ -140,7 +139,3 @@ def run_sweep(
         if result.state.is_interrupted:
             return runs, True
     return runs, False
-
-
-def succeeded(run: SizeRun) -> bool:
-    return run.state == JobState.SUCCEEDED.value

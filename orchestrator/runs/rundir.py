@@ -111,11 +111,15 @@ def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2, durable: 
     ``durable`` fsyncs before the rename (results, gather state); live files rewritten every second
     (status.json) skip it: the rename alone keeps readers safe, and an fsync a second is disk load.
     """
+    write_bytes_atomic(path, (json.dumps(obj, indent=indent, default=str) + "\n").encode(), durable=durable)
+
+
+def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """``path`` holds ``data`` whole or is left as it was; private (0600) like the run directory."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=indent, default=str)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             if durable:
                 f.flush()
                 os.fsync(f.fileno())

@@ -10,32 +10,26 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..runs import RunDir, read_jsonl
+from ..runs import RunDir, write_bytes_atomic
 from . import plots
-
-
-def _write_private(path: Path, text: str) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.chmod(0o600)
-    tmp.replace(path)
-    return path
+from .records import event_records, heartbeat_records
+from .split import split_workers
 
 
 def step_series(run: RunDir) -> dict[str, list[tuple[float, float]]]:
     """Per task (ts, step ms): the step-clock windows, or the progress records' step time without them."""
     windows: dict[str, list[tuple[float, float]]] = {}
     progress: dict[str, list[tuple[float, float]]] = {}
-    for rec in read_jsonl(run.heartbeats_jsonl):
-        task, ts = rec.get("task"), rec.get("ts")
-        if not isinstance(task, str) or not isinstance(ts, int | float):
+    for rec in heartbeat_records(run.heartbeats_jsonl):  # checked: numbers are numbers
+        task, ts = rec["task"], rec.get("ts")
+        if ts is None:
             continue
         if rec.get("kind") == "profile":
-            if isinstance(rec.get("step_ms"), int | float):
+            if rec.get("step_ms") is not None:
                 windows.setdefault(task, []).append((float(ts), float(rec["step_ms"])))
-        elif isinstance(rec.get("progress"), dict):
+        elif rec.get("progress"):
             st = rec["progress"].get("step_time_s")
-            if isinstance(st, int | float) and st > 0:
+            if st is not None and st > 0:
                 progress.setdefault(task, []).append((float(ts), 1000.0 * st))
     return windows or progress
 
@@ -43,16 +37,13 @@ def step_series(run: RunDir) -> dict[str, list[tuple[float, float]]]:
 def worker_parts(workers: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     """Each worker's step in the picture's parts: its wait inside the all-reduce for the slowest
     worker apart from the all-reduce itself (the least any worker spends in it)."""
-    have = {t: w for t, w in workers.items() if w.get("collective_ms") is not None and w.get("step_ms")}
-    if not have:
-        return {}
-    allreduce = min(float(w["collective_ms"]) for w in have.values())
+    have, allreduce = split_workers(workers)
     return {
         t: {
             "input": float(w.get("input_ms") or 0),
             "compute": float(w.get("compute_ms") or 0),
             "wait": float(w["collective_ms"]) - allreduce,
-            "collective": allreduce,
+            "collective": float(allreduce),
             "post_collective": float(w.get("update_ms") or 0) + float(w.get("host_ms") or 0),
             "other": float(w.get("other_ms") or 0),
         }
@@ -82,7 +73,8 @@ def report_page(run: RunDir, rep: Mapping[str, Any], text: str, out: Path | None
     if parts:
         images.append(("Where each worker's step goes (ms, step-clock means)", plots.time_split(parts, out / "time_split.png")))
     page = plots.html_page(f"tfcluster report: {rep.get('job')}", text, images)
-    return _write_private(out / "report.html", page), [p for _, p in images]
+    write_bytes_atomic(out / "report.html", page.encode(), durable=False)
+    return out / "report.html", [p for _, p in images]
 
 
 def sweep_page(summary: Mapping[str, Any], text: str, root: Path) -> tuple[Path, list[Path]]:
@@ -96,15 +88,12 @@ def sweep_page(summary: Mapping[str, Any], text: str, root: Path) -> tuple[Path,
     largest = max((s for s in sizes if s.get("run_dir") and Path(s["run_dir"], "plan.json").exists()), key=lambda s: s["workers"], default=None)
     if largest is not None:
         run = RunDir(Path(largest["run_dir"]))
-        marks = [
-            (float(e["ts"]), str(e.get("task")))
-            for e in read_jsonl(run.events_jsonl)
-            if e.get("event") == "straggler" and isinstance(e.get("ts"), int | float)
-        ]
+        marks = [(float(e["ts"]), str(e.get("task"))) for e in event_records(run.events_jsonl) if e["event"] == "straggler"]
         n = largest["workers"]
         images.append((f"Step time per worker at {n} workers (dashed: a straggler named)", plots.step_times(step_series(run), marks, root / f"step_times_{n}.png")))
         parts = worker_parts(largest.get("per_worker") or {})
         if parts:
             images.append((f"Where each worker's step goes at {n} workers (ms)", plots.time_split(parts, root / f"time_split_{n}.png")))
     page = plots.html_page("tfcluster scale", text, images)
-    return _write_private(root / "scale.html", page), [p for _, p in images]
+    write_bytes_atomic(root / "scale.html", page.encode(), durable=False)
+    return root / "scale.html", [p for _, p in images]

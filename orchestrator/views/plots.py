@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import base64
 import html
-import os
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import UsageError
+from ..runs import write_bytes_atomic
 
 #: Colors of the parts of a step, in stacking order (input first, the work after the all-reduce last).
 PART_COLORS = {
@@ -117,11 +118,10 @@ def scaling(points: Sequence[Mapping[str, Any]], unit: str, path: Path) -> Path:
 def _save(fig: Any, plt: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fh:
-        fig.savefig(fh, format="png")
-    os.replace(tmp, path)  # whole or absent, private like the rest of the run directory
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     plt.close(fig)
+    write_bytes_atomic(path, png.getvalue(), durable=False)
     return path
 
 

@@ -26,7 +26,8 @@ from .split import job_split, scores, split_lines, weighted
 HOST_KEYS = ("wait_pct", "throttled_pct", "steal_pct", "tcp_retrans_pct")
 
 
-def _median(xs: list[float]) -> float | None:
+def median_or_none(xs: list[float | None]) -> float | None:
+    """The median of the values that are there (None when none is)."""
     xs = [float(x) for x in xs if x is not None]
     return statistics.median(xs) if xs else None
 
@@ -86,17 +87,17 @@ def build_report(run: RunDir, last_s: float | None = None) -> dict[str, Any]:
             "host": hosts.get(task),
             "steps": steps,
             "steps_per_s": round(steps_per_s, 2) if steps_per_s else None,
-            "step_time_ms": _round(_median([p.get("step_time_s") for p in progress if p.get("step_time_s")]), 1000),
-            "cpu_pct": _round(_median([b.get("cpu_pct") for b in bs if b.get("cpu_pct") is not None])),
+            "step_time_ms": _round(median_or_none([p.get("step_time_s") for p in progress if p.get("step_time_s")]), 1000),
+            "cpu_pct": _round(median_or_none([b.get("cpu_pct") for b in bs if b.get("cpu_pct") is not None])),
             "rss_mb_max": max((b.get("rss_mb") or 0 for b in bs), default=None),
-            "gpu_util_pct": _round(_median([g.get("util") for b in bs for g in (b.get("gpus") or [])])),
+            "gpu_util_pct": _round(median_or_none([g.get("util") for b in bs for g in (b.get("gpus") or [])])),
             "gpus": gpu_models.get(task, []),
             "profiles": len(profiles.get(task, [])),
-            "cpu_ms": _round(_median([p.get("cpu_ms") for p in profiles.get(task, [])])),
+            "cpu_ms": _round(median_or_none([p.get("cpu_ms") for p in profiles.get(task, [])])),
         }
         w.update(weighted(profiles.get(task, [])) or {})
         for key in HOST_KEYS:
-            w[key] = _round(_median([h.get(key) for h in host_samples[task]]))
+            w[key] = _round(median_or_none([h.get(key) for h in host_samples[task]]))
         workers[task] = w
     for task, sc in scores(every_profile).items():
         workers[task].update(relative_score=sc["relative"], individual_score=sc["individual"])

@@ -9,7 +9,6 @@ batch, so the job's rate is one worker's rate (the median), never the sum.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,9 @@ from typing import Any
 from worker_entry.protocol.env import Env
 
 from ..core.text import table
-from ..runs import RunDir, read_jsonl
-from .report import build_report
+from ..runs import RunDir
+from .records import heartbeat_records, json_object
+from .report import build_report, median_or_none
 
 #: Below this efficiency a size is "not scaling" and its bottleneck gets advice.
 GOOD_EFFICIENCY = 0.85
@@ -49,23 +49,21 @@ def measure_size(run_dir: str | Path, workers: int) -> dict[str, Any]:
     """One size: rates, batch, split, straggler and the report's advice, from its run directory."""
     run = RunDir(Path(run_dir))
     rep = build_report(run)
-    plan = run.read_json(run.plan_json) or {}
-    nodes = plan.get("nodes") or [{}]
-    window = float((nodes[0].get("env") or {}).get(Env.PROFILE_INTERVAL_S) or 5)
+    nodes = json_object(run, run.plan_json).get("nodes")
+    env = nodes[0].get("env") if isinstance(nodes, list) and nodes and isinstance(nodes[0], dict) else None
+    window = float((env if isinstance(env, dict) else {}).get(Env.PROFILE_INTERVAL_S) or 5)
     series: dict[str, list[tuple[float, int, int | None]]] = {}
     gpu_mem_pct = None
-    for rec in read_jsonl(run.heartbeats_jsonl):
+    for rec in heartbeat_records(run.heartbeats_jsonl):  # checked: numbers are numbers
         gpu_mem_pct = _max_opt(gpu_mem_pct, _gpu_mem_pct(rec.get("gpus")))
         prog = rec.get("progress")
-        task = rec.get("task")
-        if rec.get("kind") == "profile" or not isinstance(prog, dict) or not isinstance(task, str):
+        if rec.get("kind") == "profile" or not prog or prog.get("steps") is None or prog.get("ts") is None:
             continue
-        steps, ts, ex = prog.get("steps"), prog.get("ts"), prog.get("examples")
-        if isinstance(steps, int) and isinstance(ts, int | float):
-            series.setdefault(task, []).append((float(ts), steps, ex if isinstance(ex, int) else None))
+        ex = prog.get("examples")
+        series.setdefault(rec["task"], []).append((float(prog["ts"]), int(prog["steps"]), None if ex is None else int(ex)))
     rates = [steady_rate(pts, window) for pts in series.values()]
-    steps_per_s = _median([r[0] for r in rates])
-    examples_per_s = _median([r[1] for r in rates])
+    steps_per_s = median_or_none([r[0] for r in rates])
+    examples_per_s = median_or_none([r[1] for r in rates])
     global_batch = round(examples_per_s / steps_per_s) if examples_per_s and steps_per_s else None
     split = rep.get("split") or None
     named = rep.get("stragglers") or []
@@ -247,24 +245,14 @@ def sweep_text(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _gpu_mem_pct(gpus: Any) -> float | None:
-    """The fullest GPU's memory use (%) in one heartbeat's NVML samples."""
-    pcts = [
-        100.0 * g["mem_used_mb"] / g["mem_total_mb"]
-        for g in (gpus if isinstance(gpus, list) else [])
-        if isinstance(g, dict) and isinstance(g.get("mem_used_mb"), int | float) and g.get("mem_total_mb")
-        and isinstance(g["mem_total_mb"], int | float)
-    ]
+def _gpu_mem_pct(gpus: list[dict[str, Any]] | None) -> float | None:
+    """The fullest GPU's memory use (%) in one heartbeat's (checked) NVML samples."""
+    pcts = [100.0 * g["mem_used_mb"] / g["mem_total_mb"] for g in gpus or [] if g.get("mem_used_mb") is not None and g.get("mem_total_mb")]
     return max(pcts) if pcts else None
 
 
 def _max_opt(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else max(a, b)
-
-
-def _median(xs: Sequence[float | None]) -> float | None:
-    vals = [x for x in xs if x is not None]
-    return statistics.median(vals) if vals else None
 
 
 def _round(x: float | None, nd: int) -> float | None:

@@ -41,13 +41,19 @@ def weighted(records: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
     return out
 
 
+def split_workers(workers: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, Mapping[str, Any]], float]:
+    """The workers with a split (a step and a time inside collectives), and the all-reduce itself:
+    the least time any of them spends inside collectives (the last to arrive waits for nobody)."""
+    have = {t: w for t, w in workers.items() if w.get("step_ms") and w.get("collective_ms") is not None}
+    return have, min((w["collective_ms"] for w in have.values()), default=0.0)
+
+
 def job_split(workers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
     """The split of the median worker's step (by its own work per step), with the time it waits for
     the slowest worker separated from the all-reduce itself. The parts add up to its step."""
-    have = {t: w for t, w in workers.items() if w.get("step_ms") and w.get("collective_ms") is not None}
+    have, allreduce = split_workers(workers)
     if not have:
         return None
-    allreduce = min(w["collective_ms"] for w in have.values())
     by_local = sorted(have, key=lambda t: have[t]["pre_collective_ms"])
     ref = by_local[(len(by_local) - 1) // 2]
     w = have[ref]
