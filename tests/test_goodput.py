@@ -58,12 +58,13 @@ def _profile(ts: float, task: str) -> dict:
 
 
 def _training(t0: float, t1: float, epoch_of, profiles: bool = True) -> list[dict]:
-    """Progress records every second in [t0, t1] on both workers, profiles every 2 s."""
+    """Training from t0 to t1 on both workers at 50 steps/s: progress records every second in (t0, t1],
+    profiles every 2 s."""
     out = []
-    for i in range(int(t1 - t0) + 1):
+    for i in range(1, int(t1 - t0) + 1):
         ts = t0 + i
         for task in TASKS:
-            out.append(_progress(T0 + ts, 50 * (i + 1), epoch_of(ts), task))
+            out.append(_progress(T0 + ts, 50 * i, epoch_of(ts), task))
             if profiles and i % 2 == 1:
                 out.append(_profile(T0 + ts, task))
     return out
@@ -147,6 +148,27 @@ def test_no_step_clock_counts_the_steps_as_productive():
     assert g["productive_s"] == pytest.approx(38)
     assert _sum(g) == pytest.approx(g["wall_s"], abs=0.01)
     assert any("no step-clock windows" in n for n in g["notes"])
+
+
+def test_a_late_first_record_is_dated_back_to_the_first_step():
+    """Records can come once per epoch: the first one already counts the steps made before it. Attempt 0
+    of restart_run with its records before t=19 lost (the first says 450 steps of 20 ms at t=19): its
+    training still began at t=10. Without a step time, the rate up to the next record dates it; never
+    before the attempt started."""
+    events, beats, result = restart_run(profiles=False)
+    late = [b for b in beats if not T0 + 10 < b["progress"]["ts"] < T0 + 19]
+    a0 = goodput(events, late, result)["attempts"][0]
+    assert (a0["startup_s"], a0["training_s"]) == (pytest.approx(10), pytest.approx(19))
+    for b in late:
+        if b["progress"]["ts"] == T0 + 19:
+            b["progress"]["step_time_s"] = None  # 450 steps, then 50 more in 1 s
+    a0 = goodput(events, late, result)["attempts"][0]
+    assert (a0["startup_s"], a0["training_s"]) == (pytest.approx(10), pytest.approx(19))
+    for b in late:
+        if b["progress"]["ts"] == T0 + 19:
+            b["progress"]["step_time_s"] = 1.0  # 450 s before t=19: clamped to the attempt's start
+    a0 = goodput(events, late, result)["attempts"][0]
+    assert (a0["startup_s"], a0["training_s"]) == (pytest.approx(1), pytest.approx(28))
 
 
 def test_without_backup_evidence_the_whole_attempt_is_lost():

@@ -134,6 +134,7 @@ def _assign(attempts: list[Attempt], beats: Iterable[Mapping[str, Any]]) -> dict
     def which(ts: float) -> int | None:
         return max((i for i, s in enumerate(starts) if s <= ts), default=None)
 
+    progress: dict[tuple[int, Any], list[tuple[float, float, float | None]]] = {}  # (attempt, task) -> records
     for rec in beats:
         task = rec.get("task")
         if rec.get("kind") == "profile":
@@ -149,7 +150,24 @@ def _assign(attempts: list[Attempt], beats: Iterable[Mapping[str, Any]]) -> dict
         if ts is not None and (i := which(ts)) is not None:
             ep = prog.get("epoch")
             attempts[i].points.append((ts, int(ep) if is_number(ep) else None, task))
+            progress.setdefault((i, task), []).append((ts, float(prog["steps"]), _num(prog.get("step_time_s"))))
+    for (i, task), recs in progress.items():
+        if (began := _first_step(sorted(recs), attempts[i].start)) is not None:
+            attempts[i].points.append((began, None, task))
     return profiles
+
+
+def _first_step(recs: list[tuple[float, float, float | None]], start: float | None) -> float | None:
+    """When a task's first step began, from its records ``(ts, cumulative steps, step time)`` in one
+    attempt: the first record already counts steps made before it (records are rate-limited and can
+    come once per epoch), so go back that many step times, never before the attempt started. The
+    step time is the record's own, else the rate up to the next record; None when neither is known."""
+    ts, steps, step_s = recs[0]
+    if step_s is None and len(recs) > 1 and recs[1][0] > ts and recs[1][1] > steps:
+        step_s = (recs[1][0] - ts) / (recs[1][1] - steps)
+    if step_s is None or not 0 < step_s * steps < 86_400:
+        return None
+    return max(start if start is not None else ts - steps * step_s, ts - steps * step_s)
 
 
 def _shares(profiles: list[Mapping[str, Any]]) -> tuple[float, float] | None:
