@@ -19,12 +19,15 @@ in one run, repeated with the order rotated (median reported):
   SSH_CLIENT set, so bash sources ~/.bashrc), and N `python -m worker_entry --version` in parallel.
 
 Every "remote" sshd, login shell and worker_entry runs on this machine's cores, next to the launcher.
-The ratio printed last: fastest peer's wall time for `true` / tfcluster's time to every worker
-running, at the largest size (target >= 1.0: no slower than the fastest peer).
+Also the same paramiko pool running `python -m worker_entry --version` instead of `true`: the floor
+of any launcher that starts Python on each node (`true` starts none).
+The ratio printed last: tfcluster's whole command / the fastest peer's wall time for `true`, at the
+largest size (target <= 1.0 up to 16 hosts, <= 1.2 beyond). The modules are byte-compiled first.
 """
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
 import shlex
@@ -53,6 +56,8 @@ from common import (
     testbed,
     write_ssh_config,
 )
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 PARAMIKO_POOL = r"""
 import json, sys, time
@@ -90,6 +95,9 @@ g = ThreadingGroup.from_connections(conns)
 r = g.run(a["command"], hide=True)
 sys.exit(0 if all(x.ok for x in r.values()) else 1)
 """
+
+
+POOL_PYTHON = "floor: paramiko pool + python"
 
 
 def have_fabric() -> bool:
@@ -157,15 +165,16 @@ def run_peer(kind: str, tb, hosts, work: Path, ssh_cfg: Path) -> dict:
     elif kind == "pdsh":
         env["PDSH_SSH_ARGS"] = f"-F {ssh_cfg} -x -a %h"
         argv = ["pdsh", "-R", "ssh", "-f", str(max(n, 1)), "-w", ",".join(h.name for h in hosts), "true"]
-    elif kind in ("paramiko pool", "fabric group"):
+    elif kind in ("paramiko pool", "fabric group", POOL_PYTHON):
         a = {
             "hosts": [[h.address, h.ssh_port] for h in hosts],
             "user": tb.user,
             "key": str(tb.user_key),
             "known_hosts": str(tb.known_hosts),
-            "command": "true",
+            # the floor of any launcher that runs Python on each node: the pool starting worker_entry
+            "command": f"exec {PY} -m worker_entry --version" if kind == POOL_PYTHON else "true",
         }
-        code = PARAMIKO_POOL if kind == "paramiko pool" else FABRIC_GROUP
+        code = FABRIC_GROUP if kind == "fabric group" else PARAMIKO_POOL
         argv = [PY, "-c", code, json.dumps(a)]
     elif kind == "floor: login shells":
         # What sshd runs for `true`: `bash -c true` with SSH_CLIENT set: Debian's bash then sources ~/.bashrc.
@@ -271,7 +280,7 @@ def main() -> int:
     methods = ["tfcluster", "tfcluster whole command", "ssh loop", "pdsh", "paramiko pool"]
     if have_fabric():
         methods.append("fabric group")
-    floors = ["floor: login shells", "floor: python worker_entry", "floor: login shell + worker_entry"]
+    floors = ["floor: login shells", "floor: python worker_entry", "floor: login shell + worker_entry", POOL_PYTHON]
     all_methods = methods + floors
     results: dict[tuple[str, int], list[dict]] = {}
     report = Report(
@@ -288,6 +297,10 @@ def main() -> int:
             ("marginal_cpu_ms_per_host", "marg. CPU ms/host"),
         ],
     )
+    # Bytecode as an installed package has it: with PYTHONDONTWRITEBYTECODE set and a stale cache, the
+    # launcher would compile every module it imports on every run.
+    compileall.compile_dir(str(REPO_ROOT / "orchestrator"), quiet=1)
+    compileall.compile_dir(str(REPO_ROOT / "worker_entry"), quiet=1)
     work = Path(tempfile.mkdtemp(prefix="bench-fanout-"))
     try:
         with testbed(max(sizes), mode="loopback") as tb:
@@ -402,6 +415,12 @@ def main() -> int:
     report.notes.append(
         f"the box's floor at {N} hosts (login shells + worker_entry Pythons in parallel): {floor:.2f}s; "
         f"{best_peer} / floor = {peer_wall / floor:.2f}"
+    )
+    pool_py = median([r["wall_s"] for r in results[(POOL_PYTHON, N)]])
+    report.notes.append(
+        f"the same paramiko pool running `python -m worker_entry --version` instead of `true` (the Python every "
+        f"node needs, which `true` does not start): {pool_py:.2f}s; tfcluster whole command / that = "
+        f"{whole / pool_py:.2f}"
     )
     report.notes.append(f"launch to all running vs {best_peer}: {peer_wall / ours:.3f}")
     target = 1.0 if N <= 16 else 1.2

@@ -1,4 +1,4 @@
-from .cli.main import main
+from .cli.main import entry
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

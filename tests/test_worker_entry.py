@@ -301,3 +301,14 @@ def test_hand_over_ends_when_the_launcher_stays_silent(tmp_path):
     while e.p.poll() is None and time.monotonic() < deadline:
         e.pump(0.1)
     assert e.p.returncode == 0
+
+
+def test_the_start_path_imports_nothing_a_short_task_does_not_need():
+    """Every host pays worker_entry's imports before its hello (on a 2-core box with 16 test-bed hosts,
+    16 times over): psutil, hashlib and platform are imported when first used, not at start."""
+    code = (
+        "import sys, worker_entry.runner, worker_entry.__main__; "
+        "print(','.join(m for m in ('psutil', 'hashlib', 'platform', 'importlib.metadata') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    assert out.stdout.strip() == ""

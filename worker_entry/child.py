@@ -17,11 +17,6 @@ from typing import Any
 
 from . import protocol as p
 
-try:
-    import psutil
-except ImportError:  # pragma: no cover
-    psutil = None
-
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
 
 
@@ -79,7 +74,11 @@ def kill_group(pid: int, sig: int) -> None:
 
 def kill_escaped(seen: Mapping[int, float]) -> None:
     """SIGKILL descendants that left the process group, by PID + start time (``seen``: pid -> ctime)."""
-    if psutil is None:
+    if not seen:
+        return
+    try:
+        import psutil  # only here: a task with nothing left to reach needs none
+    except ImportError:  # pragma: no cover - psutil is a dependency, but the node may lack it
         return
     for pid, created in list(seen.items()):
         try:

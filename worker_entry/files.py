@@ -7,7 +7,6 @@ symlink (every path component is opened with O_NOFOLLOW relative to its parent),
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -17,6 +16,14 @@ from collections.abc import Callable
 from typing import Any
 
 from . import protocol as p
+
+
+def _sha256() -> Any:
+    """hashlib's sha256, imported when a file is hashed: most tasks end with nothing to send, and the
+    import (OpenSSL's bindings) costs every host ~3 ms before its hello."""
+    import hashlib
+
+    return hashlib.sha256()
 
 CHUNK = 1024 * 1024
 TEMP_PREFIX = "workertemp_"
@@ -98,7 +105,7 @@ def stream_files(root: str, files: list[dict[str, Any]], put: Callable[[bytes], 
             continue
         with os.fdopen(fd, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
-            h = hashlib.sha256()
+            h = _sha256()
             if offset > size:
                 offset = 0
             put(p.msg_frame(p.FileStart(path=rel, size=size, offset=offset)))
@@ -173,7 +180,7 @@ def receive(root: str, in_fd: int, first: bytes = b"") -> dict[str, Any]:
                     target = os.path.join(incoming, *parts)
                     os.makedirs(os.path.dirname(target), exist_ok=True)
                     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-                    cur = {"f": os.fdopen(fd, "wb"), "h": hashlib.sha256(), "path": target, "m": m}
+                    cur = {"f": os.fdopen(fd, "wb"), "h": _sha256(), "path": target, "m": m}
                 elif isinstance(m, p.FileEnd) and cur is not None:
                     cur["f"].close()
                     if cur["h"].hexdigest() != m.sha256:

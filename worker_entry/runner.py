@@ -32,11 +32,6 @@ from .output import OutputPipes
 from .sysinfo import GroupSampler, Nvml, listening, node_facts
 from .writer import FrameWriter
 
-try:
-    import psutil
-except ImportError:  # pragma: no cover
-    psutil = None
-
 MAX_RECORD = 64 * 1024  # a progress record longer than this is not one
 DRAIN_TIMEOUT_S = 3.0
 
@@ -69,6 +64,7 @@ class Runner:
         self.started_how: str | None = None
         self.progress: p.Progress | None = None
         self.seq = 0
+        self.beats_running = 0  # heartbeats sent since the command started
         self.bad_records = 0
         self.out: OutputPipes | None = None
         self.sig_r, self.sig_w = os.pipe()
@@ -325,7 +321,10 @@ class Runner:
     def _heartbeat(self) -> None:
         if self.started_how is None and self.tf_port and listening(int(self.tf_port)):
             self._mark_started("tf_server")
-        sample = self.sampler.sample() if self.sampler is not None else {}
+        # The beat sent as the task starts carries no process sample (no rate yet, and psutil's
+        # import would delay every host's start); a task that ends within an interval needs none.
+        sample = self.sampler.sample() if self.sampler is not None and self.beats_running > 0 else {}
+        self.beats_running += self.sampler is not None
         gpus = self.nvml.sample() if self.nvml is not None and self.nvml.available else None
         host = self.host.sample() if self.host is not None else {}
         self.msg(

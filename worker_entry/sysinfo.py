@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import platform
 import re
 import shutil
 import socket
@@ -22,10 +21,15 @@ from typing import Any
 from .nvml import Nvml
 from .protocol.env import Env
 
-try:
-    import psutil
-except ImportError:  # pragma: no cover - psutil is a dependency, but the node may lack it
-    psutil = None
+
+def load_psutil() -> Any:
+    """psutil, or None where the node lacks it. Imported when first needed, not at start: it costs
+    ~11 ms of CPU on every host before the hello, and a short task may never sample its processes."""
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil is a dependency, but the node may lack it
+        return None
+    return psutil
 
 PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf_keras", "keras", "numpy", "tfcluster")
 
@@ -137,6 +141,7 @@ def port_in_use(port: int) -> str | None:
 
 
 def _listener_of(port: int) -> str | None:
+    psutil = load_psutil()
     if psutil is None:
         return None
     try:
@@ -270,19 +275,26 @@ def node_facts(config: dict[str, Any], nvml: Nvml | None = None) -> dict[str, An
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
     return {
         "hostname": socket.gethostname(),
-        "python": platform.python_version(),
+        "python": ".".join(map(str, sys.version_info[:3])),  # platform.python_version(), without its import
         "executable": sys.executable,
         "platform": _platform(),
         "packages": package_versions(),
         "gpus": gpus,
         "cpus": os.cpu_count(),
-        "mem_total_mb": int(psutil.virtual_memory().total // (1024 * 1024)) if psutil else None,
+        "mem_total_mb": _mem_total_mb(),
         "load1": load[0],
         "disk": disk,
         "time": time.time(),
         "problems": problems,
         "warnings": warnings,
     }
+
+
+def _mem_total_mb() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1024 * 1024)
+    except (ValueError, OSError):
+        return None
 
 
 class GroupSampler:
@@ -300,10 +312,18 @@ class GroupSampler:
         self._last_cpu: float | None = None
         self._last_t: float | None = None
         self.seen: dict[int, float] = {}  # pid -> create_time of every descendant ever seen
-        try:
-            self._main = psutil.Process(pid) if psutil else None
-        except Exception:
-            self._main = None
+        self._main: Any = None
+        self._looked = False  # psutil's handle is taken at the first sample (a short task needs none)
+
+    def _handle(self) -> Any:
+        if not self._looked:
+            self._looked = True
+            psutil = load_psutil()
+            try:
+                self._main = psutil.Process(self.pid) if psutil else None
+            except Exception:
+                self._main = None
+        return self._main
 
     def _rescan(self) -> None:
         if self._main is None:
@@ -322,7 +342,7 @@ class GroupSampler:
         self._procs = procs
 
     def sample(self) -> dict[str, Any]:
-        if self._main is None:
+        if self._handle() is None:
             return {}
         if self._n % self._rescan_every == 0:
             self._rescan()

@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop the job cleanly after DURATION of training (90s, 5m; from the first step), exit 0",
     )
     p.add_argument("--detached-child", action="store_true", help=argparse.SUPPRESS)
-    p.set_defaults(func=c.cmd_launch, cmd=[])
+    p.set_defaults(func=c.cmd_launch, cmd=[], quick_exit=True)
     p.usage = "tfcluster launch [options] SPEC [-- COMMAND...]   (COMMAND overrides job.command)"
 
     p = _cmd(
@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-preflight", action="store_true", help="skip the host checks before each size")
     p.add_argument("--verbose", "-v", action="store_true", help="print the workers' output (it is stored anyway)")
     p.add_argument("--json", action="store_true", help="print scale.json on stdout instead of the table")
-    p.set_defaults(func=a.cmd_scale)
+    p.set_defaults(func=a.cmd_scale, quick_exit=True)
 
     p = _cmd(
         sub,

@@ -108,7 +108,7 @@ class RunDir:
 def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2, durable: bool = True) -> None:
     """Readers (status, logs --follow) never see half a file: write a temp file, rename.
 
-    ``durable`` fsyncs before the rename (results, gather state); live files rewritten every second
+    ``durable`` fsyncs before the rename (results); live files rewritten every second
     (status.json) skip it: the rename alone keeps readers safe, and an fsync a second is disk load.
     """
     write_bytes_atomic(path, (json.dumps(obj, indent=indent, default=str) + "\n").encode(), durable=durable)

@@ -134,7 +134,7 @@ Address = Annotated[str, Field(strict=True), AfterValidator(_check_address)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=False, defer_build=True)
 
 
 class SshSpec(_Model):

@@ -83,7 +83,7 @@ GpuCount = Annotated[int, Field(strict=True, ge=0, le=1024)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=False, defer_build=True)
 
 
 class SlurmSpec(_Model):

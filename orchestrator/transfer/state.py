@@ -52,7 +52,9 @@ class GatherState:
         with self._lock:
             snapshot = dict(self.files)
             self._saved_at = time.monotonic()
-        write_json_atomic(self.path, {"files": snapshot}, indent=None)
+        # Not fsynced: every file it lists was synced before it was recorded, and a state lost to a
+        # crash is only an older one (those files are copied again), never a wrong one.
+        write_json_atomic(self.path, {"files": snapshot}, indent=None, durable=False)
 
 
 @dataclass
