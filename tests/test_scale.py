@@ -18,7 +18,9 @@ from test_supervisor import supervise
 from orchestrator.cli.exitcodes import exit_code_for_sweep
 from orchestrator.core.errors import UsageError
 from orchestrator.core.states import JobState, TaskState
+from orchestrator.events import Event
 from orchestrator.job.scale import SweepOptions, parse_sizes, sized_spec
+from orchestrator.sinks.console import describe
 from orchestrator.supervise.bound import BoundWatch, RunBound
 from orchestrator.views import scale as sv
 from worker_entry import protocol as p
@@ -51,7 +53,14 @@ def test_a_step_bound_stops_every_worker_and_counts_as_success():
     assert {t.state for t in res.tasks.values()} == {TaskState.STOPPED}
     (ev,) = rec.kinds("bound_reached")
     assert ev.data["steps"] >= 60
-    assert rec.kinds("teardown")[0].data["reason"].startswith("bounded run:")
+    (down,) = rec.kinds("teardown")
+    assert down.data["reason"].startswith("bounded run:") and down.data["bounded"] is True
+    assert describe(down) is None and "stopping the job" in describe(ev)  # the console says it once
+
+
+def test_only_a_bounded_teardown_is_left_to_bound_reached():
+    ev = Event("teardown", 0.0, None, None, {"reason": "bounded run: of a user's own words", "grace_s": 1})
+    assert describe(ev) == "tearing down the job: bounded run: of a user's own words"
 
 
 def test_a_failure_before_the_bound_is_still_a_failure():

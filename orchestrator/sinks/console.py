@@ -94,7 +94,7 @@ def describe(ev: Event) -> str | None:
     if k == "bound_reached":
         return f"bounded run: {d.get('message')}; stopping the job"
     if k == "teardown":
-        if str(d.get("reason", "")).startswith("bounded run:"):
+        if d.get("bounded") is True:
             return None  # bound_reached said it
         return f"tearing down the job: {d.get('reason')}"
     if k == "interrupted":

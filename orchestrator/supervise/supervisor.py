@@ -313,7 +313,7 @@ class Supervisor:
         if why is not None:
             self.bound_reached = why
             self.bus.emit("bound_reached", message=why, steps=min((n or 0 for n in running.values()), default=0))
-            self._teardown(f"bounded run: {why}")
+            self._teardown(f"bounded run: {why}", bounded=True)
 
     def _blame_suspects(self, failed_task: TaskSession) -> None:
         """A peer that went silent or was stopped *before* this failure is the likelier cause."""
@@ -335,12 +335,14 @@ class Supervisor:
             where = f"{failure.task} ({failure.host})" if failure.task else "the job"
             self._teardown(f"{where}: {failure.message}", grace=self.spec.job.failure_grace_s)
 
-    def _teardown(self, reason: str, grace: float | None = None, signum: int = signal.SIGTERM) -> None:
+    def _teardown(
+        self, reason: str, grace: float | None = None, signum: int = signal.SIGTERM, *, bounded: bool = False
+    ) -> None:
         grace = self.spec.job.stop_grace_s if grace is None else grace
         if self.stopping_reason is None:
             self.stopping_reason = reason
             self.state = JobState.STOPPING
-            self.bus.emit("teardown", reason=reason, grace_s=grace)
+            self.bus.emit("teardown", reason=reason, grace_s=grace, **({"bounded": True} if bounded else {}))
         for s in self.sessions.values():
             if s.state == TaskState.PENDING:  # its backend start is still under way: never let it run
                 s.state = TaskState.NOT_STARTED

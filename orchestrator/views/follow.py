@@ -28,6 +28,7 @@ from .slurm import cancel, current_job, finalize, job_info
 
 POLL_S = 0.2
 SLURM_POLL_S = 1.0
+JOB_END_WAIT_S = 20.0  # after result.json: how long to wait for Slurm to end the job
 MAX_CHUNK = 4 << 20
 
 
@@ -122,6 +123,7 @@ class Follower:
                     finished = self.run.is_finished()
                     self._pump()
                     if finished:
+                        self._wait_job_end()
                         break
                     if time.monotonic() >= next_poll:
                         next_poll = time.monotonic() + SLURM_POLL_S
@@ -137,6 +139,19 @@ class Follower:
             if self.live is not None:
                 self.live.stop()
         return self.run.read_json(self.run.result_json)
+
+    def _wait_job_end(self) -> None:
+        """result.json is the supervisor's last act; wait (bounded) until Slurm has let the job go too,
+        so that once ``launch`` returns the job is gone from squeue, as after ``srun``."""
+        job = current_job(self.run)
+        if not job:
+            return
+        try:
+            info = sc.wait_gone(job, JOB_END_WAIT_S)
+        except (SlurmError, KeyboardInterrupt):
+            return
+        if info.active:
+            self.note(f"slurm job {job} is still {info.state} after {JOB_END_WAIT_S:g}s; the run itself has ended")
 
     def _interrupted(self) -> bool:
         """Ctrl-C: cancel (keep following the teardown) or detach (False)."""
