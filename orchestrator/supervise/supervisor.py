@@ -335,14 +335,13 @@ class Supervisor:
             where = f"{failure.task} ({failure.host})" if failure.task else "the job"
             self._teardown(f"{where}: {failure.message}", grace=self.spec.job.failure_grace_s)
 
-    def _teardown(
-        self, reason: str, grace: float | None = None, signum: int = signal.SIGTERM, *, bounded: bool = False
-    ) -> None:
+    def _teardown(self, reason: str, grace: float | None = None, signum: int = signal.SIGTERM, *,
+                  bounded: bool = False) -> None:  # fmt: skip
         grace = self.spec.job.stop_grace_s if grace is None else grace
         if self.stopping_reason is None:
             self.stopping_reason = reason
             self.state = JobState.STOPPING
-            self.bus.emit("teardown", reason=reason, grace_s=grace, **({"bounded": True} if bounded else {}))
+            self.bus.emit("teardown", reason=reason, grace_s=grace, bounded=bounded)
         for s in self.sessions.values():
             if s.state == TaskState.PENDING:  # its backend start is still under way: never let it run
                 s.state = TaskState.NOT_STARTED
