@@ -32,12 +32,16 @@ def median_or_none(xs: list[float | None]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def build_report(run: RunDir, last_s: float | None = None) -> dict[str, Any]:
+def build_report(
+    run: RunDir, last_s: float | None = None, records: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """The report of a run; ``last_s`` keeps only samples from the run's last ``last_s`` seconds
-    (a straggler that appeared mid-run is diluted in whole-run means)."""
+    (a straggler that appeared mid-run is diluted in whole-run means). ``records``: the run's
+    heartbeat records when the caller has read them already (a long run's file is large)."""
     profiles: dict[str, list[dict[str, Any]]] = {}
     beats: dict[str, list[dict[str, Any]]] = {}
-    records = heartbeat_records(run.heartbeats_jsonl)  # damaged records skipped: a report, never a traceback
+    if records is None:  # damaged records skipped: a report, never a traceback
+        records = heartbeat_records(run.heartbeats_jsonl)
     for rec in records:
         task = rec.get("task")
         if task:

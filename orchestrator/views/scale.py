@@ -48,13 +48,14 @@ def steady_rate(points: Sequence[tuple[float, int, int | None]], warmup_s: float
 def measure_size(run_dir: str | Path, workers: int) -> dict[str, Any]:
     """One size: rates, batch, split, straggler and the report's advice, from its run directory."""
     run = RunDir(Path(run_dir))
-    rep = build_report(run)
+    records = heartbeat_records(run.heartbeats_jsonl)  # checked: numbers are numbers
+    rep = build_report(run, records=records)
     nodes = json_object(run, run.plan_json).get("nodes")
     env = nodes[0].get("env") if isinstance(nodes, list) and nodes and isinstance(nodes[0], dict) else None
     window = float((env if isinstance(env, dict) else {}).get(Env.PROFILE_INTERVAL_S) or 5)
     series: dict[str, list[tuple[float, int, int | None]]] = {}
     gpu_mem_pct = None
-    for rec in heartbeat_records(run.heartbeats_jsonl):  # checked: numbers are numbers
+    for rec in records:
         gpu_mem_pct = _max_opt(gpu_mem_pct, _gpu_mem_pct(rec.get("gpus")))
         prog = rec.get("progress")
         if rec.get("kind") == "profile" or not prog or prog.get("steps") is None or prog.get("ts") is None:
