@@ -246,6 +246,9 @@ def test_report_json_and_text_carry_goodput(tmp_path):
     r = run_cli("report", str(tmp_path), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["goodput"]["failure_s"] == pytest.approx(9)
+    narrowed = build_report(run, last_s=10)  # --last narrows the step times; goodput stays whole-run
+    assert narrowed["goodput"]["wall_s"] == rep["goodput"]["wall_s"]
+    assert "(of the whole run: --last narrows" in report_text(narrowed)
 
 
 HOSTILE = ["x", None, [], {}, [1, "a"], {"ts": "x"}, -5, 1e300, True, "NaN", 3.5, 0]

@@ -123,8 +123,16 @@ def build_report(
         "stragglers": stragglers,
         "slowing": slowing,
         **analysis,
-        "goodput": goodput(events, records, json_object(run, run.result_json), run.is_finished()),
+        "goodput": _goodput(events, records, run, window),
     }
+
+
+def _goodput(events: list[dict[str, Any]], records: list[dict[str, Any]], run: RunDir, window: Any) -> Any:
+    """Goodput always splits the whole run's wall time; with --last it says so."""
+    g = goodput(events, records, json_object(run, run.result_json), run.is_finished())
+    if g is not None and window is not None:
+        g["notes"].append("of the whole run: --last narrows the step-time sections above, not goodput")
+    return g
 
 
 def _float(x: Any, default: float) -> float:
