@@ -160,9 +160,12 @@ def _assign(attempts: list[Attempt], beats: Iterable[Mapping[str, Any]]) -> dict
 def _first_step(recs: list[tuple[float, float, float | None]], start: float | None) -> float | None:
     """When a task's first step began, from its records ``(ts, cumulative steps, step time)`` in one
     attempt: the first record already counts steps made before it (records are rate-limited and can
-    come once per epoch), so go back that many step times, never before the attempt started. The
-    step time is the record's own, else the rate up to the next record; None when neither is known."""
-    ts, steps, step_s = recs[0]
+    come once per epoch), so go back that many steady step times (the median of its records', else
+    the rate up to the next record: the first window also holds tracing, which is startup), never
+    before the attempt started. None when no step time is known."""
+    ts, steps, _ = recs[0]
+    times = sorted(t for _, _, t in recs if t is not None and t > 0)
+    step_s = times[len(times) // 2] if times else None
     if step_s is None and len(recs) > 1 and recs[1][0] > ts and recs[1][1] > steps:
         step_s = (recs[1][0] - ts) / (recs[1][1] - steps)
     if step_s is None or not 0 < step_s * steps < 86_400:
