@@ -17,6 +17,9 @@ from typing import Any
 
 from . import protocol as p
 
+CHUNK = 1024 * 1024
+TEMP_PREFIX = "workertemp_"
+
 
 def _sha256() -> Any:
     """hashlib's sha256, imported when a file is hashed: most tasks end with nothing to send, and the
@@ -24,9 +27,6 @@ def _sha256() -> Any:
     import hashlib
 
     return hashlib.sha256()
-
-CHUNK = 1024 * 1024
-TEMP_PREFIX = "workertemp_"
 
 
 def _root(path: str) -> str:

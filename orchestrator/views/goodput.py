@@ -31,6 +31,7 @@ categories, never out of the wall. Input: events and heartbeat records as ``reco
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,13 +165,14 @@ def _first_step(recs: list[tuple[float, float, float | None]], start: float | No
     the rate up to the next record: the first window also holds tracing, which is startup), never
     before the attempt started. None when no step time is known."""
     ts, steps, _ = recs[0]
-    times = sorted(t for _, _, t in recs if t is not None and t > 0)
-    step_s = times[len(times) // 2] if times else None
+    times = [t for _, _, t in recs if t is not None and t > 0]
+    step_s = statistics.median(times) if times else None
     if step_s is None and len(recs) > 1 and recs[1][0] > ts and recs[1][1] > steps:
         step_s = (recs[1][0] - ts) / (recs[1][1] - steps)
     if step_s is None or not 0 < step_s * steps < 86_400:
         return None
-    return max(start if start is not None else ts - steps * step_s, ts - steps * step_s)
+    began = ts - steps * step_s
+    return began if start is None else max(start, began)
 
 
 def _shares(profiles: list[Mapping[str, Any]]) -> tuple[float, float] | None:
