@@ -45,13 +45,22 @@ def test_a_running_job_is_scraped_with_per_task_and_job_metrics(tmp_path):
     job = Job(loaded, plan, LaunchOptions(run_dir=str(tmp_path / "run"), gather=False, live=False, echo_logs=False), backend)
     seen: dict = {}
 
+    def complete(got: dict) -> bool:
+        """Every figure the test asserts is there for every task (each task's rates appear when its
+        own progress has spanned a second: the tasks are not in step)."""
+        return all(
+            (value(got, name, task=task) or 0) > 0
+            for task in ("worker:0", "worker:1")
+            for name in ("tfcluster_task_steps", "tfcluster_task_steps_per_second", "tfcluster_task_examples_per_second")
+        ) and all(value(got, "tfcluster_task_step_part_seconds", task=t, part="collective") for t in ("worker:0", "worker:1"))
+
     def scrape_then_stop() -> None:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             info = json.loads((tmp_path / "run" / "launcher.json").read_text()) if (tmp_path / "run" / "launcher.json").exists() else {}
             if "metrics_url" in info:
                 got = scrape(info["metrics_url"])
-                if value(got, "tfcluster_task_steps_per_second", task="worker:1"):
+                if complete(got):
                     seen.update(got)
                     break
             time.sleep(0.2)
@@ -61,6 +70,7 @@ def test_a_running_job_is_scraped_with_per_task_and_job_metrics(tmp_path):
     t.start()
     job.run()
     t.join()
+    assert seen, "the scrape never showed every task's figures"
     assert value(seen, "tfcluster_job_state", job="fake", state="running") == 1
     for task in ("worker:0", "worker:1"):
         assert value(seen, "tfcluster_task_steps", task=task, host=plan.node(p_task(task)).host) > 0
