@@ -158,7 +158,8 @@ def test_custom_loop_reports_steps_and_raises_nothing(testbed_factory, tmp_path,
         done = [b["progress"]["steps"] for b in _records(r.run_dir, "heartbeat") if b["task"] == task and b.get("progress")]
         assert done and max(done) == steps, (task, done[-5:])  # one step per gradient all-reduce
     profiles = _records(r.run_dir, "profile")
-    assert len({p["task"] for p in profiles}) == 3 and len(profiles) >= 6
+    # every worker's windows, its last one written as it exits (a window's count depends on speed)
+    assert len({p["task"] for p in profiles}) == 3, profiles
     for rec in profiles:
         assert sum(rec[k] for k in PARTS) == pytest.approx(rec["step_ms"], abs=0.02), rec
     report = json.loads(run_cli("report", str(r.run_dir), "--json").stdout)

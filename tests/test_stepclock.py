@@ -174,6 +174,36 @@ def test_reader_counts_steps_and_emits_the_slowest_replica_per_window():
     assert rec["steps"] == 7 and rec["stamps"] == "auto"  # GPU tensors' stamps wait for completion
 
 
+def test_the_last_window_is_written_when_the_process_exits_before_it_is_due():
+    """A job shorter than one window still gets its split: the final round writes what it has."""
+    rows: list[Row] = []
+    records = []
+    reader = stampreader.Reader(
+        60.0,
+        min_steps=3,
+        take=lambda: [rows.pop(0) for _ in range(len(rows))],
+        take_inputs=list,
+        primaries=lambda fn: frozenset({0}),
+        has_runs=lambda fn: True,
+        examples=lambda fn: None,
+        emit=lambda kind, **kw: records.append(kw),
+        count=lambda n, ex: None,
+        clock=lambda: 0.0,
+        cpu=lambda: 0.0,
+    )
+    for k in range(2):
+        rows.append(run_row(10 * k, 10 * k + 1, 10 * k + 9, (0, 10 * k + 3, 10 * k + 8), replica=0))
+    reader.poll()
+    reader.poll(final=True)
+    assert records == []  # fewer than min_steps: not a window worth reporting
+    for k in range(2, 6):
+        rows.append(run_row(10 * k, 10 * k + 1, 10 * k + 9, (0, 10 * k + 3, 10 * k + 8), replica=0))
+    reader.poll()
+    assert records == []  # not due
+    reader.poll(final=True)
+    assert len(records) == 1 and records[0]["steps"] >= 3
+
+
 def test_progress_ownership_stamps_outrank_the_callback_user_outranks_both(monkeypatch):
     emitted = []
     monkeypatch.setattr(progress, "emit", lambda kind, **kw: emitted.append(kw) or True)

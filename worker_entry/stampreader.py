@@ -62,9 +62,11 @@ class Reader:
         self.last_record: dict[str, Any] | None = None
         self._lock = threading.Lock()
 
-    def poll(self, wait_s: float = -1) -> int:
+    def poll(self, wait_s: float = -1, *, final: bool = False) -> int:
         """One round: take rows, count steps, emit a window record when due. Returns steps counted
-        (0 when another round holds the lock longer than ``wait_s``; -1 waits as long as it takes)."""
+        (0 when another round holds the lock longer than ``wait_s``; -1 waits as long as it takes).
+        ``final`` (the process exits): the last window is written once it has ``min_steps``, due or
+        not — a job shorter than one window still gets its step split."""
         if not self._lock.acquire(timeout=wait_s):
             return 0
         try:
@@ -89,7 +91,7 @@ class Reader:
                 self._window_steps += n
                 self._count(n, examples)
             due = self._clock() - self._window_start >= self.interval_s
-            if self.interval_s > 0 and self._window_steps >= self.min_steps and due:
+            if self.interval_s > 0 and self._window_steps >= self.min_steps and (due or final):
                 self._flush()
             return n
         finally:
@@ -128,9 +130,9 @@ class _Thread(threading.Thread):
             if not self._round():
                 return
 
-    def _round(self, wait_s: float = -1) -> bool:
+    def _round(self, wait_s: float = -1, final: bool = False) -> bool:
         try:
-            self.reader.poll(wait_s)
+            self.reader.poll(wait_s, final=final)
             return True
         except Exception as exc:
             warn_once("stepclock-reader", f"step clock reader stopped ({exc!r}); training continues")
@@ -140,7 +142,7 @@ class _Thread(threading.Thread):
         """At exit: stop, take what is left, write the last progress record."""
         self.stop.set()
         self.join(timeout=2.0)
-        if self._round(wait_s=2.0):
+        if self._round(wait_s=2.0, final=True):
             progress.flush()
 
 
