@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from orchestrator.backends import Backend, Channel
+from orchestrator.backends import Channel, PerTaskBackend
 from orchestrator.core.diagnostics import Diagnostic
-from orchestrator.plan import NodePlan, build_plan
+from orchestrator.plan import NodePlan
+from orchestrator.schedulers.ssh import ssh_plan
 from orchestrator.spec import load_spec_text
 from worker_entry import protocol as p
 
@@ -237,7 +238,7 @@ def obedient(n: FakeNode) -> None:
     stopped(n, n.run_until_stopped())
 
 
-class FakeBackend(Backend):
+class FakeBackend(PerTaskBackend):
     name = "fake"
 
     def __init__(self, scripts: dict[str, Script], unreachable: Sequence[str] = ()) -> None:
@@ -246,6 +247,7 @@ class FakeBackend(Backend):
         self.nodes: dict[str, FakeNode] = {}
         self.history: list[FakeNode] = []
         self.closed = False
+        self._lock = threading.Lock()  # start_all's threads and close() race: a node is started whole or not at all
 
     def connect(self, nodes: Sequence[NodePlan]) -> list[Diagnostic]:
         return [
@@ -255,18 +257,23 @@ class FakeBackend(Backend):
         ]
 
     def start(self, node: NodePlan, config: p.NodeConfig) -> Channel:
-        chan = FakeChannel()
-        fake = FakeNode(node, config, chan, self.scripts.get(str(node.task), obedient))
-        self.nodes[str(node.task)] = fake
-        self.history.append(fake)
-        fake.thread.start()
+        with self._lock:
+            if self.closed:
+                raise OSError("the backend is closed")
+            chan = FakeChannel()
+            fake = FakeNode(node, config, chan, self.scripts.get(str(node.task), obedient))
+            self.nodes[str(node.task)] = fake
+            self.history.append(fake)
+            fake.thread.start()
         return chan
 
     def close(self) -> None:
-        self.closed = True
-        for n in self.history:
+        with self._lock:
+            self.closed = True
+            started = list(self.history)
+        for n in started:
             n.chan.close()
-        for n in self.history:
+        for n in started:
             n.thread.join(5)
 
 
@@ -284,5 +291,5 @@ def make_plan(n_hosts: int = 3, **sections: Any) -> tuple[Any, Any]:
     for key, value in sections.items():
         doc[key] = {**doc.get(key, {}), **value} if isinstance(value, dict) else value
     loaded = load_spec_text(yaml.safe_dump(doc), "fake.yaml")
-    plan = build_plan(loaded.spec, run_id="fake-run", local_user="me", ssh_lookup=None)
+    plan = ssh_plan(loaded.spec, run_id="fake-run", local_user="me", ssh_lookup=None)
     return loaded, plan

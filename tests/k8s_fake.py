@@ -1,6 +1,6 @@
 """FAKE TIER — a stand-in for the Kubernetes API, not a cluster and not an API server.
 
-``FakeCluster`` answers exactly the calls ``orchestrator.backends.kubernetes.api.KubeApi`` makes on
+``FakeCluster`` answers exactly the calls ``orchestrator.schedulers.kubernetes.api.KubeApi`` makes on
 the official client's ``CoreV1Api``, ``BatchV1Api`` and ``CustomObjectsApi`` (same method names and
 argument shapes; ``ACCEPTED`` lists the keyword arguments, which ``test_k8s_launch.py`` checks against
 the real client when it is installed). Bodies come from ``tests/k8s_recorded/`` (API-shaped JSON; see

@@ -28,6 +28,7 @@ ORCHESTRATOR_LAYERS = [
     ["sinks"],
     ["transfer"],
     ["job", "views"],
+    ["schedulers"],
     ["cli"],
     ["__main__"],
 ]
@@ -172,7 +173,7 @@ def test_the_checks_catch_an_upward_import_and_a_cycle():
     }
     bad = _upward(graph, "orchestrator", ORCHESTRATOR_LAYERS)
     assert bad == [
-        "orchestrator.core.text (stage 0) imports orchestrator.cli.main (stage 10)",
+        "orchestrator.core.text (stage 0) imports orchestrator.cli.main (stage 11)",
         "orchestrator.job.job (stage 9) imports orchestrator.views.report (stage 9)",
     ]
     assert _cycles(graph) == ["orchestrator.cli.main -> orchestrator.core.text -> orchestrator.cli.main"]
@@ -241,3 +242,86 @@ def test_no_tfcluster_environment_name_is_spelled_outside_the_protocol():
 def test_sitecustomize_reads_the_same_instrument_variable():
     text = (ROOT / "worker_entry" / "_site" / "sitecustomize.py").read_text()
     assert f'"{protocol.Env.INSTRUMENT}"' in text
+
+
+SCHEDULER_NAMES = frozenset({"ssh", "slurm", "kubernetes"})
+
+
+def _compares_scheduler(node: ast.AST) -> bool:
+    """``x.scheduler == ...``, ``plan["scheduler"] != ...``, ``... in ("slurm", ...)``, a literal scheduler
+    name compared with anything, or a ``match`` on one: a decision that belongs to a scheduler package."""
+    if isinstance(node, ast.Match):
+        return any(
+            isinstance(c.pattern, ast.MatchValue)
+            and isinstance(c.pattern.value, ast.Constant)
+            and c.pattern.value.value in SCHEDULER_NAMES
+            for c in node.cases
+        )
+    if not isinstance(node, ast.Compare):
+        return False
+    sides = [node.left, *node.comparators]
+
+    def names_scheduler(x: ast.AST) -> bool:
+        if isinstance(x, ast.Attribute) and x.attr == "scheduler":
+            return True
+        if isinstance(x, ast.Constant) and x.value in SCHEDULER_NAMES:
+            return True
+        if isinstance(x, ast.Subscript) and isinstance(x.slice, ast.Constant) and x.slice.value == "scheduler":
+            return True
+        if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and x.func.attr == "get":
+            return any(isinstance(a, ast.Constant) and a.value == "scheduler" for a in x.args)
+        if isinstance(x, ast.Tuple | ast.List | ast.Set):
+            return any(isinstance(e, ast.Constant) and e.value in SCHEDULER_NAMES for e in x.elts)
+        return False
+
+    return any(names_scheduler(x) for x in sides)
+
+
+def _scheduler_comparisons(paths) -> list[str]:
+    bad = []
+    for path in paths:
+        tree = ast.parse(path.read_text(), str(path))
+        bad += [f"{path.relative_to(ROOT)}:{n.lineno}" for n in ast.walk(tree) if _compares_scheduler(n)]
+    return bad
+
+
+def test_the_scheduler_is_compared_only_in_the_scheduler_packages_and_the_spec():
+    """What differs per scheduler is decided by its package's ``Scheduler`` object, never by comparing
+    its name elsewhere (the spec validates the name; the registry maps it to a package)."""
+    allowed = (ROOT / "orchestrator" / "schedulers", ROOT / "orchestrator" / "spec")
+    paths = [p for p in (ROOT / "orchestrator").rglob("*.py") if not any(p.is_relative_to(a) for a in allowed)]
+    bad = _scheduler_comparisons(paths)
+    assert not bad, "scheduler names compared outside orchestrator/schedulers and orchestrator/spec:\n  " + "\n  ".join(bad)
+
+
+def test_the_scheduler_check_catches_every_form():
+    forms = [
+        'plan.scheduler == "ssh"',
+        'spec.scheduler != "kubernetes"',
+        '"slurm" == kind',
+        'data["scheduler"] == x',
+        'data.get("scheduler", "ssh") != x',
+        'kind in ("slurm", "kubernetes")',
+        'match kind:\n    case "slurm":\n        pass',
+    ]
+    for form in forms:
+        tree = ast.parse(form + "\n")
+        assert any(_compares_scheduler(n) for n in ast.walk(tree)), form
+    assert not any(_compares_scheduler(n) for n in ast.walk(ast.parse('x = {"slurm": 1}\ny = plan.scheduler\n')))
+
+
+def test_scheduler_packages_do_not_import_each_other():
+    """A fourth scheduler is one more package: the packages share only ``schedulers.base`` and the
+    stages below."""
+    graph = _graph("orchestrator")
+    packages = {"ssh", "slurm", "kubernetes"}
+    bad = []
+    for mod, deps in graph.items():
+        parts = mod.split(".")
+        if len(parts) < 3 or parts[1] != "schedulers" or parts[2] not in packages:
+            continue
+        for dep in deps:
+            dp = dep.split(".")
+            if len(dp) >= 3 and dp[1] == "schedulers" and dp[2] in packages and dp[2] != parts[2]:
+                bad.append(f"{mod} imports {dep}")
+    assert not bad, "\n".join(bad)

@@ -19,15 +19,16 @@ import pytest
 import yaml
 from k8s_fake import ACCEPTED, FakeApiException, FakeCluster, exited_line, recorded, started_lines
 
-from orchestrator.backends.kubernetes.api import KubeApi
-from orchestrator.backends.kubernetes.backend import KubernetesBackend
-from orchestrator.backends.kubernetes.validate import validate_manifests
 from orchestrator.cli.exitcodes import exit_code_for
 from orchestrator.core.states import JobState, TaskState
 from orchestrator.job import LaunchOptions
 from orchestrator.job.job import Job
-from orchestrator.plan import build_plan
 from orchestrator.runs import RunDir
+from orchestrator.schedulers.kubernetes import kubernetes_plan
+from orchestrator.schedulers.kubernetes.api import KubeApi
+from orchestrator.schedulers.kubernetes.backend import KubernetesBackend
+from orchestrator.schedulers.kubernetes.handle import KubernetesHandle
+from orchestrator.schedulers.kubernetes.validate import validate_manifests
 from orchestrator.spec import load_spec_text
 from orchestrator.views.control import job_status, status_text
 from worker_entry.protocol.podlog import encode_output
@@ -55,7 +56,7 @@ def spec_text(flavor: str = "jobset", restarts: int = 0, startup: float = 20, **
 
 def launch(tmp_path, cluster: FakeCluster, *, interrupt_when=None, **kw):
     loaded = load_spec_text(spec_text(**kw), "fake.yaml")
-    plan = build_plan(loaded.spec, run_id="fake-1", local_user="me")
+    plan = kubernetes_plan(loaded.spec, run_id="fake-1")
     backend = KubernetesBackend(
         loaded.spec, plan, KubeApi(cluster.core, cluster.batch, cluster.custom, "ml"), poll_s=0.05
     )
@@ -104,18 +105,19 @@ def test_a_jobset_runs_to_success_and_the_run_directory_records_its_pods(tmp_pat
         f"0/worker:{i}": ("Succeeded", 0) for i in range(3)
     }
     assert ("JobSet", "fake-run") not in cluster.objects  # close() deleted what it applied
-    text = status_text(job_status(run))
+    handle = KubernetesHandle(run)
+    text = status_text(job_status(run, handle), handle)
     assert "kubernetes: namespace ml   JobSet/fake-run" in text and "Succeeded" in text
 
 
 @pytest.mark.parametrize("flavor", ["jobset", "indexed-job"])
 def test_what_launch_creates_is_the_rendering_and_it_validates(tmp_path, flavor):
-    from orchestrator.backends.kubernetes import render
+    from orchestrator.schedulers.kubernetes import render
 
     cluster = FakeCluster(behaviour=succeed)
     launch(tmp_path, cluster, flavor=flavor)
     loaded = load_spec_text(spec_text(flavor=flavor), "fake.yaml")
-    assert cluster.created == render(loaded.spec, build_plan(loaded.spec, run_id="fake-1", local_user="me"))
+    assert cluster.created == render(loaded.spec, kubernetes_plan(loaded.spec, run_id="fake-1"))
     assert validate_manifests(cluster.created) == []
 
 
@@ -308,9 +310,9 @@ def test_stop_without_a_launcher_deletes_what_it_applied(tmp_path, monkeypatch):
     monkeypatch.setattr(
         KubeApi, "connect", classmethod(lambda cls, ns: KubeApi(cluster.core, cluster.batch, cluster.custom, ns))
     )
-    message = stop_job(run)
+    message = stop_job(run, KubernetesHandle(run))
     assert "deleted what it applied: JobSet fake-run: deleted" in message and not cluster.objects
-    assert "keep running without it" not in status_text(job_status(run))  # nothing left running is claimed
+    assert "keep running without it" not in status_text(job_status(run, KubernetesHandle(run)), KubernetesHandle(run))  # nothing left running is claimed
 
 
 def test_the_fake_takes_only_arguments_the_real_client_accepts():

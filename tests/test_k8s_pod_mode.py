@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator.backends.kubernetes.stream import ContainerEnd, PodStream
+from orchestrator.schedulers.kubernetes.stream import ContainerEnd, PodStream
 from worker_entry import protocol as p
 from worker_entry.protocol.podlog import decode_line
 
@@ -73,7 +73,11 @@ def test_the_kubelets_sigterm_stops_the_whole_process_group_and_is_reported(tmp_
     seen = b""
     while b'"type":"spawned"' not in seen and time.monotonic() < deadline:
         seen += os.read(proc.stdout.fileno(), 65536)
+    # spawned: the shell runs; its two sleeps come a moment later — wait for what is asserted
     children = psutil.Process(proc.pid).children(recursive=True)
+    while len(children) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        children = psutil.Process(proc.pid).children(recursive=True)
     assert len(children) >= 2
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=20)

@@ -31,12 +31,11 @@ from test_supervisor import Recorder
 from testbed_fixtures import requires_netns
 
 from orchestrator.backends import Backend
-from orchestrator.backends.kubernetes import render
-from orchestrator.backends.kubernetes.channel import PodChannel
-from orchestrator.backends.kubernetes.stream import ContainerEnd
 from orchestrator.core.states import JobState, TaskState
 from orchestrator.events import EventBus
-from orchestrator.plan import build_plan
+from orchestrator.schedulers.kubernetes import kubernetes_plan, render
+from orchestrator.schedulers.kubernetes.channel import PodChannel
+from orchestrator.schedulers.kubernetes.stream import ContainerEnd
 from orchestrator.spec import load_spec_text
 from orchestrator.supervise import Interrupt, Supervisor
 from tfcluster_testbed import base
@@ -65,9 +64,6 @@ class LocalPods(Backend):
 
     def connect(self, nodes):
         return []
-
-    def start(self, node, config):
-        raise OSError("started together")
 
     def start_all(self, starts, deliver):
         rj = next(r for r in self.jobset["spec"]["replicatedJobs"] if r["name"] == "worker")
@@ -174,7 +170,7 @@ def test_three_pods_train_mwms_from_the_rendered_jobset(testbed_factory, pod_dns
         "heartbeat": {"interval_s": 0.5, "timeout_s": 30, "profile_interval_s": 0},
     }
     loaded = load_spec_text(yaml.safe_dump(spec_doc), "pods.yaml")
-    plan = build_plan(loaded.spec, run_id="pods-1", local_user="root")
+    plan = kubernetes_plan(loaded.spec, run_id="pods-1")
     (jobset,) = render(loaded.spec, plan)
     names = [n.host for n in plan.nodes]
     assert names == [f"mwms-worker-0-{i}.mwms" for i in range(3)]

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.backends.kubernetes import render, with_flavor
-from orchestrator.backends.kubernetes.validate import JOBSET_RELEASE, KUBE_VERSION, SCHEMA_PATH, validate_manifests
 from orchestrator.cli.main import main
 from orchestrator.core.errors import UsageError
-from orchestrator.plan import build_plan
+from orchestrator.schedulers.kubernetes import kubernetes_plan, render, with_flavor
+from orchestrator.schedulers.kubernetes.validate import JOBSET_RELEASE, KUBE_VERSION, SCHEMA_PATH, validate_manifests
 from orchestrator.spec import load_spec, load_spec_text
 from worker_entry.kubernetes import pod_node_config
 
@@ -32,7 +31,7 @@ FLAVORS = ["jobset", "indexed-job"]
 
 def rendered(path: Path, flavor: str, run_id: str = "r1"):
     spec = with_flavor(load_spec(path).spec, flavor)
-    plan = build_plan(spec, run_id=run_id, local_user="me")
+    plan = kubernetes_plan(spec, run_id=run_id)
     return spec, plan, render(spec, plan)
 
 
@@ -210,7 +209,7 @@ def test_core_validation_catches_a_bad_service_and_job():
 def test_names_kubernetes_would_refuse_are_refused_when_planning(name, workers, message):
     text = f"version: 1\nname: '{name}'\nscheduler: kubernetes\nkubernetes: {{image: x, workers: {workers}}}\njob: {{command: [t]}}\n"
     with pytest.raises(UsageError, match=message):
-        build_plan(load_spec_text(text).spec, run_id="r", local_user="me")
+        kubernetes_plan(load_spec_text(text).spec, run_id="r")
 
 
 def test_the_vendored_jobset_schema_is_the_recorded_release():
@@ -225,7 +224,7 @@ def test_rendering_and_the_ssh_path_never_import_the_kubernetes_client():
     code = (
         "import sys\n"
         "from orchestrator.cli.main import main\n"
-        "import orchestrator.job.job, orchestrator.backends.ssh, orchestrator.backends.kubernetes.render\n"
+        "import orchestrator.job.job, orchestrator.backends.ssh, orchestrator.schedulers.kubernetes.render\n"
         f"main(['render', {str(SPECS[0])!r}])\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'kubernetes_validate')]\n"
         "assert not bad, bad\n"

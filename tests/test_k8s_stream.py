@@ -8,11 +8,11 @@ import json
 import pytest
 from k8s_fake import exited_line, hello, msg_line, recorded
 
-from orchestrator.backends.kubernetes.channel import split_timestamp
-from orchestrator.backends.kubernetes.pods import container_end, pod_view
-from orchestrator.backends.kubernetes.stream import ContainerEnd, PodStream
 from orchestrator.core.states import TaskState
-from orchestrator.plan import build_plan
+from orchestrator.schedulers.kubernetes import kubernetes_plan
+from orchestrator.schedulers.kubernetes.channel import split_timestamp
+from orchestrator.schedulers.kubernetes.pods import container_end, pod_view
+from orchestrator.schedulers.kubernetes.stream import ContainerEnd, PodStream
 from orchestrator.spec import load_spec_text
 from orchestrator.supervise.session import Output, TaskSession, Violation
 from worker_entry import protocol as p
@@ -49,7 +49,7 @@ def test_messages_are_one_marked_line():
 def session_for() -> TaskSession:
     """A real TaskSession fed what the stream released."""
     text = "version: 1\nname: s\nscheduler: kubernetes\nkubernetes: {image: x, workers: 1}\njob: {command: [t]}\n"
-    plan = build_plan(load_spec_text(text).spec, run_id="r", local_user="me")
+    plan = kubernetes_plan(load_spec_text(text).spec, run_id="r")
     s = TaskSession(plan.nodes[0])
     s.attach(object())  # type: ignore[arg-type]
     return s

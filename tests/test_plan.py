@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from orchestrator.plan import TaskId, build_plan, redact_env, resolve_communication
+from orchestrator.plan import TaskId, redact_env, resolve_communication
 from orchestrator.plan.quoting import exec_line, quote_arg
+from orchestrator.schedulers.ssh import ssh_plan
 from orchestrator.spec import load_spec_text
 from worker_entry.protocol import NodeConfig, command_line
 
@@ -18,7 +19,7 @@ def spec_of(hosts: str, extra: str = "") -> object:
 
 
 def plan_of(hosts: str, extra: str = "", **kw):
-    return build_plan(spec_of(hosts, extra), run_id="job-20260101T000000Z", local_user="me", **kw)
+    return ssh_plan(spec_of(hosts, extra), run_id="job-20260101T000000Z", local_user="me", **kw)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +96,7 @@ def test_environment_of_a_gpu_node_uses_nccl_and_user_env_wins():
         "job: {command: [x], env: {NCCL_DEBUG: INFO, NCCL_SOCKET_IFNAME: ib0}}\n"
         "tensorflow: {collective_timeout_s: 30.5, legacy_keras: false}\n"
     ).spec
-    plan = build_plan(spec, run_id="r", local_user="me")
+    plan = ssh_plan(spec, run_id="r", local_user="me")
     env = plan.nodes[0].env
     assert plan.communication == "nccl"
     assert env["TFCLUSTER_COMMUNICATION"] == "nccl"
@@ -179,8 +180,8 @@ def test_defaults_without_ssh_config():
 
 def test_plan_is_pure():
     spec = spec_of("  - {address: a}\n  - {address: b}")
-    one = build_plan(spec, run_id="r", local_user="u").to_dict()
-    two = build_plan(spec, run_id="r", local_user="u").to_dict()
+    one = ssh_plan(spec, run_id="r", local_user="u").to_dict()
+    two = ssh_plan(spec, run_id="r", local_user="u").to_dict()
     assert one == two
 
 

@@ -15,8 +15,8 @@ from fakenode import FakeBackend, healthy, make_plan
 from orchestrator.core.errors import UsageError
 from orchestrator.core.redact import redact_argv, redact_env, secret_values
 from orchestrator.job import Job, LaunchOptions
-from orchestrator.plan.render import plan_text
 from orchestrator.runs import RunDir
+from orchestrator.schedulers import scheduler_named
 from orchestrator.views.control import stop_job
 
 
@@ -58,7 +58,7 @@ def test_the_run_directory_never_holds_a_secret(tmp_path, monkeypatch):
         assert secret not in stored, secret
     assert "<redacted>" in (run / "spec.yaml").read_text()
     assert json.loads((run / "launcher.json").read_text())["argv"][-3] == "<redacted>"
-    shown = plan_text(plan)
+    shown = scheduler_named("ssh").describe(plan)
     assert "hf_abcdefgh" not in shown and "wandb-0123456789" not in shown and "--epochs 3" in shown
     # the nodes get the real values
     config = plan.nodes[0].node_config(0)

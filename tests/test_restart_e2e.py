@@ -15,7 +15,7 @@ from conftest import PY, assert_no_job_processes, read_events, start_launch, tra
 
 from orchestrator.backends.ssh import close_all, connect_all
 from orchestrator.events import EventBus
-from orchestrator.plan import build_plan
+from orchestrator.schedulers.ssh import ssh_plan
 from orchestrator.spec import load_spec
 from orchestrator.transfer import sync_backup
 
@@ -98,7 +98,7 @@ def test_backup_sync_copies_the_chiefs_backup_where_storage_is_not_shared(testbe
     tb = testbed_factory(3)
     spec_path = tb.write_spec(tmp_path / "spec.yaml", "bsync", ["true"])
     spec = load_spec(spec_path).spec
-    plan = build_plan(spec, run_id="bsync-1", local_user=tb.user)
+    plan = ssh_plan(spec, run_id="bsync-1", local_user=tb.user)
     dirs = [tmp_path / f"host{i}" / "backup" for i in range(3)]
     plan = dataclasses.replace(
         plan, nodes=tuple(dataclasses.replace(n, backup_dir=str(d)) for n, d in zip(plan.nodes, dirs, strict=True))

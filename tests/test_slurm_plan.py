@@ -10,18 +10,17 @@ import textwrap
 
 import pytest
 
-from orchestrator.backends.slurm import JobInfo, advertise_address
-from orchestrator.backends.slurm import commands as sc
 from orchestrator.core.states import JobState
-from orchestrator.job.slurm import parse_slurm_duration
-from orchestrator.plan import build_plan, slurm_plan
-from orchestrator.plan.render import plan_text
-from orchestrator.plan.slurm import batch_script, sbatch_argv, srun_argv
 from orchestrator.runs import RunDir
-from orchestrator.runs.slurm_state import SlurmState, request_stop, stop_requested
+from orchestrator.schedulers import plan_spec, scheduler_named
+from orchestrator.schedulers.slurm import commands as sc
+from orchestrator.schedulers.slurm import handle as vs
+from orchestrator.schedulers.slurm.commands import JobInfo
+from orchestrator.schedulers.slurm.follow import ask_cancel_or_detach
+from orchestrator.schedulers.slurm.plan import batch_script, sbatch_argv, slurm_plan, srun_argv
+from orchestrator.schedulers.slurm.state import SlurmState, request_stop, stop_requested
+from orchestrator.schedulers.slurm.step import advertise_address
 from orchestrator.spec import check_spec_text, load_spec_text
-from orchestrator.views import slurm as vs
-from orchestrator.views.follow import ask_cancel_or_detach
 from worker_entry.protocol.env import Env
 
 SPEC = """\
@@ -82,7 +81,7 @@ def plan_for(extra_slurm: str = "", extra: str = "", **kw):
 
 def test_the_plan_has_every_task_in_rank_order_without_a_tf_config():
     spec, plan = plan_for(extra="tensorflow: {chief: true}\n")
-    assert build_plan(spec, run_id="sl-1", local_user="me").to_dict() == plan.to_dict()
+    assert plan_spec(load_spec_text(spec_text(extra="tensorflow: {chief: true}\n")), "sl-1").to_dict() == plan.to_dict()
     assert [str(n.task) for n in plan.nodes] == ["chief:0", "worker:0", "worker:1", "worker:2"]
     assert [n.host for n in plan.nodes] == ["node0", "node0", "node1", "node1"]
     assert all(Env.TF_CONFIG not in n.env and n.ssh is None for n in plan.nodes)
@@ -131,7 +130,7 @@ def test_srun_runs_one_block_step_that_slurm_kills_on_a_bad_exit():
 
 def test_plan_shows_the_sbatch_script_srun_and_how_tf_config_is_built():
     _, plan = plan_for()
-    text = plan_text(plan)
+    text = scheduler_named("slurm").describe(plan)
     assert "sbatch --parsable --job-name=sl" in text and "exec python3 -m orchestrator slurm-batch runs/sl-1" in text
     assert "srun --job-name=sl-a0" in text and "TF_CONFIG: built by each task" in text
     assert json.loads(plan.to_json())["slurm"]["ntasks"] == 4
@@ -169,7 +168,7 @@ def test_job_ids_and_states_are_parsed_strictly():
      ("", None), ("1:x", None), ("9" * 30, None)],
 )  # fmt: skip
 def test_slurm_durations(text, seconds):
-    assert parse_slurm_duration(text) == seconds
+    assert sc.parse_duration(text) == seconds
 
 
 def test_the_supervisor_advertises_the_batch_nodes_nodeaddr_or_its_route_to_the_first_node():
@@ -284,21 +283,26 @@ def test_inside_the_users_allocation_a_sigterm_while_it_runs_is_a_stop(tmp_path,
     _ending(tmp_path, monkeypatch, first, info, None, expect, batch=False)
 
 
-def _ending(tmp_path, monkeypatch, first, info, stop, expect, batch):
-    from orchestrator.job import LaunchOptions
-    from orchestrator.job.slurm import SlurmJob
+def _slurm_job(tmp_path, loaded, state, *, batch, env):
+    from orchestrator.job import Job, LaunchOptions
+    from orchestrator.schedulers.slurm.allocation import SlurmScheduling
 
-    loaded = load_spec_text(spec_text())
     plan = slurm_plan(loaded.spec, run_id="sl-1")
     run = RunDir.create(tmp_path / "run")
+    scheduling = SlurmScheduling(run, state, loaded.spec, batch=batch, env=env)
+    job = Job(loaded, plan, LaunchOptions(live=False, echo_logs=False), _NoBackend(), scheduling=scheduling, rundir=run)
+    return job, run, scheduling
+
+
+def _ending(tmp_path, monkeypatch, first, info, stop, expect, batch):
+    loaded = load_spec_text(spec_text())
     monkeypatch.setattr(sc, "job_info", lambda job, env=None: info)
-    job = SlurmJob(loaded, plan, LaunchOptions(live=False, echo_logs=False), rundir=run, state=SlurmState(run_id="sl-1"),
-                   batch=batch, env={"SLURM_JOB_ID": "9"}, backend=_NoBackend())  # fmt: skip
+    job, run, scheduling = _slurm_job(tmp_path, loaded, SlurmState(run_id="sl-1"), batch=batch, env={"SLURM_JOB_ID": "9"})
     if stop:
         request_stop(run, stop, "test")
     job.interrupt.trigger(first)
     job.interrupt.trigger(signal.SIGTERM)  # Slurm's SIGTERM after our USR2 does not change the reason
-    assert job._allocation_ending() == expect
+    assert scheduling.allocation_ending(job.interrupt) == expect
     job.bus.close()
 
 
@@ -316,7 +320,7 @@ def test_ctrl_c_asks_only_on_a_terminal():
 def test_srun_still_running_after_the_teardown_gets_its_step_scancelled_then_killed(tmp_path, monkeypatch):
     import subprocess
 
-    from orchestrator.backends.slurm import step as st
+    from orchestrator.schedulers.slurm import step as st
 
     spec = load_spec_text(spec_text()).spec
     backend = st.SlurmStepBackend(spec, slurm_plan(spec, run_id="x"), log_dir=tmp_path, env={"SLURM_JOB_ID": "7"})
@@ -337,28 +341,29 @@ def test_srun_still_running_after_the_teardown_gets_its_step_scancelled_then_kil
 
 
 def _job(tmp_path, monkeypatch, *, requeue=True, state=None):
-    from orchestrator.job import LaunchOptions
-    from orchestrator.job.slurm import SlurmJob
-
     loaded = load_spec_text(spec_text(f"requeue: {str(requeue).lower()}\nmax_requeues: 2\n"))
-    plan = slurm_plan(loaded.spec, run_id="sl-1")
-    run = RunDir.create(tmp_path / "run")
-    (run.path / "slurm").mkdir()
     state = state or SlurmState(run_id="sl-1", job_ids=["9"])
     monkeypatch.setattr(sc, "job_info", lambda job, env=None: JobInfo("9", "RUNNING", time_left="1:00"))
-    job = SlurmJob(loaded, plan, LaunchOptions(live=False, echo_logs=False), rundir=run, state=state, batch=True,
-                   env={"SLURM_JOB_ID": "9"}, backend=_NoBackend())  # fmt: skip
-    state.allocations.append({"job_id": "9", "restart": 0, "started_ts": 1.0})  # this allocation (_write_run_files)
+    job, run, _ = _slurm_job(tmp_path, loaded, state, batch=True, env={"SLURM_JOB_ID": "9"})
+    run.slurm_dir.mkdir()
+    state.allocations.append({"job_id": "9", "restart": 0, "started_ts": 1.0})  # this allocation (open())
     job.interrupt.trigger(signal.SIGUSR2)
-    job.ending = job._allocation_ending()
     return job, run
+
+
+def _end_allocation(job):
+    """The attempt the USR2 interrupted, concluded by the job's policy; then the job's one end."""
+    from orchestrator.core.result import AttemptResult
+
+    decision = job.conclude(AttemptResult(0, JobState.INTERRUPTED_SIGTERM, 1.0, 2.0, {}))
+    return job.end(decision)
 
 
 def test_past_the_cap_a_time_out_ends_the_run(tmp_path, monkeypatch):
     job, run = _job(tmp_path, monkeypatch, state=SlurmState(run_id="sl-1", job_ids=["9"], timeouts=2))
     requeued = []
     monkeypatch.setattr(sc, "requeue", requeued.append)
-    res = job._finish()
+    res = _end_allocation(job)
     assert requeued == [] and res.state == JobState.FAILED
     assert "3 time-outs, more than slurm.max_requeues (2)" in res.root_cause.message
     assert json.loads(run.result_json.read_text())["state"] == "failed"
@@ -374,7 +379,7 @@ def test_where_requeue_is_refused_the_job_is_resubmitted_after_this_one(tmp_path
     submitted = []
     monkeypatch.setattr(sc, "requeue", refuse)
     monkeypatch.setattr(sc, "submit", lambda argv, env=None: submitted.append(argv) or "10")
-    res = job._finish()
+    res = _end_allocation(job)
     assert res.state == JobState.REQUEUED and not run.result_json.exists()
     assert submitted == [["sbatch", "--parsable", "--job-name=sl", "--dependency=afterany:9", "/r/job.sh"]]
     state = SlurmState.load(run)
@@ -386,38 +391,33 @@ def test_where_requeue_is_refused_the_job_is_resubmitted_after_this_one(tmp_path
 
 def test_with_requeue_off_the_time_limit_ends_the_run(tmp_path, monkeypatch):
     job, _ = _job(tmp_path, monkeypatch, requeue=False)
-    res = job._finish()
+    res = _end_allocation(job)
     assert res.state == JobState.FAILED and "slurm.requeue is false" in res.root_cause.message
 
 
 def test_an_allocation_whose_supervisor_died_is_an_attempt_of_its_own(tmp_path, monkeypatch):
     """SIGKILLed with its allocation (a node failure, a requeue past KillWait): the next supervisor
     records that allocation as a requeued attempt, counts a preemption, and continues the numbering."""
-    from orchestrator.job import LaunchOptions
-    from orchestrator.job.slurm import SlurmJob
-
     loaded = load_spec_text(spec_text())
-    plan = slurm_plan(loaded.spec, run_id="sl-1")
-    run = RunDir.create(tmp_path / "run")
     earlier = {"attempt": 0, "state": "requeued", "started_ts": 1.0, "ended_ts": 2.0, "tasks": {},
                "failures": [{"kind": "scheduler", "message": "time limit", "ts": 2.0}]}  # fmt: skip
     state = SlurmState(run_id="sl-1", job_ids=["9"], timeouts=1, attempts=[earlier],
                        allocations=[{"job_id": "9", "restart": 0, "started_ts": 1.0, "ended_ts": 2.0, "end": "timeout"},
                                     {"job_id": "9", "restart": 1, "started_ts": 3.0}])  # fmt: skip
-    job = SlurmJob(loaded, plan, LaunchOptions(live=False, echo_logs=False), rundir=run, state=state, batch=True,
-                   env={"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "2"}, backend=_NoBackend())  # fmt: skip
+    job, _, scheduling = _slurm_job(tmp_path, loaded, state, batch=True, env={"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "2"})
+    assert scheduling.open(job)  # it continues a run
     assert [a.state for a in job.result.attempts] == [JobState.REQUEUED, JobState.REQUEUED]
     assert "ended without its supervisor recording it" in job.result.attempts[1].root_cause.message
     assert all(t.state.value == "lost" for t in job.result.attempts[1].tasks.values())
-    assert (job.first_attempt, state.preemptions, state.timeouts) == (2, 1, 1)
+    assert (len(job.result.attempts), state.preemptions, state.timeouts) == (2, 1, 1)
     assert job.result.started_ts == 1.0  # the run's wall time counts from its first allocation
     job.bus.close()
 
 
 def test_the_spec_travels_to_the_batch_job_in_its_environment_not_in_the_run_directory():
     from orchestrator.core.errors import UsageError
-    from orchestrator.job.slurm import spec_from_payload
-    from orchestrator.job.slurm_submit import MAX_SPEC_ENV, spec_payload
+    from orchestrator.schedulers.slurm.batch import spec_from_payload
+    from orchestrator.schedulers.slurm.submit import MAX_SPEC_ENV, spec_payload
 
     loaded = load_spec_text(spec_text(extra="  env: {API_TOKEN: s3cr3t-value}\n"), "/home/me/spec.yaml")
     back = spec_from_payload(spec_payload(loaded, ["python", "other.py", "--fast"]))

@@ -8,8 +8,8 @@ import textwrap
 import pytest
 
 from orchestrator.core.errors import UsageError
-from orchestrator.plan import build_plan
-from orchestrator.plan.sshconfig import SshConfig, SshConfigError, ssh_config_lookup
+from orchestrator.schedulers.ssh import ssh_plan
+from orchestrator.schedulers.ssh.sshconfig import SshConfig, SshConfigError, ssh_config_lookup
 from orchestrator.spec import load_spec_text
 
 
@@ -22,7 +22,7 @@ def plan(tmp_path, hosts: str, config: str, ssh: str = ""):
     cfg = write(tmp_path / "config", config)
     text = f"version: 1\nname: j\nssh: {{config_file: {cfg}{', ' + ssh if ssh else ''}}}\nhosts:\n{hosts}\njob: {{command: [t]}}\n"
     spec = load_spec_text(text).spec
-    return build_plan(spec, run_id="r", local_user="me", ssh_lookup=ssh_config_lookup(str(cfg)))
+    return ssh_plan(spec, run_id="r", local_user="me", ssh_lookup=ssh_config_lookup(str(cfg)))
 
 
 def test_first_value_wins_and_identity_files_accumulate(tmp_path):

@@ -32,7 +32,7 @@ def tf_config(cluster: dict[str, list[str]], task: p.TaskRef) -> dict:
 
 
 def is_chief(cluster: dict[str, list[str]], task: p.TaskRef) -> bool:
-    return task.type == "chief" or (task.type == "worker" and task.index == 0 and "chief" not in cluster)
+    return p.is_chief(task.type, task.index, "chief" in cluster)
 
 
 def _index(env: Mapping[str, str], name: str, default: int | None = None) -> int:

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .hostlist import expand_hostlist, expand_tasks_per_node
+from .protocol.cluster import task_order
 from .protocol.env import Env
 
 PORT_LO, PORT_HI = 12000, 32000  # below Linux's ephemeral range (32768-60999): no outgoing socket takes them
@@ -216,10 +217,8 @@ def task_ports(addrs_by_rank: Sequence[str], job_id: int, step_id: int, base: in
 
 
 def tasks_by_rank(ntasks: int, chief: bool) -> list[tuple[str, int]]:
-    """The plan's order (``plan.build.assign_tasks``): rank 0 is the chief when there is one."""
-    if chief:
-        return [("chief", 0)] + [("worker", i) for i in range(ntasks - 1)]
-    return [("worker", i) for i in range(ntasks)]
+    """The plan's order: rank 0 is the chief when there is one (the planner uses the same rule)."""
+    return task_order(ntasks, chief)
 
 
 def has_chief(rank: int, task_type: str, task_index: int) -> bool:

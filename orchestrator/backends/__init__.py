@@ -1,8 +1,9 @@
-"""Stage 3: backends. How tasks reach nodes and how their bytes come back (SSH today; the seam in
-``backend.py`` takes schedulers whose nodes connect back over TCP)."""
+"""Stage 3: backends. How tasks reach nodes and how their bytes come back: the seam (``backend.py``),
+channels, the SSH transport and fleet, and the TCP connect-back channel schedulers use. What a
+scheduler adds on top lives in its package under ``orchestrator/schedulers/``."""
 
-from .backend import Backend, Deliver
+from .backend import Backend, Deliver, PerTaskBackend
 from .base import Channel, ConnectFailure, Connection, OutputTooLarge
 from .diagnose import entry_failure
 
-__all__ = ["Backend", "Channel", "ConnectFailure", "Connection", "Deliver", "OutputTooLarge", "entry_failure"]
+__all__ = ["Backend", "Channel", "ConnectFailure", "Connection", "Deliver", "OutputTooLarge", "PerTaskBackend", "entry_failure"]

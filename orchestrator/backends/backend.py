@@ -29,9 +29,15 @@ class Backend(abc.ABC):
     """How the tasks of one plan are started and reached."""
 
     name: str = "backend"
-    #: ``connection()`` can run helper commands on the nodes: gather and backup sync apply. A scheduler
-    #: backend whose nodes are out of reach (Kubernetes: logs come through the API) sets it False.
+    #: ``connection()`` can run helper commands on the nodes and the task channels take commands after
+    #: the task ended: the hand-over, backup sync and gather apply (``job.transfers`` reads it, once).
+    #: A backend whose nodes are out of reach (Kubernetes: logs come through the API) sets it False.
     transfers: bool = True
+    #: ``connect`` opens something per node (SSH sessions), so the job reports how long it took; a
+    #: backend whose nodes dial back has nothing to connect to before the tasks start.
+    reaches_nodes: bool = True
+    #: What the backend's own last-resort teardown had to do (the job reports each as a warning).
+    notes: Sequence[str] = ()
 
     def bind_run(self, run_dir: Path) -> None:
         """The run directory, once it exists: where a backend records what it created (scheduler
@@ -44,13 +50,33 @@ class Backend(abc.ABC):
         diagnostic per node that is not; an empty list means every node is ready."""
 
     @abc.abstractmethod
+    def start_all(self, starts: Sequence[tuple[NodePlan, NodeConfig]], deliver: Deliver) -> threading.Thread:
+        """Bring every task up in the background; ``deliver`` gets each task's channel (or why it could
+        not start) as soon as it is there. Returns the thread doing it (joined by the caller if it likes)."""
+
+    def connection(self, task: str) -> Connection | None:
+        """A connection for helper commands on this task's node (transfers), or None."""
+        return None
+
+    def alive(self, task: str) -> bool:
+        """Can this task's node still be reached (without waiting for a timeout)?"""
+        conn = self.connection(task)
+        return conn is not None and conn.is_alive()
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close every connection; idempotent."""
+
+
+class PerTaskBackend(Backend):
+    """A backend that starts each task on its own (the SSH fleet): ``start_all`` runs ``start`` for every
+    task in parallel, so one slow host delays only itself."""
+
+    @abc.abstractmethod
     def start(self, node: NodePlan, config: NodeConfig) -> Channel:
         """Start worker_entry for one task and hand it its config; raises OSError on failure."""
 
     def start_all(self, starts: Sequence[tuple[NodePlan, NodeConfig]], deliver: Deliver) -> threading.Thread:
-        """Start every task in parallel, in the background; ``deliver`` gets each channel (or error)
-        as soon as it is there. Returns the thread doing it (joined by the caller when it likes)."""
-
         def one(item: tuple[NodePlan, NodeConfig]) -> None:
             node, config = item
             try:
@@ -67,16 +93,3 @@ class Backend(abc.ABC):
         thread = threading.Thread(target=run, name=f"{self.name}-start", daemon=True)
         thread.start()
         return thread
-
-    def connection(self, task: str) -> Connection | None:
-        """A connection for helper commands on this task's node (transfers), or None."""
-        return None
-
-    def alive(self, task: str) -> bool:
-        """Can this task's node still be reached (without waiting for a timeout)?"""
-        conn = self.connection(task)
-        return conn is not None and conn.is_alive()
-
-    @abc.abstractmethod
-    def close(self) -> None:
-        """Close every connection; idempotent."""

@@ -209,6 +209,7 @@ class ConnectBackBackend(Backend):
     for every task, with ``connect_env`` in its environment and its rank (plan order) known to it."""
 
     name = "connect-back"
+    reaches_nodes = False  # the nodes dial us once the scheduler starts them
 
     def __init__(self, bind: tuple[str, int] = ("0.0.0.0", 0), advertise: str | None = None) -> None:
         self.secret = secrets.token_bytes(32)
@@ -220,9 +221,6 @@ class ConnectBackBackend(Backend):
 
     def connect(self, nodes: Sequence[NodePlan]) -> list[Diagnostic]:
         return []
-
-    def start(self, node: NodePlan, config: NodeConfig) -> Channel:
-        raise OSError(f"{self.name}: tasks are started together by start_all")
 
     def start_all(self, starts: Sequence[tuple[NodePlan, NodeConfig]], deliver: Deliver) -> threading.Thread:
         self.server.expect({rank: (str(node.task), config) for rank, (node, config) in enumerate(starts)}, deliver)

@@ -35,15 +35,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    from ..job.scale import SizeRun, SweepOptions, check_scheduler, parse_sizes, run_sweep
+    from ..job.scale import SizeRun, SweepOptions, parse_sizes, run_sweep
     from ..runs import write_json_atomic
+    from ..schedulers import scheduler_for
     from ..spec import load_spec
     from ..views.pages import sweep_page
     from ..views.scale import sweep_summary, sweep_text
     from .commands import run_bound
 
     loaded = load_spec(args.spec)
-    check_scheduler(loaded)
+    scheduler = scheduler_for(loaded.spec)
+    scheduler.check_sweep(loaded)
     hosts = len(loaded.spec.hosts or [])
     sizes = parse_sizes(args.workers, hosts) if args.workers else _default_sizes(hosts)
     if args.steps is None and args.duration is None:
@@ -60,7 +62,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     def on_size(run: SizeRun) -> None:
         print(f"tfcluster scale: {run.workers} worker(s): {run.state} in {run.wall_s:.0f}s ({run.run_dir})", file=say)
 
-    runs, interrupted = run_sweep(loaded, opts, on_size)
+    runs, interrupted = run_sweep(loaded, opts, scheduler, on_size)
     summary = sweep_summary([r.to_dict() for r in runs], args.strong)
     summary.update(spec=loaded.path, sweep_dir=str(root), bound=bound.describe(), interrupted=interrupted)
     text = sweep_text(summary)

@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core.diagnostics import Diagnostic
 from ..core.errors import SpecError, UsageError
@@ -56,8 +56,8 @@ def _usage_problem(path: str, message: str) -> Diagnostic:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..plan import load_plan
-    from ..plan.render import plan_text
+    """`tfcluster plan SPEC`: what launch would run on every node, from the spec's scheduler's planner."""
+    from ..schedulers import load_plan, scheduler_for
 
     loaded, plan = load_plan(args.spec, args.run_id)
     for w in loaded.warnings:
@@ -65,14 +65,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(plan.to_json(show_secrets=args.show_secrets))
     else:
-        print(plan_text(plan, show_secrets=args.show_secrets))
+        print(scheduler_for(loaded.spec).describe(plan, show_secrets=args.show_secrets))
     return EXIT_OK
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from .kubernetes import render_specs
+    """`tfcluster render SPEC...`: Kubernetes manifests (a Kubernetes-only command)."""
+    from ..schedulers.kubernetes.cli import render_specs
 
-    return render_specs(args.specs, flavor=args.flavor, output_dir=args.output_dir, run_id=args.run_id, check=args.validate)
+    render_specs(args.specs, flavor=args.flavor, output_dir=args.output_dir, run_id=args.run_id, check=args.validate)
+    return EXIT_OK
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -83,21 +85,33 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from ..job import LaunchOptions, launch
-    from ..plan import load_plan
+    """`tfcluster launch SPEC`: validate, plan, and hand the launch to the spec's scheduler — here, in the
+    background (``--detach``), or to the scheduler itself (a Slurm login node). Owns no run: the
+    scheduler's job does; the exit code comes from the run's result."""
+    from ..job import LaunchOptions
+    from ..schedulers import load_plan, scheduler_for
 
     command = list(args.cmd) or None
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         raise UsageError(f"--metrics-port {args.metrics_port}: must be a TCP port (0: any free port)")
     bound = run_bound(args.max_steps, args.max_duration)
-    loaded, plan = load_plan(args.spec, _run_id_from_dir(args.run_dir), command)
-    if plan.scheduler == "slurm" and bound.active:
-        raise UsageError("--max-steps/--max-duration: not under scheduler: slurm yet (use the spec's slurm.time)")
-    if plan.scheduler == "slurm":
-        from .slurm import launch_slurm
-
-        return launch_slurm(args, loaded, plan)
-    if args.detach:
+    run_id = args.detached_run_id or _run_id_from_dir(args.run_dir)
+    loaded, plan = load_plan(args.spec, run_id, command)
+    scheduler = scheduler_for(loaded.spec)
+    opts = LaunchOptions(
+        run_dir=args.run_dir,
+        preflight=not args.no_preflight,
+        gather=not args.no_gather,
+        live=not args.no_live and not args.detached_child,
+        echo_logs=not args.quiet,
+        adopt_run_dir=args.detached_child,
+        metrics_port=args.metrics_port,
+        bound=bound if bound.active else None,
+        detach=args.detach,
+        command=tuple(command) if command else None,
+    )
+    scheduler.check(opts)
+    if args.detach and scheduler.supervises_here():
         from ..job.detach import launch_detached
 
         flags = [f for f, on in (("--no-preflight", args.no_preflight), ("--no-gather", args.no_gather)) if on]
@@ -106,25 +120,15 @@ def cmd_launch(args: argparse.Namespace) -> int:
         flags += ["--max-steps", str(args.max_steps)] if args.max_steps is not None else []
         flags += ["--max-duration", args.max_duration] if args.max_duration is not None else []
         code, message = launch_detached(
-            args.spec, args.run_dir or os.path.join("runs", plan.run_id), [*flags, *(["--", *command] if command else [])]
+            args.spec,
+            args.run_dir or os.path.join("runs", plan.run_id),
+            plan.run_id,
+            [*flags, *(["--", *command] if command else [])],
         )
         print(message, file=sys.stdout if code == 0 else sys.stderr)
         return code
-    result = launch(
-        loaded,
-        plan,
-        LaunchOptions(
-            run_dir=args.run_dir,
-            preflight=not args.no_preflight,
-            gather=not args.no_gather,
-            live=not args.no_live and not args.detached_child,
-            echo_logs=not args.quiet,
-            adopt_run_dir=args.detached_child,
-            metrics_port=args.metrics_port,
-            bound=bound if bound.active else None,
-        ),
-    )
-    return exit_code_for(result)
+    result = scheduler.launch(loaded, plan, opts)
+    return EXIT_OK if result is None else exit_code_for(result)
 
 
 def run_bound(
@@ -155,68 +159,70 @@ def _run_id_from_dir(run_dir: str | None) -> str | None:
     return run_id_for_dir(run_dir)
 
 
-def cmd_logs(args: argparse.Namespace) -> int:
+def _run_and_handle(args: argparse.Namespace, wait: bool = False) -> tuple[Any, Any]:
+    """The run named on the command line and its handle (its scheduler's view of it)."""
     from ..runs import resolve_run, wait_for_run
+    from ..schedulers import scheduler_of
+
+    run = wait_for_run(args.run, args.runs_dir) if wait else resolve_run(args.run, args.runs_dir)
+    return run, scheduler_of(run).handle(run)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
     from ..views.logs import LogQuery, show_logs
 
-    run = wait_for_run(args.run, args.runs_dir) if args.follow else resolve_run(args.run, args.runs_dir)
+    run, handle = _run_and_handle(args, wait=args.follow)
     query = LogQuery.from_args(
         tasks=args.task, grep=args.grep, since=args.since, raw=args.raw, timestamps=args.timestamps
     )
-    show_logs(run, query, follow=args.follow, out=sys.stdout)
+    show_logs(run, query, follow=args.follow, out=sys.stdout, alive=handle.alive)
     return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from ..runs import resolve_run
     from ..views.control import job_status, status_text
 
-    status = job_status(resolve_run(args.run, args.runs_dir))
-    print(json.dumps(status, indent=2) if args.json else status_text(status))
+    run, handle = _run_and_handle(args)
+    status = job_status(run, handle)
+    print(json.dumps(status, indent=2) if args.json else status_text(status, handle))
     return EXIT_OK
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from ..runs import resolve_run
     from ..views.control import stop_job
 
-    message = stop_job(resolve_run(args.run, args.runs_dir), timeout_s=args.timeout)
-    print(message)
+    run, handle = _run_and_handle(args)
+    print(stop_job(run, handle, timeout_s=args.timeout))
     return EXIT_OK
 
 
 def cmd_gather(args: argparse.Namespace) -> int:
-    from ..job import gather_run
     from ..runs import resolve_run
+    from ..schedulers import scheduler_of
 
     run = resolve_run(args.run, args.runs_dir)
-    scheduler = (run.read_json(run.plan_json) or {}).get("scheduler", "ssh")
-    if scheduler != "ssh":
-        raise UsageError(
-            f"gather reconnects over SSH; under scheduler: {scheduler} logs and the chief's checkpoint came back over "
-            "the tasks' own connect-back channels when the job ended (RUN/logs, RUN/checkpoints); what a lost task "
-            "did not send stays in its node's task directory (job.remote_dir)"
-        )
-    gather_run(run)
+    scheduler_of(run).gather(run)
     return EXIT_OK
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from ..job import preflight_text, run_preflight
-    from ..plan import load_plan
+    from ..schedulers import load_plan, scheduler_for
 
     loaded, plan = load_plan(args.spec)
-    if plan.scheduler != "ssh":
-        raise UsageError(
-            f"preflight connects over SSH; under scheduler: {plan.scheduler} the same checks run inside the job "
-            "before the go (a failed check stops it before TensorFlow starts: exit code 4)"
-        )
-    report = run_preflight(loaded.spec, plan)
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
-        print(preflight_text(report))
+    report = scheduler_for(loaded.spec).preflight(loaded, plan)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.text())
     return EXIT_OK if report.ok else EXIT_CONNECT
+
+
+def cmd_slurm_batch(args: argparse.Namespace) -> int:
+    """The batch script's one command: supervise this allocation's share of the run (hidden)."""
+    from ..schedulers.slurm.batch import run_batch
+
+    if not os.path.isabs(args.run):
+        print("tfcluster slurm-batch: RUN must be an absolute path", file=sys.stderr)
+        return EXIT_USAGE
+    result = run_batch(args.run)
+    return EXIT_OK if result is None else exit_code_for(result)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -131,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop the job cleanly after DURATION of training (90s, 5m; from the first step), exit 0",
     )
     p.add_argument("--detached-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--detached-run-id", help=argparse.SUPPRESS)  # the parent's run id: one plan, one id
     p.set_defaults(func=c.cmd_launch, cmd=[], quick_exit=True)
     p.usage = "tfcluster launch [options] SPEC [-- COMMAND...]   (COMMAND overrides job.command)"
 
@@ -248,8 +249,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="run directory (default: ./runs/demo-<UTC timestamp>)")
     p.set_defaults(func=c.cmd_demo)
 
-    from .slurm import cmd_slurm_batch
-
     # Hidden: the one line of the batch script tfcluster submits (RUN/slurm/job.sh), not for users.
     p = _cmd(
         sub,
@@ -258,6 +257,6 @@ def build_parser() -> argparse.ArgumentParser:
         "tfcluster slurm-batch /home/me/runs/resnet-4x8-20261122T101500Z",
     )
     p.add_argument("run", metavar="RUN")
-    p.set_defaults(func=cmd_slurm_batch)
+    p.set_defaults(func=c.cmd_slurm_batch)
     sub._choices_actions = [a for a in sub._choices_actions if a.dest != "slurm-batch"]  # not in --help
     return parser

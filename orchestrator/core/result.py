@@ -169,3 +169,22 @@ class RunResult:
             "gather_error": self.gather_error,
             "gather_interrupted": self.gather_interrupted,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunResult:
+        """Back from result.json (a run followed from a Slurm login node); KeyError/TypeError/ValueError
+        if it is not one."""
+        attempts = [AttemptResult.from_dict(a) for a in d.get("attempts") or []]
+        return cls(
+            job=str(d.get("job") or ""),
+            run_id=str(d.get("run_id") or ""),
+            run_dir=str(d.get("run_dir") or ""),
+            state=JobState(d["state"]),
+            started_ts=float(d.get("started_ts") or 0.0),
+            ended_ts=float(d.get("ended_ts") or 0.0),
+            attempts=attempts,
+            failures=[Failure.from_dict(f) for f in d.get("failures") or []],
+            gather=d.get("gather") if isinstance(d.get("gather"), dict) else None,
+            gather_error=d.get("gather_error") if isinstance(d.get("gather_error"), str) else None,
+            gather_interrupted=d.get("gather_interrupted") if isinstance(d.get("gather_interrupted"), int) else None,
+        )

@@ -1,8 +1,18 @@
-"""Stage 9: the job. Connect, run attempts under the supervisor with the restart policy, sync the
-chief's backup between attempts, gather, and return the result (``tfcluster launch``, ``preflight``)."""
+"""Stage 9: the job. Connect, run attempts under the supervisor with the attempt policy, hand over each
+attempt's files, and return the result (``tfcluster launch``); ``scale`` runs one bounded job per size.
+What differs per scheduler comes in from ``orchestrator/schedulers`` as objects (backend, scheduling)."""
 
 from .job import Job, LaunchOptions, launch
-from .preflight import PreflightReport, preflight_text, run_preflight
-from .regather import gather_run
+from .policy import Action, AttemptPolicy, Decision, RestartPolicy
+from .scheduling import RunScheduling
 
-__all__ = ["Job", "LaunchOptions", "PreflightReport", "gather_run", "launch", "preflight_text", "run_preflight"]
+__all__ = [
+    "Action",
+    "AttemptPolicy",
+    "Decision",
+    "Job",
+    "LaunchOptions",
+    "RestartPolicy",
+    "RunScheduling",
+    "launch",
+]

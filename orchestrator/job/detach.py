@@ -22,11 +22,14 @@ from ..runs import RunDir
 STARTUP_WAIT_S = 30.0
 
 
-def launch_detached(spec: str, run_dir: str, child_args: Sequence[str]) -> tuple[int, str]:
-    """(exit code, message): 0 and where it runs, or the early launcher's exit code and its output."""
+def launch_detached(spec: str, run_dir: str, run_id: str, child_args: Sequence[str]) -> tuple[int, str]:
+    """(exit code, message): 0 and where it runs, or the early launcher's exit code and its output. The
+    background launcher plans with this process's ``run_id``: one run, one id (its nodes' directories,
+    TFCLUSTER_RUN_ID, plan.json)."""
     rundir = RunDir.create(run_dir)
     log = os.open(rundir.launcher_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    argv = [sys.executable, "-m", "orchestrator", "launch", spec, "--run-dir", run_dir, "--detached-child", *child_args]
+    argv = [sys.executable, "-m", "orchestrator", "launch", spec, "--run-dir", run_dir, "--detached-child",
+            "--detached-run-id", run_id, *child_args]  # fmt: skip
     try:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
@@ -45,7 +48,7 @@ def launch_detached(spec: str, run_dir: str, child_args: Sequence[str]) -> tuple
             break
         time.sleep(0.05)
     return 0, (
-        f"launched in the background (pid {proc.pid}); run directory {rundir.path}\n"
+        f"launched in the background (pid {proc.pid}); run {run_id} in {rundir.path}\n"
         f"  tfcluster logs {rundir.path} --follow\n"
         f"  tfcluster status {rundir.path}\n"
         f"  tfcluster stop {rundir.path}"

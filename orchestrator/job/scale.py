@@ -13,12 +13,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from worker_entry.protocol.env import Env
 
+from ..backends import Backend
 from ..core.errors import UsageError
-from ..plan import plan_loaded
+from ..plan import Plan
 from ..spec import LoadedSpec
 from ..supervise.bound import RunBound
 from .job import LaunchOptions, launch
@@ -68,20 +69,17 @@ def parse_sizes(text: str, hosts: int) -> tuple[int, ...]:
     return tuple(sorted(sizes))
 
 
-def check_scheduler(loaded: LoadedSpec) -> None:
-    """A sweep cuts the spec's hosts: scheduler: ssh only, today."""
-    spec = loaded.spec
-    if spec.scheduler != "ssh" or not spec.hosts:
-        raise UsageError(
-            f"{loaded.path}: scheduler: {spec.scheduler}: `tfcluster scale` runs over ssh (hosts:) today; "
-            "under Slurm, launch each size with its own slurm.nodes"
-        )
+class SweepScheduler(Protocol):
+    """What a sweep needs from the spec's scheduler (the CLI checks first that it can sweep)."""
+
+    def plan(self, loaded: LoadedSpec, run_id: str) -> Plan: ...
+
+    def backend(self, loaded: LoadedSpec, plan: Plan) -> Backend: ...
 
 
 def sized_spec(loaded: LoadedSpec, workers: int, opts: SweepOptions) -> LoadedSpec:
     """The spec on its first ``workers`` hosts, telling the script the sweep's size and mode, with
     step-clock windows short enough for several per size."""
-    check_scheduler(loaded)
     spec = loaded.spec
     hosts = spec.hosts or []
     env = {
@@ -107,14 +105,17 @@ def sized_spec(loaded: LoadedSpec, workers: int, opts: SweepOptions) -> LoadedSp
 
 
 def run_sweep(
-    loaded: LoadedSpec, opts: SweepOptions, on_size: Callable[[SizeRun], None] | None = None
+    loaded: LoadedSpec,
+    opts: SweepOptions,
+    scheduler: SweepScheduler,
+    on_size: Callable[[SizeRun], None] | None = None,
 ) -> tuple[list[SizeRun], bool]:
     """Run every size in turn; (what ran, interrupted). A failed size does not stop the sweep (a
     size that cannot run says something too); Ctrl-C or SIGTERM does."""
     runs: list[SizeRun] = []
     for n in opts.sizes:
         sized = sized_spec(loaded, n, opts)
-        plan = plan_loaded(sized, f"{loaded.spec.name}-scale-{n}w-{int(time.time())}")
+        plan = scheduler.plan(sized, f"{loaded.spec.name}-scale-{n}w-{int(time.time())}")
         run_dir = opts.root / f"workers-{n}"
         t0 = time.monotonic()
         try:
@@ -128,6 +129,7 @@ def run_sweep(
                     echo_logs=opts.echo_logs,
                     bound=opts.bound,
                 ),
+                scheduler.backend(sized, plan),
             )
         except KeyboardInterrupt:  # between the job's own signal handling and ours
             return runs, True

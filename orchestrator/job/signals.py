@@ -48,9 +48,10 @@ class Hangup:
 
 
 @contextlib.contextmanager
-def signals_to(interrupt: Interrupt, hangup: Hangup | None = None) -> Iterator[None]:
-    """SIGINT/SIGTERM go to ``interrupt``; SIGHUP to ``hangup`` (ignored without one)."""
-    previous = {s: signal.signal(s, lambda signum, frame: interrupt.trigger(signum)) for s in STOPPING}
+def signals_to(interrupt: Interrupt, hangup: Hangup | None = None, also: tuple[int, ...] = ()) -> Iterator[None]:
+    """SIGINT/SIGTERM (and ``also``: a scheduler's own, e.g. Slurm's SIGUSR2) go to ``interrupt``;
+    SIGHUP to ``hangup`` (ignored without one)."""
+    previous = {s: signal.signal(s, lambda signum, frame: interrupt.trigger(signum)) for s in (*STOPPING, *also)}
     previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hangup or signal.SIG_IGN)
     try:
         yield

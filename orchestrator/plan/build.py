@@ -1,43 +1,23 @@
-"""Build the plan from a spec: task per host, TF_CONFIG, environment, SSH target. Pure."""
+"""The parts every scheduler's planner shares: tasks in order, TF_CONFIG, directories, the runtime and the
+environment of a task. Pure. The planners themselves live in their scheduler's package
+(``orchestrator/schedulers/<name>/plan.py``)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 from worker_entry.protocol import Env
+from worker_entry.protocol.cluster import is_chief, task_order
 
-from ..core.errors import UsageError
 from ..spec import ClusterSpec
-from .model import WORKER_ENTRY_MODULE, NodePlan, Plan, Runtime, TaskId, bracket
-from .ssh_targets import SshLookup, ssh_target
-
-#: Planners of the schedulers that start tasks for us, by ``spec.scheduler``. Their modules register
-#: here (``plan/__init__`` imports them), so they can reuse this module's helpers without a cycle.
-SCHEDULER_PLANS: dict[str, Callable[..., Plan]] = {}
-
-
-def build_plan(
-    spec: ClusterSpec,
-    *,
-    run_id: str,
-    local_user: str,
-    ssh_lookup: SshLookup | None = None,
-) -> Plan:
-    """The plan of a spec, for its scheduler. Pure: same input, same plan."""
-    if spec.scheduler == "ssh":
-        return _ssh_plan(spec, run_id=run_id, local_user=local_user, ssh_lookup=ssh_lookup)
-    if spec.scheduler in SCHEDULER_PLANS:
-        return SCHEDULER_PLANS[spec.scheduler](spec, run_id=run_id)
-    raise UsageError(f"scheduler: {spec.scheduler} is not supported by this version of tfcluster")
+from .model import Runtime, TaskId
 
 
 def assign_tasks(n: int, chief: bool) -> list[TaskId]:
-    """MWMS task per slot, in order: chief:0 first when there is a chief, then worker:0, worker:1, ..."""
-    if chief:
-        return [TaskId("chief", 0)] + [TaskId("worker", i) for i in range(n - 1)]
-    return [TaskId("worker", i) for i in range(n)]
+    """MWMS task per slot, in rank order (``protocol.task_order``: the nodes that build their own
+    TF_CONFIG use the same rule)."""
+    return [TaskId(t, i) for t, i in task_order(n, chief)]
 
 
 def tf_cluster(tasks: list[TaskId], endpoints: list[str]) -> dict[str, list[str]]:
@@ -70,58 +50,6 @@ def runtime_of(spec: ClusterSpec) -> Runtime:
     )
 
 
-def _ssh_plan(spec: ClusterSpec, *, run_id: str, local_user: str, ssh_lookup: SshLookup | None) -> Plan:
-    """Resolve every host's SSH target, task, TF_CONFIG and environment.
-
-    `ssh_lookup(address)` returns the ~/.ssh/config options for a host (paramiko's SSHConfig.lookup
-    shape: hostname, user, port, identityfile, proxycommand); explicit spec values win over it.
-    """
-    hosts = spec.hosts or []
-    warnings = plan_warnings(spec, hosts[0].gpus)
-    targets = [ssh_target(spec, h, local_user, ssh_lookup, warnings) for h in hosts]
-    tf_addrs = [h.tf_address or t.hostname for h, t in zip(hosts, targets, strict=True)]
-    tf_ports = [h.tf_port or spec.tensorflow.port for h in hosts]
-    endpoints = [f"{bracket(a)}:{p}" for a, p in zip(tf_addrs, tf_ports, strict=True)]
-    tasks = assign_tasks(len(hosts), spec.tensorflow.chief)
-    cluster = tf_cluster(tasks, endpoints)
-    gpus = hosts[0].gpus
-    communication = resolve_communication(spec.tensorflow.communication, gpus)
-    job_root, checkpoint_dir, backup_dir = job_dirs(spec, run_id)
-    runtime = runtime_of(spec)
-    nodes = []
-    for i, host in enumerate(hosts):
-        task = tasks[i]
-        tf_config = tf_config_of(cluster, task)
-        env = node_env(spec, task, tf_config, communication, run_id, len(hosts), gpus, checkpoint_dir, backup_dir)
-        nodes.append(
-            NodePlan(
-                task=task,
-                host=host.address,
-                ssh=targets[i],
-                tf_address=tf_addrs[i],
-                tf_port=tf_ports[i],
-                gpus=host.gpus,
-                tf_config=tf_config,
-                env=env,
-                argv=(spec.job.python, "-m", WORKER_ENTRY_MODULE),
-                command=tuple(spec.job.command),
-                workdir=spec.job.workdir,
-                remote_dir=f"{job_root}/{task.slug}",
-                checkpoint_dir=checkpoint_dir,
-                backup_dir=backup_dir,
-                runtime=runtime,
-            )
-        )
-    return Plan(
-        job=spec.name,
-        run_id=run_id,
-        communication=communication,
-        nodes=tuple(nodes),
-        warnings=tuple(warnings),
-        scheduler=spec.scheduler,
-    )
-
-
 def plan_warnings(spec: ClusterSpec, gpus: int) -> list[str]:
     if spec.tensorflow.communication == "nccl" and gpus == 0:
         return ["communication: nccl without GPUs; TensorFlow falls back to ring with a warning"]
@@ -147,7 +75,6 @@ def node_env(
     backup_dir: str,
 ) -> dict[str, str]:
     """The environment of a task's training command (TF_CONFIG omitted when the node builds it)."""
-    is_chief = task.type == "chief" or (task.type == "worker" and task.index == 0 and not spec.tensorflow.chief)
     hb = spec.heartbeat
     env: dict[str, str] = {
         # Lines must reach the launcher as they are printed, not when a 8 KiB buffer fills.
@@ -164,7 +91,7 @@ def node_env(
             Env.TASK_TYPE: task.type,
             Env.TASK_INDEX: str(task.index),
             Env.NUM_TASKS: str(num_tasks),
-            Env.IS_CHIEF: "1" if is_chief else "0",
+            Env.IS_CHIEF: "1" if is_chief(task.type, task.index, spec.tensorflow.chief) else "0",
             Env.NUM_GPUS: str(gpus),
             Env.COMMUNICATION: communication,
             Env.CHECKPOINT_DIR: checkpoint_dir,

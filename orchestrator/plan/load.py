@@ -1,4 +1,5 @@
-"""Spec file → (LoadedSpec, Plan), the way every command builds its plan (with ~/.ssh/config)."""
+"""Run ids and the ``launch -- COMMAND`` override: what every scheduler's plan starts from. (Which planner
+plans a spec is the scheduler's: ``orchestrator.schedulers.load_plan``.)"""
 
 from __future__ import annotations
 
@@ -10,12 +11,9 @@ from datetime import UTC, datetime
 from pydantic import ValidationError
 
 from ..core.diagnostics import Diagnostic
-from ..core.errors import SpecError, UsageError
-from ..spec import ClusterSpec, LoadedSpec, format_path, load_spec
+from ..core.errors import SpecError
+from ..spec import ClusterSpec, LoadedSpec, format_path
 from ..spec.model import JobSpec
-from .build import build_plan
-from .model import Plan
-from .sshconfig import SshConfigError, local_user, ssh_config_lookup
 
 
 def default_run_id(name: str) -> str:
@@ -47,21 +45,9 @@ def _message(err: dict) -> str:
     return msg[len("Value error, ") :] if msg.startswith("Value error, ") else msg
 
 
-def load_plan(spec_path: str, run_id: str | None = None, command: list[str] | None = None) -> tuple[LoadedSpec, Plan]:
-    """Validate the spec (``command`` overrides job.command) and plan it as ``launch`` would."""
-    loaded = load_spec(spec_path)
-    spec = loaded.spec
-    if command:
-        spec = spec.model_copy(update={"job": override_command(spec, command)})
-        loaded = LoadedSpec(spec=spec, path=loaded.path, text=loaded.text, warnings=loaded.warnings)
-    return loaded, plan_loaded(loaded, run_id)
-
-
-def plan_loaded(loaded: LoadedSpec, run_id: str | None = None) -> Plan:
-    """The plan of an already validated spec (with ~/.ssh/config for scheduler: ssh)."""
-    spec = loaded.spec
-    try:
-        lookup = ssh_config_lookup(spec.ssh.config_file) if spec.scheduler == "ssh" else None
-    except SshConfigError as exc:
-        raise UsageError(f"ssh.config_file: {exc}") from None
-    return build_plan(spec, run_id=run_id or default_run_id(spec.name), local_user=local_user(), ssh_lookup=lookup)
+def with_command(loaded: LoadedSpec, command: list[str] | None) -> LoadedSpec:
+    """The spec with ``launch -- COMMAND`` as its job.command (validated like the spec's own)."""
+    if not command:
+        return loaded
+    spec = loaded.spec.model_copy(update={"job": override_command(loaded.spec, command)})
+    return LoadedSpec(spec=spec, path=loaded.path, text=loaded.text, warnings=loaded.warnings)

@@ -102,9 +102,7 @@ class NodePlan:
     @property
     def is_chief(self) -> bool:
         """The task whose checkpoints are the real ones (MWMS: chief, or worker 0 without a chief)."""
-        return self.task.type == "chief" or (
-            self.task == TaskId("worker", 0) and "chief" not in self.tf_config["cluster"]
-        )
+        return p.is_chief(self.task.type, self.task.index, "chief" in self.tf_config["cluster"])
 
     def shell_line(self) -> str:
         """The one line the login shell runs: no user data in it, only the interpreter."""

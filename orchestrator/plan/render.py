@@ -1,16 +1,28 @@
-"""Human-readable forms of plans and problems (the --json forms are the objects' to_dict)."""
+"""Human-readable forms of plans (the --json form is ``Plan.to_dict``). What differs per scheduler —
+how a task is started, its default working directory, what is special about its TF_CONFIG, extra
+lines such as the sbatch command — comes from the scheduler as ``PlanNotes``."""
 
 from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from ..core.text import table
-from .model import Plan
+from .model import NodePlan, Plan
 from .secrets import redact_argv, redact_env
 
 
-def plan_text(plan: Plan, *, show_secrets: bool = False) -> str:
+@dataclass(frozen=True)
+class PlanNotes:
+    started_by: Callable[[NodePlan], str]  # "  remote: ..." line of a task, without the label
+    workdir_default: str = "~ (login directory)"
+    tf_config_note: str = ""  # appended to the TF_CONFIG line (a template the task fills in, ...)
+    extra: Sequence[str] = field(default=())  # lines after the table (the scheduler's own commands)
+
+
+def plan_text(plan: Plan, notes: PlanNotes, *, show_secrets: bool = False) -> str:
     rows = [("TASK", "HOST", "SSH", "TF ADDRESS", "GPUS")]
     for n in plan.nodes:
         rows.append(
@@ -29,25 +41,18 @@ def plan_text(plan: Plan, *, show_secrets: bool = False) -> str:
     ]
     for w in plan.warnings:
         out.append(f"warning: {w}")
-    if plan.slurm is not None:
-        from .slurm import describe
-
-        out += ["", *describe(plan)]
+    if notes.extra:
+        out += ["", *notes.extra]
     for n in plan.nodes:
         env = n.env if show_secrets else redact_env(n.env)
         out += [
             "",
             f"{n.task} on {n.host}",
-            f"  remote:     {n.shell_line()}   (config on stdin)"
-            if n.ssh is not None
-            else f"  started by: slurm ({shlex.join(n.argv)}; config over the connect-back channel)"
-            if plan.scheduler == "slurm"
-            else f"  pod runs:   {shlex.join(n.argv)} -- COMMAND   (settings in the pod spec: tfcluster render)",
+            notes.started_by(n),
             f"  command:    {shlex.join(n.command if show_secrets else redact_argv(n.command))}",
-            f"  workdir:    {n.workdir or ('the image WORKDIR' if plan.scheduler == 'kubernetes' else '~ (login directory)')}",
+            f"  workdir:    {n.workdir or notes.workdir_default}",
             f"  task dir:   {n.remote_dir}",
-            f"  TF_CONFIG:  {json.dumps(n.tf_config, separators=(',', ':'))}"
-            + ("   (template: the task fills in addresses and ports)" if plan.scheduler == "slurm" else ""),
+            f"  TF_CONFIG:  {json.dumps(n.tf_config, separators=(',', ':'))}" + notes.tf_config_note,
             "  env:",
         ]
         out += [f"    {k}={v}" for k, v in env.items() if k != "TF_CONFIG"]

@@ -4,8 +4,14 @@ RUN/
   spec.yaml  plan.json  launcher.json  status.json  events.jsonl  heartbeats.jsonl
   combined.log            every task's lines, prefixed with time, task and host
   logs/<type>-<index>.log raw lines of a task (attempt 0); logs/<type>-<index>.attempt-N.log after restarts
-  result.json             written once, at the end
+  result.json             written once, at the end (``sinks.record``)
   checkpoints/            the chief's checkpoint directory, gathered and verified
+  nodes/                  node-side task directories (exit.json, complete logs) copied back
+  gather-state.json       what the gather has verified (a resumed gather skips it)
+  slurm.json  slurm/      Slurm: the run across allocations; batch script, sbatch/srun output, stop request
+  kubernetes.json         Kubernetes: the objects applied and every pod's phase, node and exit
+
+Every path of a run is a property here; nothing else spells a file name of the run directory.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import RunNotFound, UsageError
+
+SLURM_DIR = "slurm"  # RUN/slurm/: the Slurm batch script, sbatch's argv and answer, srun's and the job's output
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,30 @@ class RunDir:
         """Node-side task directories (complete logs, exit status) copied back after the job."""
         return self.path / "nodes"
 
+    @property
+    def gather_state_json(self) -> Path:
+        return self.path / "gather-state.json"
+
+    @property
+    def slurm_json(self) -> Path:
+        """Slurm: job ids, allocations, requeue counters and ended allocations' attempts."""
+        return self.path / "slurm.json"
+
+    @property
+    def slurm_dir(self) -> Path:
+        """Slurm: the batch script (job.sh), sbatch's argv and answer, srun's and the job's output."""
+        return self.path / SLURM_DIR
+
+    @property
+    def slurm_stop_json(self) -> Path:
+        """Slurm: a user's stop request, left before Slurm's SIGTERM so it is not taken for a preemption."""
+        return self.slurm_dir / "stop.json"
+
+    @property
+    def kubernetes_json(self) -> Path:
+        """Kubernetes: the objects applied and every pod's phase, node and exit."""
+        return self.path / "kubernetes.json"
+
     def task_log(self, slug: str, attempt: int = 0) -> Path:
         name = f"{slug}.log" if attempt == 0 else f"{slug}.attempt-{attempt}.log"
         return self.logs_dir / name
@@ -112,6 +144,14 @@ def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2, durable: 
     (status.json) skip it: the rename alone keeps readers safe, and an fsync a second is disk load.
     """
     write_bytes_atomic(path, (json.dumps(obj, indent=indent, default=str) + "\n").encode(), durable=durable)
+
+
+def write_private(path: Path, text: str, mode: int = 0o600) -> None:
+    """A file only its owner may read (spec copies, scripts), whatever the umask; no symlink followed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, mode)
 
 
 def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:

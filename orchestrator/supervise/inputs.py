@@ -23,13 +23,17 @@ QUEUE_ITEMS = 1024
 
 
 class Interrupt:
-    """Set from signal handlers (SIGINT/SIGTERM on the launcher), read by the loop."""
+    """Set from signal handlers (SIGINT/SIGTERM on the launcher, SIGUSR2 under Slurm), read by the loop.
+    ``first`` is the signal that started it (USR2 then Slurm's SIGTERM is still a time limit)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.first: int | None = None
         self.count = 0
 
     def trigger(self, signum: int) -> None:
+        if self.first is None:
+            self.first = signum
         self.signum = signum
         self.count += 1
 

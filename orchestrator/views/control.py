@@ -1,63 +1,29 @@
-"""`tfcluster status` and `tfcluster stop`: talk to a running launcher through its run directory.
+"""`tfcluster status` and `tfcluster stop`: a run through its run directory and its handle.
 
-The launcher writes status.json every second and launcher.json (pid + start time) once. `stop`
-sends it SIGTERM — the same clean teardown as Ctrl-C — after checking that it is really that
-process (pid and start time, so a recycled pid is never signalled) and that it belongs to us.
+The launcher writes status.json every second, launcher.json once and result.json at the end; the
+run's ``RunHandle`` (``views.handle``, or its scheduler's) says whether its supervisor is alive, what
+the scheduler sees, and how to stop it — the same clean teardown as Ctrl-C.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import time
+from pathlib import Path
 from typing import Any
 
-from ..core.errors import UsageError
 from ..core.text import table
-from ..runs import RunDir, write_json_atomic
-
-try:
-    import psutil
-except ImportError:  # pragma: no cover
-    psutil = None
+from ..runs import RunDir
+from .handle import RunHandle
 
 
-def _launcher_process(run: RunDir) -> Any:
-    info = run.read_json(run.launcher_json) or {}
-    pid = info.get("pid")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1 or psutil is None:
-        return None
-    try:
-        p = psutil.Process(pid)
-        created = info.get("create_time")
-        if created is not None and abs(p.create_time() - created) > 0.05:
-            return None  # the pid was recycled by another process
-        return p
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
+def launcher_alive(run: RunDir, handle: RunHandle | None = None) -> bool:
+    return (handle or RunHandle(run)).alive()
 
 
-def launcher_alive(run: RunDir) -> bool:
-    from .slurm import is_slurm_batch, supervisor_alive
-
-    if is_slurm_batch(run):  # its supervisor runs in the allocation, often on another machine
-        return supervisor_alive(run)
-    p = _launcher_process(run)
-    if p is None:
-        return False
-    try:
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def job_status(run: RunDir) -> dict[str, Any]:
-    from .slurm import is_slurm_batch, supervisor_alive
-
-    if is_slurm_batch(run) and not run.is_finished() and not supervisor_alive(run):
-        from .slurm import finalize
-
-        finalize(run)  # the job is gone and nobody wrote its result (cancelled while pending, killed): now there is one
+def job_status(run: RunDir, handle: RunHandle | None = None) -> dict[str, Any]:
+    """Everything ``tfcluster status RUN`` shows: the run's own files, and its scheduler's view."""
+    handle = handle or RunHandle(run)
+    handle.settle()
     result = run.read_json(run.result_json)
     status = run.read_json(run.status_json) or {}
     launcher = run.read_json(run.launcher_json) or {}
@@ -67,15 +33,9 @@ def job_status(run: RunDir) -> dict[str, Any]:
         "job": plan.get("job"),
         "launcher_pid": launcher.get("pid"),
         "launcher_host": launcher.get("hostname"),
+        **handle.scheduler_status(),
     }
-    if (run.path / "slurm.json").exists():
-        from .slurm import slurm_status
-
-        out["slurm"] = slurm_status(run)
     if result is not None:
-        kube = run.read_json(run.path / "kubernetes.json")
-        if kube is not None:
-            out["kubernetes"] = kube
         out.update(
             {
                 "state": result.get("state"),
@@ -88,15 +48,11 @@ def job_status(run: RunDir) -> dict[str, Any]:
             }
         )
         return out
-    kube = run.read_json(run.path / "kubernetes.json")
-    if kube is not None:
-        out["kubernetes"] = kube
-    alive = launcher_alive(run)
+    alive = handle.alive()
     updated = status.get("updated")
-    queued = out.get("slurm", {}).get("state") in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING")
     out.update(
         {
-            "state": ("pending" if queued else status.get("state", "starting")) if alive else "launcher_gone",
+            "state": ("pending" if handle.queued(out) else status.get("state", "starting")) if alive else "launcher_gone",
             "finished": False,
             "launcher_alive": alive,
             "status_age_s": round(time.time() - updated, 1) if updated else None,
@@ -105,17 +61,8 @@ def job_status(run: RunDir) -> dict[str, Any]:
             "tasks": status.get("tasks", {}),
         }
     )
-    if not alive and kube is not None and not kube.get("closed"):
-        out["message"] = (
-            "the launcher is not running and wrote no result.json; the pods it applied keep running without it "
-            f"(`tfcluster stop {run.path}` deletes them); last known state: {status.get('state', 'unknown')}"
-        )
-    elif not alive:
-        out["message"] = (
-            "the launcher is not running and wrote no result.json: it was killed (SIGKILL) or its machine "
-            "went away. Its workers stop by themselves when the launcher stops answering; "
-            f"last known state: {status.get('state', 'unknown')}"
-        )
+    if not alive:
+        out["message"] = handle.gone_message(status)
     return out
 
 
@@ -128,30 +75,10 @@ def _merge_tasks(live: dict[str, Any], final: dict[str, Any]) -> dict[str, Any]:
     return tasks
 
 
-def _not_our_launcher(proc: Any, owner: int) -> str | None:
-    """Why ``proc`` is not the launcher of a run owned by ``owner`` (None when it is)."""
-    if proc.uids().real != owner:
-        return f"it belongs to uid {proc.uids().real}, the run directory to uid {owner}"
-    argv = proc.cmdline()
-    names = {os.path.basename(a) for a in argv[:3]}
-    is_tfcluster = "tfcluster" in names or any(a == "orchestrator" for a in argv[1:3])
-    if not (is_tfcluster and "launch" in argv):
-        return f"it is not a tfcluster launcher ({' '.join(argv)[:80]!r})"
-    return None
-
-
-def status_text(st: dict[str, Any]) -> str:
+def status_text(st: dict[str, Any], handle: RunHandle | None = None) -> str:
+    handle = handle or RunHandle(RunDir(Path(str(st.get("run_dir")))))
     head = f"job {st.get('job')}   state {st.get('state')}   run {st.get('run_dir')}"
-    lines = [head]
-    sl = st.get("slurm")
-    if sl:
-        lines.append(
-            f"slurm job {sl.get('job_id') or '-'}: {sl.get('state', 'unknown')}"
-            + (f" ({sl['reason']})" if sl.get("reason") and sl.get("reason") != "None" else "")
-            + (f" on {sl['nodes']}" if sl.get("nodes") else "")
-            + (f", {sl['time_left']} left" if sl.get("time_left") else "")
-            + f"; preemptions {sl.get('preemptions', 0)}, time-outs {sl.get('timeouts', 0)}"
-        )
+    lines = [head, *handle.scheduler_lines(st)]
     if st.get("message"):
         lines.append(st["message"])
     if st.get("stopping_reason"):
@@ -181,82 +108,10 @@ def status_text(st: dict[str, Any]) -> str:
         )
     lines.append("")
     lines.extend(table(rows))
-    lines.extend(_pods_text(st.get("kubernetes")))
+    lines.extend(handle.detail_lines(st))
     return "\n".join(lines)
 
 
-def _pods_text(kube: Any) -> list[str]:
-    """The pods of a Kubernetes run, newest attempt last: phase, node, how each container ended."""
-    if not isinstance(kube, dict) or not isinstance(kube.get("pods"), dict):
-        return []
-    objects = ", ".join(f"{o.get('kind')}/{o.get('name')}" for o in kube.get("objects") or [] if isinstance(o, dict))
-    head = f"kubernetes: namespace {kube.get('namespace')}   {objects or 'nothing applied'}"
-    if not kube["pods"]:
-        return ["", head]
-    rows = [("ATTEMPT/TASK", "POD", "PHASE", "NODE", "EXIT", "REASON")]
-    for key, pod in sorted(kube["pods"].items(), key=lambda kv: (int(kv[0].split("/")[0]) if kv[0].split("/")[0].isdigit() else 0, kv[0])):
-        if not isinstance(pod, dict):
-            continue
-        rows.append(
-            (
-                key,
-                str(pod.get("pod", "")),
-                str(pod.get("phase", "")),
-                str(pod.get("node") or ""),
-                "" if pod.get("exit_code") is None else str(pod.get("exit_code")),
-                str(pod.get("reason") or pod.get("problem") or "")[:80],
-            )
-        )
-    return ["", head, *table(rows)]
-
-
-def stop_job(run: RunDir, *, timeout_s: float = 120.0) -> str:
-    from .slurm import is_slurm_batch, stop_slurm
-
-    if is_slurm_batch(run) and not run.is_finished():  # its supervisor runs in the allocation: via Slurm
-        owner = os.stat(run.path).st_uid
-        if owner != os.getuid() and os.getuid() != 0:
-            raise UsageError(f"{run.path} belongs to uid {owner}; only the user who started the job can stop it")
-        return stop_slurm(run, timeout_s=timeout_s)
-    if run.is_finished():
-        result = run.read_json(run.result_json) or {}
-        return f"the job already finished: {result.get('state')}"
-    owner = os.stat(run.path).st_uid
-    if owner != os.getuid() and os.getuid() != 0:
-        raise UsageError(f"{run.path} belongs to uid {owner}; only the user who started the job can stop it")
-    proc = _launcher_process(run)
-    if proc is None:
-        kube = run.read_json(run.path / "kubernetes.json")
-        if kube is not None and kube.get("objects") and not kube.get("closed"):
-            from ..backends.kubernetes.backend import delete_recorded
-
-            done = delete_recorded(kube)
-            write_json_atomic(run.path / "kubernetes.json", {**kube, "closed": True, "stopped": done}, durable=False)
-            return "the launcher is not running; deleted what it applied: " + "; ".join(done)
-        return "the launcher is not running (no result.json either: it was killed); its workers stop by themselves"
-    if (run.path / "slurm.json").exists():  # inside an allocation: this SIGTERM is a stop, not a preemption
-        from ..runs.slurm_state import request_stop
-
-        request_stop(run, "SIGTERM", "tfcluster stop")
-    try:
-        # launcher.json is only a file: whoever could write it could name any process. Even as root,
-        # signal only a tfcluster launcher owned by the run directory's owner.
-        why = _not_our_launcher(proc, owner)
-        if why:
-            raise UsageError(f"refusing to signal pid {proc.pid}: {why}")
-        proc.send_signal(signal.SIGTERM)
-    except psutil.NoSuchProcess:
-        return "the launcher exited just now"
-    except psutil.AccessDenied:
-        raise UsageError("not allowed to signal the launcher; only the user who started the job can stop it") from None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if run.is_finished():
-            result = run.read_json(run.result_json) or {}
-            tasks = result.get("tasks", {})
-            states = ", ".join(f"{k}: {v.get('state')}" for k, v in sorted(tasks.items()))
-            return f"stopped: job {result.get('state')} ({states})"
-        if not launcher_alive(run):
-            return "the launcher exited without writing result.json"
-        time.sleep(0.2)
-    raise UsageError(f"the launcher did not finish its teardown within {timeout_s:g}s (pid {proc.pid})")
+def stop_job(run: RunDir, handle: RunHandle | None = None, *, timeout_s: float = 120.0) -> str:
+    """``tfcluster stop RUN``: the run's supervisor tears it down cleanly (its handle knows how)."""
+    return (handle or RunHandle(run)).stop(timeout_s)

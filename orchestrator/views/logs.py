@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO
@@ -13,6 +14,7 @@ from ..core.errors import UsageError
 from ..plan import TaskId
 from ..runs import RunDir
 from ..sinks import PALETTE, use_color
+from .handle import RunHandle
 
 LINE_RE = re.compile(r"^(\S+) \[([^\]]*)\] ?(.*)$", re.DOTALL)
 DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
@@ -91,8 +93,13 @@ def _task_color_index(task: str) -> int:
     return base + (int(idx) if idx.isdigit() else 0)
 
 
-def show_logs(run: RunDir, query: LogQuery, *, follow: bool, out: IO[str] | None = None) -> None:
+def show_logs(
+    run: RunDir, query: LogQuery, *, follow: bool, out: IO[str] | None = None, alive: Callable[[], bool] | None = None
+) -> None:
+    """Print the run's lines; ``follow``: until the run ends (result.json) or its supervisor is gone
+    (``alive``: the run's handle says so; default: its launcher process)."""
     out = out or sys.stdout
+    alive = alive or RunHandle(run).alive
     color = use_color(out)
     path = run.combined_log
     pos = 0
@@ -121,7 +128,7 @@ def show_logs(run: RunDir, query: LogQuery, *, follow: bool, out: IO[str] | None
             break
         if finished_before_read and not chunk:
             break  # the launcher wrote result.json before our last read: nothing more will come
-        if not chunk and not _launcher_alive(run) and not run.is_finished():
+        if not chunk and not alive() and not run.is_finished():
             print("tfcluster: the launcher of this run is gone (no result.json); stopped following", file=sys.stderr)
             break
         time.sleep(POLL_S)
@@ -130,9 +137,3 @@ def show_logs(run: RunDir, query: LogQuery, *, follow: bool, out: IO[str] | None
         if shown is not None:
             out.write(shown + "\n")
             out.flush()
-
-
-def _launcher_alive(run: RunDir) -> bool:
-    from .control import launcher_alive
-
-    return launcher_alive(run)

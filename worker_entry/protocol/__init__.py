@@ -30,6 +30,8 @@ _LAZY = {
     "GpuSample": "samples",
     "HEADER": "frames",
     "Heartbeat": "messages",
+    "is_chief": "cluster",
+    "task_order": "cluster",
     "Hello": "messages",
     "HostSample": "samples",
     "MARKER": "frames",

@@ -11,7 +11,7 @@ from worker_entry.protocol import NodeConfig, command_line
 
 from ...core.diagnostics import Diagnostic
 from ...plan import NodePlan
-from ..backend import Backend
+from ..backend import PerTaskBackend
 from ..base import Channel, ConnectFailure, Connection
 from .connection import KeyCache, SshConnection
 
@@ -76,7 +76,7 @@ def close_all(conns: dict[str, Connection]) -> None:
         c.close()
 
 
-class SshBackend(Backend):
+class SshBackend(PerTaskBackend):
     """Tasks are started by the launcher over SSH: ``exec PYTHON -m worker_entry`` through the login
     shell (the line holds nothing but the quoted interpreter), the config on the channel's stdin."""
 

@@ -5,17 +5,16 @@ from __future__ import annotations
 import os
 import sys
 
-from ..core.errors import UsageError
-from .exitcodes import EXIT_OK
+from ...core.errors import UsageError
 
 
 def render_specs(
     paths: list[str], *, flavor: str | None, output_dir: str | None, run_id: str | None, check: bool
-) -> int:
-    from .. import __version__
-    from ..backends.kubernetes import render, to_yaml, with_flavor
-    from ..plan import build_plan
-    from ..spec import load_spec
+) -> None:
+    from ... import __version__
+    from ...spec import load_spec
+    from .plan import kubernetes_plan
+    from .render import render, to_yaml, with_flavor
 
     texts = []
     for path in paths:
@@ -27,7 +26,7 @@ def render_specs(
             raise UsageError(f"{path}: scheduler is {spec.scheduler}; render is for scheduler: kubernetes specs")
         spec = with_flavor(spec, flavor)
         assert spec.kubernetes is not None
-        plan = build_plan(spec, run_id=run_id or spec.name, local_user="-")
+        plan = kubernetes_plan(spec, run_id=run_id or spec.name)
         for w in plan.warnings:
             print(f"{path}: warning: {w}", file=sys.stderr)
         docs = render(spec, plan)
@@ -47,11 +46,10 @@ def render_specs(
             print(dest)
     else:
         sys.stdout.write("".join(text for _, text in texts))
-    return EXIT_OK
 
 
 def _check(path: str, docs: list[dict]) -> None:
-    from ..backends.kubernetes.validate import JOBSET_RELEASE, KUBE_VERSION, ValidatorsMissing, validate_manifests
+    from .validate import JOBSET_RELEASE, KUBE_VERSION, ValidatorsMissing, validate_manifests
 
     try:
         problems = validate_manifests(docs)

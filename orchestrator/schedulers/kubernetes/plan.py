@@ -17,10 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..core.errors import UsageError
-from ..spec import ClusterSpec
-from .build import (
-    SCHEDULER_PLANS,
+from ...core.errors import UsageError
+from ...plan.build import (
     assign_tasks,
     node_env,
     plan_warnings,
@@ -29,7 +27,8 @@ from .build import (
     tf_cluster,
     tf_config_of,
 )
-from .model import WORKER_ENTRY_MODULE, NodePlan, Plan, TaskId
+from ...plan.model import WORKER_ENTRY_MODULE, NodePlan, Plan, TaskId
+from ...spec import ClusterSpec
 
 #: The per-pod emptyDir where worker_entry keeps each task's log and exit status.
 POD_DIR = "/tfcluster"
@@ -166,5 +165,3 @@ def _check_name_lengths(names: PodNames, tasks: list[TaskId]) -> None:
             f"would exceed {DNS_LABEL_MAX} characters; use a name of at most {max(room, 1)} characters"
         )
 
-
-SCHEDULER_PLANS["kubernetes"] = kubernetes_plan

@@ -17,14 +17,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from ..backends.slurm import SlurmError
-from ..backends.slurm import commands as sc
-from ..events import Event
-from ..plan import Plan
-from ..runs import RunDir
-from ..sinks import ConsoleSink, use_color
-from .logs import LogQuery
-from .slurm import cancel, current_job, finalize, job_info
+from ...events import Event
+from ...plan import Plan
+from ...runs import RunDir
+from ...sinks import ConsoleSink, use_color
+from ...views.logs import LogQuery
+from . import commands as sc
+from .commands import SlurmError
+from .handle import cancel, current_job, finalize, job_info
 
 POLL_S = 0.2
 SLURM_POLL_S = 1.0

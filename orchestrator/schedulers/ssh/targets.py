@@ -16,9 +16,9 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..core.errors import UsageError
-from ..spec import ClusterSpec
-from .model import SshTarget
+from ...core.errors import UsageError
+from ...plan import SshTarget
+from ...spec import ClusterSpec
 
 SshLookup = Callable[[str], Mapping[str, Any]]
 _TOKEN = re.compile(r"%(.)")

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .rundir import RunDir, write_json_atomic
+from ...runs import RunDir, write_json_atomic
 
 JOB_ID_RE = re.compile(r"^\d{1,12}$")
 STOP_SIGNALS = ("SIGTERM", "SIGINT")
@@ -43,7 +43,7 @@ class SlurmState:
 
     @staticmethod
     def path(rundir: RunDir) -> Path:
-        return rundir.path / "slurm.json"
+        return rundir.slurm_json
 
     @classmethod
     def load(cls, rundir: RunDir) -> SlurmState | None:
@@ -77,7 +77,7 @@ def _count(value: Any) -> int:
 
 
 def stop_request_path(rundir: RunDir) -> Path:
-    return rundir.path / "slurm" / "stop.json"
+    return rundir.slurm_stop_json
 
 
 def request_stop(rundir: RunDir, signal_name: str, by: str) -> None:

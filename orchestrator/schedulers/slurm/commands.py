@@ -214,6 +214,23 @@ def wait_gone(job_id: str, timeout: float, env: Mapping[str, str] | None = None)
     return info
 
 
+def job_id_of(env: Mapping[str, str] = os.environ) -> str:
+    """The allocation's job id from its environment (SLURM_JOBID: older Slurm's spelling); '' outside one."""
+    return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
+
+
 def inside_allocation(env: Mapping[str, str] = os.environ) -> bool:
     """In salloc, an sbatch script or an srun: Slurm set the job id."""
-    return bool(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
+    return bool(job_id_of(env))
+
+
+def parse_duration(text: str) -> float | None:
+    """squeue's %L / %M: ``SS``, ``M:SS``, ``H:MM:SS``, ``D-HH:MM:SS``; None for UNLIMITED/INVALID/garbage."""
+    days, _, rest = text.strip().rpartition("-")
+    parts = rest.split(":")
+    if not rest or len(parts) > 3 or not all(p.isdigit() and len(p) <= 6 for p in parts) or (days and not days.isdigit()):
+        return None
+    secs = 0
+    for p in parts:
+        secs = secs * 60 + int(p)
+    return secs + (int(days) * 86400 if days else 0)

@@ -22,7 +22,7 @@ from typing import Any
 
 from worker_entry import protocol as p
 
-from ..base import Channel
+from ...backends.base import Channel
 from .api import KubeApi, KubeError, LogStream
 from .pods import container_end
 from .stream import QUARANTINE_S, ContainerEnd, PodStream

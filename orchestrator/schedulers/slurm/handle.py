@@ -16,12 +16,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..backends.slurm import JobInfo, SlurmError
-from ..backends.slurm import commands as sc
-from ..core.result import AttemptResult, Failure, RunResult
-from ..core.states import JobState, interrupted_state
-from ..runs import RunDir, write_json_atomic
-from ..runs.slurm_state import SlurmState, request_stop, stop_requested
+from ...core.result import AttemptResult, Failure, RunResult
+from ...core.states import JobState, interrupted_state
+from ...runs import RunDir, write_json_atomic
+from ...sinks.record import record_result
+from ...views.handle import RunHandle, stopped_text
+from . import commands as sc
+from .commands import JobInfo, SlurmError
+from .state import SlurmState, request_stop, stop_requested
+from .submit import submitted_path
 
 SETTLE_S = 5.0  # a job that just ended may have a result.json on its way (shared storage)
 BATCH_STOP_S = 60.0  # how long the supervisor's own teardown may take before scancel of the whole job
@@ -37,7 +40,7 @@ def current_job(run: RunDir) -> str | None:
     state = SlurmState.load(run)
     if state is not None and state.job_id:
         return state.job_id
-    data = run.read_json(run.path / "slurm" / "submitted.json")
+    data = run.read_json(submitted_path(run))
     job = data.get("job_id") if isinstance(data, dict) else None
     return job if isinstance(job, str) and job.isdigit() else None
 
@@ -104,16 +107,11 @@ def finalize(run: RunDir, info: JobInfo | None = None) -> dict[str, Any] | None:
         new, kind, msg = JobState.INTERRUPTED_SIGTERM, "scheduler", f"Slurm job {job} was cancelled (scancel)"
     else:
         new, kind, msg = JobState.FAILED, "scheduler", f"Slurm job {job} ended ({slurm_state}) without its supervisor writing a result"
-    hint = f"see {run.path / 'slurm' / f'slurm-{job}.out'}" + (f": {tail}" if tail else "")
+    hint = f"see {run.slurm_dir / f'slurm-{job}.out'}" + (f": {tail}" if tail else "")
     started = _started(run) or now
     result = RunResult(str(plan.get("job") or ""), str(plan.get("run_id") or ""), str(run.path), new, started, now,
                        attempts=attempts, failures=[Failure(kind, msg, now, hint=hint)])  # fmt: skip
-    data = result.to_dict()
-    with open(run.events_jsonl, "a") as f:
-        f.write(json.dumps({"ts": round(now, 3), "event": "job_finished", "state": new.value,
-                            "wall_time_s": data["wall_time_s"], "run_dir": str(run.path),
-                            "root_cause": data["root_cause"]}) + "\n")  # fmt: skip
-    write_json_atomic(run.result_json, data)
+    data = record_result(run, result)
     status = run.read_json(run.status_json) or {}
     status.update(state=new.value, finished=True, updated=now)
     write_json_atomic(run.status_json, status, durable=False)
@@ -132,7 +130,7 @@ def _started(run: RunDir) -> float | None:
             first = json.loads(f.readline())
         return float(first["ts"])
     except (OSError, ValueError, KeyError, TypeError):
-        data = run.read_json(run.path / "slurm" / "submitted.json")
+        data = run.read_json(submitted_path(run))
         return data.get("ts") if isinstance(data, dict) and isinstance(data.get("ts"), int | float) else None
 
 
@@ -140,7 +138,7 @@ def out_tail(run: RunDir, job: str | None, lines: int = 5) -> str:
     """The last lines of the batch job's output file (why a supervisor never started, say)."""
     if not job:
         return ""
-    path: Path = run.path / "slurm" / f"slurm-{job}.out"
+    path: Path = run.slurm_dir / f"slurm-{job}.out"
     try:
         data = path.read_bytes()[-4096:].decode("utf-8", "replace")
     except OSError:
@@ -191,5 +189,55 @@ def stop_slurm(run: RunDir, *, timeout_s: float) -> str:
     result = run.read_json(run.result_json)
     if result is None:
         return f"{first}; the job did not end within {timeout_s:g}s"
-    tasks = ", ".join(f"{k}: {v.get('state')}" for k, v in sorted((result.get("tasks") or {}).items()))
-    return f"stopped: job {result.get('state')}" + (f" ({tasks})" if tasks else "") + ("; scancel of the whole job was needed" if hard else "")
+    return stopped_text(result) + ("; scancel of the whole job was needed" if hard else "")
+
+
+class SlurmHandle(RunHandle):
+    """A Slurm run: ``status`` shows Slurm's view beside the run's files. A submitted run (``batch``) is
+    alive while its Slurm job is, and stops through Slurm; a run launched inside the user's allocation
+    has its launcher here, whose SIGTERM is announced as a user's stop (not a preemption)."""
+
+    def state(self) -> SlurmState | None:
+        return SlurmState.load(self.run)
+
+    @property
+    def batch(self) -> bool:
+        state = self.state()
+        return state is not None and state.mode == "batch"
+
+    def settle(self) -> None:
+        if self.batch and not self.run.is_finished() and not supervisor_alive(self.run):
+            finalize(self.run)  # the job is gone and nobody wrote its result (cancelled while pending, killed): now there is one
+
+    def scheduler_status(self) -> dict[str, Any]:
+        return {"slurm": slurm_status(self.run)} if self.state() is not None else {}
+
+    def scheduler_lines(self, status: dict[str, Any]) -> list[str]:
+        sl = status.get("slurm")
+        if not isinstance(sl, dict):
+            return []
+        return [
+            f"slurm job {sl.get('job_id') or '-'}: {sl.get('state', 'unknown')}"
+            + (f" ({sl['reason']})" if sl.get("reason") and sl.get("reason") != "None" else "")
+            + (f" on {sl['nodes']}" if sl.get("nodes") else "")
+            + (f", {sl['time_left']} left" if sl.get("time_left") else "")
+            + f"; preemptions {sl.get('preemptions', 0)}, time-outs {sl.get('timeouts', 0)}"
+        ]
+
+    def queued(self, status: dict[str, Any]) -> bool:
+        sl = status.get("slurm")
+        return isinstance(sl, dict) and sl.get("state") in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING")
+
+    def alive(self) -> bool:
+        if self.batch:  # its supervisor runs in the allocation, often on another machine
+            return supervisor_alive(self.run)
+        return super().alive()
+
+    def stop(self, timeout_s: float) -> str:
+        if self.batch and not self.run.is_finished():  # its supervisor runs in the allocation: via Slurm
+            self.check_owner()
+            return stop_slurm(self.run, timeout_s=timeout_s)
+        return super().stop(timeout_s)
+
+    def before_signal(self) -> None:
+        request_stop(self.run, "SIGTERM", "tfcluster stop")  # inside an allocation: a stop, not a preemption

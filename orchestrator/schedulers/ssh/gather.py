@@ -4,24 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.errors import ConnectError, GatherError, UsageError
-from ..events import EventBus
-from ..plan import load_plan
-from ..runs import RunDir, write_json_atomic
-from ..sinks import ConsoleSink, EventFileSink
-from ..transfer import gather_after_run
+from ...backends.ssh import SshBackend
+from ...core.errors import ConnectError, GatherError
+from ...events import EventBus
+from ...plan import Plan
+from ...runs import RunDir
+from ...sinks import ConsoleSink, EventFileSink
+from ...sinks.record import record_gather
+from ...spec import LoadedSpec
+from ...transfer import gather_after_run
 
 
-def gather_run(rundir: RunDir) -> dict[str, Any]:
-    from ..backends.ssh import SshBackend
-
-    plan_data = rundir.read_json(rundir.plan_json) or {}
-    loaded, plan = load_plan(str(rundir.spec_yaml), plan_data.get("run_id"))
-    if plan.scheduler == "kubernetes":
-        raise UsageError(
-            "nothing to gather on Kubernetes: every pod's log came through the API into the run directory, "
-            "and checkpoints are on kubernetes.volume"
-        )
+def gather_run(rundir: RunDir, loaded: LoadedSpec, plan: Plan) -> dict[str, Any]:
+    """Copy what the run left on its nodes (complete logs, the chief's checkpoint), verified and
+    resumable; result.json then records the gather."""
     result = rundir.read_json(rundir.result_json) or {}
     attempts = max(1, len(result.get("attempts", [])))
     backend = SshBackend()
@@ -37,10 +33,7 @@ def gather_run(rundir: RunDir) -> dict[str, Any]:
             bus.close()
         if summary.get("errors"):
             raise GatherError("; ".join(summary["errors"][:5]))
-        if result:
-            result["gather"] = summary
-            result["gather_error"] = None
-            write_json_atomic(rundir.result_json, result)
+        record_gather(rundir, summary)
         return summary
     finally:
         backend.close()

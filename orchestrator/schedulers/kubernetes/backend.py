@@ -14,8 +14,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,17 +22,17 @@ from typing import Any
 
 from worker_entry.protocol import NodeConfig
 
+from ...backends.backend import Backend, Deliver
+from ...backends.base import Channel
 from ...core.diagnostics import Diagnostic
 from ...plan import NodePlan, Plan
+from ...runs import RunDir, write_json_atomic
 from ...spec import ClusterSpec
-from ..backend import Backend, Deliver
-from ..base import Channel
 from .api import KubeApi, KubeError
 from .channel import PodChannel, follow
 from .pods import PodView, pod_view
 from .render import JOBSET_API, LABEL_JOB, render
 
-RECORD = "kubernetes.json"
 SETTLE_S = 5.0  # a failed JobSet/Job: how long its pods that ran may take to report before the others fail
 GONE_WAIT_S = 120.0  # an Indexed Job deleted for a restart: how long its pods may take to go
 
@@ -71,7 +69,7 @@ class KubernetesBackend(Backend):
     # --- the seam --------------------------------------------------------------------------------
 
     def bind_run(self, run_dir: Path) -> None:
-        self.record_path = Path(run_dir) / RECORD
+        self.record_path = RunDir(Path(run_dir)).kubernetes_json
         self._record()
 
     def connect(self, nodes: Sequence[NodePlan]) -> list[Diagnostic]:
@@ -325,11 +323,8 @@ class KubernetesBackend(Backend):
     def _record(self) -> None:
         if self.record_path is None:
             return
-        data = self.record()
-        tmp = self.record_path.with_suffix(".json.tmp")
         with contextlib.suppress(OSError):
-            tmp.write_text(json.dumps(data, indent=2))
-            os.replace(tmp, self.record_path)
+            write_json_atomic(self.record_path, self.record(), durable=False)
 
 
 def _hint(exc: KubeError) -> str:

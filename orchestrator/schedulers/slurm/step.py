@@ -24,12 +24,13 @@ from worker_entry.hostlist import expand_hostlist
 from worker_entry.protocol import NodeConfig
 from worker_entry.protocol.env import Env
 
+from ...backends.backend import Deliver
+from ...backends.tcp import ConnectBackBackend
 from ...plan import NodePlan, Plan
-from ...plan.slurm import srun_argv
+from ...runs import RunDir
 from ...spec import ClusterSpec
-from ..backend import Deliver
-from ..tcp import ConnectBackBackend
 from . import commands as sc
+from .plan import srun_argv
 
 SRUN_EXIT_WAIT_S = 5.0  # srun ends by itself once its tasks have (our stop, or their own exit)
 SCANCEL_WAIT_S = 10.0
@@ -70,7 +71,7 @@ class SlurmStepBackend(ConnectBackBackend):
         self.spec = spec
         self.plan = plan
         self.env = dict(env)
-        self.job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
+        self.job_id = sc.job_id_of(env)
         self.log_dir = log_dir  # RUN/slurm (bind_run): srun's output per attempt
         self.node_addrs = ""
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
@@ -89,7 +90,7 @@ class SlurmStepBackend(ConnectBackBackend):
 
     def bind_run(self, run_dir: Path) -> None:
         if self.log_dir is None:
-            self.log_dir = Path(run_dir) / "slurm"
+            self.log_dir = RunDir(Path(run_dir)).slurm_dir
 
     def start_all(self, starts: Sequence[tuple[NodePlan, NodeConfig]], deliver: Deliver) -> threading.Thread:
         base = (self.plan.slurm or {}).get("tf_port_base")

@@ -18,9 +18,9 @@ import yaml
 from worker_entry.protocol import Env
 from worker_entry.protocol.podlog import PodConfig
 
-from ...plan import NodePlan, Plan, PodNames, pod_names
-from ...plan.kubernetes import POD_DIR
+from ...plan import NodePlan, Plan
 from ...spec import ClusterSpec
+from .plan import POD_DIR, PodNames, pod_names
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 CONTAINER = "tensorflow"

@@ -21,17 +21,19 @@ from pathlib import Path
 
 from worker_entry.protocol.env import Env
 
-from ..backends.slurm import SlurmError
-from ..backends.slurm import commands as sc
-from ..core.errors import UsageError
-from ..core.result import Failure, RunResult
-from ..core.states import JobState
-from ..plan import Plan
-from ..plan.slurm import SLURM_DIR, batch_script, sbatch_argv
-from ..runs import RunDir, write_json_atomic
-from ..runs.slurm_state import SlurmState
-from ..spec import LoadedSpec
-from ..spec.redact import redacted_text
+from ...core.errors import UsageError
+from ...core.result import Failure, RunResult
+from ...core.states import JobState
+from ...events import EventBus
+from ...plan import Plan
+from ...runs import RunDir, write_json_atomic, write_private
+from ...sinks import EventFileSink
+from ...sinks.record import record_result
+from ...spec import LoadedSpec
+from ...spec.redact import redacted_text
+from . import commands as sc
+from .plan import batch_script, sbatch_argv
+from .state import SlurmState
 
 MAX_SPEC_ENV = 96 << 10  # one environment string must stay well below the kernel's 128 KiB
 
@@ -45,14 +47,7 @@ class Submitted:
 
 def submitted_path(rundir: RunDir) -> Path:
     """RUN/slurm/submitted.json: the follower's record of sbatch's answer (slurm.json is the supervisor's)."""
-    return rundir.path / SLURM_DIR / "submitted.json"
-
-
-def _private(path: Path, text: str, mode: int = 0o600) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(path, mode)
+    return rundir.slurm_dir / "submitted.json"
 
 
 def submit(
@@ -64,19 +59,19 @@ def submit(
     payload = spec_payload(loaded, command)
     rundir = RunDir.create(run_dir or os.path.join("runs", plan.run_id))
     rundir = RunDir(rundir.path.resolve())  # the compute nodes see it by its absolute path
-    sdir = rundir.path / SLURM_DIR
+    sdir = rundir.slurm_dir
     sdir.mkdir(mode=0o700, exist_ok=True)
-    _private(rundir.spec_yaml, redacted_text(loaded))
+    write_private(rundir.spec_yaml, redacted_text(loaded))
     write_json_atomic(rundir.plan_json, plan.to_dict(), durable=False)
     SlurmState(run_id=plan.run_id, mode="batch", gather=gather).save(rundir)
     script = sdir / "job.sh"
-    _private(script, batch_script(sys.executable, str(rundir.path), plan.run_id), 0o700)
+    write_private(script, batch_script(sys.executable, str(rundir.path), plan.run_id), 0o700)
     argv = sbatch_argv(loaded.spec, str(rundir.path), str(script))
-    _private(sdir / "sbatch.json", json.dumps(argv, indent=2) + "\n")
+    write_private(sdir / "sbatch.json", json.dumps(argv, indent=2) + "\n")
     try:
         job_id = sc.submit(argv, env={**os.environ, Env.SLURM_SPEC: payload})
-    except SlurmError as exc:
-        _refused(rundir, plan, str(exc))
+    except sc.SlurmError as exc:
+        _refused(rundir, plan, str(exc), loaded.spec.restart.max_restarts + 1)
         return Submitted(rundir, None, argv)
     write_json_atomic(submitted_path(rundir), {"job_id": job_id, "ts": time.time()})
     return Submitted(rundir, job_id, argv)
@@ -95,16 +90,16 @@ def spec_payload(loaded: LoadedSpec, command: list[str] | None) -> str:
     return payload
 
 
-def _refused(rundir: RunDir, plan: Plan, message: str) -> None:
+def _refused(rundir: RunDir, plan: Plan, message: str, attempt_limit: int) -> None:
     """Nothing ran: result.json (START_FAILED) with Slurm's own words as the root cause."""
     now = time.time()
     hint = "check slurm.partition/account/qos/time/constraint/extra_args against `sinfo` and your associations"
     result = RunResult(plan.job, plan.run_id, str(rundir.path), JobState.START_FAILED, now, now,
                        failures=[Failure("scheduler", f"sbatch refused the job: {message}", now, hint=hint)])  # fmt: skip
-    with open(rundir.events_jsonl, "a") as f:
-        for event in ({"event": "job_started", "job": plan.job, "run_id": plan.run_id, "run_dir": str(rundir.path),
-                       "tasks": len(plan.nodes)},
-                      {"event": "job_finished", "state": result.state.value, "wall_time_s": 0.0,
-                       "run_dir": str(rundir.path), "root_cause": result.root_cause.to_dict() if result.root_cause else None}):  # fmt: skip
-            f.write(json.dumps({"ts": round(now, 3), **event}) + "\n")
-    write_json_atomic(rundir.result_json, result.to_dict())
+    bus = EventBus([EventFileSink(rundir.events_jsonl)])
+    try:
+        bus.emit("job_started", job=plan.job, run_id=plan.run_id, run_dir=str(rundir.path), tasks=len(plan.nodes),
+                 attempt_limit=attempt_limit)  # fmt: skip
+        record_result(rundir, result, bus)
+    finally:
+        bus.close()

@@ -19,9 +19,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from ..spec import ClusterSpec
-from .build import (
-    SCHEDULER_PLANS,
+from ...plan.build import (
     assign_tasks,
     job_dirs,
     node_env,
@@ -30,10 +28,11 @@ from .build import (
     tf_cluster,
     tf_config_of,
 )
-from .model import WORKER_ENTRY_MODULE, NodePlan, Plan
+from ...plan.model import WORKER_ENTRY_MODULE, NodePlan, Plan
+from ...runs.rundir import SLURM_DIR
+from ...spec import ClusterSpec
 
 BATCH_COMMAND = "slurm-batch"
-SLURM_DIR = "slurm"  # RUN/slurm/: the batch script, sbatch's output, srun's output per attempt
 
 
 def slurm_plan(spec: ClusterSpec, *, run_id: str, node_names: Sequence[str] | None = None) -> Plan:
@@ -196,5 +195,3 @@ def describe(plan: Plan) -> list[str]:
         + " (distinct where tasks share an address)",
     ]
 
-
-SCHEDULER_PLANS["slurm"] = slurm_plan

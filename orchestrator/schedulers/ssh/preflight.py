@@ -10,12 +10,11 @@ from typing import Any
 
 from worker_entry import protocol as p
 
-from ..backends import Backend, Connection, entry_failure
-from ..core.diagnostics import Diagnostic
-from ..core.errors import UsageError
-from ..core.text import table
-from ..plan import NodePlan, Plan
-from ..supervise import evaluate, failed
+from ...backends import Backend, Connection, entry_failure
+from ...core.diagnostics import Diagnostic
+from ...core.text import table
+from ...plan import NodePlan, Plan
+from ...supervise import evaluate, failed
 
 
 @dataclass
@@ -56,6 +55,9 @@ class PreflightReport:
             "findings": [f.to_dict() for f in self.findings],
         }
 
+    def text(self) -> str:
+        return preflight_text(self)
+
 
 def probe_config(node: NodePlan) -> dict[str, Any]:
     return {
@@ -89,13 +91,8 @@ def probe(conn: Connection, node: NodePlan, timeout: float = 60.0) -> tuple[p.No
 
 
 def run_preflight(spec: Any, plan: Plan, backend: Backend | None = None) -> PreflightReport:
-    if backend is None and plan.scheduler != "ssh":
-        raise UsageError(
-            f"preflight reaches hosts over SSH; with scheduler: {plan.scheduler} every task's facts are checked "
-            "when it starts, before the go (tfcluster launch)"
-        )
     if backend is None:
-        from ..backends.ssh import SshBackend
+        from ...backends.ssh import SshBackend
 
         backend = SshBackend()
     reports = {str(n.task): HostReport(str(n.task), n.ssh.label if n.ssh else n.host) for n in plan.nodes}

@@ -1,0 +1,111 @@
+"""Where a run's output goes while it runs: events (events.jsonl, console, metrics), lines (per-task
+logs, combined.log, console), heartbeats, status.json and the live table — wired once per run.
+
+A full disk never takes the job down (``WriteGuard``: one warning), and a terminal that goes away
+(SIGHUP) moves the console into RUN/launcher.log while the job goes on.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ..events import EventBus
+from ..plan import Plan
+from ..runs import RunDir
+from ..sinks import ConsoleSink, EventFileSink, HeartbeatFile, LogRouter, WriteGuard, use_color
+from ..sinks.status import StatusWriter
+from ..spec import ClusterSpec
+from .signals import Hangup
+
+
+class _ProfileTee:
+    """heartbeats.jsonl, and the latest profile record of each task to the metrics."""
+
+    def __init__(self, sink: Any, metrics: Any) -> None:
+        self.sink = sink
+        self.metrics = metrics
+
+    def write(self, task: str, record: dict[str, Any]) -> None:
+        self.sink.write(task, record)
+        if record.get("kind") == "profile":
+            self.metrics.profile(task, record)
+
+    def close(self) -> None:
+        self.sink.close()
+
+
+class RunOutputs:
+    def __init__(self, rundir: RunDir, plan: Plan, *, live: bool, echo_logs: bool) -> None:
+        self.plan = plan
+        self.live: Any = None
+        if live and echo_logs and use_color(sys.stdout) and sys.stdout.isatty():
+            from ..sinks.live import LiveTable
+
+            self.live = LiveTable(plan)
+        self.guard = WriteGuard()  # the run directory may fill up mid-run: one warning, the job goes on
+        self.bus = EventBus([EventFileSink(rundir.events_jsonl, self.guard), ConsoleSink()])
+        self.logs = LogRouter(rundir, echo=echo_logs, guard=self.guard)
+        if self.live is not None:
+            self.logs.console_hook = self.live.print_log
+        self.heartbeats: Any = HeartbeatFile(rundir.heartbeats_jsonl, self.guard)
+        self.status_file = StatusWriter(rundir, plan.job, plan.run_id, self.live)
+        self.hangup = Hangup(rundir.launcher_log)
+        self.metrics: Any = None
+        self.metrics_server: Any = None
+
+    def start_metrics(self, spec: ClusterSpec, port: int | None) -> dict[str, Any]:
+        """Serve Prometheus metrics while the job runs (when asked); what launcher.json records."""
+        port = port if port is not None else spec.metrics.port
+        if port is None:
+            return {}
+        from ..sinks.metrics import JobMetrics, MetricsServer
+
+        self.metrics = JobMetrics(self.plan.job, self.plan.run_id)
+        try:
+            self.metrics_server = MetricsServer(self.metrics, spec.metrics.address, port)
+        except OSError as exc:
+            self.metrics = None
+            self.bus.emit("warning", message=f"cannot serve metrics on {spec.metrics.address}:{port}: {exc}")
+            return {}
+        self.bus.subscribe(self.metrics)
+        self.heartbeats = _ProfileTee(self.heartbeats, self.metrics)
+        self.bus.emit("metrics", url=self.metrics_server.url)
+        return {"metrics_url": self.metrics_server.url}
+
+    def status(self, status: dict[str, Any]) -> None:
+        """Every second, from the supervisor's loop: the live status, and a hangup acted on."""
+        if self.hangup.count > self.hangup.handled:
+            self.hangup.handled = self.hangup.count
+            self.stop_live()
+            self.live = self.status_file.live = self.logs.console_hook = None
+            self.logs.color = False
+            for sink in self.bus.sinks:
+                if isinstance(sink, ConsoleSink):
+                    sink.color = False
+            self.bus.emit(
+                "detached",
+                message=f"the terminal went away (SIGHUP): the job goes on; output in {self.hangup.log}",
+                log=str(self.hangup.log),
+            )
+        if self.metrics is not None:
+            self.metrics.update(status)
+        self.status_file(status)
+
+    def start_live(self) -> None:
+        if self.live is not None:
+            self.live.start()
+
+    def stop_live(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def close_files(self) -> None:
+        """Every line and sample on disk (before result.json says the run is over: ``logs -f``)."""
+        self.logs.close()
+        self.heartbeats.close()
+
+    def close(self) -> None:
+        self.stop_live()
+        if self.metrics_server is not None:
+            self.metrics_server.close()

@@ -1,0 +1,115 @@
+"""What moves files at the boundaries of attempts: the hand-over at each attempt's end (complete logs;
+after the run's last attempt the chief's checkpoint), the backup sync before a restart, and the gather
+summary in result.json.
+
+Which kind a job gets is decided once, from the backend (``Backend.transfers``): nodes reachable for
+helper commands get ``ChannelTransfers``; nodes out of reach (pods: every line came through the API,
+checkpoints live on the volume) get ``NoTransfers``, which only closes the attempt's channels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..transfer.state import GatherState, Totals
+
+if TYPE_CHECKING:
+    from ..supervise import Supervisor
+    from .context import RunContext
+
+
+class Transfers(Protocol):
+    def after_attempt(self, sup: Supervisor, attempt: int, *, final: bool) -> None: ...
+
+    def before_restart(self) -> None: ...
+
+    def summarize(self) -> None: ...
+
+
+class NoTransfers:
+    def __init__(self, job: RunContext) -> None:
+        self.job = job
+
+    def after_attempt(self, sup: Supervisor, attempt: int, *, final: bool) -> None:
+        for s in sup.sessions.values():
+            s.close()
+
+    def before_restart(self) -> None:
+        return None
+
+    def summarize(self) -> None:
+        return None
+
+
+class ChannelTransfers:
+    """Over the tasks' own channels and the backend's connections; what every attempt brought back is
+    merged into result.json's ``gather``."""
+
+    def __init__(self, job: RunContext) -> None:
+        self.job = job
+        self.state = GatherState.load(job.rundir.gather_state_json)
+        self.totals = Totals()
+        self.logs: dict[str, str] = {}
+        self.checkpoints: dict[str, Any] | None = None
+        self.attempts = 0
+
+    def after_attempt(self, sup: Supervisor, attempt: int, *, final: bool) -> None:
+        """Complete this attempt's logs, and after the final attempt bring the chief's checkpoint
+        (Ctrl-C now: stop after the current file; twice: abort)."""
+        from ..transfer.handover import hand_over
+
+        job = self.job
+        fetch = job.opts.gather
+        self.attempts = attempt + 1
+        if final:
+            job.stop_live()  # the gather's progress bar and the summary print below it
+            if fetch:
+                job.bus.emit("gather_started", attempts=attempt + 1)
+        job.logs.flush()
+        base = job.interrupt.count
+        done = hand_over(
+            list(sup.sessions.values()),
+            job.rundir,
+            job.bus,
+            self.state,
+            job.logs.write,
+            attempt=attempt,
+            fetch=fetch,
+            checkpoint=final and fetch and job.spec.checkpoint.gather,
+            stop=lambda: job.interrupt.count - base,
+        )
+        self.totals.merge(done.totals)
+        self.logs.update(done.logs)
+        self.checkpoints = done.checkpoints or self.checkpoints
+        if done.totals.interrupted:
+            job.result.gather_interrupted = job.interrupt.signum
+
+    def before_restart(self) -> None:
+        """Every task must restore from the chief's backup; copy it where storage is not shared."""
+        from ..transfer import sync_backup
+
+        job = self.job
+        found = {str(n.task): job.backend.connection(str(n.task)) for n in job.plan.nodes}
+        try:
+            sync_backup(job.plan, {t: c for t, c in found.items() if c is not None}, job.bus)
+        except Exception as exc:  # the restart still happens; Keras then starts those tasks from scratch
+            job.bus.emit("warning", message=f"could not copy the chief's backup to the other tasks: {exc}")
+
+    def summarize(self) -> None:
+        from ..transfer.gather import summarize
+
+        job = self.job
+        if not job.opts.gather or not self.attempts:
+            return
+        with contextlib.suppress(OSError):
+            self.state.save()
+        job.result.gather = summarize(self.totals, self.logs, self.checkpoints, job.rundir, job.bus)
+        if self.totals.errors:
+            job.result.gather_error = "; ".join(self.totals.errors[:5])
+
+
+def transfers_for(job: RunContext) -> Transfers:
+    make: Callable[[RunContext], Transfers] = ChannelTransfers if job.backend.transfers else NoTransfers
+    return make(job)
