@@ -14,6 +14,7 @@ from .exitcodes import EXIT_OK, exit_code_for_sweep
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    """`tfcluster report RUN`: why a run does (not) scale, from its run directory alone (text, --json, --html)."""
     from ..runs import resolve_run
     from ..views.logs import parse_duration
     from ..views.report import build_report, report_text
@@ -35,6 +36,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
+    """`tfcluster scale SPEC`: one bounded launch per size, then the sweep measured and compared (scale.json,
+    page, PNGs); the exit code is the first size that did not succeed."""
     from ..job.scale import SizeRun, SweepOptions, parse_sizes, run_sweep
     from ..runs import write_json_atomic
     from ..schedulers import scheduler_for

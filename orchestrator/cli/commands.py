@@ -24,6 +24,7 @@ def version() -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """`tfcluster validate SPEC...`: every problem of every spec at once, as FILE:LINE: field: message."""
     from ..spec import load_spec
 
     results = []
@@ -78,6 +79,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
+    """`tfcluster schema`: the JSON Schema of a cluster spec (for editors)."""
     from ..spec import ClusterSpec
 
     print(json.dumps(ClusterSpec.model_json_schema(), indent=2))
@@ -169,6 +171,8 @@ def _run_and_handle(args: argparse.Namespace, wait: bool = False) -> tuple[Any, 
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    """`tfcluster logs RUN`: the run's combined lines, filtered; --follow until the run ends or its
+    supervisor is gone (its scheduler's handle says which)."""
     from ..views.logs import LogQuery, show_logs
 
     run, handle = _run_and_handle(args, wait=args.follow)
@@ -180,6 +184,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """`tfcluster status RUN`: the run's state and every task's figures, with its scheduler's view."""
     from ..views.control import job_status, status_text
 
     run, handle = _run_and_handle(args)
@@ -189,6 +194,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    """`tfcluster stop RUN`: the run's own clean teardown, through its scheduler's handle."""
     from ..views.control import stop_job
 
     run, handle = _run_and_handle(args)
@@ -197,6 +203,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_gather(args: argparse.Namespace) -> int:
+    """`tfcluster gather RUN`: finish or redo a run's gather (where its scheduler can reach the nodes)."""
     from ..runs import resolve_run
     from ..schedulers import scheduler_of
 
@@ -206,6 +213,7 @@ def cmd_gather(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
+    """`tfcluster preflight SPEC`: every check on every host before a launch (where the scheduler allows)."""
     from ..schedulers import load_plan, scheduler_for
 
     loaded, plan = load_plan(args.spec)
@@ -226,6 +234,7 @@ def cmd_slurm_batch(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """`tfcluster demo`: a throwaway test bed and a real 3-worker MWMS training on it."""
     from .demo import run_demo
 
     return run_demo(hosts=args.hosts, mode=args.mode, epochs=args.epochs, run_dir=args.run_dir)

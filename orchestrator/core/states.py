@@ -26,10 +26,23 @@ class TaskState(str, enum.Enum):
     def is_alive(self) -> bool:
         return self in (TaskState.STARTING, TaskState.READY, TaskState.RUNNING, TaskState.STOPPING)
 
+    def can_become(self, new: TaskState) -> bool:
+        """The one table of task transitions (``TaskSession.become`` enforces it)."""
+        return new in _TASK_NEXT[self]
+
 
 _TERMINAL_TASK = frozenset(
     {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED, TaskState.LOST, TaskState.NOT_STARTED}
 )
+#: What each task state may become: a task moves forward only, and a terminal state is final.
+_TASK_NEXT: dict[TaskState, frozenset[TaskState]] = {
+    TaskState.PENDING: frozenset({TaskState.STARTING, TaskState.NOT_STARTED}),  # channel up / never started
+    TaskState.STARTING: frozenset({TaskState.READY, TaskState.STOPPING}) | _TERMINAL_TASK,  # hello
+    TaskState.READY: frozenset({TaskState.RUNNING, TaskState.STOPPING}) | _TERMINAL_TASK,  # spawned after the go
+    TaskState.RUNNING: frozenset({TaskState.STOPPING}) | _TERMINAL_TASK,
+    TaskState.STOPPING: _TERMINAL_TASK,
+    **{t: frozenset() for t in _TERMINAL_TASK},
+}
 
 
 class JobState(str, enum.Enum):

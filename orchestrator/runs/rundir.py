@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,12 +154,15 @@ def write_private(path: Path, text: str, mode: int = 0o600) -> None:
     os.chmod(path, mode)
 
 
-def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
-    """``path`` holds ``data`` whole or is left as it was; private (0600) like the run directory."""
+def write_bytes_atomic(path: Path, data: bytes | Iterable[bytes], *, durable: bool = True) -> None:
+    """``path`` holds ``data`` (bytes, or chunks streamed from a large file) whole, or is left as it
+    was: a temp file in the same directory, renamed over it. Private (0600) like the run directory.
+    The one atomic writer of the launcher: JSON records, pages, PNGs, a log completed from its node."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for chunk in [data] if isinstance(data, bytes | bytearray) else data:
+                f.write(chunk)
             if durable:
                 f.flush()
                 os.fsync(f.fileno())

@@ -5,7 +5,7 @@ from .console import ConsoleSink, describe
 from .files import EventFileSink, HeartbeatFile
 from .guard import GuardedFile, WriteGuard
 from .logs import LogRouter
-from .style import PALETTE, iso, use_color
+from .style import PALETTE, use_color
 
 __all__ = [
     "PALETTE",
@@ -16,6 +16,5 @@ __all__ = [
     "LogRouter",
     "WriteGuard",
     "describe",
-    "iso",
     "use_color",
 ]

@@ -6,9 +6,9 @@ import sys
 import time
 from typing import IO, Any
 
-from ..runs import RunDir
+from ..runs import RunDir, logline
 from .guard import GuardedFile, WriteGuard
-from .style import PALETTE, iso, use_color
+from .style import PALETTE, use_color
 
 
 class LogRouter:
@@ -47,7 +47,7 @@ class LogRouter:
         self.files = {}
         for i, (task, slug, host) in enumerate(tasks):
             self.files[task] = GuardedFile(self.rundir.task_log(slug, attempt), "ab", self.guard)
-            tag = f"[{task} {host}] "
+            tag = logline.tag(task, host)
             self.prefix[task] = tag.encode()
             color = PALETTE[i % len(PALETTE)]
             self.console_prefix[task] = (f"\x1b[{color}m{tag}\x1b[0m" if self.color else tag).encode()
@@ -64,8 +64,7 @@ class LogRouter:
             f.write(data)
         self.lines_written[task] = self.lines_written.get(task, 0) + data.count(b"\n")
         body = data[:-1] if data.endswith(b"\n") else data
-        stamp = (iso(ts or time.time()) + " ").encode()
-        tag = stamp + self.prefix.get(task, f"[{task}] ".encode())
+        tag = logline.stamp(ts or time.time()) + self.prefix.get(task, f"[{task}] ".encode())
         self.combined.write(tag + body.replace(b"\n", b"\n" + tag) + b"\n")
         if self.echo:
             ctag = self.console_prefix.get(task, tag)
@@ -81,7 +80,7 @@ class LogRouter:
 
     def note(self, text: str) -> None:
         """A launcher line in combined.log (attempt boundaries)."""
-        self.combined.write(f"{iso(time.time())} [tfcluster] {text}\n".encode())
+        self.combined.write(logline.note_line(time.time(), text))
         self._dirty = True
 
     def flush(self) -> None:

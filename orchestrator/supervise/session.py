@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,12 +71,17 @@ _ALLOWED: dict[TaskState, frozenset[str]] = {
 }
 
 
+class InvalidTransition(RuntimeError):
+    """A task state change the table (``TaskState.can_become``) does not allow: a bug in the launcher."""
+
+
 class TaskSession:
     """The live task; its ``node`` (NodePlan) is the blueprint."""
 
-    def __init__(self, node: NodePlan, attempt: int = 0) -> None:
+    def __init__(self, node: NodePlan, attempt: int = 0, on_terminal: Callable[[str], None] | None = None) -> None:
         self.node = node
         self.attempt = attempt
+        self.on_terminal = on_terminal  # told once, when the task reaches a terminal state
         self.task = str(node.task)
         self.host = node.host
         self.state = TaskState.PENDING
@@ -104,10 +110,21 @@ class TaskSession:
 
     # --- channel --------------------------------------------------------------------------------
 
+    def become(self, new: TaskState) -> None:
+        """Every state change goes through here: checked against the one table, and a terminal state
+        is reported once (the monitor stops watching the task)."""
+        if new == self.state:
+            return
+        if not self.state.can_become(new):
+            raise InvalidTransition(f"{self.task}: {self.state.value} -> {new.value}")
+        self.state = new
+        if new.is_terminal and self.on_terminal is not None:
+            self.on_terminal(self.task)
+
     def attach(self, channel: Channel) -> None:
         self.channel = channel
         self.config_sent_at = time.time()
-        self.state = TaskState.STARTING
+        self.become(TaskState.STARTING)
 
     def send(self, command: p.Message) -> bool:
         """Send a command; False when the channel is gone (its EOF tells the rest)."""
@@ -199,13 +216,13 @@ class TaskSession:
                 self.skew_s = msg.facts.time - (self.config_sent_at + time.time()) / 2
             self.pid = msg.pid
             if self.state == TaskState.STARTING:
-                self.state = TaskState.READY
+                self.become(TaskState.READY)
         elif isinstance(msg, p.Spawned):
             if not self.go_sent or self.facts is None or self.spawned:
                 raise p.ProtocolError("out of order: 'spawned' before the go, or twice")
             self.spawned = True
             self.pid = msg.pid
-            self.state = TaskState.STOPPING if self.stop_sent else TaskState.RUNNING
+            self.become(TaskState.STOPPING if self.stop_sent else TaskState.RUNNING)
         elif isinstance(msg, p.Started):
             if self.started_how is not None:
                 raise p.ProtocolError("out of order: 'started' twice")
@@ -229,13 +246,13 @@ class TaskSession:
     def finish(self, exited: p.Exited, job_stopping: bool) -> TaskState:
         """The terminal state an ``exited`` message means."""
         if exited.not_started:
-            self.state = TaskState.NOT_STARTED
+            self.become(TaskState.NOT_STARTED)
         elif exited.code == 0:
-            self.state = TaskState.SUCCEEDED
+            self.become(TaskState.SUCCEEDED)
         elif self.stop_sent or (exited.stopped and job_stopping):
-            self.state = TaskState.STOPPED
+            self.become(TaskState.STOPPED)
         else:
-            self.state = TaskState.FAILED
+            self.become(TaskState.FAILED)
         return self.state
 
     def _update_rates(self, prog: p.Progress) -> None:

@@ -61,7 +61,8 @@ class Supervisor:
         self.on_status = on_status
         self.clock = clock
         self.policy = Policy.from_spec(spec)
-        self.sessions = {str(n.task): TaskSession(n, attempt) for n in plan.nodes}
+        self.monitor = Monitor([str(n.task) for n in plan.nodes], self.policy, clock())
+        self.sessions = {str(n.task): TaskSession(n, attempt, self.monitor.on_terminal) for n in plan.nodes}
         self.q: queue.Queue = queue.Queue(maxsize=QUEUE_ITEMS)
         self.pump = ChannelPump(self.q)
         self.failures: list[Failure] = []
@@ -71,7 +72,6 @@ class Supervisor:
         self.interrupted_by: int | None = None
         self.went_at: float | None = None
         self.started_ts = time.time()
-        self.monitor = Monitor(list(self.sessions), self.policy, clock())
         self._handled_interrupts = 0
         self.bound = BoundWatch(bound, spec.job.startup_timeout_s) if bound is not None and bound.active else None
         self.bound_reached: str | None = None
@@ -79,6 +79,9 @@ class Supervisor:
     # --- the loop ----------------------------------------------------------------------------
 
     def run(self) -> AttemptResult:
+        """One attempt, owned from its start to its end: start every task, decide (go, verdicts, teardown)
+        on every input until each task is terminal, and return the attempt's result — failures as data,
+        the first one its root cause. Channels of tasks that ended cleanly stay open for the hand-over."""
         self.pump.start()
         self.bus.emit("attempt_started", attempt=self.attempt)
         starts = [(n, n.node_config(self.attempt)) for n in self.plan.nodes]
@@ -167,8 +170,7 @@ class Supervisor:
         if item.channel is None:
             if s.channel is not None or s.state.is_terminal:
                 return  # it is up already (or given up on): a late error of the launcher is moot
-            s.state = TaskState.NOT_STARTED
-            self.monitor.on_terminal(s.task)
+            s.become(TaskState.NOT_STARTED)
             self._fail(self._failure("spawn", f"cannot start worker_entry: {item.error}", s, last_lines=()))
             return
         if s.state.is_terminal:  # abandoned while it was starting
@@ -208,7 +210,6 @@ class Supervisor:
 
     def _on_exited(self, s: TaskSession, m: p.Exited) -> None:
         state = s.finish(m, job_stopping=self.stopping_reason is not None)
-        self.monitor.on_terminal(s.task)
         self.bus.emit(
             "task_exited",
             task=s.task,
@@ -238,15 +239,14 @@ class Supervisor:
                 break
             time.sleep(0.01)
             status = s.channel.exit_status() if s.channel else None
-        self.monitor.on_terminal(s.task)
         if self.stopping_reason and s.stop_sent:
-            s.state = TaskState.STOPPED
+            s.become(TaskState.STOPPED)
             self.bus.emit(
                 "task_exited", task=s.task, host=s.host, code=None, signal=None, stopped=True,
                 reason="channel closed during teardown",
             )  # fmt: skip
             return
-        s.state = TaskState.LOST
+        s.become(TaskState.LOST)
         diag = entry_failure(status, s.diag_text, s.node.argv[0], synced=s.decoder.synced)
         msg = diag.message if diag else f"connection closed without an exit status (channel status {status})"
         self.bus.emit("task_lost", task=s.task, host=s.host, message=msg, status=status)
@@ -263,8 +263,7 @@ class Supervisor:
         self.pump.remove(s.task)
         s.close()
         if was_alive:
-            s.state = TaskState.FAILED
-            self.monitor.on_terminal(s.task)
+            s.become(TaskState.FAILED)
         self._fail(self._failure("protocol", msg, s, hint=PROTOCOL_HINT))
 
     # --- decisions ---------------------------------------------------------------------------
@@ -301,8 +300,7 @@ class Supervisor:
             # Silent past the timeout: waiting for its exit status would only delay the teardown.
             # Its worker_entry stops the task by itself when our pings stop reaching it.
             s.close()
-            s.state = TaskState.LOST
-            self.monitor.on_terminal(s.task)
+            s.become(TaskState.LOST)
         if v.fatal:
             self._fail(self._failure(v.kind, v.message, s))
 
@@ -344,12 +342,11 @@ class Supervisor:
             self.bus.emit("teardown", reason=reason, grace_s=grace, bounded=bounded)
         for s in self.sessions.values():
             if s.state == TaskState.PENDING:  # its backend start is still under way: never let it run
-                s.state = TaskState.NOT_STARTED
-                self.monitor.on_terminal(s.task)
+                s.become(TaskState.NOT_STARTED)
             elif s.state.is_alive and (not s.stop_sent or grace == 0):
                 s.stop_sent = True
                 if s.state in (TaskState.RUNNING, TaskState.READY, TaskState.STARTING):
-                    s.state = TaskState.STOPPING
+                    s.become(TaskState.STOPPING)
                 s.send(p.Stop(grace_s=grace, reason=reason, signal=int(signum)))
         deadline = self.clock() + grace + TEARDOWN_MARGIN_S
         self.teardown_deadline = min(self.teardown_deadline or deadline, deadline)
@@ -365,8 +362,7 @@ class Supervisor:
         if s.state.is_terminal:
             return
         s.close()
-        s.state = TaskState.LOST if not s.stop_sent else TaskState.STOPPED
-        self.monitor.on_terminal(s.task)
+        s.become(TaskState.LOST if not s.stop_sent else TaskState.STOPPED)
         self.bus.emit("task_exited", task=s.task, host=s.host, code=None, signal=None, stopped=True, reason=reason)
 
     def _check_interrupt(self) -> None:

@@ -6,8 +6,6 @@ files are recorded in RUN/gather-state.json (with the node's size and mtime) and
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,7 +16,7 @@ from worker_entry import protocol as p
 from ..backends import Connection
 from ..events import EventBus
 from ..plan import NodePlan, Plan
-from ..runs import RunDir
+from ..runs import RunDir, write_bytes_atomic
 from .fetch import StopCheck, fetch, items_of, list_files
 from .state import GatherState, Item, Progress, Totals, check_space
 
@@ -39,7 +37,7 @@ def gather_after_run(
     from what arrived live (then the node's copy completes RUN/logs/).
     """
     bus.emit("gather_started", attempts=attempts)
-    state = GatherState.load(rundir.path / "gather-state.json")
+    state = GatherState.load(rundir.gather_state_json)
     totals = Totals()
     reachable = []
     for node in plan.nodes:
@@ -172,15 +170,8 @@ def complete_live_log(rundir: RunDir, node: NodePlan, attempt: int, dest: Path, 
     live_size = live.stat().st_size if live.is_file() else 0
     node_size = node_log.stat().st_size
     if node_size > live_size:
-        tmp = live.with_name(live.name + ".tmp")
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        with open(node_log, "rb") as src, open(tmp, "wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-            dst.flush()
-            os.fsync(dst.fileno())
-        os.replace(tmp, live)
+        with open(node_log, "rb") as src:
+            write_bytes_atomic(live, iter(lambda: src.read(1 << 20), b""))
         bus.emit(
             "warning",
             task=str(node.task),

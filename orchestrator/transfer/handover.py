@@ -2,23 +2,20 @@
 
 When a task ends its node sends ``task_files`` (its task directory, the size of the log it wrote, the
 chief's checkpoint listing) and keeps the channel open. Here, per task and in parallel: the log is
-fetched only if bytes are missing from what arrived live, ``exit.json`` is written from the node's
-``exited`` message, the chief's checkpoint is fetched on the same channel (after checking free
-space), and ``bye`` lets the node exit. A job whose output all arrived live costs no new SSH channel.
+fetched only if bytes are missing from what arrived live (with the node's ``exit.json``: the task's
+exit status itself is in result.json, from the node's ``exited`` message), the chief's checkpoint is
+fetched on the same channel (after checking free space), and ``bye`` lets the node exit. A job whose output all arrived live costs no new SSH channel.
 A lost host is not waited for: its logs stay on the node for ``tfcluster gather RUN``.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import select
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from worker_entry import protocol as p
@@ -55,7 +52,7 @@ def hand_over(
     checkpoint: bool,
     stop: StopCheck,
 ) -> HandOver:
-    """``fetch``: complete logs and write exit.json; ``checkpoint``: also the chief's checkpoint."""
+    """``fetch``: complete logs; ``checkpoint``: also the chief's checkpoint."""
     result = HandOver()
     lock = threading.Lock()
 
@@ -112,15 +109,15 @@ def _one(
     if not fetch:
         return None
     node_dir = rundir.gather_dir / s.node.task.slug / f"attempt-{attempt}"
-    node_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    _write_exit(node_dir / "exit.json", s.exit, files.log_bytes)
     live = rundir.task_log(s.node.task.slug, attempt)
     live_size = live.stat().st_size if live.is_file() else 0
     if files.log_bytes is not None and files.log_bytes <= live_size:
         logs[key] = f"complete: all {live_size} bytes arrived live"
     elif files.log_bytes is not None:
         logs[key] = f"completed from the node: {files.log_bytes - live_size} bytes missed live"
-        items = [it for it in items_of(files.task_dir, node_dir, totals) if it.rel == "output.log"]
+        node_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # the node's own record of the task's end comes along (the launcher has it from `exited`)
+        items = [it for it in items_of(files.task_dir, node_dir, totals) if it.rel in ("output.log", "exit.json")]
         if fetch_over(s.channel, s.decoder, files.task_dir.root, items, state, totals, Progress(0, False),
                       _frames_to(s, output), stop):  # fmt: skip
             complete_live_log(rundir, s.node, attempt, node_dir, bus)
@@ -181,11 +178,3 @@ def _frames_to(s: TaskSession, output: Callable[[str, bytes], None]) -> Callable
     return lambda fr: output(s.task, fr.payload)
 
 
-def _write_exit(path: Path, exited: p.Exited | None, log_bytes: int | None) -> None:
-    data = {**(exited.to_dict() if exited else {}), "log_bytes": log_bytes}
-    data.pop("type", None)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)

@@ -7,16 +7,16 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import IO
 
 from ..core.errors import UsageError
 from ..plan import TaskId
 from ..runs import RunDir
+from ..runs.logline import parse_line
+from ..runs.tail import Tail
 from ..sinks import PALETTE, use_color
 from .handle import RunHandle
 
-LINE_RE = re.compile(r"^(\S+) \[([^\]]*)\] ?(.*)$", re.DOTALL)
 DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
 UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 POLL_S = 0.2
@@ -27,13 +27,6 @@ def parse_duration(text: str, option: str = "--since") -> float:
     if not m:
         raise UsageError(f"{option} {text!r}: expected a duration like 30s, 5m, 2h or 1d")
     return float(m.group(1)) * UNITS[m.group(2)]
-
-
-def _parse_ts(text: str) -> float | None:
-    try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -63,28 +56,25 @@ class LogQuery:
 
     def render(self, line: str, color: bool) -> str | None:
         """The line as shown, or None when filtered out."""
-        m = LINE_RE.match(line)
-        if not m:
+        parsed = parse_line(line)
+        if parsed is None:
             return line if not (self.tasks or self.pattern) else None
-        ts_text, tag, body = m.groups()
-        task = tag.split(" ", 1)[0]
-        is_note = task == "tfcluster"
-        if self.tasks and not is_note and task not in self.tasks:
+        if self.tasks and not parsed.is_note and parsed.task not in self.tasks:
             return None
-        if self.pattern and not self.pattern.search(body):
+        if self.pattern and not self.pattern.search(parsed.body):
             return None
         if self.since_ts is not None:
-            ts = _parse_ts(ts_text)
+            ts = parsed.ts
             if ts is not None and ts < self.since_ts:
                 return None
         if self.raw:
-            return body
-        prefix = f"[{tag}]"
-        if color and not is_note:
-            idx = _task_color_index(task)
+            return parsed.body
+        prefix = f"[{parsed.tag}]"
+        if color and not parsed.is_note:
+            idx = _task_color_index(parsed.task)
             prefix = f"\x1b[{PALETTE[idx % len(PALETTE)]}m{prefix}\x1b[0m"
-        out = f"{prefix} {body}"
-        return f"{ts_text} {out}" if self.timestamps else out
+        out = f"{prefix} {parsed.body}"
+        return f"{parsed.ts_text} {out}" if self.timestamps else out
 
 
 def _task_color_index(task: str) -> int:
@@ -101,39 +91,29 @@ def show_logs(
     out = out or sys.stdout
     alive = alive or RunHandle(run).alive
     color = use_color(out)
-    path = run.combined_log
-    pos = 0
-    partial = b""
-    waited_for_file = False
+    tail = Tail(run.combined_log)
+
+    def show(raw: bytes) -> None:
+        shown = query.render(raw.decode("utf-8", "replace"), color)
+        if shown is not None:
+            out.write(shown + "\n")
+
     while True:
         finished_before_read = run.is_finished()
-        chunk = b""
-        if path.exists():
-            with open(path, "rb") as f:
-                f.seek(pos)
-                chunk = f.read()
-                pos += len(chunk)
-        elif follow and not waited_for_file:
-            waited_for_file = True
-        if chunk:
-            data = partial + chunk
-            lines = data.split(b"\n")
-            partial = lines.pop()
-            for raw in lines:
-                shown = query.render(raw.decode("utf-8", "replace"), color)
-                if shown is not None:
-                    out.write(shown + "\n")
-            out.flush()
+        got = False
+        for raw in tail.lines():
+            got = True
+            show(raw)
+        out.flush()
         if not follow:
             break
-        if finished_before_read and not chunk:
+        if finished_before_read and not got:
             break  # the launcher wrote result.json before our last read: nothing more will come
-        if not chunk and not alive() and not run.is_finished():
+        if not got and not alive() and not run.is_finished():
             print("tfcluster: the launcher of this run is gone (no result.json); stopped following", file=sys.stderr)
             break
         time.sleep(POLL_S)
-    if partial:
-        shown = query.render(partial.decode("utf-8", "replace"), color)
-        if shown is not None:
-            out.write(shown + "\n")
-            out.flush()
+    rest = tail.rest()
+    if rest:
+        show(rest)
+        out.flush()

@@ -85,7 +85,7 @@ def sweep_page(summary: Mapping[str, Any], text: str, root: Path) -> tuple[Path,
     by_size = {f"{s['workers']} workers": split_parts(s["split"]) for s in sizes if s.get("split")}
     if by_size:
         images.append(("Where a step goes at each size (ms, the median worker)", plots.time_split(by_size, root / "split_by_size.png", title="Step split per size")))
-    largest = max((s for s in sizes if s.get("run_dir") and Path(s["run_dir"], "plan.json").exists()), key=lambda s: s["workers"], default=None)
+    largest = max((s for s in sizes if s.get("run_dir") and RunDir(Path(s["run_dir"])).plan_json.exists()), key=lambda s: s["workers"], default=None)
     if largest is not None:
         run = RunDir(Path(largest["run_dir"]))
         marks = [(float(e["ts"]), str(e.get("task"))) for e in event_records(run.events_jsonl) if e["event"] == "straggler"]

@@ -205,7 +205,7 @@ def sweep_summary(runs: Sequence[Mapping[str, Any]], strong: bool) -> dict[str, 
     """scale.json: every size as ran and measured, the comparison and the advice."""
     sizes = []
     for r in runs:
-        m = measure_size(r["run_dir"], r["workers"]) if Path(r["run_dir"], "plan.json").exists() else {"workers": r["workers"]}
+        m = measure_size(r["run_dir"], r["workers"]) if RunDir(Path(r["run_dir"])).plan_json.exists() else {"workers": r["workers"]}
         sizes.append({**m, "state": r["state"], "wall_s": r.get("wall_s"), "root_cause": r.get("root_cause")})
     cmp = compare(sizes, strong)
     return {"mode": "strong" if strong else "weak", **cmp, "sizes": sizes, "advice": advise(sizes)}

@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import IO, Any
 
 from ...events import Event
 from ...plan import Plan
 from ...runs import RunDir
+from ...runs.tail import Tail
 from ...sinks import ConsoleSink, use_color
 from ...views.logs import LogQuery
 from . import commands as sc
@@ -29,27 +29,6 @@ from .handle import cancel, current_job, finalize, job_info
 POLL_S = 0.2
 SLURM_POLL_S = 1.0
 JOB_END_WAIT_S = 20.0  # after result.json: how long to wait for Slurm to end the job
-MAX_CHUNK = 4 << 20
-
-
-class Tail:
-    """New complete lines of a growing file (which may not exist yet)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.pos = 0
-        self.partial = b""
-
-    def lines(self) -> Iterator[bytes]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.pos)
-                chunk = f.read(MAX_CHUNK)
-        except OSError:
-            return
-        self.pos += len(chunk)
-        *done, self.partial = (self.partial + chunk).split(b"\n")
-        yield from done
 
 
 class Follower:

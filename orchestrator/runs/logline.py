@@ -1,0 +1,63 @@
+"""combined.log's line format, written by the launcher's log router and read by ``tfcluster logs``, the
+Slurm follower and the reports: ``<UTC time> [<task> <host>] <line>``, or ``<UTC time> [tfcluster] <note>``
+for the launcher's own notes (attempt boundaries). One codec, so the two sides cannot drift apart."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+NOTE = "tfcluster"  # the tag of the launcher's own lines
+_LINE = re.compile(r"^(\S+) \[([^\]]*)\] ?(.*)$", re.DOTALL)
+_TS_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def iso(ts: float) -> str:
+    """A Unix time as combined.log writes it: UTC, milliseconds, ``Z``."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def parse_iso(text: str) -> float | None:
+    try:
+        return datetime.strptime(text, _TS_FORMAT).replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def tag(task: str, host: str) -> str:
+    """``[task host] `` — what every line of a task carries, in combined.log and on the console."""
+    return f"[{task} {host}] "
+
+
+def stamp(ts: float) -> bytes:
+    return (iso(ts) + " ").encode()
+
+
+def note_line(ts: float, text: str) -> bytes:
+    return f"{iso(ts)} [{NOTE}] {text}\n".encode()
+
+
+@dataclass(frozen=True)
+class LogLine:
+    ts_text: str
+    tag: str  # "worker:1 10.0.0.2", or "tfcluster"
+    body: str
+
+    @property
+    def task(self) -> str:
+        return self.tag.split(" ", 1)[0]
+
+    @property
+    def is_note(self) -> bool:
+        return self.task == NOTE
+
+    @property
+    def ts(self) -> float | None:
+        return parse_iso(self.ts_text)
+
+
+def parse_line(text: str) -> LogLine | None:
+    """A combined.log line (without its newline); None for anything else (a foreign or torn line)."""
+    m = _LINE.match(text)
+    return LogLine(*m.groups()) if m else None
