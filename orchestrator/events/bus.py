@@ -7,45 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-#: Every event kind, documented in docs/events.md.
-EVENT_KINDS = frozenset(
-    {
-        "job_started",
-        "metrics",
-        "connected",
-        "connect_failed",
-        "preflight",
-        "attempt_started",
-        "task_ready",
-        "task_spawned",
-        "task_started",
-        "task_exited",
-        "task_lost",
-        "protocol_error",
-        "worker_lost",
-        "worker_hung",
-        "job_stalled",
-        "startup_timeout",
-        "straggler",
-        "straggler_cleared",
-        "worker_slowing",
-        "heterogeneous_gpus",
-        "shell_noise",
-        "bound_reached",
-        "teardown",
-        "interrupted",
-        "detached",
-        "restart",
-        "attempt_finished",
-        "gather_started",
-        "gather_finished",
-        "gather_failed",
-        "job_finished",
-        "warning",
-        "slurm_allocation",
-        "requeued",
-    }
-)
+from .kinds import EVENT_KINDS
 
 
 @dataclass(frozen=True)

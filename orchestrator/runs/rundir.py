@@ -178,14 +178,15 @@ def _job_of(plan: Path) -> str | None:
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a .jsonl file; a torn or foreign line (a crash mid-write) is skipped."""
+    """The JSON objects of a .jsonl file; a torn or foreign line (a crash mid-write, or nesting too deep
+    for the parser) is skipped."""
     if not path.exists():
         return
     with open(path, errors="replace") as f:
         for line in f:
             try:
                 rec = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(rec, dict):
                 yield rec
