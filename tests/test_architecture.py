@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.cli.exitcodes import STATE_EXIT_CODES
 from orchestrator.core.states import JobState
-from orchestrator.events.bus import EVENT_KINDS
+from orchestrator.events import EVENT_KINDS
 from worker_entry import protocol
 
 ROOT = Path(__file__).resolve().parent.parent

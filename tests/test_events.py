@@ -1,9 +1,11 @@
 """Typed events: every kind survives events.jsonl (to_dict → JSON → from_dict), a damaged record is refused
-naming its field, and the reader skips what it cannot trust."""
+naming its field, the reader skips what it cannot trust, the console renders every kind, and the bus
+builds the transitional string form strictly."""
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import types
@@ -16,11 +18,14 @@ from orchestrator.events import (
     EVENT_KINDS,
     EVENT_TYPES,
     BaseEvent,
+    Event,
+    EventBus,
     event_from_dict,
     parse_events,
     read_events,
 )
 from orchestrator.events import kinds as k
+from orchestrator.sinks import ConsoleSink, EventFileSink, describe
 
 TS = 1_800_000_000.125  # exact in binary and at 3 decimals: survives the line's rounding
 
@@ -177,3 +182,71 @@ def test_the_reader_skips_torn_damaged_and_foreign_lines(tmp_path):
     assert read_events(path) == good
     assert read_events(tmp_path / "missing.jsonl") == []
     assert parse_events([good[0].to_dict(), {"event": 1}]) == good[:1]
+
+
+@pytest.mark.parametrize(("cls", "variant"), ALL)
+def test_the_console_renders_every_kind(cls, variant):
+    ev = build(cls, variant)
+    text = describe(ev)
+    assert text is None or (isinstance(text, str) and text)
+    for color in (True, False):
+        out = io.StringIO()
+        ConsoleSink(out, color=color).handle(ev)
+        prefix = "\x1b[1mtfcluster:\x1b[0m " if color else "tfcluster: "
+        assert out.getvalue() == "" if text is None else out.getvalue().startswith(prefix) and text in out.getvalue()
+
+
+def test_console_lines_and_colours():
+    exited = dict(ts=TS, task="worker:1", host="h1", signal=None, signal_name=None, reason=None)
+    assert describe(k.TaskExited(code=0, stopped=False, **exited)) == "worker:1 (h1) finished (exit 0)"
+    assert describe(k.TaskExited(code=None, stopped=True, **exited)) is None
+    out = io.StringIO()
+    ConsoleSink(out, color=True).handle(k.TaskExited(code=3, stopped=False, **exited))
+    assert out.getvalue() == "\x1b[1mtfcluster:\x1b[0m \x1b[31mworker:1 (h1) exited with code 3\x1b[0m\n"
+    out = io.StringIO()
+    ConsoleSink(out, color=True).handle(k.JobWarning(ts=TS, message="careful"))
+    assert out.getvalue().endswith("\x1b[33mwarning: careful\x1b[0m\n")
+    assert describe(k.AttemptStarted(ts=TS, attempt=0)) is None  # quiet kinds
+    assert describe(k.Preflight(ts=TS, ok=True, summary="", findings=[], warnings=0)) is None
+
+
+def test_the_console_takes_the_followers_untyped_events():
+    """views/follow.py still hands over ``Event`` built from a line: typed on the way, dropped if damaged."""
+    out = io.StringIO()
+    sink = ConsoleSink(out, color=False)
+    sink.handle(Event("warning", TS, None, None, {"message": "from the file"}))
+    sink.handle(Event("warning", TS, None, None, {"message": 5}))
+    sink.handle(Event("no_such_kind", TS, None, None, {}))
+    assert out.getvalue() == "tfcluster: warning: from the file\n"
+
+
+class _Keep:
+    def __init__(self) -> None:
+        self.events: list[BaseEvent] = []
+
+    def handle(self, ev: BaseEvent) -> None:
+        self.events.append(ev)
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_bus_takes_typed_events_and_builds_the_string_form_strictly(tmp_path):
+    keep = _Keep()
+    bus = EventBus([keep, EventFileSink(tmp_path / "events.jsonl")])
+    typed = k.Restart(ts=TS, attempt=1, max_attempts=3, reason="worker:1 exited with code 3")
+    assert bus.emit(typed) is typed
+    built = bus.emit("warning", task="worker:0", host="h0", message="m")
+    assert isinstance(built, k.JobWarning) and built.task == "worker:0"
+    for bad in (
+        lambda: bus.emit("no_such_kind", message="m"),
+        lambda: bus.emit("warning", message="m", colour="red"),  # an unknown field
+        lambda: bus.emit("task_exited", task="worker:0", code=0, stopped=False),  # a missing one
+        lambda: bus.emit(typed, task="worker:0"),
+        lambda: bus.emit({"event": "warning"}),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(TypeError):
+            bad()
+    bus.close()
+    assert keep.events == [typed, built]
+    assert read_events(tmp_path / "events.jsonl") == [typed, dataclasses.replace(built, ts=round(built.ts, 3))]

@@ -2,7 +2,7 @@
 into them); the ports the supervisor writes logs and heartbeats to."""
 
 from .base import BaseEvent
-from .bus import Event, EventBus, Sink
+from .bus import Event, EventBus, Sink, build_event
 from .kinds import EVENT_KINDS, EVENT_TYPES
 from .ports import HeartbeatSink, LogSink, StatusSink
 from .read import event_from_dict, parse_events, read_events
@@ -17,6 +17,7 @@ __all__ = [
     "LogSink",
     "Sink",
     "StatusSink",
+    "build_event",
     "event_from_dict",
     "parse_events",
     "read_events",
