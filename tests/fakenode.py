@@ -267,7 +267,8 @@ class FakeBackend(Backend):
         for n in self.history:
             n.chan.close()
         for n in self.history:
-            n.thread.join(5)
+            if n.thread.is_alive():  # not started yet (a start still under way): its closed channel ends it
+                n.thread.join(5)
 
 
 def make_plan(n_hosts: int = 3, **sections: Any) -> tuple[Any, Any]:
