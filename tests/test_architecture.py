@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.cli.exitcodes import STATE_EXIT_CODES
 from orchestrator.core.states import JobState
-from orchestrator.events.bus import EVENT_KINDS
+from orchestrator.events import EVENT_KINDS, EVENT_TYPES
 from worker_entry import protocol
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -206,12 +206,33 @@ def test_architecture_doc_lists_every_environment_name():
     assert not missing, f"environment names not documented in docs/architecture.md: {missing}"
 
 
-def test_events_doc_lists_exactly_the_event_kinds():
+def _documented_events() -> dict[str, tuple[str, ...]]:
+    """docs/events.md's table: each kind with the fields its last column names (in backticks, outside
+    parentheses: those explain a field or list its values)."""
     doc = (ROOT / "docs" / "events.md").read_text()
-    documented = set()
-    for cell in re.findall(r"^\| (`[^|]+`) \|", doc, flags=re.M):
-        documented.update(re.findall(r"`([a-z_]+)`", cell))
-    assert documented == set(EVENT_KINDS), (set(EVENT_KINDS) - documented, documented - set(EVENT_KINDS))
+    table = doc.split("| event | when | fields |", 1)[1].split("\n\n", 1)[0]
+    out: dict[str, tuple[str, ...]] = {}
+    for row in (line for line in table.splitlines() if line.startswith("| `")):
+        cells = [c.strip() for c in row.strip()[1:-1].split(" | ")]
+        assert len(cells) == 3, f"a row of docs/events.md's table is not `event | when | fields`: {row}"
+        (kind,) = re.findall(r"`([a-z_]+)`", cells[0])
+        fields = cells[2]
+        while re.search(r"\([^()]*\)", fields):
+            fields = re.sub(r"\([^()]*\)", "", fields)
+        assert kind not in out, f"{kind} is documented twice"
+        out[kind] = tuple(re.findall(r"`([a-z_]+)`", fields))
+    return out
+
+
+def test_events_doc_lists_exactly_the_event_kinds_and_their_fields():
+    documented = _documented_events()
+    assert set(documented) == EVENT_KINDS, (EVENT_KINDS - set(documented), set(documented) - EVENT_KINDS)
+    wrong = {
+        kind: {"doc": fields, "code": EVENT_TYPES[kind].field_names()}
+        for kind, fields in documented.items()
+        if fields != EVENT_TYPES[kind].field_names()
+    }
+    assert not wrong, f"docs/events.md lists other fields (or another order) than the event classes: {wrong}"
 
 
 def test_every_final_job_state_has_an_exit_code():

@@ -18,9 +18,10 @@ import signal
 import pytest
 from conftest import PY, assert_no_job_processes, run_cli, start_launch, training_pid, wait_until
 
+from orchestrator.events import BaseEvent, event_from_dict
 from orchestrator.runs import RunDir
 from orchestrator.views.goodput import CATEGORIES, goodput
-from orchestrator.views.records import clean_event, clean_heartbeat
+from orchestrator.views.records import clean_heartbeat
 from orchestrator.views.report import build_report, report_text
 
 T0 = 1_800_000_000.0
@@ -70,25 +71,26 @@ def _training(t0: float, t1: float, epoch_of, profiles: bool = True) -> list[dic
     return out
 
 
-def _ev(t: float, event: str, **kw) -> dict:
-    return {"ts": T0 + t, "event": event, **kw}
+def _ev(t: float, event: str, **kw) -> BaseEvent:
+    """An event as the views read it from events.jsonl (validated: a fixture must be a whole record)."""
+    return event_from_dict({"ts": T0 + t, "event": event, **kw})
 
 
-def restart_run(profiles: bool = True, epochs: bool = True) -> tuple[list[dict], list[dict], dict]:
+def restart_run(profiles: bool = True, epochs: bool = True) -> tuple[list[BaseEvent], list[dict], dict]:
     """Attempt 0 trains epochs 0-2 (10 s each from t=10) and is killed at t=35, in epoch 2; attempt 1
     starts at t=38, resumes at epoch 2 (its first step at t=45) and succeeds; gather 66.1-68."""
     events = [
-        _ev(0, "job_started", job="gp", tasks=2),
-        _ev(0.5, "connected", hosts=2),
+        _ev(0, "job_started", job="gp", run_id="gp-1", run_dir="runs/gp-1", tasks=2, attempt_limit=2),
+        _ev(0.5, "connected", hosts=2, seconds=0.5),
         _ev(1, "attempt_started", attempt=0),
-        _ev(35, "teardown", reason="worker:1 killed"),
+        _ev(35, "teardown", reason="worker:1 killed", grace_s=1.0),
         _ev(36, "attempt_finished", attempt=0, state="failed", root_cause={"kind": "signal", "ts": T0 + 35}),
-        _ev(36.5, "restart", attempt=1),
+        _ev(36.5, "restart", attempt=1, max_attempts=2, reason="worker:1 killed"),
         _ev(38, "attempt_started", attempt=1),
         _ev(66, "attempt_finished", attempt=1, state="succeeded", root_cause=None),
         _ev(66.1, "gather_started", attempts=2),
-        _ev(68, "gather_finished", files=3),
-        _ev(68.5, "job_finished", state="succeeded"),
+        _ev(68, "gather_finished", files=3, bytes=300, dest="runs/gp-1", already_verified=0, skipped=0, errors=0),
+        _ev(68.5, "job_finished", state="succeeded", wall_time_s=68.5, run_dir="runs/gp-1", root_cause=None),
     ]
     ep0 = (lambda t: int((t - 10) // 10)) if epochs else (lambda t: None)
     ep1 = (lambda t: 2 + int((t - 45) // 10)) if epochs else (lambda t: None)
@@ -129,11 +131,11 @@ def test_restart_resumed_from_a_backup():
 def test_no_restart():
     events, beats, _ = restart_run()
     keep = {"job_started", "connected", "job_finished", "gather_started", "gather_finished"}
-    events = [e for e in events if e["event"] in keep] + [
+    events = [e for e in events if e.event in keep] + [
         _ev(1, "attempt_started", attempt=0),
         _ev(66, "attempt_finished", attempt=0, state="succeeded"),
     ]
-    events.sort(key=lambda e: e["ts"])
+    events.sort(key=lambda e: e.ts)
     beats = _training(10, 64, lambda t: int((t - 10) // 10))
     g = goodput(events, beats, {"started_ts": T0, "ended_ts": T0 + 68.4})
     assert g["failure_s"] == 0 and g["startup_s"] == pytest.approx(10) and g["teardown_s"] == pytest.approx(2)
@@ -190,12 +192,12 @@ def test_resumed_from_scratch_and_a_final_failure():
     """Attempt 1 starts again at epoch 0 (no backup) and fails too: the job fails; neither kept anything."""
     events, beats, _ = restart_run()
     beats = [b for b in beats if b["ts"] < T0 + 40] + _training(45, 60, lambda t: int((t - 45) // 10))
-    events = [e for e in events if e["event"] not in ("attempt_finished", "gather_started", "gather_finished")]
+    events = [e for e in events if e.event not in ("attempt_finished", "gather_started", "gather_finished")]
     events += [
         _ev(36, "attempt_finished", attempt=0, state="failed", root_cause={"ts": T0 + 35}),
         _ev(61, "attempt_finished", attempt=1, state="failed", root_cause={"ts": T0 + 60.5}),
     ]
-    events.sort(key=lambda e: e["ts"])
+    events.sort(key=lambda e: e.ts)
     g = goodput(events, beats, {"started_ts": T0, "ended_ts": T0 + 68.4, "attempts": "damaged"})
     a0, a1 = g["attempts"]
     assert a0["training_s"] == 0 and "nothing it trained was kept" in a0["backup"]
@@ -217,7 +219,7 @@ def test_a_failure_before_the_first_step_is_startup_then_failure():
 
 def test_a_run_still_going_counts_up_to_its_latest_record():
     events, beats, _ = restart_run()
-    events = [e for e in events if e["ts"] <= T0 + 49.5]
+    events = [e for e in events if e.ts <= T0 + 49.5]
     beats = [b for b in beats if b["ts"] <= T0 + 49.5]
     g = goodput(events, beats, None, finished=False)
     assert g["finished"] is False and g["wall_s"] == pytest.approx(49.3)  # the last heartbeat: t=49.3
@@ -233,7 +235,8 @@ def _plan() -> dict:
 def _write_run(path, events, beats, result, plan=None) -> RunDir:
     plan = _plan() if plan is None else plan
     (path / "plan.json").write_text(json.dumps(plan))
-    (path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    lines = (e.to_dict() if isinstance(e, BaseEvent) else e for e in events)
+    (path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
     (path / "heartbeats.jsonl").write_text("".join(json.dumps(b) + "\n" for b in beats))
     if result is not None:
         (path / "result.json").write_text(json.dumps(result))
@@ -282,7 +285,7 @@ def test_hostile_and_truncated_records_never_traceback(tmp_path):
     for i in range(150):
         d = tmp_path / f"r{i}"
         d.mkdir()
-        ev, bs, res = copy.deepcopy((events, beats, result))
+        ev, bs, res = copy.deepcopy(([e.to_dict() for e in events], beats, result))
         for recs in (ev, bs, res["attempts"]):
             for rec in rng.sample(recs, k=min(len(recs), rng.randint(1, 6))):
                 _damage(rec, rng)
@@ -317,9 +320,11 @@ def test_cleaning_keeps_good_records_and_unknown_fields():
     assert clean_heartbeat({**beat, "progress": {"steps": "3"}}) == {k: v for k, v in beat.items() if k != "progress"}
     assert clean_heartbeat({**beat, "ts": float("nan")}) is None
     assert clean_heartbeat({**beat, "task": ["worker:0"]}) is None
-    assert clean_event({"ts": T0, "event": "restart", "attempt": 1}) is not None
-    assert clean_event({"ts": "T0", "event": "restart"}) is None
-    assert "root_cause" not in clean_event({"ts": T0, "event": "attempt_finished", "root_cause": "x"})
+    assert event_from_dict({"ts": T0, "event": "attempt_started", "attempt": 1, "new": "field"}).attempt == 1
+    with pytest.raises(ValueError, match=r"^attempt_started\.ts: expected"):
+        event_from_dict({"ts": "T0", "event": "attempt_started", "attempt": 1})
+    damaged = {"ts": T0, "event": "attempt_finished", "attempt": 0, "state": "failed", "root_cause": "x"}
+    assert event_from_dict(damaged).root_cause is None  # the event stays: goodput needs it
 
 
 # --- e2e: a real run whose worker is killed mid-run and restarted from its backup --------------------

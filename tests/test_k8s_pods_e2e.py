@@ -195,7 +195,7 @@ def test_three_pods_train_mwms_from_the_rendered_jobset(testbed_factory, pod_dns
         assert re.search(rf"\[{task}\] epoch 2/2 ", out[task]), out[task][-2000:]
         # the pod built the plan's TF_CONFIG from its index and the stable names
         hello = next(e for e in rec.events if e.event == "task_ready" and e.task == task)
-        assert hello.data["hostname"] == f"mwms-worker-0-{i}"
+        assert hello.hostname == f"mwms-worker-0-{i}"
         assert backend.procs[task].returncode == 0
     # progress reached the launcher through the pod log: heartbeats with training steps
     steps = [r.get("progress", {}).get("steps", 0) for t, r in rec.beats if t == "worker:1"]

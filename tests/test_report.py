@@ -75,9 +75,12 @@ def _run_dir(tmp_path, healthy_windows: int, slow_windows: int) -> RunDir:
                 "task": "worker:1",
                 "host": "10.0.0.2",
                 "wait_ms": 40.0,
+                "step_ms": 60.0,
                 "share": 0.67,
                 "cause": "input pipeline",
                 "message": "straggler: worker:1",
+                "pre_collective_ms": {"worker:0": 20.0, "worker:1": 60.0},
+                "relative_score": 0.33,
             }
         )
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
@@ -152,7 +155,8 @@ def test_gpu_models_per_host_mixed_models_and_a_throttled_gpu(tmp_path):
     run = _run_dir(tmp_path, 10, 0)
     models = {"worker:0": "NVIDIA A100-SXM4-80GB", "worker:1": "NVIDIA A100-SXM4-80GB", "worker:2": "NVIDIA V100"}
     events = [
-        {"ts": T0, "event": "task_ready", "task": t, "host": f"10.0.0.{i + 1}", "gpus": [{"name": m, "memory_mb": 81920}]}
+        {"ts": T0, "event": "task_ready", "task": t, "host": f"10.0.0.{i + 1}", "hostname": f"node{i}", "pid": 100 + i,
+         "gpus": [{"name": m, "memory_mb": 81920}]}
         for i, (t, m) in enumerate(models.items())
     ]
     run.events_jsonl.write_text("".join(json.dumps(e) + "\n" for e in events))

@@ -18,7 +18,7 @@ from test_supervisor import supervise
 from orchestrator.cli.exitcodes import exit_code_for_sweep
 from orchestrator.core.errors import UsageError
 from orchestrator.core.states import JobState, TaskState
-from orchestrator.events import Event
+from orchestrator.events.kinds import Teardown
 from orchestrator.job.scale import SweepOptions, parse_sizes, sized_spec
 from orchestrator.sinks.console import describe
 from orchestrator.supervise.bound import BoundWatch, RunBound
@@ -52,14 +52,14 @@ def test_a_step_bound_stops_every_worker_and_counts_as_success():
     assert res.state == JobState.SUCCEEDED, res.root_cause
     assert {t.state for t in res.tasks.values()} == {TaskState.STOPPED}
     (ev,) = rec.kinds("bound_reached")
-    assert ev.data["steps"] >= 60
+    assert ev.steps >= 60
     (down,) = rec.kinds("teardown")
-    assert down.data["reason"].startswith("bounded run:") and down.data["bounded"] is True
+    assert down.reason.startswith("bounded run:") and down.bounded is True
     assert describe(down) is None and "stopping the job" in describe(ev)  # the console says it once
 
 
 def test_only_a_bounded_teardown_is_left_to_bound_reached():
-    ev = Event("teardown", 0.0, None, None, {"reason": "bounded run: of a user's own words", "grace_s": 1})
+    ev = Teardown(ts=0.0, reason="bounded run: of a user's own words", grace_s=1)
     assert describe(ev) == "tearing down the job: bounded run: of a user's own words"
 
 
@@ -77,7 +77,7 @@ def test_a_time_bound_without_step_counters_counts_after_the_startup_budget():
         job={"startup_timeout_s": 1.0},
     )  # fmt: skip
     assert res.state == JobState.SUCCEEDED
-    assert "no worker reports training steps" in rec.kinds("bound_reached")[0].data["message"]
+    assert "no worker reports training steps" in rec.kinds("bound_reached")[0].message
     went = rec.kinds("task_spawned")[0].ts
     assert rec.kinds("bound_reached")[0].ts - went >= 1.0  # not before the startup budget was spent
 

@@ -6,6 +6,7 @@ through the real pump, decoder, sessions, supervisor, job, sinks and result.json
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import threading
@@ -31,6 +32,9 @@ class Recorder:
         self.beats: list = []
 
     def handle(self, ev) -> None:
+        """Every event the supervisor emits must read back from its events.jsonl line as it was."""
+        line = json.loads(json.dumps(ev.to_dict()))
+        assert type(ev).from_dict(line) == dataclasses.replace(ev, ts=round(ev.ts, 3)), line
         self.events.append(ev)
 
     def close(self) -> None:
@@ -97,8 +101,13 @@ def test_startup_deadline_when_a_node_never_says_hello():
         n.raw(p.MARKER)
         n.idle(10)  # never says hello; leaves on the stop (or EOF)
 
-    res, _rec, backend = supervise({"worker:2": silent}, job={"startup_timeout_s": 0.5})
+    res, rec, backend = supervise({"worker:2": silent}, job={"startup_timeout_s": 0.5})
     assert res.root_cause.kind == "startup_timeout" and res.root_cause.task == "worker:2"
+    (gone,) = [e for e in rec.kinds("task_exited") if e.task == "worker:2"]  # its channel closed, no exit status
+    assert gone.to_dict() | {"ts": 0} == {
+        "ts": 0, "event": "task_exited", "task": "worker:2", "host": "10.0.0.3", "code": None, "signal": None,
+        "signal_name": None, "stopped": True, "reason": "channel closed during teardown",
+    }  # fmt: skip
     assert not any(isinstance(c, p.Go) for n in backend.nodes.values() for c in n.received)
     assert res.state == JobState.FAILED and exit_code_for_state(res.state) == 3
 
@@ -113,7 +122,7 @@ def test_a_silent_worker_is_lost_and_blamed():
 
     res, rec, _ = supervise({"worker:0": goes_silent})
     assert res.root_cause.kind == "lost" and res.root_cause.task == "worker:0"
-    assert rec.kinds("worker_lost")[0].data["silent_s"] >= 1.0
+    assert rec.kinds("worker_lost")[0].silent_s >= 1.0
     assert res.tasks["worker:0"].state == TaskState.LOST
 
 
@@ -126,7 +135,7 @@ def test_a_stopped_process_is_hung():
 
     res, rec, _ = supervise({"worker:1": sigstopped})
     assert res.root_cause.kind == "hung" and res.root_cause.task == "worker:1"
-    assert rec.kinds("worker_hung")[0].data["state"] == "stopped"
+    assert rec.kinds("worker_hung")[0].state == "stopped"
 
 
 def test_a_peer_silent_before_the_failure_is_blamed_instead_of_the_one_that_failed():
@@ -238,7 +247,7 @@ def test_an_interrupt_forwards_sigint_and_ends_interrupted():
     assert all(
         next(c for c in n.received if isinstance(c, p.Stop)).signal == signal.SIGINT for n in backend.nodes.values()
     )
-    assert rec.kinds("interrupted")[0].data["signal"] == "SIGINT"
+    assert rec.kinds("interrupted")[0].signal == "SIGINT"
 
 
 def test_status_reports_examples_per_second_from_progress_records():

@@ -1,73 +1,15 @@
-"""Typed events on one bus. The supervisor and the job emit; sinks (files, console, status) consume."""
+"""Typed events on one bus. The supervisor and the job emit; sinks (files, console, metrics) consume."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-#: Every event kind, documented in docs/events.md.
-EVENT_KINDS = frozenset(
-    {
-        "job_started",
-        "metrics",
-        "connected",
-        "connect_failed",
-        "preflight",
-        "attempt_started",
-        "task_ready",
-        "task_spawned",
-        "task_started",
-        "task_exited",
-        "task_lost",
-        "protocol_error",
-        "worker_lost",
-        "worker_hung",
-        "job_stalled",
-        "startup_timeout",
-        "straggler",
-        "straggler_cleared",
-        "worker_slowing",
-        "heterogeneous_gpus",
-        "shell_noise",
-        "bound_reached",
-        "teardown",
-        "interrupted",
-        "detached",
-        "restart",
-        "attempt_finished",
-        "gather_started",
-        "gather_finished",
-        "gather_failed",
-        "job_finished",
-        "warning",
-        "slurm_allocation",
-        "requeued",
-    }
-)
-
-
-@dataclass(frozen=True)
-class Event:
-    event: str
-    ts: float = field(default_factory=time.time)
-    task: str | None = None
-    host: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"ts": round(self.ts, 3), "event": self.event}
-        if self.task is not None:
-            d["task"] = self.task
-        if self.host is not None:
-            d["host"] = self.host
-        d.update(self.data)
-        return d
+from .base import BaseEvent
 
 
 class Sink(Protocol):
-    def handle(self, event: Event) -> None: ...
+    def handle(self, event: BaseEvent) -> None: ...
 
     def close(self) -> None: ...
 
@@ -79,12 +21,13 @@ class EventBus:
     def subscribe(self, sink: Sink) -> None:
         self.sinks.append(sink)
 
-    def emit(self, event: str, *, task: str | None = None, host: str | None = None, **data: Any) -> Event:
-        assert event in EVENT_KINDS, event
-        ev = Event(event=event, task=task, host=host, data=data)
+    def emit(self, event: BaseEvent) -> BaseEvent:
+        """Hand a typed event (one of ``kinds``) to every sink."""
+        if not isinstance(event, BaseEvent):
+            raise TypeError(f"emit() takes a typed event, got {type(event).__name__}")
         for sink in self.sinks:
-            sink.handle(ev)
-        return ev
+            sink.handle(event)
+        return event
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -15,6 +15,7 @@ import time
 from ..backends import Backend
 from ..core.result import AttemptResult, Failure, RunResult
 from ..core.states import JobState, interrupted_state
+from ..events import kinds as ev
 from ..plan import Plan
 from ..runs import RunDir, launcher_info, write_json_atomic, write_private
 from ..sinks.record import print_root_cause, record_result
@@ -48,7 +49,9 @@ class Job:
         self.scheduling = scheduling or RunScheduling()
         self.policy = self.scheduling.policy(self.spec)
         self.interrupt = Interrupt()
-        self.rundir = rundir or RunDir.create(opts.run_dir or os.path.join("runs", plan.run_id), adopt=opts.adopt_run_dir)
+        self.rundir = rundir or RunDir.create(
+            opts.run_dir or os.path.join("runs", plan.run_id), adopt=opts.adopt_run_dir
+        )
         backend.bind_run(self.rundir.path)
         started = time.time()
         self.result = RunResult(
@@ -96,16 +99,17 @@ class Job:
         write_json_atomic(rd.launcher_json, launcher_info(**metrics), durable=False)
         if not continuing:
             for w in self.loaded.warnings:
-                self.bus.emit("warning", message=str(w))
+                self.bus.emit(ev.JobWarning(message=str(w)))
             for w in self.plan.warnings:
-                self.bus.emit("warning", message=w)
+                self.bus.emit(ev.JobWarning(message=w))
             self.bus.emit(
-                "job_started",
-                job=self.plan.job,
-                run_id=self.plan.run_id,
-                run_dir=str(rd.path),
-                tasks=len(self.plan.nodes),
-                attempt_limit=self.spec.restart.max_restarts + 1,
+                ev.JobStarted(
+                    job=self.plan.job,
+                    run_id=self.plan.run_id,
+                    run_dir=str(rd.path),
+                    tasks=len(self.plan.nodes),
+                    attempt_limit=self.spec.restart.max_restarts + 1,
+                )
             )
         self.scheduling.opened(self)
 
@@ -116,14 +120,14 @@ class Job:
         problems = self.backend.connect(self.plan.nodes)
         if problems:
             for d in problems:
-                self.bus.emit("connect_failed", task=d.task, host=d.host, kind=d.code, message=d.message, hint=d.hint)
+                self.bus.emit(ev.ConnectFailed(task=d.task, host=d.host, kind=d.code, message=d.message, hint=d.hint))
             text = "\n".join([f"cannot reach {len(problems)} host(s):"] + ["  " + d.render() for d in problems])
             first = problems[0]
             self.result.failures.append(Failure("connect", text, time.time(), first.task, first.host, attempt=attempt))
             self.result.state = JobState.CONNECT_FAILED
             return False
         if attempt == 0 and self.backend.reaches_nodes:
-            self.bus.emit("connected", hosts=len(self.plan.nodes), seconds=round(time.monotonic() - t0, 3))
+            self.bus.emit(ev.Connected(hosts=len(self.plan.nodes), seconds=round(time.monotonic() - t0, 3)))
         if self.interrupt.count:
             self.result.state = interrupted_state(self.interrupt.signum or 2)
             return False
@@ -137,13 +141,14 @@ class Job:
             res, sup = self._attempt(attempt)
             decision = self.conclude(res)
             for note in list(self.backend.notes)[self._notes_seen :]:
-                self.bus.emit("warning", message=f"{self.backend.name} teardown: {note}")
+                self.bus.emit(ev.JobWarning(message=f"{self.backend.name} teardown: {note}"))
             self._notes_seen = len(self.backend.notes)
             self.bus.emit(
-                "attempt_finished",
-                attempt=attempt,
-                state=res.state.value,
-                root_cause=res.root_cause.to_dict() if res.root_cause else None,
+                ev.AttemptFinished(
+                    attempt=attempt,
+                    state=res.state.value,
+                    root_cause=res.root_cause.to_dict() if res.root_cause else None,
+                )
             )
             self.transfers.after_attempt(sup, attempt, final=decision.final)
             if decision.action is not Action.RESTART:
@@ -151,10 +156,11 @@ class Job:
             attempt += 1
             self.result.state = JobState.RESTARTING
             self.bus.emit(
-                "restart",
-                attempt=attempt,
-                max_attempts=self.spec.restart.max_restarts + 1,
-                reason=res.root_cause.message if res.root_cause else "failed",
+                ev.Restart(
+                    attempt=attempt,
+                    max_attempts=self.spec.restart.max_restarts + 1,
+                    reason=res.root_cause.message if res.root_cause else "failed",
+                )
             )
             if not self._connect(attempt):
                 return Decision(Action.FINISH)

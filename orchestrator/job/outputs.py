@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from ..events import EventBus
+from ..events import kinds as ev
 from ..plan import Plan
 from ..runs import RunDir
 from ..sinks import ConsoleSink, EventFileSink, HeartbeatFile, LogRouter, WriteGuard, use_color
@@ -66,11 +67,11 @@ class RunOutputs:
             self.metrics_server = MetricsServer(self.metrics, spec.metrics.address, port)
         except OSError as exc:
             self.metrics = None
-            self.bus.emit("warning", message=f"cannot serve metrics on {spec.metrics.address}:{port}: {exc}")
+            self.bus.emit(ev.JobWarning(message=f"cannot serve metrics on {spec.metrics.address}:{port}: {exc}"))
             return {}
         self.bus.subscribe(self.metrics)
         self.heartbeats = _ProfileTee(self.heartbeats, self.metrics)
-        self.bus.emit("metrics", url=self.metrics_server.url)
+        self.bus.emit(ev.MetricsServed(url=self.metrics_server.url))
         return {"metrics_url": self.metrics_server.url}
 
     def status(self, status: dict[str, Any]) -> None:
@@ -84,9 +85,10 @@ class RunOutputs:
                 if isinstance(sink, ConsoleSink):
                     sink.color = False
             self.bus.emit(
-                "detached",
-                message=f"the terminal went away (SIGHUP): the job goes on; output in {self.hangup.log}",
-                log=str(self.hangup.log),
+                ev.Detached(
+                    message=f"the terminal went away (SIGHUP): the job goes on; output in {self.hangup.log}",
+                    log=str(self.hangup.log),
+                )
             )
         if self.metrics is not None:
             self.metrics.update(status)

@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..events import kinds as ev
 from ..transfer.state import GatherState, Totals
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class ChannelTransfers:
         if final:
             job.stop_live()  # the gather's progress bar and the summary print below it
             if fetch:
-                job.bus.emit("gather_started", attempts=attempt + 1)
+                job.bus.emit(ev.GatherStarted(attempts=attempt + 1))
         job.logs.flush()
         base = job.interrupt.count
         done = hand_over(
@@ -95,7 +96,7 @@ class ChannelTransfers:
         try:
             sync_backup(job.plan, {t: c for t, c in found.items() if c is not None}, job.bus)
         except Exception as exc:  # the restart still happens; Keras then starts those tasks from scratch
-            job.bus.emit("warning", message=f"could not copy the chief's backup to the other tasks: {exc}")
+            job.bus.emit(ev.JobWarning(message=f"could not copy the chief's backup to the other tasks: {exc}"))
 
     def summarize(self) -> None:
         from ..transfer.gather import summarize

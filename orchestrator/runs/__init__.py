@@ -3,6 +3,7 @@
 from .launcher import launcher_info, process_start_time
 from .rundir import (
     RunDir,
+    json_objects,
     read_jsonl,
     resolve_run,
     wait_for_run,
@@ -13,6 +14,7 @@ from .rundir import (
 
 __all__ = [
     "RunDir",
+    "json_objects",
     "launcher_info",
     "process_start_time",
     "read_jsonl",

@@ -221,14 +221,20 @@ def _job_of(plan: Path) -> str | None:
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a .jsonl file; a torn or foreign line (a crash mid-write) is skipped."""
+    """The JSON objects of a .jsonl file; a torn or foreign line (a crash mid-write, or nesting too deep
+    for the parser) is skipped."""
     if not path.exists():
         return
-    with open(path, errors="replace") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                yield rec
+    with open(path, "rb") as f:
+        yield from json_objects(f)
+
+
+def json_objects(lines: Iterable[bytes | str]) -> Iterator[dict[str, Any]]:
+    """The JSON objects among ``lines`` (a file, or what a ``Tail`` yields); anything else is skipped."""
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            continue
+        if isinstance(rec, dict):
+            yield rec

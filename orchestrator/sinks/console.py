@@ -1,51 +1,60 @@
-"""The console: one human line on stderr for each event that matters."""
+"""The console: one human line on stderr for each event that matters.
+
+Each kind that shows has one renderer in ``RENDERERS`` (keyed by its class), which also picks the
+line's colour; kinds without one (a task ready or spawned, an attempt started, ...) stay quiet.
+"""
 
 from __future__ import annotations
 
 import sys
-from typing import IO
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, Any, TypeVar
 
-from ..events import Event
+from ..events import BaseEvent
+from ..events import kinds as k
 from .style import use_color
+
+PLAIN, BAD, WARN = 0, 31, 33  # ANSI colours
+
+
+@dataclass(frozen=True)
+class Line:
+    text: str
+    color: int = PLAIN
+
+
+E = TypeVar("E", bound=BaseEvent)
+RENDERERS: dict[type[BaseEvent], Callable[[Any], Line | None]] = {}
+
+
+def renders(*kinds: type[E]) -> Callable[[Callable[[E], Line | None]], Callable[[E], Line | None]]:
+    """Register the renderer of these kinds."""
+
+    def register(fn: Callable[[E], Line | None]) -> Callable[[E], Line | None]:
+        for kind in kinds:
+            RENDERERS[kind] = fn
+        return fn
+
+    return register
 
 
 class ConsoleSink:
     """Human lines on stderr for what matters: failures, teardown, stragglers, the outcome."""
-
-    QUIET = frozenset({"task_ready", "task_spawned", "attempt_started", "gather_started"})
 
     def __init__(self, stream: IO | None = None, color: bool | None = None) -> None:
         self.stream = stream or sys.stderr
         self.color = use_color(self.stream) if color is None else color
 
     def _paint(self, text: str, code: int) -> str:
-        return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
+        return f"\x1b[{code}m{text}\x1b[0m" if self.color and code else text
 
-    def handle(self, event: Event) -> None:
-        if event.event in self.QUIET:
+    def handle(self, event: BaseEvent) -> None:
+        line = console_line(event)
+        if line is None:
             return
-        text = describe(event)
-        if text is None:
-            return
-        bad = event.event in (
-            "worker_lost",
-            "worker_hung",
-            "job_stalled",
-            "startup_timeout",
-            "connect_failed",
-            "gather_failed",
-            "protocol_error",
-        ) or (
-            event.event == "task_exited" and event.data.get("code") not in (0, None) and not event.data.get("stopped")
-        )
-        warn = event.event in ("straggler", "heterogeneous_gpus", "warning", "shell_noise", "teardown", "restart", "requeued")
-        prefix = self._paint("tfcluster:", 1)
-        if bad:
-            text = self._paint(text, 31)
-        elif warn:
-            text = self._paint(text, 33)
         try:
-            self.stream.write(f"{prefix} {text}\n")
+            self.stream.write(f"{self._paint('tfcluster:', 1)} {self._paint(line.text, line.color)}\n")
             self.stream.flush()
         except (OSError, ValueError):
             pass
@@ -54,71 +63,140 @@ class ConsoleSink:
         pass
 
 
-def describe(ev: Event) -> str | None:
+def console_line(ev: BaseEvent) -> Line | None:
+    """The console's line for an event, or None for events the console does not show."""
+    render = RENDERERS.get(type(ev))
+    return render(ev) if render is not None else None
+
+
+def describe(ev: BaseEvent) -> str | None:
     """One line for an event, or None for events the console does not show."""
-    d = ev.data
-    who = f"{ev.task} ({ev.host})" if ev.task and ev.host else (ev.task or ev.host or "")
-    k = ev.event
-    if k == "job_started":
-        return f"job {d.get('job')}: {d.get('tasks')} task(s); run directory {d.get('run_dir')}"
-    if k == "metrics":
-        return f"metrics: {d.get('url')}"
-    if k == "connected":
-        return f"connected to {d.get('hosts')} host(s) in {d.get('seconds', 0):.2f}s"
-    if k == "connect_failed":
-        return f"{who}: {d.get('message')}" + (f"\n  fix: {d['hint']}" if d.get("hint") else "")
-    if k == "preflight":
-        return None if d.get("ok", True) and not d.get("warnings") else f"preflight: {d.get('summary')}"
-    if k == "task_started":
+    line = console_line(ev)
+    return line.text if line is not None else None
+
+
+def _who(ev: BaseEvent) -> str:
+    return f"{ev.task} ({ev.host})" if ev.task and ev.host else (ev.task or ev.host or "")
+
+
+@renders(k.JobStarted)
+def _job_started(e: k.JobStarted) -> Line:
+    return Line(f"job {e.job}: {e.tasks} task(s); run directory {e.run_dir}")
+
+
+@renders(k.MetricsServed)
+def _metrics(e: k.MetricsServed) -> Line:
+    return Line(f"metrics: {e.url}")
+
+
+@renders(k.Connected)
+def _connected(e: k.Connected) -> Line:
+    return Line(f"connected to {e.hosts} host(s) in {e.seconds:.2f}s")
+
+
+@renders(k.ConnectFailed)
+def _connect_failed(e: k.ConnectFailed) -> Line:
+    return Line(f"{_who(e)}: {e.message}" + (f"\n  fix: {e.hint}" if e.hint else ""), BAD)
+
+
+@renders(k.Preflight)
+def _preflight(e: k.Preflight) -> Line | None:
+    return None if e.ok and not e.warnings else Line(f"preflight: {e.summary}")
+
+
+@renders(k.TaskExited)
+def _task_exited(e: k.TaskExited) -> Line | None:
+    if e.stopped:
         return None
-    if k == "task_exited":
-        if d.get("stopped"):
-            return None
-        if d.get("code") == 0:
-            return f"{who} finished (exit 0)"
-        if d.get("signal_name"):
-            return f"{who} was killed by {d['signal_name']}"
-        return f"{who} exited with code {d.get('code')}"
-    if k == "protocol_error":
-        return f"{who}: {d.get('message')}"
-    if k == "task_lost":
-        return f"{who} lost: {d.get('message')}"
-    if k in ("worker_lost", "worker_hung", "job_stalled", "startup_timeout", "straggler", "straggler_cleared"):
-        return f"{who + ': ' if who else ''}{d.get('message')}"
-    if k == "heterogeneous_gpus":
-        return f"warning: {d.get('message')}"
-    if k == "shell_noise":
-        return (
-            f"{who}: the login shell printed before worker_entry started (kept in the log): {d.get('text', '')[:120]!r}"
-        )
-    if k == "bound_reached":
-        return f"bounded run: {d.get('message')}; stopping the job"
-    if k == "teardown":
-        if d.get("bounded") is True:
-            return None  # bound_reached said it
-        return f"tearing down the job: {d.get('reason')}"
-    if k == "interrupted":
-        return f"received {d.get('signal')}; tearing down (press Ctrl-C again to kill at once)"
-    if k == "restart":
-        return f"restarting all tasks (attempt {d.get('attempt')} of {d.get('max_attempts')}): {d.get('reason')}"
-    if k == "attempt_finished":
-        return None
-    if k == "gather_finished":
-        return f"gathered {d.get('files')} file(s), {d.get('bytes', 0) / 1e6:.1f} MB into {d.get('dest')} (verified)"
-    if k == "gather_failed":
-        return f"gather failed: {d.get('message')}"
-    if k == "job_finished":
-        return f"job {d.get('state')} in {d.get('wall_time_s', 0):.1f}s; run directory {d.get('run_dir')}"
-    if k == "warning":
-        return f"warning: {d.get('message')}"
-    if k == "slurm_allocation":
-        again = f" (restart {d.get('restart')}, attempt {d.get('first_attempt')})" if d.get("restart") else ""
-        return f"slurm job {d.get('job_id')} running on {d.get('nodes')}{again}"
-    if k == "requeued":
-        nxt = f"; new job {d.get('new_job_id')}" if d.get("new_job_id") else ""
-        return (
-            f"slurm job {d.get('job_id')} {'reached its time limit' if d.get('reason') == 'timeout' else 'was preempted'}: "
-            f"requeued ({d.get('how')}{nxt}; time-outs {d.get('timeouts')}, preemptions {d.get('preemptions')}); "
-            f"attempt {d.get('next_attempt')} resumes from the backup"
-        )
-    return None
+    if e.code == 0:
+        return Line(f"{_who(e)} finished (exit 0)")
+    color = BAD if e.code is not None else PLAIN
+    if e.signal_name:
+        return Line(f"{_who(e)} was killed by {e.signal_name}", color)
+    return Line(f"{_who(e)} exited with code {e.code}", color)
+
+
+@renders(k.NodeProtocolError)
+def _protocol_error(e: k.NodeProtocolError) -> Line:
+    return Line(f"{_who(e)}: {e.message}", BAD)
+
+
+@renders(k.TaskLost)
+def _task_lost(e: k.TaskLost) -> Line:
+    return Line(f"{_who(e)} lost: {e.message}")
+
+
+@renders(k.WorkerLost, k.WorkerHung, k.JobStalled, k.StartupTimeout)
+def _verdict(e: k.WorkerLost | k.WorkerHung | k.JobStalled | k.StartupTimeout) -> Line:
+    return Line(f"{_who(e) + ': ' if _who(e) else ''}{e.message}", BAD)
+
+
+@renders(k.Straggler)
+def _straggler(e: k.Straggler) -> Line:
+    return Line(f"{_who(e) + ': ' if _who(e) else ''}{e.message}", WARN)
+
+
+@renders(k.StragglerCleared)
+def _straggler_cleared(e: k.StragglerCleared) -> Line:
+    return Line(f"{_who(e) + ': ' if _who(e) else ''}{e.message}")
+
+
+@renders(k.HeterogeneousGpus, k.JobWarning)
+def _warning(e: k.HeterogeneousGpus | k.JobWarning) -> Line:
+    return Line(f"warning: {e.message}", WARN)
+
+
+@renders(k.ShellNoise)
+def _shell_noise(e: k.ShellNoise) -> Line:
+    return Line(f"{_who(e)}: the login shell printed before worker_entry started (kept in the log): {e.text[:120]!r}", WARN)
+
+
+@renders(k.BoundReached)
+def _bound_reached(e: k.BoundReached) -> Line:
+    return Line(f"bounded run: {e.message}; stopping the job")
+
+
+@renders(k.Teardown)
+def _teardown(e: k.Teardown) -> Line | None:
+    return None if e.bounded else Line(f"tearing down the job: {e.reason}", WARN)  # bound_reached said it
+
+
+@renders(k.Interrupted)
+def _interrupted(e: k.Interrupted) -> Line:
+    return Line(f"received {e.signal}; tearing down (press Ctrl-C again to kill at once)")
+
+
+@renders(k.Restart)
+def _restart(e: k.Restart) -> Line:
+    return Line(f"restarting all tasks (attempt {e.attempt} of {e.max_attempts}): {e.reason}", WARN)
+
+
+@renders(k.GatherFinished)
+def _gather_finished(e: k.GatherFinished) -> Line:
+    return Line(f"gathered {e.files} file(s), {e.bytes / 1e6:.1f} MB into {e.dest} (verified)")
+
+
+@renders(k.GatherFailed)
+def _gather_failed(e: k.GatherFailed) -> Line:
+    return Line(f"gather failed: {e.message}", BAD)
+
+
+@renders(k.JobFinished)
+def _job_finished(e: k.JobFinished) -> Line:
+    return Line(f"job {e.state} in {e.wall_time_s:.1f}s; run directory {e.run_dir}")
+
+
+@renders(k.SlurmAllocation)
+def _slurm_allocation(e: k.SlurmAllocation) -> Line:
+    again = f" (restart {e.restart}, attempt {e.first_attempt})" if e.restart else ""
+    return Line(f"slurm job {e.job_id} running on {e.nodes}{again}")
+
+
+@renders(k.Requeued)
+def _requeued(e: k.Requeued) -> Line:
+    ended = "reached its time limit" if e.reason == "timeout" else "was preempted"
+    return Line(
+        f"slurm job {e.job_id} {ended}: requeued ({e.how}; time-outs {e.timeouts}, preemptions {e.preemptions}); "
+        f"attempt {e.next_attempt} resumes from the backup",
+        WARN,
+    )

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..events import Event
+from ..events import BaseEvent
 from .guard import GuardedFile, WriteGuard
 
 
@@ -17,7 +17,7 @@ class EventFileSink:
     def __init__(self, path: Path, guard: WriteGuard | None = None) -> None:
         self.f = GuardedFile(path, "a", guard or WriteGuard(), buffering=1)
 
-    def handle(self, event: Event) -> None:
+    def handle(self, event: BaseEvent) -> None:
         self.f.write(json.dumps(event.to_dict(), default=str, separators=(",", ":")) + "\n")
 
     def close(self) -> None:

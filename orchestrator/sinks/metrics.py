@@ -13,7 +13,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ..events import Event
+from ..events import BaseEvent
+from ..events.kinds import JobStalled, Restart, Straggler, WorkerHung, WorkerLost
 
 #: profile record fields (milliseconds) exported as tfcluster_task_step_part_seconds{part=...}
 SPLIT_PARTS = (
@@ -50,17 +51,18 @@ class JobMetrics:
             self.profiles[task] = record
 
     # --- event sink -----------------------------------------------------------------------------
-    def handle(self, event: Event) -> None:
+    def handle(self, event: BaseEvent) -> None:
         with self._lock:
-            if event.event == "restart":
+            if isinstance(event, Restart):
                 self.restarts += 1
-            elif event.event == "straggler":
+            elif isinstance(event, Straggler):
                 self.stragglers += 1
-            elif event.event in ("worker_lost", "worker_hung", "job_stalled"):
+            elif isinstance(event, WorkerLost | WorkerHung | JobStalled):
                 self.verdicts += 1
-                latency = event.data.get("silent_s", event.data.get("stopped_s"))
-                if isinstance(latency, int | float):
-                    self.detection_s = float(latency)
+                if isinstance(event, WorkerLost):  # the evidence: how long it had been silent or stopped
+                    self.detection_s = float(event.silent_s)
+                elif isinstance(event, WorkerHung) and event.stopped_s is not None:
+                    self.detection_s = float(event.stopped_s)
 
     def close(self) -> None:
         pass

@@ -13,6 +13,7 @@ from typing import IO, Any
 
 from ..core.result import Failure, RunResult
 from ..events import EventBus
+from ..events import kinds as ev
 from ..runs import RunDir, write_json_atomic
 from .files import EventFileSink
 
@@ -26,11 +27,12 @@ def record_result(rundir: RunDir, result: RunResult, bus: EventBus | None = None
     bus = bus or EventBus([EventFileSink(rundir.events_jsonl)])
     try:
         bus.emit(
-            "job_finished",
-            state=result.state.value,
-            wall_time_s=data["wall_time_s"],
-            run_dir=str(rundir.path),
-            root_cause=data["root_cause"],
+            ev.JobFinished(
+                state=result.state.value,
+                wall_time_s=data["wall_time_s"],
+                run_dir=str(rundir.path),
+                root_cause=data["root_cause"],
+            )
         )
     finally:
         if own:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from ..core.result import Failure
 from ..events import EventBus
+from ..events.kinds import HeterogeneousGpus, Preflight
 from ..plan import Plan
 from ..spec import ClusterSpec
 from .checks import evaluate, failed
@@ -35,15 +36,16 @@ def check_before_go(
     warnings = [f for f in findings if failed(f) and not f.blocks]
     for f in findings:
         if f.code == "gpus" and failed(f):
-            bus.emit("heterogeneous_gpus", message=f.message)
+            bus.emit(HeterogeneousGpus(message=f.message))
     if not report:
         return None
     bus.emit(
-        "preflight",
-        ok=not blocking,
-        summary="; ".join(f"{f.task or 'all'}: {f.message}" for f in blocking + warnings),
-        findings=[f.to_dict() for f in findings if failed(f)],
-        warnings=len(warnings),
+        Preflight(
+            ok=not blocking,
+            summary="; ".join(f"{f.task or 'all'}: {f.message}" for f in blocking + warnings),
+            findings=[f.to_dict() for f in findings if failed(f)],
+            warnings=len(warnings),
+        )
     )
     if not blocking:
         return None

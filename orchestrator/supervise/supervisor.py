@@ -20,6 +20,7 @@ from ..backends import Backend, Channel, entry_failure
 from ..core.result import AttemptResult, Failure
 from ..core.states import JobState, TaskState
 from ..events import EventBus, HeartbeatSink, LogSink
+from ..events import kinds as ev
 from ..plan import Plan
 from ..spec import ClusterSpec
 from .bound import BoundWatch, RunBound
@@ -30,6 +31,9 @@ from .session import PROTOCOL_HINT, Output, ShellNoise, TaskSession, Violation, 
 from .status import attempt_result, snapshot
 
 TEARDOWN_MARGIN_S = 5.0
+#: the event each of the monitor's verdicts becomes
+VERDICT_EVENTS = {"lost": ev.WorkerLost, "hung": ev.WorkerHung, "stalled": ev.JobStalled, "startup_timeout": ev.StartupTimeout,
+                  "straggler": ev.Straggler, "straggler_cleared": ev.StragglerCleared, "worker_slowing": ev.WorkerSlowing}  # fmt: skip
 
 
 class Supervisor:
@@ -83,7 +87,7 @@ class Supervisor:
         on every input until each task is terminal, and return the attempt's result — failures as data,
         the first one its root cause. Channels of tasks that ended cleanly stay open for the hand-over."""
         self.pump.start()
-        self.bus.emit("attempt_started", attempt=self.attempt)
+        self.bus.emit(ev.AttemptStarted(attempt=self.attempt))
         starts = [(n, n.node_config(self.attempt)) for n in self.plan.nodes]
         self.backend.start_all(starts, self._deliver)
         hello_deadline = self.clock() + self.policy.startup_timeout_s
@@ -158,7 +162,7 @@ class Supervisor:
             if isinstance(x, Output):
                 self.logs.write(s.task, x.data)
             elif isinstance(x, ShellNoise):
-                self.bus.emit("shell_noise", task=s.task, host=s.host, text=x.text)
+                self.bus.emit(ev.ShellNoise(task=s.task, host=s.host, text=x.text))
             elif isinstance(x, Violation):
                 self._on_violation(s, x.error)
             else:
@@ -192,12 +196,12 @@ class Supervisor:
         elif isinstance(m, p.Hello):
             hostname = m.facts.hostname
             gpus = [{"name": g.name, "memory_mb": g.memory_mb} for g in m.facts.gpus]
-            self.bus.emit("task_ready", task=s.task, host=s.host, hostname=hostname, pid=m.pid, gpus=gpus)
+            self.bus.emit(ev.TaskReady(task=s.task, host=s.host, hostname=hostname, pid=m.pid, gpus=gpus))
         elif isinstance(m, p.Spawned):
-            self.bus.emit("task_spawned", task=s.task, host=s.host, pid=m.pid)
+            self.bus.emit(ev.TaskSpawned(task=s.task, host=s.host, pid=m.pid))
         elif isinstance(m, p.Started):
             self.monitor.on_started(s.task, now)
-            self.bus.emit("task_started", task=s.task, host=s.host, how=m.how)
+            self.bus.emit(ev.TaskStarted(task=s.task, host=s.host, how=m.how))
         elif isinstance(m, p.StrategyInfo):
             self.monitor.on_started(s.task, now)
         elif isinstance(m, p.Profile):
@@ -210,16 +214,8 @@ class Supervisor:
 
     def _on_exited(self, s: TaskSession, m: p.Exited) -> None:
         state = s.finish(m, job_stopping=self.stopping_reason is not None)
-        self.bus.emit(
-            "task_exited",
-            task=s.task,
-            host=s.host,
-            code=m.code,
-            signal=m.signal,
-            signal_name=m.signal_name,
-            stopped=state == TaskState.STOPPED,
-            reason=m.reason,
-        )
+        self.bus.emit(ev.TaskExited(task=s.task, host=s.host, code=m.code, signal=m.signal, signal_name=m.signal_name,
+                                    stopped=state == TaskState.STOPPED, reason=m.reason))  # fmt: skip
         if state != TaskState.FAILED:
             return
         if m.signal:
@@ -241,22 +237,19 @@ class Supervisor:
             status = s.channel.exit_status() if s.channel else None
         if self.stopping_reason and s.stop_sent:
             s.become(TaskState.STOPPED)
-            self.bus.emit(
-                "task_exited", task=s.task, host=s.host, code=None, signal=None, stopped=True,
-                reason="channel closed during teardown",
-            )  # fmt: skip
+            self._stopped_waiting(s, "channel closed during teardown")
             return
         s.become(TaskState.LOST)
         diag = entry_failure(status, s.diag_text, s.node.argv[0], synced=s.decoder.synced)
         msg = diag.message if diag else f"connection closed without an exit status (channel status {status})"
-        self.bus.emit("task_lost", task=s.task, host=s.host, message=msg, status=status)
+        self.bus.emit(ev.TaskLost(task=s.task, host=s.host, message=msg, status=status))
         self._blame_suspects(s)
         self._fail(self._failure("lost", msg, s, exit_code=status, hint=diag.hint if diag else ""))
 
     def _on_violation(self, s: TaskSession, error: str) -> None:
         """The node broke the protocol: that task fails (its node stops it when its channel closes)."""
         msg = f"protocol error from {s.host}: {error}"
-        self.bus.emit("protocol_error", task=s.task, host=s.host, message=msg)
+        self.bus.emit(ev.NodeProtocolError(task=s.task, host=s.host, message=msg))
         was_alive = s.state.is_alive
         s.send(p.Stop(grace_s=0, reason=msg))
         s.stop_sent = True
@@ -293,9 +286,8 @@ class Supervisor:
         self.state = JobState.RUNNING
 
     def _verdict(self, v: Verdict) -> None:
-        event = {"lost": "worker_lost", "hung": "worker_hung", "stalled": "job_stalled"}.get(v.kind, v.kind)
         s = self.sessions.get(v.task) if v.task else None
-        self.bus.emit(event, task=v.task, host=s.host if s else None, message=v.message, **v.data)
+        self.bus.emit(VERDICT_EVENTS[v.kind](task=v.task, host=s.host if s else None, message=v.message, **v.data))
         if v.kind == "lost" and s is not None and not v.data.get("suspect") and not s.state.is_terminal:
             # Silent past the timeout: waiting for its exit status would only delay the teardown.
             # Its worker_entry stops the task by itself when our pings stop reaching it.
@@ -310,7 +302,7 @@ class Supervisor:
         why = self.bound.check(running, now, self.went_at) if self.bound and not self.stopping_reason else None
         if why is not None:
             self.bound_reached = why
-            self.bus.emit("bound_reached", message=why, steps=min((n or 0 for n in running.values()), default=0))
+            self.bus.emit(ev.BoundReached(message=why, steps=min((n or 0 for n in running.values()), default=0)))
             self._teardown(f"bounded run: {why}", bounded=True)
 
     def _blame_suspects(self, failed_task: TaskSession) -> None:
@@ -339,7 +331,7 @@ class Supervisor:
         if self.stopping_reason is None:
             self.stopping_reason = reason
             self.state = JobState.STOPPING
-            self.bus.emit("teardown", reason=reason, grace_s=grace, bounded=bounded)
+            self.bus.emit(ev.Teardown(reason=reason, grace_s=grace, bounded=bounded))
         for s in self.sessions.values():
             if s.state == TaskState.PENDING:  # its backend start is still under way: never let it run
                 s.become(TaskState.NOT_STARTED)
@@ -363,7 +355,12 @@ class Supervisor:
             return
         s.close()
         s.become(TaskState.LOST if not s.stop_sent else TaskState.STOPPED)
-        self.bus.emit("task_exited", task=s.task, host=s.host, code=None, signal=None, stopped=True, reason=reason)
+        self._stopped_waiting(s, reason)
+
+    def _stopped_waiting(self, s: TaskSession, reason: str) -> None:
+        """Its exit status will not come (abandoned, or its channel closed during the teardown)."""
+        self.bus.emit(ev.TaskExited(task=s.task, host=s.host, code=None, signal=None, signal_name=None, stopped=True,
+                                    reason=reason))  # fmt: skip
 
     def _check_interrupt(self) -> None:
         if self.interrupt.count == self._handled_interrupts:
@@ -376,7 +373,7 @@ class Supervisor:
         forward = signal.SIGINT if sig == signal.SIGINT else signal.SIGTERM
         if self.interrupted_by is None:
             self.interrupted_by = sig
-            self.bus.emit("interrupted", signal=name)
+            self.bus.emit(ev.Interrupted(signal=name))
             self._teardown(f"interrupted by {name}", signum=forward)
         else:
             self._teardown(f"interrupted again by {name}: killing now", grace=0, signum=forward)

@@ -26,6 +26,7 @@ from worker_entry import protocol as p
 
 from ..backends import Connection
 from ..events import EventBus
+from ..events.kinds import JobWarning
 from ..plan import NodePlan, Plan
 from .fetch import fetch, items_of, list_files
 from .state import GatherState, Item, Progress, Totals
@@ -111,9 +112,10 @@ def sync_backup(plan: Plan, conns: Mapping[str, Connection], bus: EventBus) -> d
             res = push_dir(conns[str(node.task)], node.argv[0], verified, f"{node.backup_dir}/chief")
             (done if res.get("ok") else errors).append(f"{node.task}" + ("" if res.get("ok") else f": {res.get('error')}"))
         bus.emit(
-            "warning",
-            message=f"copied the chief's backup ({len(verified)} files) to {', '.join(done) or 'no task'} before the "
-            "restart" + (f"; failed: {errors}" if errors else ""),
+            JobWarning(
+                message=f"copied the chief's backup ({len(verified)} files) to {', '.join(done) or 'no task'} before "
+                "the restart" + (f"; failed: {errors}" if errors else ""),
+            )
         )
         return {"synced": done, "errors": errors, "files": len(verified)}
     finally:

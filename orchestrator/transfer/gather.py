@@ -15,6 +15,7 @@ from worker_entry import protocol as p
 
 from ..backends import Connection
 from ..events import EventBus
+from ..events.kinds import GatherFailed, GatherFinished, GatherStarted, JobWarning
 from ..plan import NodePlan, Plan
 from ..runs import RunDir, write_bytes_atomic
 from .fetch import StopCheck, fetch, items_of, list_files
@@ -36,7 +37,7 @@ def gather_after_run(
     Hosts are gathered in parallel; a task's node-side log is copied only when it differs in size
     from what arrived live (then the node's copy completes RUN/logs/).
     """
-    bus.emit("gather_started", attempts=attempts)
+    bus.emit(GatherStarted(attempts=attempts))
     state = GatherState.load(rundir.gather_state_json)
     totals = Totals()
     reachable = []
@@ -148,15 +149,16 @@ def summarize(
         "dest": str(rundir.path),
     }
     if totals.errors:
-        bus.emit("gather_failed", message="; ".join(totals.errors[:3]), errors=totals.errors)
+        bus.emit(GatherFailed(message="; ".join(totals.errors[:3]), errors=totals.errors))
     bus.emit(
-        "gather_finished",
-        files=totals.files,
-        bytes=totals.bytes,
-        dest=str(rundir.path),
-        already_verified=totals.skipped_verified,
-        skipped=len(totals.skipped),
-        errors=len(totals.errors),
+        GatherFinished(
+            files=totals.files,
+            bytes=totals.bytes,
+            dest=str(rundir.path),
+            already_verified=totals.skipped_verified,
+            skipped=len(totals.skipped),
+            errors=len(totals.errors),
+        )
     )
     return summary
 
@@ -173,9 +175,10 @@ def complete_live_log(rundir: RunDir, node: NodePlan, attempt: int, dest: Path, 
         with open(node_log, "rb") as src:
             write_bytes_atomic(live, iter(lambda: src.read(1 << 20), b""))
         bus.emit(
-            "warning",
-            task=str(node.task),
-            host=node.host,
-            message=f"{node_size - live_size} bytes of {node.task}'s output never arrived live; "
-            f"{live} was completed from the node's copy",
+            JobWarning(
+                task=str(node.task),
+                host=node.host,
+                message=f"{node_size - live_size} bytes of {node.task}'s output never arrived live; "
+                f"{live} was completed from the node's copy",
+            )
         )

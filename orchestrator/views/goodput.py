@@ -26,7 +26,8 @@ attempt counts only epochs it finished when an earlier resume proved that backup
 
 Clocks: events carry the launcher's clock, progress records the nodes' (records go to the attempt
 whose start precedes them). Times are clamped into order, so a skew moves time between neighbouring
-categories, never out of the wall. Input: events and heartbeat records as ``records`` cleans them.
+categories, never out of the wall. Input: typed events (``events.read_events``) and heartbeat records as
+``records`` cleans them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..events import BaseEvent, kinds
 from .records import is_number
 from .split import job_split, weighted
 
@@ -91,23 +93,19 @@ def _no(n: Any) -> int | None:
     return n if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 10_000 else None
 
 
-def _attempts(events: list[dict[str, Any]], result: Mapping[str, Any]) -> list[Attempt]:
+def _attempts(events: list[BaseEvent], result: Mapping[str, Any]) -> list[Attempt]:
     """Attempts with their start, end, state and failure time, from events, then result.json."""
     by_n: dict[int, Attempt] = {}
     stops: list[float] = []  # teardowns and interrupts: the failure time when no root cause says it
     for ev in events:
-        kind, n = ev.get("event"), _no(ev.get("attempt"))
-        if kind in ("teardown", "interrupted", "requeued"):
-            stops.append(ev["ts"])
-        if n is None:
-            continue
-        if kind == "attempt_started":
-            by_n.setdefault(n, Attempt(n)).start = ev["ts"]
-        elif kind == "attempt_finished":
+        if isinstance(ev, kinds.Teardown | kinds.Interrupted | kinds.Requeued):
+            stops.append(ev.ts)
+        elif isinstance(ev, kinds.AttemptStarted) and (n := _no(ev.attempt)) is not None:
+            by_n.setdefault(n, Attempt(n)).start = ev.ts
+        elif isinstance(ev, kinds.AttemptFinished) and (n := _no(ev.attempt)) is not None:
             a = by_n.setdefault(n, Attempt(n))
-            a.end, a.state = ev["ts"], ev.get("state")
-            rc = ev.get("root_cause")
-            a.failed_at = _num(rc.get("ts") if isinstance(rc, dict) else None)
+            a.end, a.state = ev.ts, ev.state
+            a.failed_at = _num(ev.root_cause.get("ts") if ev.root_cause is not None else None)
     for d in result.get("attempts") if isinstance(result.get("attempts"), list) else []:
         n = _no(d.get("attempt")) if isinstance(d, dict) else None
         if n is None:
@@ -203,16 +201,16 @@ def _backup(a: Attempt, first: float, later: list[Attempt], proven: bool) -> tup
 
 
 def goodput(
-    events: list[dict[str, Any]], beats: list[dict[str, Any]], result: Mapping[str, Any] | None, finished: bool = True
+    events: list[BaseEvent], beats: list[dict[str, Any]], result: Mapping[str, Any] | None, finished: bool = True
 ) -> dict[str, Any] | None:
     """The wall time split into CATEGORIES (seconds), ``goodput`` (a fraction) and per-attempt detail;
     None when the run has no start to measure from."""
     result = result if isinstance(result, Mapping) else {}
-    begun = [e["ts"] for e in events if e.get("event") == "job_started"]
+    begun = [e.ts for e in events if isinstance(e, kinds.JobStarted)]
     start = min(begun) if begun else _num(result.get("started_ts"))
     if start is None:
-        start = min((e["ts"] for e in events), default=None)
-    stamps = [e["ts"] for e in events] + [x for x in [_num(result.get("ended_ts"))] if x is not None]
+        start = min((e.ts for e in events), default=None)
+    stamps = [e.ts for e in events] + [x for x in [_num(result.get("ended_ts"))] if x is not None]
     if not finished:
         stamps += [t for r in beats if (t := _num(r.get("ts"))) is not None]
     end = max(stamps, default=None)
@@ -259,11 +257,10 @@ def goodput(
         else:
             d["teardown_s"] = upto("teardown_s", a.end)
         details.append({k: round(v, 3) if isinstance(v, float) else v for k, v in d.items()})
-    gathers = [e for e in events if e.get("event") in ("gather_started", "gather_finished", "gather_failed")]
-    g0 = min((e["ts"] for e in gathers if e["event"] == "gather_started"), default=None)
+    g0 = min((e.ts for e in events if isinstance(e, kinds.GatherStarted)), default=None)
     if g0 is not None:
         upto("other_s", g0)
-        upto("gather_s", max((e["ts"] for e in gathers if e["event"] != "gather_started"), default=end))
+        upto("gather_s", max((e.ts for e in events if isinstance(e, kinds.GatherFinished | kinds.GatherFailed)), default=end))
     upto("other_s", end)
     wall = end - start
     out: dict[str, Any] = {"wall_s": round(wall, 3), **{k: round(v, 3) for k, v in sums.items()}}

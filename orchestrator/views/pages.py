@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..events.kinds import Straggler
 from ..runs import RunDir, write_bytes_atomic
 from . import plots
 from .records import event_records, heartbeat_records
@@ -88,7 +89,7 @@ def sweep_page(summary: Mapping[str, Any], text: str, root: Path) -> tuple[Path,
     largest = max((s for s in sizes if s.get("run_dir") and RunDir(Path(s["run_dir"])).plan_json.exists()), key=lambda s: s["workers"], default=None)
     if largest is not None:
         run = RunDir(Path(largest["run_dir"]))
-        marks = [(float(e["ts"]), str(e.get("task"))) for e in event_records(run.events_jsonl) if e["event"] == "straggler"]
+        marks = [(e.ts, str(e.task)) for e in event_records(run.events_jsonl) if isinstance(e, Straggler)]
         n = largest["workers"]
         images.append((f"Step time per worker at {n} workers (dashed: a straggler named)", plots.step_times(step_series(run), marks, root / f"step_times_{n}.png")))
         parts = worker_parts(largest.get("per_worker") or {})

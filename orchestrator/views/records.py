@@ -4,7 +4,8 @@ a hand-edited file, a record with a string where a number belongs) must give a r
 A heartbeat or profile record whose known numeric fields are not finite numbers is skipped (the
 protocol refused such a message on receipt, so only a damaged file has one); a bad optional part
 (``progress``, ``host``, ``gpus``) is dropped from its record. Unknown fields pass untouched: newer
-launchers may add some. The known fields come from the protocol's own records.
+launchers may add some. The known fields come from the protocol's own records. Events are typed events
+(``events.read_events``, with its own rules for damaged lines).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from worker_entry import protocol as p
 
+from ..events import BaseEvent, read_events
 from ..runs import RunDir, read_jsonl
 
 
@@ -36,8 +38,7 @@ HEARTBEAT_NUMERIC = _numeric(p.Heartbeat)
 PROFILE_NUMERIC = _numeric(p.Profile)
 PROGRESS_NUMERIC = _numeric(p.Progress)
 HOST_NUMERIC = _numeric(p.HostSample)
-GPU_NUMERIC = {**_numeric(p.GpuSample), "memory_mb": (0, math.inf)}  # memory_mb: task_ready's GPUs
-EVENT_NUMERIC = dict.fromkeys(("wait_ms", "share", "step_ms", "attempt", "seconds", "silent_s"), (0, math.inf))
+GPU_NUMERIC = _numeric(p.GpuSample)
 
 
 def is_number(x: Any) -> bool:
@@ -85,29 +86,13 @@ def clean_heartbeat(rec: dict[str, Any]) -> dict[str, Any] | None:
     return rec
 
 
-def clean_event(ev: dict[str, Any]) -> dict[str, Any] | None:
-    """An event with a numeric ``ts``, a string ``event``, string ``task``/``host`` (or none), known
-    numbers as numbers; a damaged ``gpus`` or ``root_cause`` is dropped from it."""
-    if not is_number(ev.get("ts")) or not isinstance(ev.get("event"), str):
-        return None
-    if any(ev.get(k) is not None and not isinstance(ev[k], str) for k in ("task", "host", "state", "cause")):
-        return None
-    if not _numbers_ok(ev, EVENT_NUMERIC):
-        return None
-    if "gpus" in ev:
-        ev["gpus"] = _clean_gpus(ev["gpus"])
-    rc = ev.get("root_cause")
-    if rc is not None and not (isinstance(rc, dict) and (rc.get("ts") is None or is_number(rc["ts"]))):
-        ev.pop("root_cause")
-    return ev
-
-
 def heartbeat_records(path: Path) -> list[dict[str, Any]]:
     return [r for r in map(clean_heartbeat, read_jsonl(path)) if r is not None]
 
 
-def event_records(path: Path) -> list[dict[str, Any]]:
-    return [e for e in map(clean_event, read_jsonl(path)) if e is not None]
+def event_records(path: Path) -> list[BaseEvent]:
+    """The run's intact events, typed; a damaged line is skipped (``events.read``)."""
+    return read_events(path)
 
 
 def json_object(run: RunDir, path: Path) -> dict[str, Any]:

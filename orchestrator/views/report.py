@@ -17,6 +17,8 @@ from typing import Any
 from worker_entry.protocol.env import Env
 
 from ..core.text import table
+from ..events import BaseEvent
+from ..events.kinds import Straggler, TaskReady, WorkerSlowing
 from ..runs import RunDir
 from ..supervise import explain, find_straggler, gpu_suspect, host_suspect, slow_gpus
 from .goodput import goodput, goodput_lines
@@ -65,12 +67,13 @@ def build_report(
     hosts = {f"{n['task'].get('type')}:{n['task'].get('index')}": n.get("host") for n in nodes}
     events = event_records(run.events_jsonl)
     stragglers = [
-        {k: ev.get(k) for k in ("ts", "task", "host", "wait_ms", "share", "cause", "message")}
+        {"ts": ev.ts, "task": ev.task, "host": ev.host, "wait_ms": ev.wait_ms, "share": ev.share, "cause": ev.cause,
+         "message": ev.message}
         for ev in events
-        if ev.get("event") == "straggler"
-    ]
-    slowing = [{k: ev.get(k) for k in ("ts", "task", "host", "message")} for ev in events if ev.get("event") == "worker_slowing"]
-    gpu_models = {ev["task"]: ev.get("gpus") or [] for ev in events if ev.get("event") == "task_ready" and ev.get("task")}
+        if isinstance(ev, Straggler)
+    ]  # fmt: skip
+    slowing = [{"ts": ev.ts, "task": ev.task, "host": ev.host, "message": ev.message} for ev in events if isinstance(ev, WorkerSlowing)]
+    gpu_models = {ev.task: ev.gpus for ev in events if isinstance(ev, TaskReady) and ev.task}
 
     workers: dict[str, dict[str, Any]] = {}
     host_samples: dict[str, list[dict[str, Any]]] = {}
@@ -127,7 +130,7 @@ def build_report(
     }
 
 
-def _goodput(events: list[dict[str, Any]], records: list[dict[str, Any]], run: RunDir, window: Any) -> Any:
+def _goodput(events: list[BaseEvent], records: list[dict[str, Any]], run: RunDir, window: Any) -> Any:
     """Goodput always splits the whole run's wall time; with --last it says so."""
     g = goodput(events, records, json_object(run, run.result_json), run.is_finished())
     if g is not None and window is not None:

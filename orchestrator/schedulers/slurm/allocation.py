@@ -31,6 +31,7 @@ from worker_entry.protocol.env import Env
 
 from ...core.result import AttemptResult, Failure, TaskResult
 from ...core.states import JobState, TaskState, interrupted_state
+from ...events import kinds as ev
 from ...job import Action, Decision, RestartPolicy, RunScheduling
 from ...runs import RunDir
 from ...spec import ClusterSpec
@@ -85,15 +86,13 @@ class SlurmScheduling(RunScheduling):
 
     def opened(self, job: RunContext) -> None:
         job.bus.emit(
-            "slurm_allocation",
-            job_id=self.job_id,
+            ev.SlurmAllocation(job_id=self.job_id,
             restart=self.restart_count,
             nodes=self.env.get("SLURM_JOB_NODELIST", ""),
             batch_host=self.env.get("SLURMD_NODENAME") or None,
             first_attempt=len(job.result.attempts),
             preemptions=self.state.preemptions,
-            timeouts=self.state.timeouts,
-        )
+            timeouts=self.state.timeouts,))
 
     def _earlier_attempts(self, job: RunContext) -> list[AttemptResult]:
         attempts = []
@@ -166,21 +165,19 @@ class SlurmScheduling(RunScheduling):
         job.backend.close()  # the step is down before we give up the allocation
         ours = job.interrupt.first == signal.SIGUSR2  # a warning: Slurm will not requeue the job, we do
         job.bus.emit(
-            "requeued",
-            reason=self.ending,
+            ev.Requeued(reason=self.ending,
             job_id=self.job_id,
             how="scontrol requeue" if ours else "by Slurm",
             preemptions=self.state.preemptions,
             timeouts=self.state.timeouts,
-            next_attempt=len(job.result.attempts),
-        )
+            next_attempt=len(job.result.attempts),))
         self.state.save(self.rundir)
         if ours:
             try:
                 sc.requeue(self.job_id)  # Slurm now SIGTERMs us: everything is on disk already
             except sc.SlurmError as exc:
                 new_job = self._resubmit(job)
-                job.bus.emit("warning", message=f"scontrol requeue refused ({exc}); resubmitted as Slurm job {new_job}")
+                job.bus.emit(ev.JobWarning(message=f"scontrol requeue refused ({exc}); resubmitted as Slurm job {new_job}"))
                 self.state.save(self.rundir)
 
     def _resubmit(self, job: RunContext) -> str | None:
@@ -192,7 +189,7 @@ class SlurmScheduling(RunScheduling):
             env = {**os.environ, Env.SLURM_SPEC: self.spec_payload} if self.spec_payload else None
             new = sc.submit([*argv[:-1], f"--dependency=afterany:{self.job_id}", argv[-1]], env=env)
         except (OSError, ValueError) as exc:
-            job.bus.emit("warning", message=f"could not resubmit the job: {exc}")
+            job.bus.emit(ev.JobWarning(message=f"could not resubmit the job: {exc}"))
             return None
         self.state.job_ids.append(new)
         return new

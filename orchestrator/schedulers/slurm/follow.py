@@ -10,15 +10,14 @@ without a terminal: cancel); a second Ctrl-C after cancelling scancels the whole
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from ...events import Event
+from ...events import parse_events
 from ...plan import Plan
-from ...runs import RunDir
+from ...runs import RunDir, json_objects
 from ...runs.tail import Tail
 from ...sinks import ConsoleSink, use_color
 from ...views.logs import LogQuery
@@ -65,12 +64,7 @@ class Follower:
             else:
                 self.out.write(shown + "\n")
         self.out.flush()
-        for raw in self.events.lines():
-            try:
-                d = json.loads(raw)
-                ev = Event(str(d.pop("event")), float(d.pop("ts")), d.pop("task", None), d.pop("host", None), d)
-            except (ValueError, KeyError, TypeError, AttributeError):
-                continue
+        for ev in parse_events(json_objects(self.events.lines())):  # a damaged line is skipped, never shown raw
             self.console.handle(ev)
 
     def _poll_slurm(self) -> bool:

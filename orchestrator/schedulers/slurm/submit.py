@@ -25,6 +25,7 @@ from ...core.errors import UsageError
 from ...core.result import Failure, RunResult
 from ...core.states import JobState
 from ...events import EventBus
+from ...events import kinds as ev
 from ...plan import Plan
 from ...runs import RunDir, write_json_atomic, write_private
 from ...sinks import EventFileSink
@@ -98,8 +99,8 @@ def _refused(rundir: RunDir, plan: Plan, message: str, attempt_limit: int) -> No
                        failures=[Failure("scheduler", f"sbatch refused the job: {message}", now, hint=hint)])  # fmt: skip
     bus = EventBus([EventFileSink(rundir.events_jsonl)])
     try:
-        bus.emit("job_started", job=plan.job, run_id=plan.run_id, run_dir=str(rundir.path), tasks=len(plan.nodes),
-                 attempt_limit=attempt_limit)  # fmt: skip
+        bus.emit(ev.JobStarted(job=plan.job, run_id=plan.run_id, run_dir=str(rundir.path), tasks=len(plan.nodes),
+                 attempt_limit=attempt_limit))  # fmt: skip
         record_result(rundir, result, bus)
     finally:
         bus.close()

@@ -1,0 +1,384 @@
+"""Every event kind, one frozen dataclass each, in the order of docs/events.md (which lists their fields).
+
+Fields are declared in the order of their events.jsonl line. A field without a default must be given
+when the event is built; reading a line, a missing field whose type allows null reads as null (see
+``base``). Structured values stay JSON-shaped (``root_cause``: a ``core.result.Failure`` dict;
+``findings``: diagnostics; ``gpus``; per-task ``steps`` maps) with their outer type checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from worker_entry.protocol import spec
+
+from .base import COUNT, MANY, SOMETIMES, TEXT, BaseEvent, failure_or_none, gpu_models
+
+# --- the job ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobStarted(BaseEvent):
+    """The launcher starts: the first event of a run."""
+
+    KIND: ClassVar[str] = "job_started"
+    job: str
+    run_id: str
+    run_dir: str
+    tasks: int = field(metadata=COUNT)
+    attempt_limit: int | None = field(metadata=spec(lo=1))  # null: a Slurm submission refused by sbatch
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsServed(BaseEvent):
+    """The launcher serves Prometheus metrics."""
+
+    KIND: ClassVar[str] = "metrics"
+    url: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobWarning(BaseEvent):
+    """A spec warning, a completed log, a backup copied before a restart."""
+
+    KIND: ClassVar[str] = "warning"
+    message: str = field(metadata=TEXT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Connected(BaseEvent):
+    """Every host is reachable."""
+
+    KIND: ClassVar[str] = "connected"
+    hosts: int = field(metadata=COUNT)
+    seconds: float = field(metadata=COUNT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectFailed(BaseEvent):
+    """A host cannot be reached (one per host); ``kind`` is the diagnostic's code."""
+
+    KIND: ClassVar[str] = "connect_failed"
+    kind: str
+    message: str = field(metadata=TEXT)
+    hint: str = field(metadata=TEXT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptStarted(BaseEvent):
+    """An attempt (0, then one per restart) starts its tasks."""
+
+    KIND: ClassVar[str] = "attempt_started"
+    attempt: int = field(metadata=COUNT)
+
+
+# --- a task -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskReady(BaseEvent):
+    """worker_entry reported its facts; ``gpus``: per GPU ``name`` and ``memory_mb``."""
+
+    KIND: ClassVar[str] = "task_ready"
+    hostname: str
+    pid: int = field(metadata=spec(lo=1))
+    gpus: list[dict[str, Any]] = field(metadata={**MANY, "repair": gpu_models})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Preflight(BaseEvent):
+    """Cross-host checks ran, before the go; ``findings``: the failed checks as diagnostics."""
+
+    KIND: ClassVar[str] = "preflight"
+    ok: bool
+    summary: str = field(metadata=TEXT)
+    findings: list[dict[str, Any]] = field(metadata=MANY)
+    warnings: int = field(metadata=COUNT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeterogeneousGpus(BaseEvent):
+    """Different GPU models across hosts."""
+
+    KIND: ClassVar[str] = "heterogeneous_gpus"
+    message: str = field(metadata=TEXT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShellNoise(BaseEvent):
+    """The login shell printed something before worker_entry (kept in the task's log)."""
+
+    KIND: ClassVar[str] = "shell_noise"
+    text: str = field(metadata=TEXT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSpawned(BaseEvent):
+    """The training command runs."""
+
+    KIND: ClassVar[str] = "task_spawned"
+    pid: int = field(metadata=spec(lo=1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskStarted(BaseEvent):
+    """The task has started; ``how``: ``tf_server``, ``strategy`` or ``progress``."""
+
+    KIND: ClassVar[str] = "task_started"
+    how: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskExited(BaseEvent):
+    """A task ended, or the launcher stopped waiting for it: every field always there, null when unknown
+    (``code`` null: past the teardown deadline, silent, or its channel closed during the teardown)."""
+
+    KIND: ClassVar[str] = "task_exited"
+    code: int | None
+    signal: int | None = field(metadata=spec(lo=1))
+    signal_name: str | None
+    stopped: bool  # ended by our teardown
+    reason: str | None = field(metadata=TEXT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskLost(BaseEvent):
+    """The channel closed without an exit status; ``status``: the channel's own, when it has one."""
+
+    KIND: ClassVar[str] = "task_lost"
+    message: str = field(metadata=TEXT)
+    status: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeProtocolError(BaseEvent):
+    """A node sent something the protocol does not allow: that task fails, the job tears down."""
+
+    KIND: ClassVar[str] = "protocol_error"
+    message: str = field(metadata=TEXT)
+
+
+# --- verdicts ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerLost(BaseEvent):
+    """No heartbeat for ``heartbeat.timeout_s`` (``suspect``: silent before a peer failed)."""
+
+    KIND: ClassVar[str] = "worker_lost"
+    message: str = field(metadata=TEXT)
+    silent_s: float = field(metadata=COUNT)
+    suspect: bool = field(default=False, metadata=SOMETIMES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerHung(BaseEvent):
+    """The training process is stopped (``state``, ``stopped_s``), or makes no progress while others do
+    (``steps``); ``suspect``: stopped before a peer failed. Only the fields that apply are written."""
+
+    KIND: ClassVar[str] = "worker_hung"
+    message: str = field(metadata=TEXT)
+    state: str | None = field(default=None, metadata=SOMETIMES)
+    stopped_s: float | None = field(default=None, metadata={**COUNT, **SOMETIMES})
+    steps: int | None = field(default=None, metadata={**COUNT, **SOMETIMES})
+    suspect: bool = field(default=False, metadata=SOMETIMES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobStalled(BaseEvent):
+    """No training step on any worker for ``heartbeat.progress_timeout_s``; ``steps`` per task."""
+
+    KIND: ClassVar[str] = "job_stalled"
+    message: str = field(metadata=TEXT)
+    steps: dict[str, int | None] = field(metadata=MANY)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartupTimeout(BaseEvent):
+    """Tasks did not start within ``job.startup_timeout_s``."""
+
+    KIND: ClassVar[str] = "startup_timeout"
+    message: str = field(metadata=TEXT)
+    not_started: list[str] = field(metadata=MANY)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Straggler(BaseEvent):
+    """A worker the others wait for, confirmed over two profile rounds; ``pre_collective_ms`` per task."""
+
+    KIND: ClassVar[str] = "straggler"
+    message: str = field(metadata=TEXT)
+    wait_ms: float = field(metadata=COUNT)
+    step_ms: float = field(metadata=COUNT)
+    share: float = field(metadata=COUNT)
+    cause: str
+    pre_collective_ms: dict[str, float] = field(metadata=MANY)
+    relative_score: float | None = field(metadata=COUNT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerCleared(BaseEvent):
+    """The straggler no longer is one."""
+
+    KIND: ClassVar[str] = "straggler_cleared"
+    message: str = field(metadata=TEXT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerSlowing(BaseEvent):
+    """A worker's own work per step fell well below its best window, two rounds in a row."""
+
+    KIND: ClassVar[str] = "worker_slowing"
+    message: str = field(metadata=TEXT)
+    individual_score: float = field(metadata=COUNT)
+    relative_score: float = field(metadata=COUNT)
+    local_ms: float = field(metadata=COUNT)
+    best_local_ms: float | None = field(metadata=COUNT)
+
+
+# --- stopping ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Interrupted(BaseEvent):
+    """SIGINT/SIGTERM on the launcher (or ``tfcluster stop``); ``signal``: its name."""
+
+    KIND: ClassVar[str] = "interrupted"
+    signal: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Detached(BaseEvent):
+    """SIGHUP: the job goes on, the launcher's output goes to ``log``."""
+
+    KIND: ClassVar[str] = "detached"
+    message: str = field(metadata=TEXT)
+    log: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class BoundReached(BaseEvent):
+    """A bounded run had its steps or time; ``steps``: the fewest any running worker made."""
+
+    KIND: ClassVar[str] = "bound_reached"
+    message: str = field(metadata=TEXT)
+    steps: int = field(metadata=COUNT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Teardown(BaseEvent):
+    """The whole job is being stopped (``bounded``: a bounded run had enough)."""
+
+    KIND: ClassVar[str] = "teardown"
+    reason: str = field(metadata=TEXT)
+    grace_s: float = field(metadata=COUNT)
+    bounded: bool = False
+
+
+# --- attempts, gathering, the end ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptFinished(BaseEvent):
+    """Every task of an attempt ended; ``root_cause``: a failure record, or null."""
+
+    KIND: ClassVar[str] = "attempt_finished"
+    attempt: int = field(metadata=COUNT)
+    state: str
+    root_cause: dict[str, Any] | None = field(metadata={"repair": failure_or_none})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Restart(BaseEvent):
+    """All tasks are relaunched after a failure."""
+
+    KIND: ClassVar[str] = "restart"
+    attempt: int = field(metadata=COUNT)
+    max_attempts: int = field(metadata=COUNT)
+    reason: str = field(metadata=TEXT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatherStarted(BaseEvent):
+    """Copying logs and checkpoints back begins, for ``attempts`` attempts."""
+
+    KIND: ClassVar[str] = "gather_started"
+    attempts: int = field(metadata=COUNT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatherFinished(BaseEvent):
+    """Copying back ended; ``skipped`` and ``errors`` are counts."""
+
+    KIND: ClassVar[str] = "gather_finished"
+    files: int = field(metadata=COUNT)
+    bytes: int = field(metadata=COUNT)
+    dest: str
+    already_verified: int = field(metadata=COUNT)
+    skipped: int = field(metadata=COUNT)
+    errors: int = field(metadata=COUNT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatherFailed(BaseEvent):
+    """Some files could not be copied back; ``errors``: every one, ``message``: the first three."""
+
+    KIND: ClassVar[str] = "gather_failed"
+    message: str = field(metadata=TEXT)
+    errors: list[str] = field(metadata=MANY)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobFinished(BaseEvent):
+    """The last event of a run."""
+
+    KIND: ClassVar[str] = "job_finished"
+    state: str
+    wall_time_s: float
+    run_dir: str
+    root_cause: dict[str, Any] | None = field(metadata={"repair": failure_or_none})
+
+
+# --- Slurm ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmAllocation(BaseEvent):
+    """A supervisor starts in a Slurm allocation (the first, or one after a requeue)."""
+
+    KIND: ClassVar[str] = "slurm_allocation"
+    job_id: str
+    restart: int = field(metadata=COUNT)
+    nodes: str = field(metadata=TEXT)
+    batch_host: str | None
+    first_attempt: int = field(metadata=COUNT)
+    preemptions: int = field(metadata=COUNT)
+    timeouts: int = field(metadata=COUNT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Requeued(BaseEvent):
+    """The allocation ended (time limit near, preemption); the next allocation resumes."""
+
+    KIND: ClassVar[str] = "requeued"
+    reason: str
+    job_id: str
+    how: str
+    preemptions: int = field(metadata=COUNT)
+    timeouts: int = field(metadata=COUNT)
+    next_attempt: int = field(metadata=COUNT)
+
+
+#: Every kind, by its name (docs/events.md lists each with its fields).
+EVENT_TYPES: dict[str, type[BaseEvent]] = {
+    cls.KIND: cls
+    for cls in (
+        JobStarted, MetricsServed, JobWarning, Connected, ConnectFailed, AttemptStarted, TaskReady, Preflight,
+        HeterogeneousGpus, ShellNoise, TaskSpawned, TaskStarted, TaskExited, TaskLost, NodeProtocolError,
+        WorkerLost, WorkerHung, JobStalled, StartupTimeout, Straggler, StragglerCleared, WorkerSlowing,
+        Interrupted, Detached, BoundReached, Teardown, AttemptFinished, Restart, GatherStarted, GatherFinished,
+        GatherFailed, JobFinished, SlurmAllocation, Requeued,
+    )
+}  # fmt: skip
+EVENT_KINDS = frozenset(EVENT_TYPES)
