@@ -31,6 +31,9 @@ def test_detach_returns_at_once_and_the_job_runs_on_in_its_own_session(testbed_f
     assert r.returncode == 0, r.stderr
     pid = int(re.search(r"pid (\d+)", r.stdout).group(1))
     assert f"run directory {run}" in r.stdout and "tfcluster logs" in r.stdout
+    # one run, one id: the background launcher plans with the id this command chose and printed
+    run_id = re.search(r"run id (\S+)\)", r.stdout).group(1)
+    assert json.loads((run / "plan.json").read_text())["run_id"] == run_id
     assert os.getsid(pid) == pid != os.getsid(0)  # its own session: no terminal can hang it up
     follow = run_cli("logs", str(run), "--follow", tb=tb, timeout=120)
     assert follow.returncode == 0

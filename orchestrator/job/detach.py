@@ -48,7 +48,7 @@ def launch_detached(spec: str, run_dir: str, run_id: str, child_args: Sequence[s
             break
         time.sleep(0.05)
     return 0, (
-        f"launched in the background (pid {proc.pid}); run {run_id} in {rundir.path}\n"
+        f"launched in the background (pid {proc.pid}); run directory {rundir.path} (run id {run_id})\n"
         f"  tfcluster logs {rundir.path} --follow\n"
         f"  tfcluster status {rundir.path}\n"
         f"  tfcluster stop {rundir.path}"
