@@ -267,7 +267,8 @@ class FakeBackend(Backend):
         for n in self.history:
             n.chan.close()
         for n in self.history:
-            n.thread.join(5)
+            if n.thread.ident is not None:  # start_all's thread may not have started it yet (a fast failure)
+                n.thread.join(5)
 
 
 def make_plan(n_hosts: int = 3, **sections: Any) -> tuple[Any, Any]:
