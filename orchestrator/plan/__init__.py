@@ -5,6 +5,7 @@ from .build import SshLookup, build_plan, resolve_communication
 from .kubernetes import PodNames, kubernetes_plan, pod_names
 from .load import default_run_id, load_plan, plan_loaded, run_id_for_dir
 from .model import NodePlan, Plan, Runtime, SshTarget, TaskId, bracket
+from .policy import StragglerPolicy
 from .secrets import REDACTED, redact_env
 from .slurm import slurm_plan  # registers the slurm planner with build_plan
 
@@ -16,6 +17,7 @@ __all__ = [
     "Runtime",
     "SshLookup",
     "SshTarget",
+    "StragglerPolicy",
     "TaskId",
     "bracket",
     "build_plan",

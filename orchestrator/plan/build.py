@@ -11,6 +11,7 @@ from worker_entry.protocol import Env
 from ..core.errors import UsageError
 from ..spec import ClusterSpec
 from .model import WORKER_ENTRY_MODULE, NodePlan, Plan, Runtime, TaskId, bracket
+from .policy import StragglerPolicy
 from .ssh_targets import SshLookup, ssh_target
 
 #: Planners of the schedulers that start tasks for us, by ``spec.scheduler``. Their modules register
@@ -119,6 +120,7 @@ def _ssh_plan(spec: ClusterSpec, *, run_id: str, local_user: str, ssh_lookup: Ss
         nodes=tuple(nodes),
         warnings=tuple(warnings),
         scheduler=spec.scheduler,
+        policy=StragglerPolicy.from_spec(spec),
     )
 
 

@@ -30,6 +30,7 @@ from .build import (
     tf_config_of,
 )
 from .model import WORKER_ENTRY_MODULE, NodePlan, Plan, TaskId
+from .policy import StragglerPolicy
 
 #: The per-pod emptyDir where worker_entry keeps each task's log and exit status.
 POD_DIR = "/tfcluster"
@@ -125,6 +126,7 @@ def kubernetes_plan(spec: ClusterSpec, *, run_id: str) -> Plan:
         nodes=tuple(nodes),
         warnings=tuple(plan_warnings(spec, gpus) + kubernetes_warnings(spec, checkpoint_dir, backup_dir)),
         scheduler="kubernetes",
+        policy=StragglerPolicy.from_spec(spec),
     )
 
 

@@ -31,6 +31,7 @@ from .build import (
     tf_config_of,
 )
 from .model import WORKER_ENTRY_MODULE, NodePlan, Plan
+from .policy import StragglerPolicy
 
 BATCH_COMMAND = "slurm-batch"
 SLURM_DIR = "slurm"  # RUN/slurm/: the batch script, sbatch's output, srun's output per attempt
@@ -103,6 +104,7 @@ def slurm_plan(spec: ClusterSpec, *, run_id: str, node_names: Sequence[str] | No
         nodes=tuple(nodes),
         warnings=tuple(warnings),
         scheduler="slurm",
+        policy=StragglerPolicy.from_spec(spec),
         slurm=details,
     )
 

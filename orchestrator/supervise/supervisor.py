@@ -60,7 +60,7 @@ class Supervisor:
         self.preflight = preflight
         self.on_status = on_status
         self.clock = clock
-        self.policy = Policy.from_spec(spec)
+        self.policy = Policy.from_spec(spec, plan.policy)
         self.sessions = {str(n.task): TaskSession(n, attempt) for n in plan.nodes}
         self.q: queue.Queue = queue.Queue(maxsize=QUEUE_ITEMS)
         self.pump = ChannelPump(self.q)

@@ -14,9 +14,8 @@ import math
 import statistics
 from typing import Any
 
-from worker_entry.protocol.env import Env
-
 from ..core.text import table
+from ..plan.policy import StragglerPolicy
 from ..runs import RunDir
 from ..supervise import explain, find_straggler, gpu_suspect, host_suspect, slow_gpus
 from .goodput import goodput, goodput_lines
@@ -58,10 +57,9 @@ def build_report(
         beats = {t: [r for r in rs if start <= (r.get("ts") or 0) <= end] for t, rs in beats.items()}
         window = {"last_s": last_s, "from_ts": round(start, 3), "to_ts": round(end, 3)}
     plan = json_object(run, run.plan_json)
+    policy = StragglerPolicy.of_plan(plan)  # the thresholds the live monitor judged this run with
     nodes = plan.get("nodes") if isinstance(plan.get("nodes"), list) else []
     nodes = [n for n in nodes if isinstance(n, dict) and isinstance(n.get("task"), dict)]
-    env = nodes[0].get("env") if nodes else None
-    profile_window_s = _float((env if isinstance(env, dict) else {}).get(Env.PROFILE_INTERVAL_S), 10)
     hosts = {f"{n['task'].get('type')}:{n['task'].get('index')}": n.get("host") for n in nodes}
     events = event_records(run.events_jsonl)
     stragglers = [
@@ -108,12 +106,12 @@ def build_report(
 
     lo = window["from_ts"] if window else 0.0
     named = [s for s in stragglers if (s.get("ts") or 0) >= lo]
-    analysis = analyse(workers, host_samples, last_gpus, named)
+    analysis = analyse(workers, host_samples, last_gpus, named, policy)
     if stragglers and end:
         # detection needs two slow windows in a row: the event follows the second one, so the
         # windows since ~1.5 windows before the first event are the slow ones
         first = min(x["ts"] or end for x in stragglers)
-        analysis["suggested_last_s"] = math.ceil(end - first + 1.5 * profile_window_s)
+        analysis["suggested_last_s"] = math.ceil(end - first + 1.5 * policy.window_s)
     return {
         "run_dir": str(run.path),
         "job": plan.get("job"),
@@ -133,14 +131,6 @@ def _goodput(events: list[dict[str, Any]], records: list[dict[str, Any]], run: R
     if g is not None and window is not None:
         g["notes"].append("of the whole run: --last narrows the step-time sections above, not goodput")
     return g
-
-
-def _float(x: Any, default: float) -> float:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return default
-    return v if math.isfinite(v) and v > 0 else default
 
 
 def _round(x: float | None, scale: float = 1.0) -> float | None:
@@ -163,10 +153,11 @@ def analyse(
     host_samples: dict[str, list[dict[str, Any]]] | None = None,
     gpus: dict[str, list[dict[str, Any]]] | None = None,
     named: list[dict[str, Any]] | None = None,
+    policy: StragglerPolicy | None = None,
 ) -> dict[str, Any]:
     """The job's split, efficiency and advice in plain words: a straggler named from the step clock or
     its host's evidence (now, or by the launcher during the window: ``named``) comes before any
-    "communication-bound" verdict."""
+    "communication-bound" verdict. ``policy``: the run's thresholds (plan.json), the live monitor's."""
     host_samples, gpus = host_samples or {}, gpus or {}
     split = job_split(workers)
     host = host_suspect({t: s for t, s in host_samples.items() if s})
@@ -187,7 +178,7 @@ def analyse(
         return {"efficiency": None, "split": None, "advice": [why]}
     step = split["step_ms"]
     prof = {t: dict(w) for t, w in workers.items() if w.get("pre_collective_ms") is not None and w.get("step_ms")}
-    finding = find_straggler(prof, ratio=1.5, min_ms=5.0, min_share=0.1)
+    finding = find_straggler(prof, policy or StragglerPolicy())
     finding = explain(finding, host_samples, gpus, prof)
     advice = []
     if finding is not None:

@@ -13,9 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from worker_entry.protocol.env import Env
-
 from ..core.text import table
+from ..plan.policy import StragglerPolicy
 from ..runs import RunDir
 from .records import heartbeat_records, json_object
 from .report import build_report, median_or_none
@@ -50,9 +49,7 @@ def measure_size(run_dir: str | Path, workers: int) -> dict[str, Any]:
     run = RunDir(Path(run_dir))
     records = heartbeat_records(run.heartbeats_jsonl)  # checked: numbers are numbers
     rep = build_report(run, records=records)
-    nodes = json_object(run, run.plan_json).get("nodes")
-    env = nodes[0].get("env") if isinstance(nodes, list) and nodes and isinstance(nodes[0], dict) else None
-    window = float((env if isinstance(env, dict) else {}).get(Env.PROFILE_INTERVAL_S) or 5)
+    window = StragglerPolicy.of_plan(json_object(run, run.plan_json)).window_s
     series: dict[str, list[tuple[float, int, int | None]]] = {}
     gpu_mem_pct = None
     for rec in records:
