@@ -27,6 +27,7 @@ from ..spec import LoadedSpec
 from ..spec.redact import redacted_text
 from ..supervise import Interrupt, Supervisor
 from ..supervise.bound import RunBound
+from ..supervise.figures import Figures
 from .signals import Hangup, signals_to
 
 
@@ -116,7 +117,8 @@ class Job:
         if self.live is not None:
             self.logs.console_hook = self.live.print_log
         self.heartbeats = HeartbeatFile(self.rundir.heartbeats_jsonl, self.guard)
-        self.status_file = StatusWriter(self.rundir, plan.job, plan.run_id, self.live)
+        self.figures = Figures.replay(self.rundir.heartbeats_jsonl)  # a continued run's records count too
+        self.status_file = StatusWriter(self.rundir, plan.job, plan.run_id, self.live, self.figures)
         self.metrics: Any = None
         self.metrics_server: Any = None
         self.hangup = Hangup(self.rundir.launcher_log)
@@ -250,6 +252,7 @@ class Job:
             preflight=self.opts.preflight,
             on_status=self.status,
             bound=self.opts.bound,
+            figures=self.figures,
         )
         return sup.run(), sup
 

@@ -22,6 +22,8 @@ from ..core.result import AttemptResult, Failure, RunResult
 from ..core.states import JobState, interrupted_state
 from ..runs import RunDir, write_json_atomic
 from ..runs.slurm_state import SlurmState, request_stop, stop_requested
+from ..supervise.figures import Figures
+from ..supervise.status import final_tasks
 
 SETTLE_S = 5.0  # a job that just ended may have a result.json on its way (shared storage)
 BATCH_STOP_S = 60.0  # how long the supervisor's own teardown may take before scancel of the whole job
@@ -115,7 +117,10 @@ def finalize(run: RunDir, info: JobInfo | None = None) -> dict[str, Any] | None:
                             "root_cause": data["root_cause"]}) + "\n")  # fmt: skip
     write_json_atomic(run.result_json, data)
     status = run.read_json(run.status_json) or {}
-    status.update(state=new.value, finished=True, updated=now)
+    live = status.get("tasks") if isinstance(status.get("tasks"), dict) else {}
+    ended = data.get("tasks") or {t: {} for t in live}  # the outcome where known; what was seen, else
+    tasks = final_tasks(live, ended, Figures.replay(run.heartbeats_jsonl))
+    status.update(state=new.value, finished=True, updated=now, tasks=tasks)
     write_json_atomic(run.status_json, status, durable=False)
     return data
 
