@@ -187,9 +187,6 @@ class Figures:
                 figs.add(rec["task"], rec)
         return figs
 
-    def tasks(self) -> list[str]:
-        return list(self._tasks)
-
     def add(self, task: str, rec: Mapping[str, Any]) -> None:
         """One heartbeats.jsonl record of ``task`` (a heartbeat, or a profile with ``kind: profile``)."""
         t = self._tasks.setdefault(task, _Task())
