@@ -140,7 +140,7 @@ def test_a_fresh_custom_loop_run_status_and_report_agree(testbed_factory, tmp_pa
     spec = tb.write_spec(
         tmp_path / "spec.yaml",
         "agree",
-        [PY, "-m", "worker_entry.examples.custom_loop", "--steps", "300"],
+        [PY, "-m", "worker_entry.examples.custom_loop", "--steps", "1000"],
         job={"python": repo_python(tmp_path)},
         heartbeat={"interval_s": 1.0, "timeout_s": 10, "profile_interval_s": 2},
     )
@@ -149,4 +149,4 @@ def test_a_fresh_custom_loop_run_status_and_report_agree(testbed_factory, tmp_pa
     status, report = _cli_json("status", str(r.run_dir)), _cli_json("report", str(r.run_dir))
     assert_same_figures(status, report)
     assert_synchronous(status)
-    assert {status["tasks"][t]["steps"] for t in TASKS} == {300}
+    assert {status["tasks"][t]["steps"] for t in TASKS} == {1000}
