@@ -44,7 +44,7 @@ def job_status(run: RunDir, handle: RunHandle | None = None) -> dict[str, Any]:
                 "wall_time_s": result.get("wall_time_s"),
                 "root_cause": result.get("root_cause"),
                 "restarts": result.get("restarts", 0),
-                "tasks": _merge_tasks(status.get("tasks", {}), result.get("tasks", {})),
+                "tasks": _finished_tasks(status, result),
             }
         )
         return out
@@ -66,13 +66,12 @@ def job_status(run: RunDir, handle: RunHandle | None = None) -> dict[str, Any]:
     return out
 
 
-def _merge_tasks(live: dict[str, Any], final: dict[str, Any]) -> dict[str, Any]:
-    tasks = {}
-    for name, t in final.items():
-        merged = dict(live.get(name, {}))
-        merged.update({k: v for k, v in t.items() if v is not None or k not in merged})
-        tasks[name] = merged
-    return tasks
+def _finished_tasks(status: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """The final snapshot's tasks as the launcher wrote them (whole-run figures: what `report` shows);
+    without one (the launcher died between result.json and status.json) the result's own."""
+    if status.get("finished") and isinstance(status.get("tasks"), dict):
+        return status["tasks"]
+    return result.get("tasks", {})
 
 
 def status_text(st: dict[str, Any], handle: RunHandle | None = None) -> str:
