@@ -2,7 +2,7 @@
 
 ``srun`` starts ``python -m worker_entry slurm`` on every task; each builds its TF_CONFIG from Slurm's
 variables and dials this supervisor (``backends.tcp``) with its rank and the per-run secret, which
-travels only in srun's environment. Teardown has three layers: Slurm's ``--kill-on-bad-exit`` (a task
+travels only on srun's stdin (forwarded to every task), never in an environment. Teardown has three layers: Slurm's ``--kill-on-bad-exit`` (a task
 that exits non-zero takes the step down), tfcluster's own stop over the channels (the normal path,
 driven by the supervisor), and at ``close`` — if srun is still there after the supervisor is done —
 ``scancel --signal=KILL`` of the step, then of srun itself.
@@ -118,12 +118,24 @@ class SlurmStepBackend(ConnectBackBackend):
         try:
             # Its own session: Ctrl-C on the terminal is the supervisor's to handle (a second one within a
             # second would make srun kill the step without our teardown).
-            self.srun = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
+            self.srun = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=fd, stderr=fd,
                                          start_new_session=True)  # fmt: skip
         finally:
             os.close(fd)
+        self._give_secret(self.srun)
         self._watch = threading.Thread(target=self._watch_srun, args=(self.srun,), name="srun-watch", daemon=True)
         self._watch.start()
+
+    def _give_secret(self, proc: subprocess.Popen) -> None:
+        """The run's secret on srun's stdin, which srun forwards to every task (``--input=all``): never in
+        an environment, where /proc/PID/environ of srun, slurmstepd and the tasks would show it."""
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(self.secret_input())
+            proc.stdin.close()
+        except OSError:  # srun is already gone: _watch_srun says why
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
 
     def _watch_srun(self, proc: subprocess.Popen) -> None:
         """srun ended: every task that never connected will not (the step is gone) — say why."""
