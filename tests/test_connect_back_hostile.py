@@ -33,7 +33,10 @@ from orchestrator.backends.refusals import Refusals
 from orchestrator.backends.tcp import ConnectBackServer
 from orchestrator.core.states import JobState
 from orchestrator.events import EventBus
+from orchestrator.job import Job, LaunchOptions
+from orchestrator.runs import RunDir
 from orchestrator.supervise import Interrupt, Supervisor
+from orchestrator.views.control import job_status, status_text
 from worker_entry import protocol as p
 from worker_entry.connect import connect_back
 from worker_entry.protocol import seal
@@ -392,3 +395,56 @@ def test_refusals_are_reported_at_once_then_at_most_once_per_interval():
     summary = r.summary()
     assert summary["count"] == 501 and len(summary["recent"]) == 10 and summary["recent"][-1]["peer"] == "6.6.6.6:499"
 
+
+def test_refused_connections_reach_events_status_and_the_status_command(tmp_path):
+    """Through the real job: the launcher says what it refused (events.jsonl, status.json, `status`)."""
+    flag = tmp_path / "go-on"
+    code = f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.05)"
+    loaded, plan = make_plan(2, job={"command": [sys.executable, "-c", code], "startup_timeout_s": 60})
+    backend = LocalNodes()
+    run = tmp_path / "run"
+    job = Job(loaded, plan, LaunchOptions(run_dir=str(run), gather=False, live=False, echo_logs=False), backend)
+
+    def attack() -> None:
+        with contextlib.suppress(OSError):
+            connect_back(("127.0.0.1", backend.server.port), b"w" * 32, 0, deadline_s=0.3)
+        with socket.create_connection(("127.0.0.1", backend.server.port)) as s:
+            s.recv(4096)
+            s.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            with contextlib.suppress(OSError):
+                s.recv(4096)
+
+        def refused() -> dict:
+            with contextlib.suppress(OSError, ValueError):
+                return json.loads((run / "status.json").read_text()).get("refused_connections") or {}
+            return {}
+
+        deadline = time.monotonic() + 60
+        while (refused().get("count", 0) < 2 or "connection_refused" not in _events(run)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        flag.touch()
+
+    t = threading.Thread(target=attack)
+    t.start()
+    result = job.run()
+    t.join(60)
+    assert result.state == JobState.SUCCEEDED, result.root_cause
+    lines = (run / "events.jsonl").read_text().splitlines()
+    refused = [json.loads(line) for line in lines if '"connection_refused"' in line]
+    assert refused[0]["reason"] == "rank 0: wrong secret" and refused[0]["peer"].startswith("127.0.0.1:")
+    assert sum(e["count"] for e in refused) <= refused[-1]["total"]
+    st = job_status(RunDir(run))
+    assert st["refused_connections"]["count"] >= 2
+    assert {r["reason"] for r in st["refused_connections"]["recent"]} >= {"rank 0: wrong secret"}
+    assert "connect-back port: " in status_text(st) and "connection(s) refused" in status_text(st)
+
+
+def _events(run: Path) -> dict[str, dict]:
+    path = run / "events.jsonl"
+    out = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                ev = json.loads(line)
+                out.setdefault(ev["event"], ev)
+    return out
