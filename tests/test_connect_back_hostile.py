@@ -448,3 +448,32 @@ def _events(run: Path) -> dict[str, dict]:
                 ev = json.loads(line)
                 out.setdefault(ev["event"], ev)
     return out
+
+
+def test_one_read_takes_at_most_a_bounded_amount_off_the_socket(server):
+    """A node that streams as fast as the link allows never makes one read() return more than READ_MAX."""
+    from orchestrator.backends.tcp import READ_MAX
+
+    link = connect_back(("127.0.0.1", server.port), SECRET, 0, deadline_s=30)
+    _wait(lambda: server.got)
+    chan = server.got[0][1]
+    total = 64 << 20
+    plain = b"y" * (1 << 20)
+
+    def flood() -> None:
+        with contextlib.suppress(OSError):
+            for _ in range(total >> 20):
+                link.sock.sendall(link.sealer.seal(plain))
+            link.sock.shutdown(socket.SHUT_WR)
+
+    sender = threading.Thread(target=flood)
+    sender.start()
+    sizes, eof = [], False
+    with selectors.DefaultSelector() as sel:
+        sel.register(chan.sock, selectors.EVENT_READ)
+        while not eof and sel.select(30):
+            out, _, eof = chan.read()
+            sizes.append(len(out))
+    sender.join(30)
+    link.sock.close()
+    assert READ_MAX == 1 << 20 and sum(sizes) == total and max(sizes) <= 1 << 20
