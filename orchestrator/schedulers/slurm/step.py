@@ -101,6 +101,7 @@ class SlurmStepBackend(ConnectBackBackend):
         return super().start_all(starts, deliver)
 
     def launch(self, starts: Sequence[tuple[NodePlan, NodeConfig]]) -> None:
+        self._end_step()  # a restart: the previous attempt's step may still be winding down
         if self.srun is not None and self.srun.poll() is None:
             raise OSError("the previous attempt's srun step is still running")
         attempt = starts[0][1].attempt
@@ -141,6 +142,8 @@ class SlurmStepBackend(ConnectBackBackend):
         """srun ended: every task that never connected will not (the step is gone) — say why."""
         rc = proc.wait()
         time.sleep(0.5)  # a connection accepted just before srun's exit is being delivered
+        if self.srun is not proc:  # a restart's step runs now: its tasks are not this step's to judge
+            return
         connected = self.server.connected_ranks()
         missing = [str(n.task) for rank, (n, _) in enumerate(self._starts) if rank not in connected]
         if not missing:
@@ -161,6 +164,11 @@ class SlurmStepBackend(ConnectBackBackend):
 
     def close(self) -> None:
         """Last teardown layer: srun still there after the supervisor is done → scancel the step."""
+        self._end_step()
+        super().close()
+
+    def _end_step(self) -> None:
+        """The current step's srun ends by itself once its tasks have; if it does not, scancel it."""
         proc = self.srun
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -179,4 +187,3 @@ class SlurmStepBackend(ConnectBackBackend):
                 proc.kill()
                 proc.wait()
                 self.notes.append("srun did not exit after scancel: killed")
-        super().close()
