@@ -29,7 +29,7 @@ from ..events import EventBus
 from ..events.kinds import JobWarning
 from ..plan import NodePlan, Plan
 from .fetch import fetch, items_of, list_files
-from .state import GatherState, Item, Progress, Totals
+from .state import GatherState, Item, Progress, Totals, check_space
 
 CHUNK = 1 << 20
 
@@ -103,6 +103,8 @@ def sync_backup(plan: Plan, conns: Mapping[str, Connection], bus: EventBus) -> d
         totals = Totals()
         items = items_of(source, tmp, totals)
         state = GatherState(tmp / ".state")
+        if not check_space(tmp, items, totals):  # the local temp directory: as the chief listed it
+            raise RuntimeError("; ".join(totals.errors[:3]))
         fetch(conns[str(chief.task)], chief.argv[0], source.root, items, state, totals, Progress(0, enabled=False))
         if totals.errors:
             raise RuntimeError("; ".join(totals.errors[:3]))
