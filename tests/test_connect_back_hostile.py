@@ -28,7 +28,7 @@ from netattack import Relay, Slowloris
 from test_connect_back import REPO, LocalNodes, _wait
 from test_supervisor import Recorder
 
-from orchestrator.backends import handshakes
+from orchestrator.backends import handshakes, wait_readable
 from orchestrator.backends.refusals import Refusals
 from orchestrator.backends.tcp import ConnectBackServer
 from orchestrator.core.states import JobState
@@ -135,10 +135,10 @@ def test_descriptors_above_1024_work_for_the_server_and_its_channels():
             assert bytes(received) == big + b"\n"
             link.sock.sendall(link.sealer.seal(p.MARKER + p.msg_frame(p.Spawned(pid=7))))
             decoder, frames = p.FrameDecoder(), []
-            with selectors.DefaultSelector() as sel:
-                sel.register(chan.sock, selectors.EVENT_READ)
-                while not frames and sel.select(10):
-                    frames = decoder.feed(chan.read()[0])
+            for _ in range(100):  # what the transfers do on a task's channel: any descriptor number
+                wait_readable(chan.filenos(), 1.0)
+                if frames := decoder.feed(chan.read()[0]):
+                    break
             assert p.parse_message(frames[0].payload) == p.Spawned(pid=7)
             chan.close()
             link.sock.close()
@@ -152,7 +152,7 @@ def test_descriptors_above_1024_work_for_the_server_and_its_channels():
 SERVER_SCRIPT = """
 import json, os, resource, sys
 sys.path.insert(0, sys.argv[1])
-from orchestrator.backends import handshakes
+from orchestrator.backends import handshakes, wait_readable
 from orchestrator.backends.tcp import ConnectBackServer
 from worker_entry import protocol as p
 handshakes.HANDSHAKE_TIMEOUT_S = 3600.0  # only making room frees a descriptor here, never a deadline

@@ -8,7 +8,6 @@ import contextlib
 import hashlib
 import os
 import queue
-import select
 import sys
 import threading
 import time
@@ -18,7 +17,7 @@ from typing import Any
 
 from worker_entry import protocol as p
 
-from ..backends import Connection
+from ..backends import Connection, wait_readable
 from .paths import UnsafePath, dest_path
 from .state import GatherState, Item, NoSpace, Progress, SpaceGuard, Totals
 
@@ -203,7 +202,7 @@ def receive_files(
             return False
         if writer.no_space:  # said in totals.errors; what is verified stays, the rest resumes later
             return False
-        select.select(chan.filenos(), [], [], 1.0)
+        wait_readable(chan.filenos(), 1.0)
         out, err, eof = chan.read()
         if out or err:
             idle_since = time.monotonic()
