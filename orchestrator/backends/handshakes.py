@@ -74,7 +74,8 @@ class HandshakeServer:
         self.listener.setblocking(False)
         self.expected: dict[int, tuple[str, NodeConfig]] = {}
         self.connected: set[int] = set()
-        self.accept_errors = 0  # accept() failures for want of descriptors (each one waits a backoff)
+        self.accept_errors = 0  # accept() failures for want of descriptors
+        self.accept_pauses = 0  # ... after which accepting waited (nothing to drop): never a busy retry
         self._lock = threading.Lock()
         self._pending: collections.OrderedDict[_Conn, None] = collections.OrderedDict()  # accept order = deadline order
         self._replying: set[_Conn] = set()
@@ -168,6 +169,7 @@ class HandshakeServer:
     def _pause_accepting(self) -> None:
         """Out of descriptors with nothing to free: wait (the listener stays readable; polling it would spin)."""
         self._sel.unregister(self.listener)
+        self.accept_pauses += 1
         self._paused_until = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF_S[1])
 
