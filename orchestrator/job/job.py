@@ -221,7 +221,6 @@ class Job:
             except OSError as exc:
                 self.out.guard.fail(self.rundir.result_json, exc)
                 print(f"tfcluster: the job {result.state.value}; result.json could not be written", file=sys.stderr)
-        refusals = self.backend.refusals()
         self.out.status(
             {
                 "state": result.state.value,
@@ -229,7 +228,6 @@ class Job:
                 "updated": time.time(),
                 "tasks": data["tasks"],
                 "finished": ends,
-                **({"refused_connections": refusals.summary()} if refusals is not None else {}),
             }
         )
         rc = result.root_cause
