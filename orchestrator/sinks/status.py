@@ -23,12 +23,17 @@ class StatusWriter:
         self.live = live
         self.figures = figures
         self._last_tasks: dict[str, dict[str, Any]] = {}
+        self._refused: Any = None  # the supervisor's last count of refused connections, kept to the end
 
     def __call__(self, status: dict[str, Any]) -> None:
         if status.get("finished"):
             status["tasks"] = final_tasks(self._last_tasks, status.get("tasks", {}), self.figures)
         else:
             self._last_tasks.update(status.get("tasks", {}))
+        if "refused_connections" in status:
+            self._refused = status["refused_connections"]
+        elif self._refused is not None:
+            status["refused_connections"] = self._refused
         status = {"job": self.job, "run_id": self.run_id, "launcher_pid": os.getpid(), **status}
         with contextlib.suppress(OSError):
             write_json_atomic(self.rundir.status_json, status, indent=None, durable=False)

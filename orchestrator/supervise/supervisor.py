@@ -395,10 +395,16 @@ class Supervisor:
     # --- status and result -------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        return snapshot(self.sessions.values(), self.figures, state=self.state, attempt=self.attempt,
-                        stopping_reason=self.stopping_reason, straggler=self.monitor.straggler)  # fmt: skip
+        status = snapshot(self.sessions.values(), self.figures, state=self.state, attempt=self.attempt,
+                          stopping_reason=self.stopping_reason, straggler=self.monitor.straggler)  # fmt: skip
+        if (refusals := self.backend.refusals()) is not None:
+            status["refused_connections"] = refusals.summary()
+        return status
 
     def _publish_status(self) -> None:
+        refusals = self.backend.refusals()
+        if refusals is not None and (r := refusals.report()) is not None:  # rate-limited by the backend
+            self.bus.emit(ev.ConnectionRefused(peer=r.peer, reason=r.reason, count=r.count, total=r.total))
         if self.on_status is not None:
             self.on_status(self.status())
 

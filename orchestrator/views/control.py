@@ -35,6 +35,8 @@ def job_status(run: RunDir, handle: RunHandle | None = None) -> dict[str, Any]:
         "launcher_host": launcher.get("hostname"),
         **handle.scheduler_status(),
     }
+    if isinstance(status.get("refused_connections"), dict):
+        out["refused_connections"] = status["refused_connections"]
     if result is not None:
         out.update(
             {
@@ -82,6 +84,12 @@ def status_text(st: dict[str, Any], handle: RunHandle | None = None) -> str:
         lines.append(st["message"])
     if st.get("stopping_reason"):
         lines.append(f"stopping: {st['stopping_reason']}")
+    refused = st.get("refused_connections") or {}
+    if isinstance(refused, dict) and refused.get("count"):
+        recent = refused.get("recent") or [{}]
+        last = recent[-1] if isinstance(recent, list) and isinstance(recent[-1], dict) else {}
+        lines.append(f"connect-back port: {refused['count']} connection(s) refused; last from "
+                     f"{last.get('peer', '?')}: {last.get('reason', '?')}")  # fmt: skip
     rc = st.get("root_cause")
     if rc:
         lines.append(f"root cause: {rc.get('task') or 'job'} ({rc.get('host') or '-'}): {rc.get('message')}")

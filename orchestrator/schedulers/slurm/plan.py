@@ -171,6 +171,7 @@ def srun_argv(spec: ClusterSpec, entry: Sequence[str], *, attempt: int) -> list[
         "--distribution=block",
         "--kill-on-bad-exit=1",
         "--export=ALL",
+        "--input=all",  # srun's stdin (the connect-back secret) reaches every task
     ]
     if s.gpus_per_node:
         argv.append(f"--gpus-per-node={s.gpus_per_node}")
