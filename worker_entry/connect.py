@@ -16,6 +16,7 @@ it at once. Needs the ``cryptography`` package (a tfcluster dependency) for the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import selectors
@@ -23,6 +24,7 @@ import socket
 import sys
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from .protocol import handshake as hs
 from .protocol import seal
@@ -175,7 +177,6 @@ def read_secret(fd: int = 0, timeout: float = SECRET_TIMEOUT_S) -> bytes:
 def main(rank: int | None = None, env: Mapping[str, str] = os.environ, stdin_fd: int = 0) -> int:
     """``python -m worker_entry connect``: rank from ``TFCLUSTER_RANK`` unless given; secret on stdin."""
     from .protocol import NodeConfig, ProtocolError
-    from .runner import serve
 
     try:
         address = parse_address(env.get(Env.CONNECT, ""))
@@ -197,3 +198,20 @@ def main(rank: int | None = None, env: Mapping[str, str] = os.environ, stdin_fd:
         link.sock.close()
         return 2
     return serve(config, link)
+
+
+def serve(config: Any, link: Any) -> int:
+    """Run one task over a proven connect-back link: the same protocol as over stdin/stdout, sealed
+    (the relay — and the hashing and cipher it needs — is imported here: an SSH task never pays for it)."""
+    from .relay import SealedRelay
+    from .runner import Runner
+
+    relay = SealedRelay(link)
+    out_fd = os.dup(relay.fd)
+    try:
+        return Runner(config, out_fd, relay.fd).main()
+    finally:
+        for fd in (out_fd, relay.fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        relay.finish(30.0)

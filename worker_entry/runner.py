@@ -29,7 +29,6 @@ from .child import kill_escaped, kill_group, signal_name, spawn, spawn_error
 from .handover import hand_over
 from .hoststats import HostSampler
 from .output import OutputPipes
-from .relay import Link, SealedRelay
 from .sysinfo import GroupSampler, Nvml, listening, node_facts
 from .writer import FrameWriter
 
@@ -396,19 +395,6 @@ class Runner:
                 os.fsync(f.fileno())
             os.replace(path + ".tmp", path)
         return log_bytes
-
-
-def serve(config: p.NodeConfig, link: Link) -> int:
-    """Run one task over a proven connect-back link: the same protocol as over stdin/stdout, sealed."""
-    relay = SealedRelay(link)
-    out_fd = os.dup(relay.fd)
-    try:
-        return Runner(config, out_fd, relay.fd).main()
-    finally:
-        for fd in (out_fd, relay.fd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        relay.finish(30.0)
 
 
 def run(config: p.NodeConfig, stdin_rest: bytes = b"") -> int:

@@ -261,10 +261,9 @@ def gpu_slice(visible: str, local_id: int, per_task: int, tasks_here: int) -> st
 def main(env: Mapping[str, str] = os.environ, stdin_fd: int = 0) -> int:
     """Build this task's cluster from Slurm, connect back (the secret on stdin: srun forwards the
     supervisor's to every task), run the task."""
-    from .connect import connect_back, parse_address, read_secret
+    from .connect import connect_back, parse_address, read_secret, serve
     from .protocol import NodeConfig, ProtocolError
     from .protocol.seal import CryptoUnavailable, check_available
-    from .runner import serve
 
     try:
         step = step_from_env(env)
