@@ -218,6 +218,7 @@ def fake_pynvml(gpus: list[dict], *, xid: list[tuple[int, int]] | None = None) -
     m.nvmlDeviceGetEnforcedPowerLimit = q("limit_mw")
     m.nvmlDeviceGetPowerManagementDefaultLimit = q("default_mw")
     m.nvmlDeviceGetComputeRunningProcesses = q("procs")
+    m.nvmlDeviceGetUUID = q("uuid")
     m.nvmlDeviceGetCurrPcieLinkGeneration = q("gen")
     m.nvmlDeviceGetMaxPcieLinkGeneration = q("gen_max")
     m.nvmlDeviceGetCurrPcieLinkWidth = q("width")
@@ -311,6 +312,19 @@ def test_nvml_reads_the_static_limit_once_and_the_process_list_every_few_samples
     assert "others" not in nv.sample()[0]  # no owner (no task yet): no process list
     with pytest.raises(p.ProtocolError, match=r"others\[0\]\.pid"):
         p.GpuSample.from_dict({"index": 0, "others": [{"pid": -1}]})
+
+
+def test_nvml_samples_only_the_tasks_gpus():
+    """A node shared by several tasks (Slurm's share per task): each samples its CUDA_VISIBLE_DEVICES."""
+    gpus = [{"name": "H100", "mem_total": GIB, "mem_used": 0, "util": 0, "uuid": f"GPU-{i}aaa"} for i in range(4)]
+
+    def sampled(visible):
+        nv = Nvml(module=fake_pynvml(gpus))
+        nv.restrict(visible)
+        return [g["index"] for g in nv.sample()]
+
+    assert sampled(None) == [0, 1, 2, 3] and sampled("2,3") == [2, 3] and sampled("GPU-1aa") == [1]
+    assert sampled("") == [] and sampled("NoDevFiles") == [] and sampled("MIG-xyz") == [0, 1, 2, 3]
 
 
 def test_task_tree_tells_the_tasks_processes_from_another_programs(tmp_path):

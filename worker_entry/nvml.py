@@ -52,6 +52,7 @@ class Nvml:
     def __init__(self, module: Any = None, check_driver: bool = True) -> None:
         self._nvml: Any = None
         self._handles: list[Any] = []
+        self._sampled: set[int] | None = None  # the task's GPUs (``restrict``); None: every GPU
         self._events: Any = None
         self._slow: dict[int, dict[str, Any]] = {}
         self._static: dict[int, dict[str, Any]] = {}
@@ -84,6 +85,32 @@ class Nvml:
         except Exception:
             return None
 
+    def restrict(self, visible: str | None) -> None:
+        """Sample only the task's GPUs: ``CUDA_VISIBLE_DEVICES`` as indices or UUIDs (``GPU-...``).
+        A node with several tasks (Slurm's share per task) would otherwise judge each task by its
+        neighbour's GPUs and processes. Indices are NVML's (PCI bus order): right when CUDA enumerates
+        in that order too (``CUDA_DEVICE_ORDER=PCI_BUS_ID``; CUDA's default, fastest first, ties in bus order,
+        is the same order on a node of one model).
+        Unset or unrecognised (MIG instances): every GPU; empty, ``-1`` or Slurm's ``NoDevFiles``: none."""
+        if visible is None or self._nvml is None:
+            return
+        items = [x.strip() for x in visible.split(",") if x.strip()]
+        if not items or items[0] in ("-1", "NoDevFiles"):
+            self._sampled = set()
+            return
+        chosen: set[int] = set()
+        for item in items:
+            if item.isdigit():
+                chosen.add(int(item))
+                continue
+            for i, h in enumerate(self._handles):
+                uuid = self._get("nvmlDeviceGetUUID", h)
+                uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+                if isinstance(uuid, str) and item.startswith("GPU-") and uuid.startswith(item):
+                    chosen.add(i)
+        if chosen:
+            self._sampled = chosen
+
     def inventory(self) -> list[dict[str, Any]]:
         out = []
         for i, h in enumerate(self._handles):
@@ -113,6 +140,8 @@ class Nvml:
         xids = self._poll_xid()
         out = []
         for i, h in enumerate(self._handles):
+            if self._sampled is not None and i not in self._sampled:
+                continue
             try:
                 g = self._one(i, h, xids.get(i))
                 if owner is not None:

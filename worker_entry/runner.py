@@ -96,6 +96,7 @@ class Runner:
         self.out = OutputPipes(self.sel, self.writer, os.path.join(self.remote_dir, "output.log"))
         self.nvml = Nvml()
         facts = p.NodeFacts.from_dict(node_facts(self._probe_config(), self.nvml))
+        self.nvml.restrict(self.cfg.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")))
         self.msg(p.Hello(pid=os.getpid(), remote_dir=self.remote_dir, facts=facts, task=self.cfg.task))
         if self.in_fd is not None:
             os.set_blocking(self.in_fd, False)
