@@ -8,15 +8,16 @@ Samples ``worker_entry.nvml.Nvml().sample()`` — exactly what worker_entry puts
 per second: a few idle samples, then ``--seconds`` under a load (``torch``: a matmul loop on every visible
 GPU, in a child process; TensorFlow is not needed), then idle again. Prints per GPU the SM clock
 against its maximum, the throttle reasons, temperature, power against its limit, memory, PCIe
-generation/width against their maximum, active NVLinks, ECC and XID errors, and whether
-``orchestrator.supervise.evidence.slow_gpus`` would call it throttled. Record the output in
-docs/instrumentation.md ("GPU health: measured").
+generation/width against their maximum, active NVLinks, ECC and XID errors, the power limits and the
+processes of other programs on each GPU, and what tfcluster's judgement (``orchestrator.supervise.gpus``)
+names. docs/benchmarks.md ("GPU health") has an H100's figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -43,6 +44,7 @@ FIELDS = (
     "temp_c",
     "power_w",
     "power_limit_w",
+    "power_default_limit_w",
     "mem_used_mb",
     "mem_total_mb",
     "pcie_gen",
@@ -52,6 +54,8 @@ FIELDS = (
     "nvlink_active",
     "ecc_uncorrected",
     "xid_errors",
+    "processes",
+    "others",
 )
 
 
@@ -62,7 +66,8 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=8192, help="matrix size of the load")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from orchestrator.supervise.evidence import slow_gpus
+    from orchestrator.supervise.gpus import judge_gpus
+    from worker_entry.gpuowner import TaskTree
     from worker_entry.nvml import Nvml
 
     nv = Nvml()
@@ -73,8 +78,9 @@ def main() -> int:
     samples = []
 
     def sample(phase: str) -> None:
-        gpus = nv.sample()
-        samples.append({"phase": phase, "t": round(time.time(), 1), "gpus": gpus, "slow": slow_gpus(gpus)})
+        gpus = nv.sample(TaskTree(os.getpid()))  # this script and its load are "the task"
+        named = [p.text() for p in judge_gpus({"this host": [gpus]}).problems]
+        samples.append({"phase": phase, "t": round(time.time(), 1), "gpus": gpus, "named": named})
         if not args.json:
             for g in gpus:
                 print(phase, " ".join(f"{k}={g.get(k)}" for k in ("index", *FIELDS) if k in g), flush=True)
@@ -101,8 +107,8 @@ def main() -> int:
         print(json.dumps({"samples": samples}))
     else:
         loaded = [s for s in samples if s["phase"] == "load"]
-        throttled = sorted({d for s in loaded for d in s["slow"]})
-        print("\nunder load, tfcluster would report as throttled:", "; ".join(throttled) or "nothing")
+        named = sorted({d for s in loaded for d in s["named"]})
+        print("\nunder load, tfcluster would name:", "; ".join(named) or "nothing")
     return 0
 
 

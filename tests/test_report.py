@@ -169,7 +169,9 @@ def test_gpu_models_per_host_mixed_models_and_a_throttled_gpu(tmp_path):
     rep = build_report(run)
     assert rep["gpu_models"]["mixed"] is True
     assert rep["gpu_models"]["per_host"]["10.0.0.3"] == ["NVIDIA V100 (80 GiB)"]
-    assert any("worker:1" in a and "GPU 0 runs at 1.10 GHz of 1.41 GHz: power cap" in a for a in rep["advice"])
+    # relative to its peers of the same model (the A100s: worker:0), not to its maximum clock
+    assert any("worker:1's GPU 0: runs at 1.10 GHz, 22% below its peers' 1.41 GHz" in a for a in rep["advice"]), rep["advice"]
+    assert [(p["task"], p["problem"]) for p in rep["gpu_problems"]] == [("worker:1", "slow")]
     assert "MIXED MODELS" in report_text(rep)
 
 
