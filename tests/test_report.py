@@ -170,6 +170,18 @@ def test_every_worker_starved_of_cpu_is_named_and_the_all_reduce_is_not_blamed_o
     assert build_report(run)["shared_problems"] == []
 
 
+def test_a_recorded_real_run_on_two_cores_is_not_called_communication_bound():
+    """tests/data/recorded_run: 3 real MWMS workers of the namespace test bed on this 2-core box (71 % of a
+    step in the all-reduce, every worker waiting for a CPU ~70 % of its runnable time)."""
+    from pathlib import Path
+
+    rep = build_report(RunDir(Path(__file__).parent / "data" / "recorded_run"))
+    assert [p["kind"] for p in rep["shared_problems"]] == ["cpu wait"]
+    assert rep["shared_problems"][0]["wait_pct_min"] > 60
+    assert any("is inflated by it" in a for a in rep["advice"])
+    assert not any("communication-bound" in a for a in rep["advice"]), rep["advice"]
+
+
 def test_gpu_models_per_host_mixed_models_and_a_throttled_gpu(tmp_path):
     run = _run_dir(tmp_path, 10, 0)
     models = {"worker:0": "NVIDIA A100-SXM4-80GB", "worker:1": "NVIDIA A100-SXM4-80GB", "worker:2": "NVIDIA V100"}
