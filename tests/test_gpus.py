@@ -317,3 +317,13 @@ def test_through_a_running_job_one_judgement_reaches_every_view(tmp_path):
     assert problems[0]["reading"]["reasons"] == ["HW slowdown"]
     rep = build_report(RunDir(run))
     assert {(g["task"], g["problem"]) for g in rep["gpu_problems"]} == {("worker:1", "fault")}
+
+
+def test_damaged_samples_are_skipped_not_raised():
+    """A hand-edited or torn heartbeats.jsonl reaches report: odd shapes are left out, never a traceback."""
+    odd = [[{"index": 0, "throttle": "power cap", "others": {"pid": 1}}], ["not a gpu"], None,
+           [{"index": "0"}], [{"index": 1, "others": [{"pid": "7"}, 5, {"pid": 9, "used_mb": "x", "name": 3}]}]]  # fmt: skip
+    got = judge_gpus({"worker:0": odd}, models={"worker:0": ["bad", {"name": MODEL}]})
+    assert [(p.gpu, p.problem, p.detail) for p in got.problems] == [
+        (1, "shared", "shared with a process outside the task: PID 9 (unreadable)")
+    ]

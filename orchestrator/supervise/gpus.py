@@ -121,11 +121,16 @@ def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
 
 
+def _list(x: Any) -> list[Any]:
+    """A list field of a sample, or nothing (a damaged run directory's record must not raise)."""
+    return x if isinstance(x, list) else []
+
+
 def _model_of(models: Mapping[str, Sequence[Mapping[str, Any]]], task: str, g: Mapping[str, Any]) -> str:
     """The GPU's model name (the task's hello facts), else its maximum clock as a stand-in."""
     index = g.get("index")
-    for pos, info in enumerate(models.get(task) or ()):
-        if info.get("index", pos) == index and info.get("name"):
+    for pos, info in enumerate(_list(models.get(task))):
+        if isinstance(info, dict) and info.get("index", pos) == index and info.get("name"):
             return str(info["name"])
     top = _num(g.get("sm_clock_max_mhz"))
     return f"a GPU of {top:.0f} MHz maximum" if top else "a GPU of unknown model"
@@ -135,8 +140,8 @@ def _gather(samples: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]], models
     gpus: dict[tuple[str, int], _Gpu] = {}
     for task, beats in samples.items():
         for beat in beats:
-            for g in beat or ():
-                index = g.get("index")
+            for g in _list(beat):
+                index = g.get("index") if isinstance(g, dict) else None
                 if not isinstance(index, int):
                     continue
                 acc = gpus.setdefault((task, index), _Gpu(task, index, _model_of(models, task, g)))
@@ -147,14 +152,15 @@ def _gather(samples: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]], models
                     acc.utils.append(util)
                     if util >= BUSY_PCT and clock:
                         acc.busy_clocks.append(clock)
-                for r in g.get("throttle") or ():
-                    acc.reasons[r] = acc.reasons.get(r, 0) + 1
-                for proc in g.get("others") or ():
-                    pid = proc.get("pid")
-                    if isinstance(pid, int):
-                        seen = acc.others.setdefault(pid, {**proc, "samples": 0})
+                for r in _list(g.get("throttle")):
+                    if isinstance(r, str):
+                        acc.reasons[r] = acc.reasons.get(r, 0) + 1
+                for proc in _list(g.get("others")):
+                    if isinstance(proc, dict) and isinstance(proc.get("pid"), int):
+                        seen = acc.others.setdefault(proc["pid"], {**proc, "samples": 0})
                         seen["samples"] += 1
-                        seen["used_mb"] = max(seen.get("used_mb") or 0, proc.get("used_mb") or 0) or None
+                        used = max(_num(seen.get("used_mb")) or 0, _num(proc.get("used_mb")) or 0)
+                        seen["used_mb"] = int(used) if used else None
     return list(gpus.values())
 
 
@@ -205,7 +211,7 @@ def _shared(g: _Gpu) -> GpuProblem | None:
     unplaced = [p for p in seen if not p.get("visible", True)]
     if foreign:
         names = [
-            f"PID {p['pid']} ({', '.join(x for x in (p.get('name'), _mb(p.get('used_mb'))) if x) or 'unreadable'})"
+            f"PID {p['pid']} ({', '.join(x for x in (_name(p.get('name')), _mb(p.get('used_mb'))) if x) or 'unreadable'})"
             for p in foreign
         ]
         detail = f"shared with a process outside the task: {', '.join(names)}"
@@ -221,8 +227,13 @@ def _shared(g: _Gpu) -> GpuProblem | None:
     return GpuProblem(g.task, g.index, "shared", detail, g.model, {"processes": procs, **_numbers(g)})
 
 
+def _name(name: Any) -> str | None:
+    return name[:64] if isinstance(name, str) and name else None
+
+
 def _mb(used: Any) -> str | None:
-    return f"{used} MB" if isinstance(used, int) and used > 0 else None
+    mb = _num(used)
+    return f"{mb:.0f} MB" if mb else None
 
 
 def _power_limit(g: _Gpu, peers: Sequence[_Gpu]) -> GpuProblem | None:
