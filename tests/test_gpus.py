@@ -26,6 +26,8 @@ from orchestrator.supervise import Monitor, Policy, TaskSession, judge_gpus
 from orchestrator.supervise.figures import Figures
 from orchestrator.supervise.status import snapshot
 from orchestrator.supervise.supervisor import VERDICT_EVENTS
+from orchestrator.views.control import status_text
+from orchestrator.views.handle import RunHandle
 from orchestrator.views.report import build_report, report_text
 from worker_entry import protocol as p
 
@@ -129,6 +131,7 @@ def named_everywhere(tmp_path: Path, sample: Sample) -> dict[str, Any]:
     events, m = monitor_events(sample)
     status, metrics = status_and_metrics(m)
     rep = report_of(tmp_path, sample)
+    text = status_text({"job": "gpus", "state": "running", "run_dir": str(tmp_path), **status}, RunHandle(RunDir(tmp_path)))
     return {
         "events": {(e.task, e.problem) for e in events},
         "status": {(t, g["problem"]) for t, s in status["tasks"].items() for g in s["gpu_problems"]},
@@ -137,6 +140,7 @@ def named_everywhere(tmp_path: Path, sample: Sample) -> dict[str, Any]:
         "messages": [e.message for e in events],
         "advice": rep["advice"],
         "text": report_text(rep),
+        "status_text": text,
     }
 
 
@@ -144,6 +148,7 @@ def test_healthy_h100s_at_their_power_cap_are_named_nowhere(tmp_path):
     got = named_everywhere(tmp_path, loaded)
     assert got["events"] == got["status"] == got["metrics"] == got["report"] == set()
     assert not any("GPU" in a for a in got["advice"]), got["advice"]
+    assert "GPU problems" not in got["status_text"]
     assert "median SM clock 1.4" in got["text"]  # what they do run at, shown, not judged
 
 
@@ -168,6 +173,7 @@ def test_a_gpu_shared_with_another_program_is_named_with_its_pid_and_memory(tmp_
     assert got["events"] == got["status"] == got["metrics"] == got["report"] == {("worker:2", "shared")}
     words = "worker:2's GPU 0: shared with a process outside the task: PID 461 (python3, 1002 MB)"
     assert got["messages"] == [words] and any(words in a for a in got["advice"])
+    assert f"GPU problems:\n  {words}" in got["status_text"]  # `tfcluster status` of the running job
 
 
 # --- the rules, one by one ---------------------------------------------------------------------------
