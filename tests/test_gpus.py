@@ -333,3 +333,11 @@ def test_damaged_samples_are_skipped_not_raised():
     assert [(p.gpu, p.problem, p.detail) for p in got.problems] == [
         (1, "shared", "shared with a process outside the task: PID 9 (unreadable)")
     ]
+
+
+def test_only_a_busy_gpus_problem_makes_its_worker_the_one_to_wait_for():
+    """A 400 W limit on an idle GPU is named (a configuration), but slows no step: no straggler suspect."""
+    idle_capped = on("worker:1", lambda g: capped_400w({**H100["idle"][0], "power_default_limit_w": DEFAULT_W}))
+    got = judge(idle_capped)
+    assert [(p.task, p.problem) for p in got.problems] == [("worker:1", "power limit")] and got.suspect() is None
+    assert judge(on("worker:1", capped_400w)).suspect()[:2] == ("worker:1", "GPU power limit")

@@ -85,12 +85,14 @@ class GpuJudgement:
         return out
 
     def suspect(self) -> tuple[str, str, str] | None:
-        """(task, cause, detail) when exactly one worker's GPUs have problems and another worker's
-        GPUs were judged too: a problem every worker shares names nobody as the one to wait for."""
-        bad = sorted({p.task for p in self.problems})
+        """(task, cause, detail) when exactly one worker's busy GPUs have problems and another worker's
+        GPUs were judged too: a problem every worker shares names nobody as the one to wait for, and a
+        problem of an idle GPU (a low limit it does not reach) slows no step."""
+        busy = [p for p in self.problems if p.reading.get("busy")]
+        bad = sorted({p.task for p in busy})
         if len(bad) != 1 or len(self.tasks_seen) < 2:
             return None
-        mine = sorted(self.of(bad[0]), key=lambda p: list(CAUSES).index(p.problem))
+        mine = sorted((p for p in busy if p.task == bad[0]), key=lambda p: list(CAUSES).index(p.problem))
         return bad[0], CAUSES[mine[0].problem], "; ".join(p.text() for p in mine)
 
 
@@ -202,7 +204,7 @@ def _faults(g: _Gpu) -> GpuProblem | None:
 
 def _numbers(g: _Gpu) -> dict[str, Any]:
     keys = ("util", "sm_clock_mhz", "sm_clock_max_mhz", "temp_c", "power_w", "power_limit_w", "power_default_limit_w")
-    return {k: g.last[k] for k in keys if k in g.last}
+    return {**{k: g.last[k] for k in keys if k in g.last}, "busy": g.busy}
 
 
 def _shared(g: _Gpu) -> GpuProblem | None:
