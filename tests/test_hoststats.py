@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from worker_entry import protocol as p
+from worker_entry.gpuowner import TaskTree
 from worker_entry.hoststats import CgroupCpu, HostSampler
-from worker_entry.nvml import Nvml, reasons
+from worker_entry.nvml import PROCS_EVERY, Nvml, reasons
 
 # ------------------------------------------------------------------------------------- fake /proc
 
@@ -215,6 +216,9 @@ def fake_pynvml(gpus: list[dict], *, xid: list[tuple[int, int]] | None = None) -
     m.nvmlDeviceGetTemperature = q("temp")
     m.nvmlDeviceGetPowerUsage = q("power_mw")
     m.nvmlDeviceGetEnforcedPowerLimit = q("limit_mw")
+    m.nvmlDeviceGetPowerManagementDefaultLimit = q("default_mw")
+    m.nvmlDeviceGetComputeRunningProcesses = q("procs")
+    m.nvmlDeviceGetUUID = q("uuid")
     m.nvmlDeviceGetCurrPcieLinkGeneration = q("gen")
     m.nvmlDeviceGetMaxPcieLinkGeneration = q("gen_max")
     m.nvmlDeviceGetCurrPcieLinkWidth = q("width")
@@ -275,6 +279,74 @@ def test_nvml_sample_reads_clocks_throttle_reasons_links_and_errors():
         p.GpuSample.from_dict(g)  # valid heartbeat records
     assert nv.utilization()[0] == {"index": 0, "util": 99, "mem_used_mb": 70 * 1024}
     assert nv.sample()[0]["xid_errors"] == 1  # cumulative; no new event
+
+
+def test_nvml_reads_the_static_limit_once_and_the_process_list_every_few_samples():
+    """The board's default power limit is read once; the process list every PROCS_EVERY samples, each
+    PID placed by the owner: the task's own are left out, another program's reported with its memory."""
+    calls = {"default": 0, "procs": 0}
+    procs = [types.SimpleNamespace(pid=4242, usedGpuMemory=1002 * 1024 * 1024),
+             types.SimpleNamespace(pid=4711, usedGpuMemory=1002 * 1024 * 1024),
+             types.SimpleNamespace(pid=9999, usedGpuMemory=None)]  # fmt: skip
+
+    def default_mw():
+        calls["default"] += 1
+        return 700_000
+
+    def listed():
+        calls["procs"] += 1
+        return procs
+
+    gpu = {"name": "H100", "mem_total": 80 * GIB, "mem_used": GIB, "util": 97, "limit_mw": 400_000,
+           "default_mw": default_mw, "procs": listed}  # fmt: skip
+    owners = {4242: ("task", "python3"), 4711: ("other", "python3"), 9999: ("elsewhere", None)}
+    nv = Nvml(module=fake_pynvml([gpu]))
+    samples = [nv.sample(lambda pid: owners[pid])[0] for _ in range(PROCS_EVERY + 1)]
+    assert calls == {"default": 1, "procs": 2}  # the first sample, then PROCS_EVERY samples later
+    g = samples[-1]
+    assert g["power_limit_w"] == 400.0 and g["power_default_limit_w"] == 700.0 and g["processes"] == 3
+    assert g["others"] == [{"pid": 4711, "visible": True, "used_mb": 1002, "name": "python3"},
+                           {"pid": 9999, "visible": False}]  # fmt: skip
+    back = p.GpuSample.from_dict(g)  # a valid heartbeat record
+    assert back.others[0].pid == 4711 and back.others[1].visible is False
+    assert "others" not in nv.sample()[0]  # no owner (no task yet): no process list
+    with pytest.raises(p.ProtocolError, match=r"others\[0\]\.pid"):
+        p.GpuSample.from_dict({"index": 0, "others": [{"pid": -1}]})
+
+
+def test_nvml_samples_only_the_tasks_gpus():
+    """A node shared by several tasks (Slurm's share per task): each samples its CUDA_VISIBLE_DEVICES."""
+    gpus = [{"name": "H100", "mem_total": GIB, "mem_used": 0, "util": 0, "uuid": f"GPU-{i}aaa"} for i in range(4)]
+
+    def sampled(visible):
+        nv = Nvml(module=fake_pynvml(gpus))
+        nv.restrict(visible)
+        return [g["index"] for g in nv.sample()]
+
+    assert sampled(None) == [0, 1, 2, 3] and sampled("2,3") == [2, 3] and sampled("GPU-1aa") == [1]
+    assert sampled("") == [] and sampled("NoDevFiles") == [] and sampled("MIG-xyz") == [0, 1, 2, 3]
+
+
+def test_task_tree_tells_the_tasks_processes_from_another_programs(tmp_path):
+    """Real processes: the training process (its own session) and a grandchild are the task's; a
+    process started apart from it is another program's, named; a PID that exited is gone."""
+    task = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, start_new_session=True)
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        grandchild = int(task.stdout.readline())
+        tree = TaskTree(task.pid)  # (worker_entry, its parent, is left out: here it is pytest, the parent of both)
+        assert tree(task.pid) == ("task", None)
+        assert tree(grandchild)[0] == "task"  # (its name: sh until it has exec'd sleep)
+        assert tree(other.pid) == ("other", "sleep")
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        assert tree(gone.pid)[0] in ("gone", "elsewhere")
+        assert tree(0)[0] in ("gone", "elsewhere")
+    finally:
+        for proc in (task, other):
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        task.stdout.close()
 
 
 def test_nvml_absent_or_broken_is_no_gpus():

@@ -225,6 +225,12 @@ def test_advice_is_tied_to_the_measurement_that_triggers_it():
     assert any(a["advice"].startswith("memory-bound") for a in sv.advise(mem))
     good = [_size(1, 10, 640, 64, efficiency=1.0), _size(2, 19, 1216, 128, efficiency=0.95, split=_split(100))]
     assert sv.advise(good)[0]["advice"].startswith("scales well up to 2 workers")
+    # every host short of CPU (3 workers on 2 cores): the all-reduce waits for CPUs, not for the network
+    starved = {"kind": "cpu wait", "detail": "all 3 workers' training processes waited for a CPU 66% of the time"}
+    cpu = [_size(3, 6, 768, 128, efficiency=0.3, split=_split(100, allreduce=70), shared_problems=[starved])]
+    (a,) = sv.advise(cpu)
+    assert "on every host: cpu wait" in a["trigger"] and a["advice"].startswith(starved["detail"])
+    assert "communication-bound" not in a["advice"] and "not the network's time" in a["advice"]
 
 
 def test_sweep_exit_codes():

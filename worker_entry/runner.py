@@ -26,6 +26,7 @@ from typing import Any
 
 from . import protocol as p
 from .child import kill_escaped, kill_group, signal_name, spawn, spawn_error
+from .gpuowner import TaskTree
 from .handover import hand_over
 from .hoststats import HostSampler
 from .output import OutputPipes
@@ -54,6 +55,7 @@ class Runner:
         self.sampler: GroupSampler | None = None
         self.host: HostSampler | None = None
         self.nvml: Nvml | None = None
+        self.tree: TaskTree | None = None  # whose a process on a GPU is
         self.stdin_buf = stdin_rest
         self.progress_buf = b""
         self.progress_fd: int | None = None
@@ -94,6 +96,7 @@ class Runner:
         self.out = OutputPipes(self.sel, self.writer, os.path.join(self.remote_dir, "output.log"))
         self.nvml = Nvml()
         facts = p.NodeFacts.from_dict(node_facts(self._probe_config(), self.nvml))
+        self.nvml.restrict(self.cfg.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")))
         self.msg(p.Hello(pid=os.getpid(), remote_dir=self.remote_dir, facts=facts, task=self.cfg.task))
         if self.in_fd is not None:
             os.set_blocking(self.in_fd, False)
@@ -158,6 +161,7 @@ class Runner:
             self.sel.register(pidfd, selectors.EVENT_READ, "exit")
         self.sampler = GroupSampler(self.child.pid)
         self.host = HostSampler(self.child.pid)
+        self.tree = TaskTree(os.getpid(), self.child.pid)
         self.msg(p.Spawned(pid=self.child.pid))
 
     def _spawn_failed(self, exc: OSError) -> int:
@@ -325,7 +329,7 @@ class Runner:
         # import would delay every host's start); a task that ends within an interval needs none.
         sample = self.sampler.sample() if self.sampler is not None and self.beats_running > 0 else {}
         self.beats_running += self.sampler is not None
-        gpus = self.nvml.sample() if self.nvml is not None and self.nvml.available else None
+        gpus = self.nvml.sample(self.tree) if self.nvml is not None and self.nvml.available else None
         host = self.host.sample() if self.host is not None else {}
         self.msg(
             p.Heartbeat(

@@ -250,6 +250,19 @@ class WorkerSlowing(BaseEvent):
     best_local_ms: float | None = field(metadata=COUNT)
 
 
+@dataclass(frozen=True, kw_only=True)
+class GpuProblemFound(BaseEvent):
+    """One GPU of a task has a problem (``supervise.gpus``): a fault, another program on it, a power limit
+    below the board's, or it is slower than its same-model peers; once per GPU and problem while it lasts."""
+
+    KIND: ClassVar[str] = "gpu_problem"
+    message: str = field(metadata=TEXT)
+    gpu: int = field(metadata=spec(lo=0, hi=1024))
+    problem: str
+    model: str | None
+    reading: dict[str, Any] = field(metadata=MANY)
+
+
 # --- stopping ---------------------------------------------------------------------------------------
 
 
@@ -389,7 +402,7 @@ EVENT_TYPES: dict[str, type[BaseEvent]] = {
     for cls in (
         JobStarted, MetricsServed, JobWarning, Connected, ConnectFailed, AttemptStarted, TaskReady, Preflight,
         HeterogeneousGpus, ShellNoise, TaskSpawned, TaskStarted, TaskExited, TaskLost, NodeProtocolError, ConnectionRefused,
-        WorkerLost, WorkerHung, JobStalled, StartupTimeout, Straggler, StragglerCleared, WorkerSlowing,
+        WorkerLost, WorkerHung, JobStalled, StartupTimeout, Straggler, StragglerCleared, WorkerSlowing, GpuProblemFound,
         Interrupted, Detached, BoundReached, Teardown, AttemptFinished, Restart, GatherStarted, GatherFinished,
         GatherFailed, JobFinished, SlurmAllocation, Requeued,
     )

@@ -142,6 +142,11 @@ def _straggler(e: k.Straggler) -> Line:
     return Line(f"{_who(e) + ': ' if _who(e) else ''}{e.message}", WARN)
 
 
+@renders(k.GpuProblemFound)
+def _gpu_problem(e: k.GpuProblemFound) -> Line:
+    return Line(f"{e.message}" + (f" (host {e.host})" if e.host else ""), WARN)
+
+
 @renders(k.StragglerCleared)
 def _straggler_cleared(e: k.StragglerCleared) -> Line:
     return Line(f"{_who(e) + ': ' if _who(e) else ''}{e.message}")

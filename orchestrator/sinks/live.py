@@ -85,6 +85,13 @@ class LiveTable:
                 _fmt(t.get("rss_mb"), ".0f"),
                 gpu,
                 "-" if age is None else f"{age:.1f}s",
-                Text("straggler", style="bold yellow") if t.get("straggler") else "",
+                Text(_flags(t), style="bold yellow"),
             )
         return table
+
+
+def _flags(task: dict[str, Any]) -> str:
+    """The straggler mark and the task's GPU problems (the monitor's judgement), for the last column."""
+    flags = ["straggler"] if task.get("straggler") else []
+    problems = sorted({str(g.get("problem")) for g in task.get("gpu_problems") or []})
+    return " ".join([*flags, *(f"GPU {p}" for p in problems)])

@@ -131,6 +131,13 @@ def _task_metrics(job: str, tasks: dict[str, Any], profiles: dict[str, dict[str,
         "gpu_util": family("tfcluster_task_gpu_utilization_ratio", "GPU utilisation", ("gpu",)),
         "gpu_mem": family("tfcluster_task_gpu_memory_used_bytes", "GPU memory used", ("gpu",)),
         "gpu_clock": family("tfcluster_task_gpu_sm_clock_hertz", "GPU SM clock", ("gpu",)),
+        "gpu_power": family("tfcluster_task_gpu_power_watts", "GPU power draw", ("gpu",)),
+        "gpu_limit": family("tfcluster_task_gpu_power_limit_watts", "GPU enforced power limit", ("gpu",)),
+        "gpu_problem": family(
+            "tfcluster_task_gpu_problem",
+            "1 per problem of a GPU, as the monitor judges it (fault, shared, power limit, slow: docs/instrumentation.md)",
+            ("gpu", "problem"),
+        ),
     }
     for task, t in sorted(tasks.items()):
         base = [job, task, str(t.get("host") or "")]
@@ -154,6 +161,10 @@ def _task_metrics(job: str, tasks: dict[str, Any], profiles: dict[str, dict[str,
             put("gpu_util", g.get("util"), 0.01, idx)
             put("gpu_mem", g.get("mem_used_mb"), 1 << 20, idx)
             put("gpu_clock", g.get("sm_clock_mhz"), 1e6, idx)
+            put("gpu_power", g.get("power_w"), 1.0, idx)
+            put("gpu_limit", g.get("power_limit_w"), 1.0, idx)
+        for prob in t.get("gpu_problems") or []:
+            put("gpu_problem", 1, 1.0, (str(prob.get("gpu")), str(prob.get("problem"))))
     yield from fams.values()
 
 

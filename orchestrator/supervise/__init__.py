@@ -2,7 +2,8 @@
 teardown), pure policy (monitor, stragglers, cross-host checks) and the status/result it reports."""
 
 from .checks import evaluate, failed, finding
-from .evidence import HostFinding, Scores, explain, gpu_suspect, host_suspect, slow_gpus
+from .evidence import HostFinding, Scores, explain, host_suspect
+from .gpus import GpuJudgement, GpuProblem, judge_gpus
 from .inputs import Interrupt
 from .monitor import Monitor, Policy, Verdict
 from .session import TaskSession
@@ -10,6 +11,8 @@ from .stragglers import StragglerFinding, find_straggler
 from .supervisor import Supervisor
 
 __all__ = [
+    "GpuJudgement",
+    "GpuProblem",
     "HostFinding",
     "Interrupt",
     "Monitor",
@@ -24,7 +27,6 @@ __all__ = [
     "failed",
     "find_straggler",
     "finding",
-    "gpu_suspect",
     "host_suspect",
-    "slow_gpus",
+    "judge_gpus",
 ]

@@ -4,9 +4,9 @@ The step clock sees the time a worker spends outside the all-reduces. A worker s
 quota, a noisy neighbour, a hypervisor stealing) also stalls *inside* the ring all-reduce and after
 it, where that signal cannot see it — and every worker then looks "communication-bound". Its host can
 tell (``hoststats`` in each heartbeat): the run-queue delay of its threads, cgroup throttling, steal,
-a low CPU clock; TCP retransmissions and NIC errors for a degraded link; NVML for a throttled GPU.
-A finding needs one worker to stand out from the others, so a machine-wide condition (every worker on
-one overloaded box) names nobody.
+a low CPU clock; TCP retransmissions and NIC errors for a degraded link. A finding needs one worker to
+stand out from the others, so a machine-wide condition (every worker on one overloaded box) names
+nobody here (``shared`` judges those in absolute terms). GPUs are judged in ``gpus``.
 
 Scores (as NVIDIA's resiliency extension computes them): per worker, *relative* = the fastest
 worker's local work per step / its own, and *individual* = its own best window / its current one.
@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .gpus import CAUSES, GpuJudgement
+
 WAIT_ODDS_MIN = 1.0  # a starved worker's threads wait for a CPU at least as long as they run (50 %)
 WAIT_ODDS_RATIO = 2.5  # ... and 2.5x as long, per unit of CPU time, as the other workers' (median)
 CORROBORATE_RATIO = 1.5  # enough when the step clock already names that very worker
@@ -28,15 +30,12 @@ THROTTLED_PCT_MIN = 10.0  # cgroup throttled time per wall time
 STEAL_PCT_MIN = 10.0
 CPU_CLOCK_RATIO = 0.7  # current / maximum CPU frequency
 RETRANS_PCT_MIN = 1.0
-GPU_CLOCK_RATIO = 0.85  # SM clock / its maximum on a busy GPU
-GPU_BUSY_PCT = 50.0
-SLOWING_REASONS = frozenset({"power cap", "HW slowdown", "thermal (SW)", "thermal (HW)", "power brake"})
 
 
 @dataclass(frozen=True)
 class HostFinding:
     task: str
-    cause: str  # "host CPU" | "GPU throttled" | "network"
+    cause: str  # "host CPU" | "network" | a GPU's (``gpus.CAUSES``)
     detail: str
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -175,29 +174,6 @@ def starved(samples: Mapping[str, Sequence[Mapping[str, Any]]], task: str) -> st
     )
 
 
-def slow_gpus(gpus: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Descriptions of this worker's busy GPUs running well below their maximum clock for a slowing
-    reason: "GPU 2 runs at 1.10 GHz of 1.98 GHz: power cap"."""
-    out = []
-    for g in gpus:
-        clock, top = g.get("sm_clock_mhz"), g.get("sm_clock_max_mhz")
-        why = [r for r in (g.get("throttle") or []) if r in SLOWING_REASONS]
-        busy = (g.get("util") or 0) >= GPU_BUSY_PCT
-        if clock and top and busy and why and clock < GPU_CLOCK_RATIO * top:
-            out.append(f"GPU {g.get('index')} runs at {clock / 1000:.2f} GHz of {top / 1000:.2f} GHz: {', '.join(why)}")
-    return out
-
-
-def gpu_suspect(gpus: Mapping[str, Sequence[Mapping[str, Any]]]) -> HostFinding | None:
-    """The one worker with throttled busy GPUs (the others' GPUs run at speed), or None."""
-    slow = {t: slow_gpus(g) for t, g in gpus.items()}
-    bad = [t for t, s in slow.items() if s]
-    if len(bad) != 1 or len(slow) < 2:
-        return None
-    t = bad[0]
-    return HostFinding(t, "GPU throttled", f"{t}'s " + "; ".join(slow[t]), {"gpus": slow[t]})
-
-
 # ------------------------------------------------------------------------------------- the scores
 
 
@@ -242,29 +218,32 @@ class Scores:
 def explain(
     finding: Any,
     hosts: Mapping[str, Sequence[Mapping[str, Any]]],
-    gpus: Mapping[str, Sequence[Mapping[str, Any]]],
+    gpus: GpuJudgement | None,
     profiles: Mapping[str, Mapping[str, Any]],
 ) -> Any:
     """The straggler of a round (a ``StragglerFinding`` from the step clock, or None) with what the
-    hosts say: a throttled GPU or a starved host on the same worker names the cause; one worker's
-    host evidence alone names it even when the step clock cannot (its stall is inside the all-reduce)."""
+    hosts and the GPU judgement say: a GPU problem or a starved host on the same worker names the
+    cause; one worker's host or GPU evidence alone names it even when the step clock cannot (its stall
+    is inside the all-reduce)."""
     from dataclasses import replace
 
     from .stragglers import StragglerFinding
 
-    gpu = gpu_suspect(gpus)
+    gpus = gpus or GpuJudgement()
+    suspect = gpus.suspect()
+    gpu = HostFinding(*suspect) if suspect else None
     host = host_suspect(hosts)
     if finding is not None:
-        own_gpus = slow_gpus(gpus.get(finding.task, ()))
-        if own_gpus and finding.cause in ("compute", "other"):
-            return replace(finding, cause="GPU throttled", detail=f"{finding.task}'s " + "; ".join(own_gpus))
+        own = sorted(gpus.of(finding.task), key=lambda p: list(CAUSES).index(p.problem))
+        if own and finding.cause in ("compute", "other"):
+            return replace(finding, cause=CAUSES[own[0].problem], detail="; ".join(p.text() for p in own))
         if host is not None and host.task == finding.task:
             return replace(finding, cause=host.cause, detail=f"{host.detail}; {finding.detail}")
         weak = starved(hosts, finding.task) if host is None else None
         if weak is not None:  # everything a starved worker does is slow: the parts only echo it
             return replace(finding, cause="host CPU", detail=f"{weak}; {finding.detail}")
         if host is None:
-            return finding  # (another worker's throttled GPU is not what this step waits for)
+            return finding  # (another worker's GPU problem is not what this step waits for)
     other = host or gpu  # one worker's host evidence outranks the step clock's
     if other is None:
         return finding

@@ -12,7 +12,9 @@ Why these rules:
 - startup: MWMS waits forever in the strategy constructor for a task that never starts;
 - straggler: under synchronous all-reduce all wall step times are equal (the fast wait inside the
   collective), so we compare the time each worker spends outside the all-reduces, and what each
-  worker's host says about itself (evidence: a starved CPU, a throttled GPU, a bad link);
+  worker's host says about itself (evidence: a starved CPU, a GPU problem, a bad link);
+- gpu_problem: a GPU fault, a GPU shared with another program, a power limit below the board's, or a
+  GPU slower than its same-model peers (``gpus``: the one judgement status, report and metrics use);
 - slowing: a worker whose own speed fell well below its best window (scores), even when all workers
   were equally slow at first.
 """
@@ -28,6 +30,7 @@ from worker_entry import protocol as p
 
 from ..plan.policy import StragglerPolicy
 from .evidence import Scores, explain
+from .gpuwatch import GpuWatch
 from .stragglers import StragglerFinding, find_straggler
 
 EVIDENCE_BEATS = 3  # heartbeats of host evidence a round looks at
@@ -70,7 +73,7 @@ class Policy:
 
 @dataclass(frozen=True)
 class Verdict:
-    kind: str  # lost | hung | stalled | startup_timeout | straggler | straggler_cleared
+    kind: str  # lost | hung | stalled | startup_timeout | straggler | straggler_cleared | worker_slowing | gpu_problem
     task: str | None
     message: str
     fatal: bool
@@ -88,7 +91,6 @@ class _Watch:
     profile: dict[str, Any] | None = None
     profile_round: int = -1
     hosts: deque = field(default_factory=lambda: deque(maxlen=EVIDENCE_BEATS))
-    gpus: list[dict[str, Any]] = field(default_factory=list)
     slow_rounds: int = 0
     done: bool = False
     reported: set[str] = field(default_factory=set)
@@ -106,6 +108,7 @@ class Monitor:
         self.last_finding: StragglerFinding | None = None
         self.scores: dict[str, dict[str, float]] = {}
         self._scores = Scores()
+        self.gpus = GpuWatch()  # each task's recent GPU samples and models, and the judgement of them
 
     # --- observations ------------------------------------------------------------------------
 
@@ -134,7 +137,7 @@ class Monitor:
         if hb.host is not None:
             w.hosts.append(hb.host.to_dict())
         if hb.gpus is not None:
-            w.gpus = [g.to_dict() for g in hb.gpus]
+            self.gpus.on_sample(task, [g.to_dict() for g in hb.gpus])
 
     def on_steps(self, task: str, steps: int, now: float) -> None:
         w = self.watch[task]
@@ -162,7 +165,7 @@ class Monitor:
         finding = explain(
             finding,
             {t: list(self.watch[t].hosts) for t in live},
-            {t: self.watch[t].gpus for t in live},
+            self.gpus.judgement,
             profiles,
         )
         slowing = self._judge_scores(profiles)  # first: the straggler event carries the scores
@@ -210,6 +213,16 @@ class Monitor:
 
     def on_terminal(self, task: str) -> None:
         self.watch[task].done = True
+        self.gpus.forget(task)
+
+    def _gpu_verdicts(self) -> list[Verdict]:
+        """New GPU problems, judged once per round of heartbeats with the step clock's latest scores."""
+        live = [t for t, w in self.watch.items() if not w.done]
+        return [
+            Verdict("gpu_problem", g.task, g.text(), fatal=False,
+                    data={"gpu": g.gpu, "problem": g.problem, "model": g.model, "reading": g.reading})
+            for g in self.gpus.judge(live, self.scores)
+        ]  # fmt: skip
 
     # --- decisions ---------------------------------------------------------------------------
 
@@ -318,6 +331,7 @@ class Monitor:
                     )
                 )
         out.extend(self._progress_verdicts(now, live))
+        out.extend(self._gpu_verdicts())
         return out
 
     def _progress_verdicts(self, now: float, live: dict[str, _Watch]) -> list[Verdict]:

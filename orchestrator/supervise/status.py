@@ -16,11 +16,16 @@ from .figures import FIGURE_KEYS, Figures, TaskFigures
 from .session import TaskSession
 
 #: Live readings that say nothing about a finished task (taken during its teardown; and ``gpus``, its
-#: last NVML sample, is not the GPU models ``report`` lists under that name): not in the final snapshot.
-LIVE_ONLY = ("last_heartbeat_age_s", "proc_state", "rss_mb", "gpus")
+#: last NVML sample, is not the GPU models ``report`` lists under that name; ``gpu_problems``, the monitor's
+#: judgement of the last heartbeats — ``report`` judges the run's): not in the final snapshot.
+LIVE_ONLY = ("last_heartbeat_age_s", "proc_state", "rss_mb", "gpus", "gpu_problems")
 
 
-def task_status(s: TaskSession, fig: TaskFigures, *, straggler: bool, now_wall: float) -> dict[str, Any]:
+def task_status(
+    s: TaskSession, fig: TaskFigures, *, straggler: bool, now_wall: float, gpu_problems: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """One task's live status; ``gpu_problems``: its GPUs' problems as the monitor judged them last
+    (``supervise.gpus``: the judgement report and the metrics use too), [] when none."""
     hb = s.heartbeat
     ex = s.exit
     return {
@@ -38,6 +43,7 @@ def task_status(s: TaskSession, fig: TaskFigures, *, straggler: bool, now_wall: 
         "exit_code": ex.code if ex else None,
         "signal": ex.signal_name if ex else None,
         "straggler": straggler,
+        "gpu_problems": list(gpu_problems or []),
     }
 
 
@@ -49,15 +55,19 @@ def snapshot(
     attempt: int,
     stopping_reason: str | None,
     straggler: str | None,
+    gpu_problems: Mapping[str, list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     now = time.time()
+    gpu_problems = gpu_problems or {}
     return {
         "state": state.value,
         "attempt": attempt,
         "updated": now,
         "stopping_reason": stopping_reason,
         "tasks": {
-            s.task: task_status(s, figures.live(s.task), straggler=straggler == s.task, now_wall=now) for s in sessions
+            s.task: task_status(s, figures.live(s.task), straggler=straggler == s.task, now_wall=now,
+                                gpu_problems=gpu_problems.get(s.task))
+            for s in sessions
         },
     }
 

@@ -23,7 +23,8 @@ class StragglerFinding:
     task: str
     wait_ms: float  # how long the others wait for it, per step
     step_ms: float
-    cause: str  # "input pipeline" | "compute" | "after the all-reduce" | "host CPU" | "GPU throttled" | "network" | "other"
+    cause: str  # "input pipeline" | "compute" | "after the all-reduce" | "host CPU" | "network" | "other" | a GPU's
+    #             ("GPU shared", "GPU fault", "GPU power limit", "GPU slow": ``gpus.CAUSES``)
     pre_ms: dict[str, float]
     detail: str
 

@@ -34,7 +34,8 @@ from .status import attempt_result, snapshot
 TEARDOWN_MARGIN_S = 5.0
 #: the event each of the monitor's verdicts becomes
 VERDICT_EVENTS = {"lost": ev.WorkerLost, "hung": ev.WorkerHung, "stalled": ev.JobStalled, "startup_timeout": ev.StartupTimeout,
-                  "straggler": ev.Straggler, "straggler_cleared": ev.StragglerCleared, "worker_slowing": ev.WorkerSlowing}  # fmt: skip
+                  "straggler": ev.Straggler, "straggler_cleared": ev.StragglerCleared, "worker_slowing": ev.WorkerSlowing,
+                  "gpu_problem": ev.GpuProblemFound}  # fmt: skip
 
 
 class Supervisor:
@@ -200,6 +201,7 @@ class Supervisor:
         elif isinstance(m, p.Hello):
             hostname = m.facts.hostname
             gpus = [{"name": g.name, "memory_mb": g.memory_mb} for g in m.facts.gpus]
+            self.monitor.gpus.on_models(s.task, [{"index": g.index, "name": g.name} for g in m.facts.gpus])
             self.bus.emit(ev.TaskReady(task=s.task, host=s.host, hostname=hostname, pid=m.pid, gpus=gpus))
         elif isinstance(m, p.Spawned):
             self.bus.emit(ev.TaskSpawned(task=s.task, host=s.host, pid=m.pid))
@@ -396,7 +398,8 @@ class Supervisor:
 
     def status(self) -> dict[str, Any]:
         status = snapshot(self.sessions.values(), self.figures, state=self.state, attempt=self.attempt,
-                          stopping_reason=self.stopping_reason, straggler=self.monitor.straggler)  # fmt: skip
+                          stopping_reason=self.stopping_reason, straggler=self.monitor.straggler,
+                          gpu_problems=self.monitor.gpus.judgement.by_task())  # fmt: skip
         if (refusals := self.backend.refusals()) is not None:
             status["refused_connections"] = refusals.summary()
         return status

@@ -115,6 +115,9 @@ def status_text(st: dict[str, Any], handle: RunHandle | None = None) -> str:
         )
     lines.append("")
     lines.extend(table(rows))
+    problems = [g.get("message") for _, t in sorted(st.get("tasks", {}).items()) for g in t.get("gpu_problems") or []]
+    if problems:  # the live monitor's judgement of the last heartbeats (supervise.gpus)
+        lines += ["", "GPU problems:", *(f"  {m}" for m in problems)]
     lines.extend(handle.detail_lines(st))
     return "\n".join(lines)
 

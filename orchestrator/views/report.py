@@ -5,7 +5,9 @@ all-reduce; the others wait inside it. Each step-clock window splits a worker's 
 add up to it (input, compute, collective, update, host — see ``split``); from the workers' splits we
 separate waiting for the slowest worker from the all-reduce itself, name the slowest worker and the
 part where its excess lies, and ask each worker's host (CPU run-queue delay, cgroup throttling,
-steal, TCP retransmissions; NVML for GPUs) before calling anything "communication-bound".
+steal, TCP retransmissions) and GPUs (``supervise.gpus``: the judgement the live monitor uses) before
+calling anything "communication-bound" — and whether every host shares a problem (``supervise.shared``)
+that inflates the all-reduce itself. With mixed GPU models, ``pace`` says which sets the pace.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from ..core.text import table
@@ -20,9 +23,12 @@ from ..events import BaseEvent
 from ..events.kinds import Straggler, TaskReady, WorkerSlowing
 from ..plan.policy import StragglerPolicy
 from ..runs import RunDir
-from ..supervise import explain, find_straggler, gpu_suspect, host_suspect, slow_gpus
+from ..supervise import GpuJudgement, explain, find_straggler, host_suspect, judge_gpus
 from ..supervise.figures import Figures, TaskFigures
+from ..supervise.gpus import WORK_RATIO
+from ..supervise.shared import SharedProblem, inflation_advice, shared_problems
 from .goodput import goodput, goodput_lines
+from .pace import pace, pace_advice, pace_lines
 from .records import event_records, heartbeat_records, json_object
 from .split import job_split, scores, split_lines
 
@@ -77,12 +83,15 @@ def build_report(
 
     workers: dict[str, dict[str, Any]] = {}
     host_samples: dict[str, list[dict[str, Any]]] = {}
-    last_gpus: dict[str, list[dict[str, Any]]] = {}
+    training_hosts: dict[str, list[dict[str, Any]]] = {}
+    gpu_beats: dict[str, list[list[dict[str, Any]]]] = {}
     for task in sorted(set(hosts) | set(beats) | set(profiles)):
         bs = beats.get(task, [])
         fig = whole.get(task, TaskFigures())
         host_samples[task] = [b["host"] for b in bs if isinstance(b.get("host"), dict)]
-        last_gpus[task] = next((b["gpus"] for b in reversed(bs) if b.get("gpus")), [])
+        trained = _training(bs, end)  # GPUs and shared host problems: judged while it trained
+        training_hosts[task] = [b["host"] for b in trained if isinstance(b.get("host"), dict)]
+        gpu_beats[task] = [b["gpus"] for b in trained if isinstance(b.get("gpus"), list) and b["gpus"]]
         w: dict[str, Any] = {
             "host": hosts.get(task),
             **fig.to_dict(),  # steps, step time, rates, CPU: the figures `status` shows for a finished run
@@ -98,10 +107,14 @@ def build_report(
         workers[task] = w
     for task, sc in scores(every_profile).items():
         workers[task].update(relative_score=sc["relative"], individual_score=sc["individual"])
+    work = {t: {"local_ms": w.get("pre_collective_ms"), "individual": w.get("individual_score")} for t, w in workers.items()}
+    judgement = judge_gpus({t: b for t, b in gpu_beats.items() if b}, gpu_models, work)
+    shared = shared_problems(training_hosts)
+    paced = pace(workers, gpu_models)
 
     lo = window["from_ts"] if window else 0.0
     named = [s for s in stragglers if (s.get("ts") or 0) >= lo]
-    analysis = analyse(workers, host_samples, last_gpus, named, policy)
+    analysis = analyse(workers, host_samples, judgement, named, policy, shared=shared, paced=paced)
     if stragglers and end:
         # detection needs two slow windows in a row: the event follows the second one, so the
         # windows since ~1.5 windows before the first event are the slow ones
@@ -113,11 +126,25 @@ def build_report(
         "window": window,
         "workers": workers,
         "gpu_models": _gpu_models(workers),
+        "gpu_problems": [p.to_dict() for p in judgement.problems],
+        "gpu_clocks": judgement.models,
+        "shared_problems": [{"kind": p.kind, "detail": p.detail, **p.data} for p in shared],
+        "pace": paced,
         "stragglers": stragglers,
         "slowing": slowing,
         **analysis,
         "goodput": _goodput(events, records, run, window),
     }
+
+
+def _training(beats: list[dict[str, Any]], end: float) -> list[dict[str, Any]]:
+    """The heartbeats sent while the task trained (a step done, up to the last step-clock window): a
+    GPU idles before and after, and TensorFlow's start-up is busy on every host. None: all of them."""
+    trained = [
+        b for b in beats
+        if isinstance(b.get("progress"), dict) and (b["progress"].get("steps") or 0) > 0 and (b.get("ts") or 0) <= end
+    ]  # fmt: skip
+    return trained or beats
 
 
 def _by_task(records: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -153,19 +180,25 @@ def _gpu_models(workers: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def analyse(
     workers: dict[str, dict[str, Any]],
     host_samples: dict[str, list[dict[str, Any]]] | None = None,
-    gpus: dict[str, list[dict[str, Any]]] | None = None,
+    gpus: GpuJudgement | None = None,
     named: list[dict[str, Any]] | None = None,
     policy: StragglerPolicy | None = None,
+    shared: list[SharedProblem] | None = None,
+    paced: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The job's split, efficiency and advice in plain words: a straggler named from the step clock or
-    its host's evidence (now, or by the launcher during the window: ``named``) comes before any
-    "communication-bound" verdict. ``policy``: the run's thresholds (plan.json), the live monitor's."""
-    host_samples, gpus = host_samples or {}, gpus or {}
+    """The job's split, efficiency and advice in plain words: a straggler named from the step clock,
+    its host's evidence or its GPUs (now, or by the launcher during the window: ``named``), and a
+    problem every host shares (``shared``), come before any "communication-bound" verdict. ``policy``:
+    the run's thresholds (plan.json), the live monitor's. ``paced``: mixed GPU models (``pace``)."""
+    host_samples, gpus, shared = host_samples or {}, gpus or GpuJudgement(), shared or []
     split = job_split(workers)
     host = host_suspect({t: s for t, s in host_samples.items() if s})
+    everywhere = [f"every host: {p.detail}" for p in shared]
     if split is None:
-        if host is not None:
-            return {"efficiency": None, "split": None, "advice": [f"{host.task}: {host.cause} — {host.detail}"]}
+        gpu_lines = [p.text() for p in gpus.problems]
+        if host is not None or gpu_lines or everywhere:
+            found = [f"{host.task}: {host.cause} — {host.detail}"] if host is not None else []
+            return {"efficiency": None, "split": None, "advice": found + gpu_lines + everywhere}
         if any(w.get("steps") for w in workers.values()):
             why = (
                 "no step-clock samples, although training steps were reported: the training was shorter than "
@@ -181,23 +214,25 @@ def analyse(
     step = split["step_ms"]
     prof = {t: dict(w) for t, w in workers.items() if w.get("pre_collective_ms") is not None and w.get("step_ms")}
     finding = find_straggler(prof, policy or StragglerPolicy())
-    finding = explain(finding, host_samples, gpus, prof)
+    finding = _by_model(explain(finding, host_samples, gpus, prof), paced)
     advice = []
     if finding is not None:
         waits = f"the others wait ≈{finding.wait_ms:.0f} ms per step for it ({finding.share:.0%} of a step); " if finding.wait_ms >= 1 else ""
         advice.append(f"{finding.task} is a straggler: {waits}cause: {finding.cause} — {finding.detail}")
-    throttled = {t: slow_gpus(g) for t, g in gpus.items() if slow_gpus(g)}
-    for t, descs in throttled.items():
-        if finding is None or finding.task != t:
-            advice.append(f"{t}: " + "; ".join(descs))
+    told = finding.detail if finding is not None else ""
+    advice += [p.text() for p in gpus.problems if p.text() not in told]  # every GPU problem, once
+    advice += everywhere
     for s in named or []:
         if finding is None or finding.task != s.get("task"):
             advice.append(
                 f"{s.get('task')} was named a straggler during this window (cause: {s.get('cause')}); the split mixes "
                 "its slow steps with others: see `--last` with the suggested window"
             )
-    explained = finding is not None or gpu_suspect(gpus) is not None or bool(named)
-    if not explained and step > 0 and split["allreduce_ms"] / step > 0.5:
+    explained = finding is not None or gpus.suspect() is not None or bool(named)
+    inflated = inflation_advice(shared, split["allreduce_ms"], step)
+    if inflated is not None and step > 0 and split["allreduce_ms"] / step > 0.3:
+        advice.append(inflated)
+    elif not explained and step > 0 and split["allreduce_ms"] / step > 0.5:
         advice.append(
             f"communication-bound: {split['allreduce_ms'] / step:.0%} of each step is the all-reduce itself (no worker "
             "is late and no host reports a starved CPU or a bad link). Larger per-worker batches (fewer all-reduces per "
@@ -210,11 +245,26 @@ def analyse(
             f"framework-bound: {split['host_ms'] / step:.0%} of each step is spent between steps (the training loop, "
             "callbacks, logging); Keras: steps_per_execution > 1; custom loops: several steps per tf.function call"
         )
+    if paced is not None and (what_if := pace_advice(paced)) is not None:
+        advice.append(what_if)
     if not advice:
         advice.append("no dominant bottleneck found: work dominates the step, which is what scales")
     local = step - split["waiting_for_slowest_ms"] - split["allreduce_ms"]
     efficiency = local / step if step > 0 else None
     return {"efficiency": round(efficiency, 3) if efficiency is not None else None, "split": split, "advice": advice}
+
+
+def _by_model(finding: Any, paced: dict[str, Any] | None) -> Any:
+    """A straggler whose "compute" excess is its GPU model's (it works like the other hosts of that
+    model, which set the job's pace) gets that cause: the mixed-models advice says what to do."""
+    if finding is None or paced is None or finding.cause not in ("compute", "other") or pace_advice(paced) is None:
+        return finding
+    group = paced["models"][paced["pace_model"]]
+    if finding.task not in group["tasks"] or finding.pre_ms.get(finding.task, 0.0) > WORK_RATIO * group["own_work_ms"]:
+        return finding
+    return replace(finding, cause="GPU model", detail=(
+        f"{paced['pace_model']}, on {group['workers']} host(s) of this job, does the same work more slowly than the "
+        "other models: see the mixed-models advice"))  # fmt: skip
 
 
 def report_text(rep: dict[str, Any]) -> str:
@@ -244,9 +294,13 @@ def report_text(rep: dict[str, Any]) -> str:
         )
     lines += table(rows)
     gm = rep.get("gpu_models") or {}
-    if gm.get("per_host"):
+    busy = {m: c for m, c in (rep.get("gpu_clocks") or {}).items() if c.get("clock_mhz")}
+    if gm.get("per_host") or busy:
         lines += ["", "GPUs:" + ("  MIXED MODELS: every step waits for the slowest GPU" if gm.get("mixed") else "")]
-        lines += [f"  {h}: {', '.join(models)}" for h, models in gm["per_host"].items()]
+        lines += [f"  {h}: {', '.join(models)}" for h, models in (gm.get("per_host") or {}).items()]
+        lines += [f"  {m}: {c['busy']} busy, median SM clock {c['clock_mhz'] / 1000:.2f} GHz" for m, c in busy.items()]
+    if rep.get("pace"):
+        lines += ["", *pace_lines(rep["pace"])]
     split = rep.get("split")
     if split:
         over = "step-weighted means of its step-clock windows"

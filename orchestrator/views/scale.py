@@ -64,6 +64,7 @@ def measure_size(run_dir: str | Path, workers: int) -> dict[str, Any]:
         "efficiency_estimate": rep.get("efficiency"),
         "advice": rep.get("advice") or [],
         "gpu_mem_pct": gpu_mem_pct,
+        "shared_problems": rep.get("shared_problems") or [],  # every host alike (a CPU shortage): absolute
         "per_worker": {t: {k: w.get(k) for k in SPLIT_KEYS} for t, w in rep["workers"].items()},
     }
 
@@ -153,7 +154,12 @@ def advise(sizes: list[dict[str, Any]]) -> list[dict[str, str]]:
         out.append({"size": n, "trigger": f"{eff}; input pipeline {share['input_ms']:.0%} of a step",
                     "advice": "input-bound: add .prefetch(tf.data.AUTOTUNE), map(..., num_parallel_calls=AUTOTUNE), "
                     ".cache() after the expensive steps, and read sharded files in parallel (interleave)"})  # fmt: skip
-    if share["allreduce_ms"] > 0.3 and not worst.get("straggler"):
+    if share["allreduce_ms"] > 0.3 and worst.get("shared_problems"):  # the all-reduce waits for CPUs too
+        out.append({"size": n, "trigger": f"{eff}; the all-reduce itself {share['allreduce_ms']:.0%} of a step, "
+                    f"and on every host: {worst['shared_problems'][0]['kind']}",
+                    "advice": f"{worst['shared_problems'][0]['detail']}; the all-reduce the step clock measures includes "
+                    "that wait, so it is not the network's time: give the workers the CPU they need, then measure again"})  # fmt: skip
+    elif share["allreduce_ms"] > 0.3 and not worst.get("straggler"):
         out.append({"size": n, "trigger": f"{eff}; the all-reduce itself {share['allreduce_ms']:.0%} of a step",
                     "advice": "communication-bound: a larger per-replica batch or gradient accumulation (fewer all-reduces "
                     "per example); tf.distribute.experimental.CommunicationOptions(bytes_per_pack=32 * 2**20) to pack "

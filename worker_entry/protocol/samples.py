@@ -11,6 +11,16 @@ from .schema import COUNT_MAX, ID_MAX, MB_MAX, MS_MAX, S_MAX, Record, spec
 
 
 @dataclass
+class GpuProcess(Record):
+    """A compute process NVML lists on a GPU that is not the task's own (worker_entry knows its tree)."""
+
+    pid: int = field(metadata=spec(lo=0, hi=2**31 - 1))  # as NVML gives it: the host's PID namespace
+    used_mb: int | None = field(default=None, metadata=spec(lo=0, hi=10**8))
+    name: str | None = field(default=None, metadata=spec(max_len=64))  # its /proc comm, when readable
+    visible: bool = True  # False: no such process in worker_entry's PID namespace (a container): unplaced
+
+
+@dataclass
 class GpuSample(Record):
     """One GPU in a heartbeat (NVML; a field the GPU or driver cannot report is absent)."""
 
@@ -23,7 +33,8 @@ class GpuSample(Record):
     throttle: list[str] | None = field(default=None, metadata=spec(max_len=16))  # clock-event reasons
     temp_c: float | None = field(default=None, metadata=spec(lo=-100, hi=1000))
     power_w: float | None = field(default=None, metadata=spec(lo=0, hi=100_000))
-    power_limit_w: float | None = field(default=None, metadata=spec(lo=0, hi=100_000))
+    power_limit_w: float | None = field(default=None, metadata=spec(lo=0, hi=100_000))  # enforced
+    power_default_limit_w: float | None = field(default=None, metadata=spec(lo=0, hi=100_000))  # the board's
     pcie_gen: int | None = field(default=None, metadata=spec(lo=0, hi=64))
     pcie_gen_max: int | None = field(default=None, metadata=spec(lo=0, hi=64))
     pcie_width: int | None = field(default=None, metadata=spec(lo=0, hi=256))
@@ -32,6 +43,8 @@ class GpuSample(Record):
     ecc_uncorrected: int | None = field(default=None, metadata=spec(lo=0, hi=COUNT_MAX))
     xid_errors: int | None = field(default=None, metadata=spec(lo=0, hi=COUNT_MAX))
     last_xid: int | None = field(default=None, metadata=spec(lo=0, hi=ID_MAX))
+    processes: int | None = field(default=None, metadata=spec(lo=0, hi=4096))  # compute processes on it
+    others: list[GpuProcess] | None = field(default=None, metadata=spec(max_len=32))  # not the task's
 
 
 @dataclass
