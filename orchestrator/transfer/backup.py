@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import select
 import shutil
 import tempfile
 import time
@@ -24,7 +23,7 @@ from typing import Any
 
 from worker_entry import protocol as p
 
-from ..backends import Connection
+from ..backends import Connection, wait_readable
 from ..events import EventBus
 from ..events.kinds import JobWarning
 from ..plan import NodePlan, Plan
@@ -59,7 +58,7 @@ def push_dir(conn: Connection, python: str, items: list[Item], remote_root: str)
         out = b""
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(out) < (1 << 20):
-            select.select(chan.filenos(), [], [], 1.0)
+            wait_readable(chan.filenos(), 1.0)
             o, _, eof = chan.read()
             out += o
             if eof:

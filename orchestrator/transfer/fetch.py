@@ -8,7 +8,6 @@ import contextlib
 import hashlib
 import os
 import queue
-import select
 import sys
 import threading
 import time
@@ -18,7 +17,7 @@ from typing import Any
 
 from worker_entry import protocol as p
 
-from ..backends import Connection
+from ..backends import Connection, wait_readable
 from .paths import UnsafePath, dest_path
 from .state import GatherState, Item, Progress, Totals
 
@@ -195,7 +194,7 @@ def receive_files(
             totals.errors.append(f"{root}: interrupted; `tfcluster gather RUN` resumes it")
             totals.interrupted = True
             return False
-        select.select(chan.filenos(), [], [], 1.0)
+        wait_readable(chan.filenos(), 1.0)
         out, err, eof = chan.read()
         if out or err:
             idle_since = time.monotonic()

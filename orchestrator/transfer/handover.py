@@ -10,7 +10,6 @@ A lost host is not waited for: its logs stay on the node for ``tfcluster gather 
 
 from __future__ import annotations
 
-import select
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ from typing import Any
 
 from worker_entry import protocol as p
 
+from ..backends import wait_readable
 from ..events import EventBus
 from ..runs import RunDir
 from ..supervise import TaskSession
@@ -161,7 +161,7 @@ def _wait_files(s: TaskSession, output: Callable[[str, bytes], None]) -> p.TaskF
     """The task's ``task_files`` (already received, or arriving now), reading its channel meanwhile."""
     deadline = time.monotonic() + FILES_TIMEOUT_S
     while s.files is None and s.channel is not None and time.monotonic() < deadline:
-        select.select(s.channel.filenos(), [], [], 0.2)
+        wait_readable(s.channel.filenos(), 0.2)
         out, err, eof = s.channel.read()
         for item in s.receive(out, err):
             if isinstance(item, Output):
