@@ -94,7 +94,7 @@ class Job:
         rd = self.rundir
         if not continuing:
             write_private(rd.spec_yaml, redacted_text(self.loaded))
-            write_json_atomic(rd.plan_json, self.plan.to_dict(), durable=False)
+            write_json_atomic(rd.plan_json, self.plan.to_dict(record=True), durable=False)
         metrics = self.out.start_metrics(self.spec, self.opts.metrics_port)
         write_json_atomic(rd.launcher_json, launcher_info(**metrics), durable=False)
         if not continuing:
