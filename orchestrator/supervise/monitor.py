@@ -19,6 +19,7 @@ Why these rules:
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -106,6 +107,8 @@ class Monitor:
         self.last_finding: StragglerFinding | None = None
         self.scores: dict[str, dict[str, float]] = {}
         self._scores = Scores()
+        self._live = set(tasks)  # not done
+        self._unprofiled = set(tasks)  # live, without a profile this round
 
     # --- observations ------------------------------------------------------------------------
 
@@ -153,9 +156,11 @@ class Monitor:
         w.last_seen = now
         w.profile = record
         w.profile_round = self._round
-        live = [t for t, x in self.watch.items() if not x.done]
-        if len(live) < 2 or any(self.watch[t].profile_round != self._round for t in live):
+        self._unprofiled.discard(task)  # (a set, not a scan of every task per profile)
+        if self._unprofiled or len(self._live) < 2:
             return []
+        live = [t for t in self.watch if t in self._live]
+        self._unprofiled = set(live)
         profiles = {t: self.watch[t].profile for t in live if self.watch[t].profile}
         self._round += 1
         finding = find_straggler(profiles, self.policy.stragglers)
@@ -174,10 +179,10 @@ class Monitor:
         pol = self.policy.stragglers
         out = []
         step = statistics.median(float(x.get("step_ms") or 0.0) for x in profiles.values()) if profiles else 0.0
+        ranked = sorted(x["individual"] for x in self.scores.values())
         for t, s in self.scores.items():
             w = self.watch[t]
-            others = [x["individual"] for u, x in self.scores.items() if u != t]
-            typical = statistics.median(others) if others else 1.0
+            typical = _median_without(ranked, s["individual"])  # the others' (one sort a round, not one a task)
             excess = s["local_ms"] - (s["best_local_ms"] or s["local_ms"])
             slow = (
                 s["individual"] < pol.slowing_score
@@ -210,6 +215,8 @@ class Monitor:
 
     def on_terminal(self, task: str) -> None:
         self.watch[task].done = True
+        self._live.discard(task)
+        self._unprofiled.discard(task)
 
     # --- decisions ---------------------------------------------------------------------------
 
@@ -393,3 +400,16 @@ class Monitor:
                     )
                 )
         return out
+
+
+def _median_without(ranked: list[float], value: float) -> float:
+    """The median of sorted ``ranked`` less one occurrence of ``value`` (1.0 when nothing is left)."""
+    n = len(ranked) - 1
+    if n <= 0:
+        return 1.0
+    i = bisect.bisect_left(ranked, value)
+
+    def at(k: int) -> float:
+        return ranked[k] if k < i else ranked[k + 1]
+
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2

@@ -29,9 +29,11 @@ from .gate import check_before_go
 from .inputs import QUEUE_ITEMS, ChannelPump, ChannelReady, Interrupt, Received
 from .monitor import Monitor, Policy, Verdict
 from .session import PROTOCOL_HINT, Output, ShellNoise, TaskSession, Violation, record_of
-from .status import attempt_result, snapshot
+from .status import Snapshots, attempt_result, status_period
 
 TEARDOWN_MARGIN_S = 5.0
+TICK_S = 0.1  # the scans of every task (go, verdicts, teardown, flush, status): at most this often
+_NOT_UP = (TaskState.PENDING, TaskState.STARTING)
 #: the event each of the monitor's verdicts becomes
 VERDICT_EVENTS = {"lost": ev.WorkerLost, "hung": ev.WorkerHung, "stalled": ev.JobStalled, "startup_timeout": ev.StartupTimeout,
                   "straggler": ev.Straggler, "straggler_cleared": ev.StragglerCleared, "worker_slowing": ev.WorkerSlowing}  # fmt: skip
@@ -83,6 +85,8 @@ class Supervisor:
         self.bound_reached: str | None = None
         # the tasks' figures: the job's (across attempts) when it passes them, fed every record we write
         self.figures = figures if figures is not None else Figures()
+        self.snapshots = Snapshots(self.sessions, self.figures)
+        self.status_every_s = status_period(len(self.sessions))
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -95,17 +99,20 @@ class Supervisor:
         starts = [(n, n.node_config(self.attempt)) for n in self.plan.nodes]
         self.backend.start_all(starts, self._deliver)
         hello_deadline = self.clock() + self.policy.startup_timeout_s
-        next_ping = next_status = self.clock()
+        next_ping = next_status = next_tick = self.clock()
         try:
             while True:
                 try:
-                    self._handle(self.q.get(timeout=0.1))
+                    self._handle(self.q.get(timeout=TICK_S))
                     for _ in range(256):  # what is already there, before deciding anything
                         self._handle(self.q.get_nowait())
                 except queue.Empty:
                     pass
                 now = self.clock()
                 self._check_interrupt()
+                if now < next_tick:
+                    continue  # inputs decide at once (an exit, a violation); the scans of every task below
+                next_tick = now + TICK_S  # run at most every TICK_S, however fast the inputs come
                 if self.state == JobState.STARTING:
                     self._maybe_go(now, hello_deadline)
                 if now >= next_ping:
@@ -124,7 +131,7 @@ class Supervisor:
                 self.logs.flush()
                 if now >= next_status:
                     self._publish_status()
-                    next_status = now + 1.0
+                    next_status = now + self.status_every_s
                 if all(s.state.is_terminal for s in self.sessions.values()):
                     break
         finally:
@@ -159,6 +166,7 @@ class Supervisor:
 
     def _handle(self, item: ChannelReady | Received) -> None:
         s = self.sessions[item.task]
+        self.snapshots.touch(s.task)
         if isinstance(item, ChannelReady):
             self._on_channel(s, item)
             return
@@ -273,9 +281,9 @@ class Supervisor:
     def _maybe_go(self, now: float, hello_deadline: float) -> None:
         if self.stopping_reason:
             return
-        waiting = [s for s in self.sessions.values() if s.state in (TaskState.PENDING, TaskState.STARTING)]
-        if waiting and now < hello_deadline:
-            return
+        if now < hello_deadline and any(s.state in _NOT_UP for s in self.sessions.values()):
+            return  # stops at the first task not up yet: no scan of every task per tick while they come
+        waiting = [s for s in self.sessions.values() if s.state in _NOT_UP]
         if waiting:
             names = ", ".join(s.task for s in waiting)
             msg = f"worker_entry did not report within {self.policy.startup_timeout_s:g}s on {names}"
@@ -296,6 +304,7 @@ class Supervisor:
 
     def _verdict(self, v: Verdict) -> None:
         s = self.sessions.get(v.task) if v.task else None
+        self.snapshots.touch(v.task)
         self.bus.emit(VERDICT_EVENTS[v.kind](task=v.task, host=s.host if s else None, message=v.message, **v.data))
         if v.kind == "lost" and s is not None and not v.data.get("suspect") and not s.state.is_terminal:
             # Silent past the timeout: waiting for its exit status would only delay the teardown.
@@ -307,6 +316,8 @@ class Supervisor:
 
     def _check_bound(self, now: float) -> None:
         """A bounded run that had enough stops like `tfcluster stop`, and counts as a success."""
+        if self.bound is None or self.stopping_reason:
+            return
         running = {t: self.figures.live(t).steps for t, s in self.sessions.items() if s.state == TaskState.RUNNING}
         why = self.bound.check(running, now, self.went_at) if self.bound and not self.stopping_reason else None
         if why is not None:
@@ -337,6 +348,7 @@ class Supervisor:
     def _teardown(self, reason: str, grace: float | None = None, signum: int = signal.SIGTERM, *,
                   bounded: bool = False) -> None:  # fmt: skip
         grace = self.spec.job.stop_grace_s if grace is None else grace
+        self.snapshots.touch()
         if self.stopping_reason is None:
             self.stopping_reason = reason
             self.state = JobState.STOPPING
@@ -362,6 +374,7 @@ class Supervisor:
         """Stop waiting for one task's exit status (its node stops it when our channel or pings go)."""
         if s.state.is_terminal:
             return
+        self.snapshots.touch(s.task)
         s.close()
         s.become(TaskState.LOST if not s.stop_sent else TaskState.STOPPED)
         self._stopped_waiting(s, reason)
@@ -395,8 +408,8 @@ class Supervisor:
     # --- status and result -------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        return snapshot(self.sessions.values(), self.figures, state=self.state, attempt=self.attempt,
-                        stopping_reason=self.stopping_reason, straggler=self.monitor.straggler)  # fmt: skip
+        return self.snapshots.build(state=self.state, attempt=self.attempt, stopping_reason=self.stopping_reason,
+                                    straggler=self.monitor.straggler)  # fmt: skip
 
     def _publish_status(self) -> None:
         if self.on_status is not None:
