@@ -86,7 +86,6 @@ class Supervisor:
         # the tasks' figures: the job's (across attempts) when it passes them, fed every record we write
         self.figures = figures if figures is not None else Figures()
         self.snapshots = Snapshots(self.sessions, self.figures)
-        self.status_every_s = status_period(len(self.sessions))
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -131,7 +130,7 @@ class Supervisor:
                 self.logs.flush()
                 if now >= next_status:
                     self._publish_status()
-                    next_status = now + self.status_every_s
+                    next_status = now + status_period(len(self.sessions))
                 if all(s.state.is_terminal for s in self.sessions.values()):
                     break
         finally:
@@ -161,12 +160,11 @@ class Supervisor:
 
     def _deliver(self, task: str, chan: Channel | BaseException) -> None:
         """Called from the backend's threads: a task's channel (or why there is none)."""
-        item = ChannelReady(task, chan, None) if isinstance(chan, Channel) else ChannelReady(task, None, chan)
-        self.q.put(item)
+        self.q.put(ChannelReady(task, chan, None) if isinstance(chan, Channel) else ChannelReady(task, None, chan))
 
     def _handle(self, item: ChannelReady | Received) -> None:
         s = self.sessions[item.task]
-        self.snapshots.touch(s.task)
+        self.snapshots.touch(s.task)  # (its status entry is rebuilt at the next snapshot)
         if isinstance(item, ChannelReady):
             self._on_channel(s, item)
             return
@@ -319,8 +317,7 @@ class Supervisor:
         if self.bound is None or self.stopping_reason:
             return
         running = {t: self.figures.live(t).steps for t, s in self.sessions.items() if s.state == TaskState.RUNNING}
-        why = self.bound.check(running, now, self.went_at) if self.bound and not self.stopping_reason else None
-        if why is not None:
+        if (why := self.bound.check(running, now, self.went_at)) is not None:
             self.bound_reached = why
             self.bus.emit(ev.BoundReached(message=why, steps=min((n or 0 for n in running.values()), default=0)))
             self._teardown(f"bounded run: {why}", bounded=True)
@@ -408,8 +405,7 @@ class Supervisor:
     # --- status and result -------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        return self.snapshots.build(state=self.state, attempt=self.attempt, stopping_reason=self.stopping_reason,
-                                    straggler=self.monitor.straggler)  # fmt: skip
+        return self.snapshots.build(state=self.state, attempt=self.attempt, stopping_reason=self.stopping_reason, straggler=self.monitor.straggler)  # fmt: skip
 
     def _publish_status(self) -> None:
         if self.on_status is not None:

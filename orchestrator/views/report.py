@@ -23,6 +23,7 @@ from ..runs import RunDir
 from ..supervise import explain, find_straggler, gpu_suspect, host_suspect, slow_gpus
 from ..supervise.figures import Figures, TaskFigures
 from .goodput import goodput, goodput_lines
+from .outliers import shown
 from .records import event_records, heartbeat_records, json_object
 from .split import job_split, scores, split_lines
 
@@ -221,7 +222,10 @@ def report_text(rep: dict[str, Any]) -> str:
     lines = [f"job {rep.get('job')}   run {rep.get('run_dir')}", ""]
     head = ("TASK", "HOST", "STEPS", "STEP ms", "STEPS/s", "INPUT", "COMPUTE", "IN COLL", "AFTER", "OWN WORK")
     rows = [(*head, "REL", "IND", "CPU WAIT%", "CPU%", "RSS MB")]
-    for t, w in rep["workers"].items():
+    listed, spread = shown(rep["workers"], {s["task"] for s in rep.get("stragglers") or []})
+    lines += [*spread, ""] if spread else []
+    for t in listed:
+        w = rep["workers"][t]
         after = None if w.get("update_ms") is None else w["update_ms"] + (w.get("host_ms") or 0)
         rows.append(
             (

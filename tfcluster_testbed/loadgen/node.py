@@ -14,7 +14,7 @@ signal), ``exit CODE`` (it ends by itself), ``hang`` (the process is stopped: he
 ``stopped``, no step), ``silent`` (nothing more at all: a host or link gone, the socket left open),
 ``drop`` (the connection closes without a word), ``slow FACTOR`` (its steps take FACTOR times longer,
 outside the all-reduce: a straggler); and ``mark`` (a heartbeat at once whose state is ``mark-N``: the
-start of a heartbeat-to-status measurement).
+start of a heartbeat-to-status measurement; the later heartbeats keep that state).
 """
 
 from __future__ import annotations
@@ -134,9 +134,9 @@ class LoadNode:
         if fault == "slow":
             self.slow = float(arg or 2.0)
             return b""
-        if fault == "mark":  # a heartbeat now, its state the mark: when does status.json show it?
+        if fault == "mark":  # a heartbeat now, its state the mark (kept by the next ones): when does status show it?
             self.marks += 1
-            return self._heartbeat(state=f"mark-{self.marks}")
+            return self._heartbeat()
         self.fault = fault  # hang | silent | drop (the loop closes the socket)
         return b""
 
@@ -182,7 +182,8 @@ class LoadNode:
         if self.phase == "waiting":
             beat["state"] = "waiting"
             return _frame(beat)
-        beat.update(state=state or ("stopped" if self.fault == "hang" else "running"), cpu_pct=95.0, cpu_s=float(self.seq),
+        mark = f"mark-{self.marks}" if self.marks else "running"
+        beat.update(state=state or ("stopped" if self.fault == "hang" else mark), cpu_pct=95.0, cpu_s=float(self.seq),
                     rss_mb=512.0, threads=40, nproc=1)  # fmt: skip
         step_ms = STEP_MS * self.slow
         beat["progress"] = {"steps": self.steps, "epoch": self.steps // 1000, "examples": self.steps * 64,
