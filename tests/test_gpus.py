@@ -24,7 +24,7 @@ from orchestrator.runs import RunDir
 from orchestrator.sinks.metrics import JobMetrics, _Collector
 from orchestrator.supervise import Monitor, Policy, TaskSession, judge_gpus
 from orchestrator.supervise.figures import Figures
-from orchestrator.supervise.status import snapshot
+from orchestrator.supervise.status import Snapshots
 from orchestrator.supervise.supervisor import VERDICT_EVENTS
 from orchestrator.views.control import status_text
 from orchestrator.views.handle import RunHandle
@@ -92,9 +92,9 @@ def monitor_events(sample: Sample) -> tuple[list[Any], Monitor]:
 
 def status_and_metrics(m: Monitor) -> tuple[dict[str, Any], set[tuple[str, str, str]]]:
     _, plan = make_plan(3)
-    sessions = [TaskSession(n) for n in plan.nodes]
-    status = snapshot(sessions, Figures(), state=JobState.RUNNING, attempt=0, stopping_reason=None, straggler=None,
-                      gpu_problems=m.gpus.judgement.by_task())  # fmt: skip
+    sessions = {str(n.task): TaskSession(n) for n in plan.nodes}
+    status = Snapshots(sessions, Figures()).build(state=JobState.RUNNING, attempt=0, stopping_reason=None, straggler=None,
+                                                  gpu_problems=m.gpus.judgement.by_task())  # fmt: skip
     metrics = JobMetrics("job", "run")
     metrics.update(status)
     found = set()

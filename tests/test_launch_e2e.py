@@ -151,7 +151,7 @@ def test_env_and_tf_config_reach_the_worker_byte_for_byte(testbed_factory, tmp_p
         line = next(ln for ln in r.log(f"worker-{i}").splitlines() if ln.startswith("ENV "))
         got = json.loads(line[4:])
         assert {k: got[k] for k in env} == env
-        assert json.loads(got["TF_CONFIG"]) == plan["nodes"][i]["tf_config"]
+        assert json.loads(got["TF_CONFIG"]) == {**plan["nodes"][i]["tf_config"], "cluster": plan["cluster"]}
     assert not marker.exists()
     assert not (Path.home() / "pwned").exists()
 

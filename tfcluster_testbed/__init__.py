@@ -16,7 +16,9 @@ by name or pattern), deletes its namespaces and its temp dir; it is idempotent a
 :func:`reap_stale`, from the ``state.json`` every test bed keeps in its directory.
 
 This package imports nothing from ``orchestrator`` or ``worker_entry`` on purpose: it is test
-infrastructure, and must keep working while the code under test is broken. It needs ``sshd`` and
+infrastructure, and must keep working while the code under test is broken. The one exception is the
+subpackage ``loadgen`` (the load generator: N fake nodes speaking worker_entry's protocol), which
+imports ``worker_entry``'s protocol and handshake and is not imported from here. It needs ``sshd`` and
 ``ssh-keygen`` on the machine (and ``ip``/``unshare`` for netns mode).
 
 Modules (each imports only those above it): ``base`` (error, host record, env marker), ``procs``

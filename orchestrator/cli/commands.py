@@ -189,7 +189,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     run, handle = _run_and_handle(args)
     status = job_status(run, handle)
-    print(json.dumps(status, indent=2) if args.json else status_text(status, handle))
+    print(json.dumps(status, indent=2) if args.json else status_text(status, handle, show_all=args.all))
     return EXIT_OK
 
 

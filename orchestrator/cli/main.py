@@ -40,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     # tfcluster uses no pydantic plugins; their discovery scans every installed distribution's entry
     # points at the first model (importlib.metadata): set before pydantic is imported.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    # A launcher holds a few descriptors per task: the soft limit (1024 on most systems) up to the hard
+    # one, for every command (a job whose hard limit is too low says so: job.Job).
+    from ..backends.limits import raise_nofile
+
+    raise_nofile()
     from .parser import build_parser
 
     parser = build_parser()

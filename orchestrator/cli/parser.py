@@ -159,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("run", metavar="RUN")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--all", action="store_true", help="every task one a row (a large job shows a summary)")
     p.add_argument("--runs-dir", default="runs")
     p.set_defaults(func=c.cmd_status)
 

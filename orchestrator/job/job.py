@@ -13,6 +13,7 @@ import sys
 import time
 
 from ..backends import Backend
+from ..backends.limits import nofile_warning
 from ..core.result import AttemptResult, Failure, RunResult
 from ..core.states import JobState, interrupted_state
 from ..events import kinds as ev
@@ -53,6 +54,7 @@ class Job:
             opts.run_dir or os.path.join("runs", plan.run_id), adopt=opts.adopt_run_dir
         )
         backend.bind_run(self.rundir.path)
+        self.nofile_warning = nofile_warning(len(plan.nodes))  # raises the soft limit first: before any log opens
         started = time.time()
         self.result = RunResult(
             job=plan.job,
@@ -94,7 +96,7 @@ class Job:
         rd = self.rundir
         if not continuing:
             write_private(rd.spec_yaml, redacted_text(self.loaded))
-            write_json_atomic(rd.plan_json, self.plan.to_dict(), durable=False)
+            write_json_atomic(rd.plan_json, self.plan.to_dict(record=True), durable=False)
         metrics = self.out.start_metrics(self.spec, self.opts.metrics_port)
         write_json_atomic(rd.launcher_json, launcher_info(**metrics), durable=False)
         if not continuing:
@@ -102,6 +104,9 @@ class Job:
                 self.bus.emit(ev.JobWarning(message=str(w)))
             for w in self.plan.warnings:
                 self.bus.emit(ev.JobWarning(message=w))
+        if self.nofile_warning:
+            self.bus.emit(ev.JobWarning(message=self.nofile_warning))
+        if not continuing:
             self.bus.emit(
                 ev.JobStarted(
                     job=self.plan.job,

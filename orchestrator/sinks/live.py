@@ -1,5 +1,9 @@
 """The live per-worker table on an interactive terminal (rich). Logs scroll above it.
 
+Up to ``summary.FULL_UP_TO`` tasks one a row; a larger job gets its summary (counts per state, the
+slowest and fastest tasks, stragglers, failed or lost, the longest silent), a few lines whatever the
+task count, redrawn only when a new snapshot comes (every second up to 4,096 tasks, less often beyond).
+
 Only used when stdout is a terminal; pipes and files get plain prefixed lines.
 """
 
@@ -14,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..plan import Plan
+from ..supervise.summary import FULL_UP_TO, summarize, summary_lines
 
 
 def _fmt(value: Any, fmt: str, empty: str = "-") -> str:
@@ -27,7 +32,8 @@ class LiveTable:
         self.live = Live(
             self._render({}),
             console=self.console,
-            refresh_per_second=4,
+            refresh_per_second=1,
+            auto_refresh=False,  # redrawn on update(): no re-render of an unchanged table 4 times a second
             redirect_stdout=True,
             redirect_stderr=True,
             transient=False,
@@ -53,9 +59,11 @@ class LiveTable:
         self.console.print(Text.from_ansi(text.rstrip("\n")), soft_wrap=True, highlight=False, markup=False)
 
     def update(self, status: dict[str, Any]) -> None:
-        self.live.update(self._render(status))
+        self.live.update(self._render(status), refresh=True)
 
-    def _render(self, status: dict[str, Any]) -> Table:
+    def _render(self, status: dict[str, Any]) -> Table | Text:
+        if len(self.plan.nodes) > FULL_UP_TO:  # a thousand rows help nobody (and cost a render each time)
+            return self._summary(status)
         table = Table(
             title=f"{self.plan.job} — {status.get('state', 'starting')}",
             title_justify="left",
@@ -88,6 +96,15 @@ class LiveTable:
                 Text(_flags(t), style="bold yellow"),
             )
         return table
+
+    def _summary(self, status: dict[str, Any]) -> Text:
+        """A large job: counts per state, slowest/fastest, stragglers, failed or lost, silent (``summary``)."""
+        tasks = status.get("tasks") or {str(n.task): {"state": "pending"} for n in self.plan.nodes}
+        text = Text(f"{self.plan.job} — {status.get('state', 'starting')}\n", style="bold")
+        for line in summary_lines(summarize(tasks), finished=bool(status.get("finished"))):
+            style = "red" if line.startswith("failed") else "yellow" if line.startswith("stragglers") else ""
+            text.append(line + "\n", style=style)
+        return text
 
 
 def _flags(task: dict[str, Any]) -> str:

@@ -38,6 +38,7 @@ class LogRouter:
         self.lines_written: dict[str, int] = {}
         self.console_hook: Any = None  # set by the live display to print above its table
         self._dirty = False
+        self._unflushed: set[GuardedFile] = set()
         self._closed = False
 
     def open_attempt(self, attempt: int, tasks: list[tuple[str, str, str]]) -> None:
@@ -62,6 +63,7 @@ class LogRouter:
         f = self.files.get(task)
         if f is not None:
             f.write(data)
+            self._unflushed.add(f)
         self.lines_written[task] = self.lines_written.get(task, 0) + data.count(b"\n")
         body = data[:-1] if data.endswith(b"\n") else data
         tag = logline.stamp(ts or time.time()) + self.prefix.get(task, f"[{task}] ".encode())
@@ -86,8 +88,9 @@ class LogRouter:
     def flush(self) -> None:
         if not self._dirty:
             return
-        for f in self.files.values():
+        for f in self._unflushed:  # only the files written since (a thousand tasks, a few lines each)
             f.flush()
+        self._unflushed.clear()
         self.combined.flush()
         if self.echo and self.console_hook is None:
             try:

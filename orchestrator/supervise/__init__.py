@@ -5,10 +5,11 @@ from .checks import evaluate, failed, finding
 from .evidence import HostFinding, Scores, explain, host_suspect
 from .gpus import GpuJudgement, GpuProblem, judge_gpus
 from .inputs import Interrupt
-from .monitor import Monitor, Policy, Verdict
+from .monitor import Monitor
 from .session import TaskSession
 from .stragglers import StragglerFinding, find_straggler
 from .supervisor import Supervisor
+from .verdicts import Policy, Verdict
 
 __all__ = [
     "GpuJudgement",

@@ -1,6 +1,6 @@
 """What reaches the decision loop: channels as tasks come up, bytes the pump reads, signals.
 
-The channel pump: one thread selects over every task's channel and queues what arrives.
+The channel pump: one thread waits on every task's channel with one selector and queues what arrives.
 
 The decision loop never blocks on one host. The queue is bounded: when the loop falls behind, the
 pump waits, stops reading, and the SSH window (or socket buffer) pushes back to the node, whose
@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import select
+import selectors
 import threading
 import time
 from dataclasses import dataclass
@@ -58,28 +58,49 @@ class Received:
 
 
 class ChannelPump(threading.Thread):
+    """One thread, one selector (epoll where there is one: any descriptor number, and the cost of a
+    wait does not grow with the number of channels) over every task's channel.
+
+    ``add``/``remove`` may be called from any thread: they change the table under the lock and wake
+    the pump, which (re)registers the channel's descriptors itself, so the selector is only ever
+    touched by its own thread. A channel's descriptors are checked again after each read (a stream
+    that ended) and all of them every ``SYNC_S`` (a channel closed by someone else)."""
+
+    SYNC_S = 1.0
+
     def __init__(self, out: queue.Queue) -> None:
         super().__init__(name="channel-pump", daemon=True)
         self.out = out
         self._channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
+        self._changed: set[str] = set()
+        self._sel = selectors.DefaultSelector()
+        self._registered: dict[str, tuple[int, ...]] = {}
         self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._stopping = False
         self.spill: list[Received] = []  # read, but the queue was full when we were told to stop
 
     def add(self, task: str, chan: Channel) -> None:
         with self._lock:
             self._channels[task] = chan
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
+            self._changed.add(task)
+        self._wake()
 
     def remove(self, task: str) -> None:
         with self._lock:
             self._channels.pop(task, None)
+            self._changed.add(task)
+        self._wake()
 
     def stop(self) -> None:
         self._stopping = True
-        with contextlib.suppress(OSError):
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # a full pipe is awake already
             os.write(self._wake_w, b"x")
 
     def _put(self, item: Received) -> None:
@@ -93,33 +114,90 @@ class ChannelPump(threading.Thread):
                     self.spill.append(item)
                     return
 
+    # --- the selector (pump thread only) ----------------------------------------------------------
+
+    def _sync(self, task: str, chan: Channel | None) -> None:
+        """Register exactly the descriptors ``chan`` reads from now (none when it is gone)."""
+        want: tuple[int, ...] = ()
+        if chan is not None:
+            try:
+                want = tuple(chan.filenos())
+            except Exception:  # a broken channel: its next read says why
+                want = ()
+        have = self._registered.get(task, ())
+        if want == have:
+            return
+        for fd in have:
+            if fd not in want:
+                self._unregister(fd, task)
+        for fd in want:
+            if fd in have:
+                continue
+            key = self._sel.get_map().get(fd)
+            if key is not None:  # a stale registration: its channel was closed and the number reused
+                self._unregister(fd, key.data)
+            try:
+                self._sel.register(fd, selectors.EVENT_READ, task)
+            except (OSError, ValueError):  # closed under us: the periodic sync drops it
+                continue
+        self._registered[task] = tuple(fd for fd in want if self._sel.get_map().get(fd) is not None)
+        if not self._registered[task]:
+            del self._registered[task]
+
+    def _unregister(self, fd: int, task: str) -> None:
+        key = self._sel.get_map().get(fd)
+        if key is not None and key.data == task:  # not a number another channel has taken since
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._sel.unregister(fd)
+        left = tuple(x for x in self._registered.get(task, ()) if x != fd)
+        if left:
+            self._registered[task] = left
+        else:
+            self._registered.pop(task, None)
+
+    def _apply_changes(self, everything: bool) -> None:
+        with self._lock:
+            names = set(self._channels) | set(self._registered) if everything else self._changed
+            todo = [(t, self._channels.get(t)) for t in names]
+            self._changed = set()
+        for task, chan in todo:
+            self._sync(task, chan)
+
+    def _read(self, task: str) -> None:
+        with self._lock:
+            chan = self._channels.get(task)
+        if chan is None:
+            self._sync(task, None)
+            return
+        try:
+            out, err, eof = chan.read()
+        except Exception as exc:  # a broken channel is an EOF with a reason
+            out, err, eof = b"", f"channel error: {exc}\n".encode(), True
+        if out or err or eof:
+            self._put(Received(task, out, err, eof))
+        if eof:
+            self.remove(task)
+            self._sync(task, None)
+        else:
+            self._sync(task, chan)
+
     def run(self) -> None:
+        next_sync = time.monotonic() + self.SYNC_S
         try:
             while not self._stopping:
-                with self._lock:
-                    fdmap = {fd: task for task, chan in self._channels.items() for fd in chan.filenos()}
-                try:
-                    ready, _, _ = select.select([self._wake_r, *fdmap], [], [], 1.0)
-                except (OSError, ValueError):
-                    time.sleep(0.05)
-                    continue
-                for fd in ready:
-                    if fd == self._wake_r:
-                        os.read(self._wake_r, 4096)
+                now = time.monotonic()
+                self._apply_changes(everything=now >= next_sync)
+                if now >= next_sync:
+                    next_sync = now + self.SYNC_S
+                for key, _ in self._sel.select(1.0):
+                    if key.data is None:
+                        with contextlib.suppress(OSError):
+                            os.read(self._wake_r, 4096)
                         continue
-                    task = fdmap[fd]
-                    with self._lock:
-                        chan = self._channels.get(task)
-                    if chan is None:
-                        continue
-                    try:
-                        out, err, eof = chan.read()
-                    except Exception as exc:  # a broken channel is an EOF with a reason
-                        out, err, eof = b"", f"channel error: {exc}\n".encode(), True
-                    if out or err or eof:
-                        self._put(Received(task, out, err, eof))
-                    if eof:
-                        self.remove(task)
+                    if self._stopping:
+                        break
+                    self._read(key.data)
         finally:
+            self._sel.close()
             os.close(self._wake_r)
             os.close(self._wake_w)

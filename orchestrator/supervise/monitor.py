@@ -21,6 +21,7 @@ Why these rules:
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,56 +29,14 @@ from typing import Any
 
 from worker_entry import protocol as p
 
-from ..plan.policy import StragglerPolicy
 from .evidence import Scores, explain
 from .gpuwatch import GpuWatch
 from .stragglers import StragglerFinding, find_straggler
+from .verdicts import Policy, Verdict
 
 EVIDENCE_BEATS = 3  # heartbeats of host evidence a round looks at
 
 STOPPED_STATES = frozenset({"stopped", "tracing-stop"})
-
-
-@dataclass(frozen=True)
-class Policy:
-    """Timings from the spec; the straggler thresholds are the plan's one ``StragglerPolicy`` (the
-    same object plan.json keeps, which ``report`` reads back)."""
-
-    interval_s: float = 1.0
-    timeout_s: float = 10.0
-    startup_timeout_s: float = 300.0
-    progress_timeout_s: float | None = 600.0
-    stragglers: StragglerPolicy = field(default_factory=StragglerPolicy)
-
-    @property
-    def stopped_after_s(self) -> float:
-        return min(self.timeout_s, max(2.0 * self.interval_s, 1.0))
-
-    @property
-    def suspect_after_s(self) -> float:
-        """Silence long enough to blame a task for a peer's failure (3 missed heartbeats)."""
-        return min(self.timeout_s, 3.0 * self.interval_s)
-
-    @classmethod
-    def from_spec(cls, spec: Any, stragglers: StragglerPolicy | None = None) -> Policy:
-        """The spec's timings, with ``stragglers`` (the plan's policy; built from the spec when not given)."""
-        hb = spec.heartbeat
-        return cls(
-            interval_s=hb.interval_s,
-            timeout_s=hb.timeout_s,
-            startup_timeout_s=spec.job.startup_timeout_s,
-            progress_timeout_s=hb.progress_timeout_s,
-            stragglers=stragglers if stragglers is not None else StragglerPolicy.from_spec(spec),
-        )
-
-
-@dataclass(frozen=True)
-class Verdict:
-    kind: str  # lost | hung | stalled | startup_timeout | straggler | straggler_cleared | worker_slowing | gpu_problem
-    task: str | None
-    message: str
-    fatal: bool
-    data: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -109,6 +68,8 @@ class Monitor:
         self.scores: dict[str, dict[str, float]] = {}
         self._scores = Scores()
         self.gpus = GpuWatch()  # each task's recent GPU samples and models, and the judgement of them
+        self._live = set(tasks)  # not done
+        self._unprofiled = set(tasks)  # live, without a profile this round
 
     # --- observations ------------------------------------------------------------------------
 
@@ -156,9 +117,11 @@ class Monitor:
         w.last_seen = now
         w.profile = record
         w.profile_round = self._round
-        live = [t for t, x in self.watch.items() if not x.done]
-        if len(live) < 2 or any(self.watch[t].profile_round != self._round for t in live):
+        self._unprofiled.discard(task)  # (a set, not a scan of every task per profile)
+        if self._unprofiled or len(self._live) < 2:
             return []
+        live = [t for t in self.watch if t in self._live]
+        self._unprofiled = set(live)
         profiles = {t: self.watch[t].profile for t in live if self.watch[t].profile}
         self._round += 1
         finding = find_straggler(profiles, self.policy.stragglers)
@@ -177,10 +140,10 @@ class Monitor:
         pol = self.policy.stragglers
         out = []
         step = statistics.median(float(x.get("step_ms") or 0.0) for x in profiles.values()) if profiles else 0.0
+        ranked = sorted(x["individual"] for x in self.scores.values())
         for t, s in self.scores.items():
             w = self.watch[t]
-            others = [x["individual"] for u, x in self.scores.items() if u != t]
-            typical = statistics.median(others) if others else 1.0
+            typical = _median_without(ranked, s["individual"])  # the others' (one sort a round, not one a task)
             excess = s["local_ms"] - (s["best_local_ms"] or s["local_ms"])
             slow = (
                 s["individual"] < pol.slowing_score
@@ -213,15 +176,16 @@ class Monitor:
 
     def on_terminal(self, task: str) -> None:
         self.watch[task].done = True
+        self._live.discard(task)
+        self._unprofiled.discard(task)
         self.gpus.forget(task)
 
     def _gpu_verdicts(self) -> list[Verdict]:
         """New GPU problems, judged once per round of heartbeats with the step clock's latest scores."""
-        live = [t for t, w in self.watch.items() if not w.done]
         return [
             Verdict("gpu_problem", g.task, g.text(), fatal=False,
                     data={"gpu": g.gpu, "problem": g.problem, "model": g.model, "reading": g.reading})
-            for g in self.gpus.judge(live, self.scores)
+            for g in self.gpus.judge(sorted(self._live), self.scores)
         ]  # fmt: skip
 
     # --- decisions ---------------------------------------------------------------------------
@@ -407,3 +371,16 @@ class Monitor:
                     )
                 )
         return out
+
+
+def _median_without(ranked: list[float], value: float) -> float:
+    """The median of sorted ``ranked`` less one occurrence of ``value`` (1.0 when nothing is left)."""
+    n = len(ranked) - 1
+    if n <= 0:
+        return 1.0
+    i = bisect.bisect_left(ranked, value)
+
+    def at(k: int) -> float:
+        return ranked[k] if k < i else ranked[k + 1]
+
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2

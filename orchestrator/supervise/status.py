@@ -47,29 +47,61 @@ def task_status(
     }
 
 
-def snapshot(
-    sessions: Iterable[TaskSession],
-    figures: Figures,
-    *,
-    state: JobState,
-    attempt: int,
-    stopping_reason: str | None,
-    straggler: str | None,
-    gpu_problems: Mapping[str, list[dict[str, Any]]] | None = None,
-) -> dict[str, Any]:
-    now = time.time()
-    gpu_problems = gpu_problems or {}
-    return {
-        "state": state.value,
-        "attempt": attempt,
-        "updated": now,
-        "stopping_reason": stopping_reason,
-        "tasks": {
-            s.task: task_status(s, figures.live(s.task), straggler=straggler == s.task, now_wall=now,
-                                gpu_problems=gpu_problems.get(s.task))
-            for s in sessions
-        },
-    }
+#: status.json lists every task: past this many tasks a snapshot is written less often than every second,
+#: so the work of writing them stays bounded (~4,096 task entries a second) whatever the task count.
+STATUS_TASKS_PER_S = 4096
+
+
+def status_period(tasks: int) -> float:
+    """Seconds between two live snapshots of a job of ``tasks`` tasks (1 s up to STATUS_TASKS_PER_S)."""
+    return max(1.0, tasks / STATUS_TASKS_PER_S)
+
+
+class Snapshots:
+    """The live snapshot, built incrementally: a task's entry is rebuilt only when something arrived for
+    it since the last snapshot (``touch``); the others keep theirs, with only their heartbeat's age
+    brought up to date. At a thousand tasks a second's snapshot rebuilds the few that changed, not all."""
+
+    def __init__(self, sessions: Mapping[str, TaskSession], figures: Figures) -> None:
+        self.sessions = sessions
+        self.figures = figures
+        self._entries: dict[str, dict[str, Any]] = {name: {} for name in sessions}  # in plan order
+        self._dirty: set[str] = set(sessions)
+        self._straggler: str | None = None
+
+    def touch(self, task: str | None = None) -> None:
+        """``task`` changed (None: every task, e.g. a teardown changed them all)."""
+        if task is None:
+            self._dirty = set(self.sessions)
+        else:
+            self._dirty.add(task)
+
+    def build(
+        self,
+        *,
+        state: JobState,
+        attempt: int,
+        stopping_reason: str | None,
+        straggler: str | None,
+        gpu_problems: Mapping[str, list[dict[str, Any]]] | None = None,
+    ) -> dict[str, Any]:
+        now = time.time()
+        gpu_problems = gpu_problems or {}
+        if straggler != self._straggler:
+            self._dirty.update(t for t in (straggler, self._straggler) if t is not None)
+            self._straggler = straggler
+        # a GPU judgement is relative: a peer's heartbeat can change another task's problems
+        self._dirty.update(t for t, e in self._entries.items() if e and e.get("gpu_problems") != gpu_problems.get(t, []))
+        for name in self._dirty:
+            s = self.sessions[name]
+            self._entries[name] = task_status(s, self.figures.live(name), straggler=straggler == name, now_wall=now,
+                                              gpu_problems=gpu_problems.get(name))  # fmt: skip
+        self._dirty = set()
+        for name, entry in self._entries.items():
+            wall = self.sessions[name].heartbeat_wall
+            entry["last_heartbeat_age_s"] = round(now - wall, 1) if wall else None
+        return {"state": state.value, "attempt": attempt, "updated": now, "stopping_reason": stopping_reason,
+                "tasks": dict(self._entries)}  # fmt: skip
 
 
 def final_tasks(

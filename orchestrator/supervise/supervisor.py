@@ -9,7 +9,6 @@ the only place that changes the job's state, so decisions are simple and ordered
 from __future__ import annotations
 
 import queue
-import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,18 +26,16 @@ from .bound import BoundWatch, RunBound
 from .figures import Figures
 from .gate import check_before_go
 from .inputs import QUEUE_ITEMS, ChannelPump, ChannelReady, Interrupt, Received
-from .monitor import Monitor, Policy, Verdict
+from .monitor import Monitor
 from .session import PROTOCOL_HINT, Output, ShellNoise, TaskSession, Violation, record_of
-from .status import attempt_result, snapshot
+from .status import Snapshots, attempt_result, status_period
+from .teardown import Teardown
+from .verdicts import VERDICT_EVENTS, Policy, Verdict
 
-TEARDOWN_MARGIN_S = 5.0
-#: the event each of the monitor's verdicts becomes
-VERDICT_EVENTS = {"lost": ev.WorkerLost, "hung": ev.WorkerHung, "stalled": ev.JobStalled, "startup_timeout": ev.StartupTimeout,
-                  "straggler": ev.Straggler, "straggler_cleared": ev.StragglerCleared, "worker_slowing": ev.WorkerSlowing,
-                  "gpu_problem": ev.GpuProblemFound}  # fmt: skip
+TICK_S = 0.1  # the scans of every task (go, verdicts, teardown, flush, status): at most this often
+_NOT_UP = (TaskState.PENDING, TaskState.STARTING)
 
-
-class Supervisor:
+class Supervisor(Teardown):
     def __init__(
         self,
         spec: ClusterSpec,
@@ -84,6 +81,7 @@ class Supervisor:
         self.bound_reached: str | None = None
         # the tasks' figures: the job's (across attempts) when it passes them, fed every record we write
         self.figures = figures if figures is not None else Figures()
+        self.snapshots = Snapshots(self.sessions, self.figures)
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -96,17 +94,20 @@ class Supervisor:
         starts = [(n, n.node_config(self.attempt)) for n in self.plan.nodes]
         self.backend.start_all(starts, self._deliver)
         hello_deadline = self.clock() + self.policy.startup_timeout_s
-        next_ping = next_status = self.clock()
+        next_ping = next_status = next_tick = self.clock()
         try:
             while True:
                 try:
-                    self._handle(self.q.get(timeout=0.1))
+                    self._handle(self.q.get(timeout=TICK_S))
                     for _ in range(256):  # what is already there, before deciding anything
                         self._handle(self.q.get_nowait())
                 except queue.Empty:
                     pass
                 now = self.clock()
                 self._check_interrupt()
+                if now < next_tick:
+                    continue  # inputs decide at once (an exit, a violation); the scans of every task below
+                next_tick = now + TICK_S  # run at most every TICK_S, however fast the inputs come
                 if self.state == JobState.STARTING:
                     self._maybe_go(now, hello_deadline)
                 if now >= next_ping:
@@ -125,7 +126,7 @@ class Supervisor:
                 self.logs.flush()
                 if now >= next_status:
                     self._publish_status()
-                    next_status = now + 1.0
+                    next_status = now + status_period(len(self.sessions))
                 if all(s.state.is_terminal for s in self.sessions.values()):
                     break
         finally:
@@ -155,11 +156,11 @@ class Supervisor:
 
     def _deliver(self, task: str, chan: Channel | BaseException) -> None:
         """Called from the backend's threads: a task's channel (or why there is none)."""
-        item = ChannelReady(task, chan, None) if isinstance(chan, Channel) else ChannelReady(task, None, chan)
-        self.q.put(item)
+        self.q.put(ChannelReady(task, chan, None) if isinstance(chan, Channel) else ChannelReady(task, None, chan))
 
     def _handle(self, item: ChannelReady | Received) -> None:
         s = self.sessions[item.task]
+        self.snapshots.touch(s.task)  # (its status entry is rebuilt at the next snapshot)
         if isinstance(item, ChannelReady):
             self._on_channel(s, item)
             return
@@ -275,9 +276,9 @@ class Supervisor:
     def _maybe_go(self, now: float, hello_deadline: float) -> None:
         if self.stopping_reason:
             return
-        waiting = [s for s in self.sessions.values() if s.state in (TaskState.PENDING, TaskState.STARTING)]
-        if waiting and now < hello_deadline:
-            return
+        if now < hello_deadline and any(s.state in _NOT_UP for s in self.sessions.values()):
+            return  # stops at the first task not up yet: no scan of every task per tick while they come
+        waiting = [s for s in self.sessions.values() if s.state in _NOT_UP]
         if waiting:
             names = ", ".join(s.task for s in waiting)
             msg = f"worker_entry did not report within {self.policy.startup_timeout_s:g}s on {names}"
@@ -298,6 +299,7 @@ class Supervisor:
 
     def _verdict(self, v: Verdict) -> None:
         s = self.sessions.get(v.task) if v.task else None
+        self.snapshots.touch(v.task)
         self.bus.emit(VERDICT_EVENTS[v.kind](task=v.task, host=s.host if s else None, message=v.message, **v.data))
         if v.kind == "lost" and s is not None and not v.data.get("suspect") and not s.state.is_terminal:
             # Silent past the timeout: waiting for its exit status would only delay the teardown.
@@ -309,9 +311,10 @@ class Supervisor:
 
     def _check_bound(self, now: float) -> None:
         """A bounded run that had enough stops like `tfcluster stop`, and counts as a success."""
+        if self.bound is None or self.stopping_reason:
+            return
         running = {t: self.figures.live(t).steps for t, s in self.sessions.items() if s.state == TaskState.RUNNING}
-        why = self.bound.check(running, now, self.went_at) if self.bound and not self.stopping_reason else None
-        if why is not None:
+        if (why := self.bound.check(running, now, self.went_at)) is not None:
             self.bound_reached = why
             self.bus.emit(ev.BoundReached(message=why, steps=min((n or 0 for n in running.values()), default=0)))
             self._teardown(f"bounded run: {why}", bounded=True)
@@ -336,59 +339,6 @@ class Supervisor:
             where = f"{failure.task} ({failure.host})" if failure.task else "the job"
             self._teardown(f"{where}: {failure.message}", grace=self.spec.job.failure_grace_s)
 
-    def _teardown(self, reason: str, grace: float | None = None, signum: int = signal.SIGTERM, *,
-                  bounded: bool = False) -> None:  # fmt: skip
-        grace = self.spec.job.stop_grace_s if grace is None else grace
-        if self.stopping_reason is None:
-            self.stopping_reason = reason
-            self.state = JobState.STOPPING
-            self.bus.emit(ev.Teardown(reason=reason, grace_s=grace, bounded=bounded))
-        for s in self.sessions.values():
-            if s.state == TaskState.PENDING:  # its backend start is still under way: never let it run
-                s.become(TaskState.NOT_STARTED)
-            elif s.state.is_alive and (not s.stop_sent or grace == 0):
-                s.stop_sent = True
-                if s.state in (TaskState.RUNNING, TaskState.READY, TaskState.STARTING):
-                    s.become(TaskState.STOPPING)
-                s.send(p.Stop(grace_s=grace, reason=reason, signal=int(signum)))
-        deadline = self.clock() + grace + TEARDOWN_MARGIN_S
-        self.teardown_deadline = min(self.teardown_deadline or deadline, deadline)
-
-    def _abandon_all(self, reason: str) -> None:
-        """Past the teardown deadline: close the channels; worker_entry kills its group on EOF."""
-        for s in self.sessions.values():
-            self._abandon(s, reason)
-        self.teardown_deadline = None
-
-    def _abandon(self, s: TaskSession, reason: str) -> None:
-        """Stop waiting for one task's exit status (its node stops it when our channel or pings go)."""
-        if s.state.is_terminal:
-            return
-        s.close()
-        s.become(TaskState.LOST if not s.stop_sent else TaskState.STOPPED)
-        self._stopped_waiting(s, reason)
-
-    def _stopped_waiting(self, s: TaskSession, reason: str) -> None:
-        """Its exit status will not come (abandoned, or its channel closed during the teardown)."""
-        self.bus.emit(ev.TaskExited(task=s.task, host=s.host, code=None, signal=None, signal_name=None, stopped=True,
-                                    reason=reason))  # fmt: skip
-
-    def _check_interrupt(self) -> None:
-        if self.interrupt.count == self._handled_interrupts:
-            return
-        self._handled_interrupts = self.interrupt.count
-        sig = self.interrupt.signum or signal.SIGINT
-        name = signal.Signals(sig).name
-        # Ctrl-C reaches the training processes as SIGINT (KeyboardInterrupt in Python, which TF's
-        # own SIGTERM handler does not swallow); SIGTERM as SIGTERM.
-        forward = signal.SIGINT if sig == signal.SIGINT else signal.SIGTERM
-        if self.interrupted_by is None:
-            self.interrupted_by = sig
-            self.bus.emit(ev.Interrupted(signal=name))
-            self._teardown(f"interrupted by {name}", signum=forward)
-        else:
-            self._teardown(f"interrupted again by {name}: killing now", grace=0, signum=forward)
-
     def _broadcast(self, command: p.Message) -> None:
         for s in self.sessions.values():
             if s.state.is_alive:
@@ -397,9 +347,9 @@ class Supervisor:
     # --- status and result -------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        status = snapshot(self.sessions.values(), self.figures, state=self.state, attempt=self.attempt,
-                          stopping_reason=self.stopping_reason, straggler=self.monitor.straggler,
-                          gpu_problems=self.monitor.gpus.judgement.by_task())  # fmt: skip
+        status = self.snapshots.build(state=self.state, attempt=self.attempt, stopping_reason=self.stopping_reason,
+                                      straggler=self.monitor.straggler,
+                                      gpu_problems=self.monitor.gpus.judgement.by_task())  # fmt: skip
         if (refusals := self.backend.refusals()) is not None:
             status["refused_connections"] = refusals.summary()
         return status

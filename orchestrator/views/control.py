@@ -13,6 +13,7 @@ from typing import Any
 
 from ..core.text import table
 from ..runs import RunDir
+from ..supervise.summary import FULL_UP_TO, summarize, summary_lines
 from .handle import RunHandle
 
 
@@ -76,7 +77,8 @@ def _finished_tasks(status: dict[str, Any], result: dict[str, Any]) -> dict[str,
     return result.get("tasks", {})
 
 
-def status_text(st: dict[str, Any], handle: RunHandle | None = None) -> str:
+def status_text(st: dict[str, Any], handle: RunHandle | None = None, *, show_all: bool = False) -> str:
+    """The run, and its tasks: one a row up to ``FULL_UP_TO`` tasks (or ``show_all``), else a summary."""
     handle = handle or RunHandle(RunDir(Path(str(st.get("run_dir")))))
     head = f"job {st.get('job')}   state {st.get('state')}   run {st.get('run_dir')}"
     lines = [head, *handle.scheduler_lines(st)]
@@ -93,8 +95,15 @@ def status_text(st: dict[str, Any], handle: RunHandle | None = None) -> str:
     rc = st.get("root_cause")
     if rc:
         lines.append(f"root cause: {rc.get('task') or 'job'} ({rc.get('host') or '-'}): {rc.get('message')}")
+    tasks = st.get("tasks", {})
+    if len(tasks) > FULL_UP_TO and not show_all:
+        lines.append("")
+        lines.extend(summary_lines(summarize(tasks), finished=bool(st.get("finished"))))
+        lines.append("(every task: tfcluster status RUN --all)")
+        lines.extend(handle.detail_lines(st))
+        return "\n".join(lines)
     rows = [("TASK", "HOST", "STATE", "EXIT", "STEP", "STEP TIME", "STEPS/S", "EX/S", "CPU%", "RSS MB", "HEARTBEAT")]
-    for name, t in sorted(st.get("tasks", {}).items()):
+    for name, t in sorted(tasks.items()):
         exit_text = t.get("signal") or ("" if t.get("exit_code") is None else str(t.get("exit_code")))
         step_time = t.get("step_time_s")
         age = t.get("last_heartbeat_age_s")

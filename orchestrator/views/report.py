@@ -28,6 +28,7 @@ from ..supervise.figures import Figures, TaskFigures
 from ..supervise.gpus import WORK_RATIO
 from ..supervise.shared import SharedProblem, inflation_advice, shared_problems
 from .goodput import goodput, goodput_lines
+from .outliers import shown
 from .pace import pace, pace_advice, pace_lines
 from .records import event_records, heartbeat_records, json_object
 from .split import job_split, scores, split_lines
@@ -271,7 +272,10 @@ def report_text(rep: dict[str, Any]) -> str:
     lines = [f"job {rep.get('job')}   run {rep.get('run_dir')}", ""]
     head = ("TASK", "HOST", "STEPS", "STEP ms", "STEPS/s", "INPUT", "COMPUTE", "IN COLL", "AFTER", "OWN WORK")
     rows = [(*head, "REL", "IND", "CPU WAIT%", "CPU%", "RSS MB")]
-    for t, w in rep["workers"].items():
+    listed, spread = shown(rep["workers"], {s["task"] for s in rep.get("stragglers") or []})
+    lines += [*spread, ""] if spread else []
+    for t in listed:
+        w = rep["workers"][t]
         after = None if w.get("update_ms") is None else w["update_ms"] + (w.get("host_ms") or 0)
         rows.append(
             (

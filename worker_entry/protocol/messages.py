@@ -5,7 +5,6 @@ treat them as values all the same."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -39,7 +38,8 @@ class NodeConfig(Record):
     task: TaskRef = field(default_factory=lambda: TaskRef("worker", 0))
     attempt: int = field(default=0, metadata=spec(lo=0, hi=1000))
     workdir: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
+    # TF_CONFIG names every task (~60 KB at 4,096): up to the kernel's limit for one variable, 128 KiB
+    env: dict[str, str] = field(default_factory=dict, metadata=spec(value_len=128 << 10))
     tf_port: int | None = field(default=None, metadata=spec(lo=1, hi=65535))
     gpus: int = field(default=0, metadata=spec(lo=0, hi=1024))
     heartbeat_interval_s: float = field(default=1.0, metadata=spec(lo=0.01, hi=3600))
@@ -65,7 +65,7 @@ class Message(Record):
     TYPE: ClassVar[str]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, **dataclasses.asdict(self)}  # type: ignore[call-overload]
+        return {"type": self.TYPE, **super().to_dict()}
 
 
 @dataclass
