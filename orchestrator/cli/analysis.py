@@ -39,7 +39,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     """`tfcluster scale SPEC`: one bounded launch per size, then the sweep measured and compared (scale.json,
     page, PNGs); the exit code is the first size that did not succeed."""
     from ..job.scale import SizeRun, SweepOptions, parse_sizes, run_sweep
-    from ..runs import write_json_atomic
+    from ..runs import check_new_dir, write_json_atomic
     from ..schedulers import scheduler_for
     from ..spec import load_spec
     from ..views.pages import sweep_page
@@ -55,9 +55,12 @@ def cmd_scale(args: argparse.Namespace) -> int:
         args.duration = "60s"
     bound = run_bound(args.steps, args.duration, ("--steps", "--duration"))
     root = Path(args.run_dir or os.path.join("runs", f"scale-{loaded.spec.name}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"))
-    if root.exists() and any(root.iterdir()):
+    if check_new_dir(root):
         raise UsageError(f"--run-dir {root}: already exists and is not empty; choose another")
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise UsageError(f"--run-dir {root}: cannot create it: {exc.strerror or exc}") from None
     opts = SweepOptions(sizes, bound, root, strong=args.strong, preflight=not args.no_preflight, echo_logs=args.verbose)
     say = sys.stderr
     print(f"tfcluster scale: {', '.join(map(str, sizes))} workers, {bound.describe()} each; sweep directory {root}", file=say)

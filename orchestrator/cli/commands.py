@@ -158,6 +158,11 @@ def _run_id_from_dir(run_dir: str | None) -> str | None:
     bad = next((c for c in run_dir if c < " " or c == "\x7f"), None)
     if not run_dir.strip() or bad is not None:
         raise UsageError(f"--run-dir {run_dir!r}: must be a path without control characters")
+    from pathlib import Path
+
+    from ..runs import check_new_dir
+
+    check_new_dir(Path(run_dir))
     return run_id_for_dir(run_dir)
 
 
