@@ -37,8 +37,20 @@ def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
     spec = write_spec(tmp_path / "spec.yaml", "sl-login", mwms("--epochs", "2", "--steps", "10"),
                       job={"env": {"API_TOKEN": token}})  # fmt: skip
     run_dir = tmp_path / "run"
-    rc, out, err = finish(start(slurm, launch_argv(spec, run_dir), cwd=_repo()), timeout=150)
+    proc = start(slurm, launch_argv(spec, run_dir), cwd=_repo())
+    try:
+        wait_for(lambda: "strategy ready" in _log(run_dir), 120, "the tasks to run")
+        # Slurm keeps the job's environment and script (slurmctld's state, slurmd's spool): not the credential
+        forms = _encodings(token)
+        in_slurm = [p for p in slurm.dir.rglob("*") if p.is_file() and any(f in p.read_bytes() for f in forms)]
+        private = run_dir / "slurm" / "private-spec.json"
+        private_while_running = (private.stat().st_mode & 0o777, token in private.read_text()) if private.exists() else None
+    finally:
+        rc, out, err = finish(proc, timeout=150)
+    assert in_slurm == [], in_slurm
+    assert private_while_running == (0o600, True)
     assert rc == 0, err[-3000:]
+    assert not private.exists()  # the run is over: its credentials are not kept
     res = result(run_dir)
     assert res["state"] == "succeeded" and res["gather"]["errors"] == []
     hosts = {t: v["host"] for t, v in res["tasks"].items()}
@@ -63,6 +75,17 @@ def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
     for name in ("slurm/job.sh", "slurm/sbatch.json", "slurm.json", "spec.yaml"):
         assert os.stat(run_dir / name).st_mode & 0o077 == 0, name
     assert "TFCLUSTER_SECRET" not in (run_dir / "slurm" / "job.sh").read_text()
+
+
+def _encodings(secret: str) -> list[bytes]:
+    """``secret`` as bytes, and as it shows inside base64 at each of the three alignments."""
+    import base64
+
+    forms = [secret.encode()]
+    for k in range(3):
+        enc = base64.b64encode(b"\0" * k + secret.encode())
+        forms.append(enc[(k * 4 + 2) // 3 + 1 : -4])
+    return forms
 
 
 def test_mwms_inside_an_allocation_with_tasks_sharing_a_node(slurm, tmp_path):

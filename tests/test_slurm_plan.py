@@ -414,18 +414,65 @@ def test_an_allocation_whose_supervisor_died_is_an_attempt_of_its_own(tmp_path, 
     job.bus.close()
 
 
-def test_the_spec_travels_to_the_batch_job_in_its_environment_not_in_the_run_directory():
-    from orchestrator.core.errors import UsageError
-    from orchestrator.schedulers.slurm.batch import spec_from_payload
-    from orchestrator.schedulers.slurm.submit import MAX_SPEC_ENV, spec_payload
+def _submitted(tmp_path, monkeypatch, extra: str = "  env: {API_TOKEN: s3cr3t-value}\n", command=None):
+    """submit() with sbatch replaced by a recorder: the run directory and what sbatch was given."""
+    from orchestrator.schedulers.slurm import submit as sub
 
-    loaded = load_spec_text(spec_text(extra="  env: {API_TOKEN: s3cr3t-value}\n"), "/home/me/spec.yaml")
-    back = spec_from_payload(spec_payload(loaded, ["python", "other.py", "--fast"]))
+    calls = []
+    monkeypatch.setattr(sub.sc, "have", lambda name: True)
+    monkeypatch.setattr(sub.sc, "submit", lambda argv, env=None: calls.append((list(argv), env)) or "77")
+    loaded = load_spec_text(spec_text(extra=extra), "/home/me/spec.yaml")
+    plan = plan_spec(loaded, "sl-1")
+    done = sub.submit(loaded, plan, str(tmp_path / "run"), command)
+    return done.rundir, calls
+
+
+def test_the_spec_travels_to_the_batch_job_in_a_private_file_not_in_its_environment(tmp_path, monkeypatch):
+    """Slurm stores a job's environment (slurmctld's state, `sacct --env-vars`): the credentials go in
+    RUN/slurm/private-spec.json (0600) instead, which the batch job reads, and the run's end removes."""
+    from orchestrator.schedulers.slurm.private_spec import read_private_spec
+
+    rundir, calls = _submitted(tmp_path, monkeypatch, command=["python", "other.py", "--fast"])
+    ((argv, env),) = calls
+    assert env is None or not any("s3cr3t-value" in v for v in env.values())
+    assert not any("s3cr3t-value" in a for a in argv)
+    private = rundir.slurm_private_spec
+    assert private.stat().st_mode & 0o077 == 0 and "s3cr3t-value" in private.read_text()
+    assert "s3cr3t-value" not in rundir.spec_yaml.read_text()
+    back = read_private_spec(rundir)
     assert back.spec.job.command == ["python", "other.py", "--fast"] and back.path == "/home/me/spec.yaml"
-    assert back.spec.slurm == loaded.spec.slurm
-    assert spec_from_payload(spec_payload(loaded, None)).spec.job.command == ["python", "train.py"]
-    for garbage in ("%%%", "bm90IGpzb24=", "WzEsMl0="):  # not base64, not JSON, not an object
-        assert spec_from_payload(garbage) is None
-    big = load_spec_text(spec_text(extra=f"  env: {{BIG: {'x' * MAX_SPEC_ENV}}}\n"))
-    with pytest.raises(UsageError, match="too large"):
-        spec_payload(big, None)
+    assert back.spec.job.env["API_TOKEN"] == "s3cr3t-value"
+
+
+def test_without_its_private_spec_the_batch_job_refuses_to_run(tmp_path, monkeypatch):
+    """Never the redacted copy: it would run with `<redacted>` as the credentials."""
+    from orchestrator.schedulers.slurm import batch
+
+    rundir, _ = _submitted(tmp_path, monkeypatch)
+    rundir.slurm_private_spec.unlink()
+    started = []
+    monkeypatch.setattr(batch, "Job", lambda *a, **k: started.append(a))
+    result = batch.run_batch(str(rundir.path), env={"SLURM_JOB_ID": "77"})
+    assert started == [] and result.state == JobState.START_FAILED
+    stored = json.loads(rundir.result_json.read_text())
+    assert stored["state"] == "start_failed" and "private-spec.json is missing" in stored["root_cause"]["message"]
+
+
+@pytest.mark.parametrize("damage", ["garbled", "group-writable", "foreign"])
+def test_a_private_spec_another_user_could_have_written_is_refused(tmp_path, monkeypatch, damage):
+    import os
+
+    from orchestrator.schedulers.slurm.private_spec import PrivateSpecMissing, read_private_spec
+
+    if damage == "foreign" and os.geteuid() != 0:
+        pytest.skip("needs root: a file owned by another user")
+    rundir, _ = _submitted(tmp_path, monkeypatch)
+    path = rundir.slurm_private_spec
+    if damage == "garbled":
+        path.write_text("[1, 2]")
+    elif damage == "group-writable":
+        path.chmod(0o620)
+    else:
+        os.chown(path, 65534, 65534)
+    with pytest.raises(PrivateSpecMissing, match=r"damaged|not a private file"):
+        read_private_spec(rundir)

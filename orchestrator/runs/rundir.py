@@ -8,7 +8,8 @@ RUN/
   checkpoints/            the chief's checkpoint directory, gathered and verified
   nodes/                  node-side task directories (exit.json, complete logs) copied back
   gather-state.json       what the gather has verified (a resumed gather skips it)
-  slurm.json  slurm/      Slurm: the run across allocations; batch script, sbatch/srun output, stop request
+  slurm.json  slurm/      Slurm: the run across allocations; batch script, sbatch/srun output, stop request,
+                          the private spec (0600) the batch job's supervisor runs, removed at the end
   kubernetes.json         Kubernetes: the objects applied and every pod's phase, node and exit
 
 Every path of a run is a property here; nothing else spells a file name of the run directory.
@@ -101,6 +102,12 @@ class RunDir:
     def slurm_stop_json(self) -> Path:
         """Slurm: a user's stop request, left before Slurm's SIGTERM so it is not taken for a preemption."""
         return self.slurm_dir / "stop.json"
+
+    @property
+    def slurm_private_spec(self) -> Path:
+        """Slurm: the spec as written (credentials included) for the batch job's supervisor; 0600, only
+        while the run goes on — kept out of the job's environment, which Slurm stores."""
+        return self.slurm_dir / "private-spec.json"
 
     @property
     def kubernetes_json(self) -> Path:

@@ -27,8 +27,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from worker_entry.protocol.env import Env
-
 from ...core.result import AttemptResult, Failure, TaskResult
 from ...core.states import JobState, TaskState, interrupted_state
 from ...events import kinds as ev
@@ -62,7 +60,6 @@ class SlurmScheduling(RunScheduling):
         self.env = dict(env)
         self.job_id = sc.job_id_of(env)
         self.restart_count = int(env["SLURM_RESTART_COUNT"]) if env.get("SLURM_RESTART_COUNT", "").isdigit() else 0
-        self.spec_payload: str | None = None  # for a resubmission: the spec travels in the job's environment
         self.ending: str | None = None  # "timeout" | "preempted": this allocation ends, the run does not
 
     def policy(self, spec: ClusterSpec) -> SlurmPolicy:
@@ -186,8 +183,7 @@ class SlurmScheduling(RunScheduling):
             argv = json.loads((self.rundir.slurm_dir / "sbatch.json").read_text())
             if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv) and argv[:1] == ["sbatch"]):
                 raise ValueError("not an sbatch command line")
-            env = {**os.environ, Env.SLURM_SPEC: self.spec_payload} if self.spec_payload else None
-            new = sc.submit([*argv[:-1], f"--dependency=afterany:{self.job_id}", argv[-1]], env=env)
+            new = sc.submit([*argv[:-1], f"--dependency=afterany:{self.job_id}", argv[-1]])  # RUN/slurm/private-spec.json
         except (OSError, ValueError) as exc:
             job.bus.emit(ev.JobWarning(message=f"could not resubmit the job: {exc}"))
             return None
