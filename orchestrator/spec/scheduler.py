@@ -147,6 +147,12 @@ class KubernetesSpec(_Model):
     tolerations: list[TolerationSpec] = Field(default_factory=list, description="Pod tolerations.")
     service_account: DnsName | None = Field(None, description="Pod serviceAccountName.")
     image_pull_secrets: list[DnsName] = Field(default_factory=list, description="Secrets to pull the image.")
+    env_secret: DnsName | None = Field(
+        None,
+        description="An existing Secret in the namespace whose keys every pod gets as environment variables "
+        "(envFrom): credentials kept out of the spec. Credentials written in job.env or job.command go into a "
+        "Secret tfcluster renders itself (<name>-credentials), never into the pods' plain env or args.",
+    )
     volume: VolumeSpec | None = Field(None, description="A PVC for checkpoints and backups, mounted in every pod.")
     flavor: Literal["jobset", "indexed-job"] = Field(
         "jobset", description="jobset (needs the JobSet controller) or indexed-job (plain Kubernetes)."

@@ -136,15 +136,15 @@ class KubernetesBackend(Backend):
     def _apply(self, attempt: int) -> None:
         assert self.api is not None
         docs = render(self.spec, self.plan, attempt)
+        once = [d for d in docs if d["kind"] in ("Secret", "Service", "JobSet")]  # the credentials first
+        jobs = [d for d in docs if d["kind"] == "Job"]
+        if attempt == 0:
+            for doc in once:
+                self._create(doc)
         if self.flavor == "jobset":
-            if attempt == 0:
-                self._create(docs[0])
-            elif self.api.get("JobSet", self.spec.name) is None:
+            if attempt > 0 and self.api.get("JobSet", self.spec.name) is None:
                 raise KubeError(f"JobSet {self.namespace}/{self.spec.name} is gone: it cannot restart")
             return  # a restart is the JobSet controller's (failurePolicy.maxRestarts)
-        service, jobs = docs[0], docs[1:]
-        if attempt == 0:
-            self._create(service)
         for job in jobs:
             name = job["metadata"]["name"]
             if attempt > 0:
