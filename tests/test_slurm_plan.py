@@ -104,14 +104,14 @@ def test_sbatch_gets_every_option_as_one_argument_and_the_script_only_quoted_pat
         gpus_per_node: 4
         requeue: false
         signal_lead_s: 300
-        extra_args: ["--mem=64G", "--comment=two words; $(reboot)"]
+        extra_args: ["--mem=64G", "--mail-user=two words; $(reboot)"]
         """)  # fmt: skip
-    argv = sbatch_argv(spec, "/runs/it's here", "/runs/it's here/slurm/job.sh")
+    argv = sbatch_argv(spec, "/runs/it's here", "/runs/it's here/slurm/job.sh", "sl-1")
     assert argv == [
-        "sbatch", "--parsable", "--job-name=sl", "--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=4",
+        "sbatch", "--parsable", "--job-name=sl", "--comment=tfcluster:sl-1", "--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=4",
         "--partition=gpu", "--account=proj-1", "--qos=high", "--time=1-00:00:00", "--constraint=a100&ib",
         "--exclusive", "--no-requeue", "--signal=B:USR2@300", "--output=/runs/it's here/slurm/slurm-%j.out",
-        "--open-mode=append", "--mem=64G", "--comment=two words; $(reboot)", "/runs/it's here/slurm/job.sh",
+        "--open-mode=append", "--mem=64G", "--mail-user=two words; $(reboot)", "/runs/it's here/slurm/job.sh",
     ]  # fmt: skip
     script = batch_script("/opt/py 3/bin/python", "/runs/it's here", "sl-1")
     exec_line = [line for line in script.splitlines() if not line.startswith("#")]

@@ -21,7 +21,7 @@ SLURM_RESERVED_OPTIONS = frozenset(
     {
         "nodes", "ntasks", "ntasks-per-node", "gpus", "gpus-per-node", "gres", "signal", "requeue",
         "no-requeue", "job-name", "output", "error", "input", "partition", "account", "qos", "time",
-        "constraint", "exclusive", "wrap", "chdir", "export", "array", "dependency", "kill-on-bad-exit",
+        "constraint", "exclusive", "wrap", "chdir", "export", "array", "dependency", "kill-on-bad-exit", "comment",
     }
 )  # fmt: skip
 SLURM_OPTION_RE = re.compile(r"^--([a-z][a-z0-9-]*)(?:=([^\x00-\x1f\x7f]*))?$")

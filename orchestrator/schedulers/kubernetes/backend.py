@@ -340,20 +340,3 @@ def _hint(exc: KubeError) -> str:
     if exc.status in (401, 403):
         return "your credentials may not list pods or create Jobs in this namespace (kubectl auth can-i)"
     return "check kubectl get pods -n NAMESPACE works from this machine"
-
-
-def delete_recorded(record: dict[str, Any], api: KubeApi | None = None) -> list[str]:
-    """``tfcluster stop`` of a run whose launcher is gone: delete what it applied. Returns what happened."""
-    if api is None:
-        try:
-            api = KubeApi.connect(str(record.get("namespace") or "default"))
-        except KubeError as exc:
-            return [f"cannot reach the cluster: {exc}"]
-    out = []
-    for obj in reversed(record.get("objects") or []):
-        kind, name = str(obj.get("kind")), str(obj.get("name"))
-        try:
-            out.append(f"{kind} {name}: {'deleted' if api.delete(kind, name) else 'already gone'}")
-        except KubeError as exc:
-            out.append(f"{kind} {name}: {exc}")
-    return out

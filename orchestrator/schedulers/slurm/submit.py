@@ -63,7 +63,7 @@ def submit(
     SlurmState(run_id=plan.run_id, mode="batch", gather=gather).save(rundir)
     script = sdir / "job.sh"
     write_private(script, batch_script(sys.executable, str(rundir.path), plan.run_id), 0o700)
-    argv = sbatch_argv(loaded.spec, str(rundir.path), str(script))
+    argv = sbatch_argv(loaded.spec, str(rundir.path), str(script), plan.run_id)
     write_private(sdir / "sbatch.json", json.dumps(argv, indent=2) + "\n")
     try:
         job_id = sc.submit(argv)
