@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ..core.errors import UsageError
+from ..core.terminal import safe_text
 from .exitcodes import EXIT_OK, exit_code_for_sweep
 
 
@@ -29,7 +30,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         page, pngs = report_page(run, report, text)
         report["html"] = str(page)
         report["pngs"] = [str(p) for p in pngs]
-    print(json.dumps(report, indent=2) if args.json else text)
+    print(json.dumps(report, indent=2) if args.json else safe_text(text))  # hosts and causes come from nodes
     if args.html and not args.json:
         print(f"\nwrote {report['html']} and {', '.join(os.path.basename(p) for p in report['pngs'])}")
     return EXIT_OK
@@ -81,7 +82,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(text)
+        print(safe_text(text))
         where = f"{summary['html']} (pictures: {len(summary['pngs'])} PNGs)" if summary.get("html") else summary["pictures_error"]
         print(f"\nwrote {root / 'scale.json'} and {where}")
     return exit_code_for_sweep([r.state for r in runs], interrupted)

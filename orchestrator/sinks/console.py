@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
+from ..core.terminal import safe_text
 from ..events import BaseEvent
 from ..events import kinds as k
 from .style import use_color
@@ -53,8 +54,9 @@ class ConsoleSink:
         line = console_line(event)
         if line is None:
             return
+        text = safe_text(line.text)  # an event's text may quote a node (messages, reasons, hostnames)
         try:
-            self.stream.write(f"{self._paint('tfcluster:', 1)} {self._paint(line.text, line.color)}\n")
+            self.stream.write(f"{self._paint('tfcluster:', 1)} {self._paint(text, line.color)}\n")
             self.stream.flush()
         except (OSError, ValueError):
             pass
