@@ -152,6 +152,15 @@ class TaskLost(BaseEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExitUnconfirmed(BaseEvent):
+    """A host did not confirm that the task's processes and its worker_entry are gone when the
+    attempt ended (its link died, or its worker_entry did not exit in time): something may still run."""
+
+    KIND: ClassVar[str] = "exit_unconfirmed"
+    message: str = field(metadata=TEXT)
+
+
+@dataclass(frozen=True, kw_only=True)
 class NodeProtocolError(BaseEvent):
     """A node sent something the protocol does not allow: that task fails, the job tears down."""
 
@@ -375,7 +384,8 @@ EVENT_TYPES: dict[str, type[BaseEvent]] = {
     cls.KIND: cls
     for cls in (
         JobStarted, MetricsServed, JobWarning, Connected, ConnectFailed, AttemptStarted, TaskReady, Preflight,
-        HeterogeneousGpus, ShellNoise, TaskSpawned, TaskStarted, TaskExited, TaskLost, NodeProtocolError,
+        HeterogeneousGpus, ShellNoise, TaskSpawned, TaskStarted, TaskExited, TaskLost, ExitUnconfirmed,
+        NodeProtocolError,
         WorkerLost, WorkerHung, JobStalled, StartupTimeout, Straggler, StragglerCleared, WorkerSlowing,
         Interrupted, Detached, BoundReached, Teardown, AttemptFinished, Restart, GatherStarted, GatherFinished,
         GatherFailed, JobFinished, SlurmAllocation, Requeued,

@@ -118,6 +118,11 @@ def _task_exited(e: k.TaskExited) -> Line | None:
     return Line(f"{_who(e)} exited with code {e.code}", color)
 
 
+@renders(k.ExitUnconfirmed)
+def _exit_unconfirmed(e: k.ExitUnconfirmed) -> Line:
+    return Line(f"warning: {e.message}", WARN)
+
+
 @renders(k.NodeProtocolError)
 def _protocol_error(e: k.NodeProtocolError) -> Line:
     return Line(f"{_who(e)}: {e.message}", BAD)
