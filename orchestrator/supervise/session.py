@@ -148,7 +148,7 @@ class TaskSession:
         graceful = self.handing_over
         self.abandoned = True
         if self.channel is not None and self.exit_confirmed is None:
-            self.exit_confirmed = self.channel.finish(EXIT_CONFIRM_S if graceful else 0.0)
+            self.exit_confirmed = self.channel.close_confirmed(EXIT_CONFIRM_S if graceful else 0.0)
 
     @property
     def handing_over(self) -> bool:

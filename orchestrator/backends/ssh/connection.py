@@ -100,9 +100,7 @@ class SshChannel(Channel):
         except Exception:
             pass
 
-    confirms_exit = True
-
-    def finish(self, timeout_s: float) -> bool:
+    def close_confirmed(self, timeout_s: float) -> bool:
         """EOF to worker_entry (it exits once its task's process tree is gone), then its exit status:
         sshd sends it only after it reaped the process, so it is the node's confirmation."""
         chan = self.chan
