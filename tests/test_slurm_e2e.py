@@ -285,6 +285,38 @@ def test_time_limit_and_preemption_requeue_and_resume_from_the_backup(slurm, tmp
     assert json.loads((run_dir / "checkpoints" / "summary.json").read_text())["epochs"] == 7
 
 
+def test_a_requeue_in_the_last_epoch_does_not_train_again(slurm, tmp_path):
+    """`scontrol requeue` of a running `requeue: true` job during its last of 5 epochs: the tasks finish that
+    epoch during the stop (TensorFlow keeps training through SIGTERM) and exit 0 — BackupAndRestore then
+    removes its backup. The training is complete: the run succeeds, and any next allocation finishes at
+    once, saying so, instead of training again from epoch 0."""
+    cmd = [PY, "-m", "worker_entry.examples.keras_synthetic", "--backup", "--epochs", "5", "--steps-per-epoch", "20",
+           "--slow-input-ms", "40"]  # fmt: skip
+    spec = write_spec(tmp_path / "spec.yaml", "sl-late", cmd, slurm={"nodes": 2}, job={"stop_grace_s": 20})
+    run_dir = tmp_path / "run"
+    proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
+    try:
+        wait_for(lambda: 4 in _epochs(run_dir, 0, "worker-0"), 150, "epoch 4 of 5 to end: the last one runs")
+        job = json.loads((run_dir / "slurm" / "submitted.json").read_text())["job_id"]
+        slurm.run(["scontrol", "requeue", job])
+        rc, _out, err = finish(proc, timeout=150)
+        wait_for(lambda: not slurm.jobs(), 60, "Slurm's requeued job to end (it has nothing to run)")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, err[-3000:]
+    res = result(run_dir)
+    assert res["state"] == "succeeded", res
+    for i in range(2):
+        epochs = [_epochs(run_dir, a, f"worker-{i}") for a in range(len(res["attempts"]) + 1)]
+        assert epochs[0] == [1, 2, 3, 4, 5], epochs  # the last epoch finished during the stop
+        assert all(e == [] for e in epochs[1:]), epochs  # nothing was trained again
+    kinds = [e["event"] for e in events(run_dir)]
+    assert "training_completed" in kinds and "requeued" not in kinds, kinds
+    assert "completed its training" in err
+    assert not (run_dir / "slurm" / "private-spec.json").exists()
+
+
 def test_ctrl_c_on_a_terminal_can_detach_then_logs_follow_and_stop_take_over(slurm, tmp_path):
     """On a terminal Ctrl-C asks; "d" leaves the job running. `logs --follow` then follows it to its
     end, which `stop` brings (the supervisor's own teardown, from another process)."""

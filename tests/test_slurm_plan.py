@@ -476,3 +476,71 @@ def test_a_private_spec_another_user_could_have_written_is_refused(tmp_path, mon
         os.chown(path, 65534, 65534)
     with pytest.raises(PrivateSpecMissing, match=r"damaged|not a private file"):
         read_private_spec(rundir)
+
+
+# ----------------------------------------------------------------------------- a requeue after the training completed
+
+
+def _attempt(states, state=JobState.INTERRUPTED_SIGTERM, failures=()):
+    from orchestrator.core.result import AttemptResult, TaskResult
+    from orchestrator.core.states import TaskState
+
+    tasks = {f"worker:{i}": TaskResult(f"worker:{i}", f"n{i + 1}", TaskState(s), exit_code=0 if s == "succeeded" else None)
+             for i, s in enumerate(states)}  # fmt: skip
+    return AttemptResult(0, state, 1.0, 2.0, tasks, list(failures))
+
+
+@pytest.mark.parametrize(
+    ("states", "expect"),
+    [(["succeeded", "succeeded"], "completed"), (["succeeded", "stopped"], "requeue"), (["stopped", "stopped"], "requeue")],
+)
+def test_tasks_that_exit_0_during_a_preemption_completed_their_training(tmp_path, monkeypatch, states, expect):
+    """SIGTERM from Slurm (a requeue) while every task finished its last epoch and exited 0: the run is
+    done (a requeue would train again from epoch 0: BackupAndRestore removed its backup)."""
+    from orchestrator.job import Action
+
+    loaded = load_spec_text(spec_text())
+    monkeypatch.setattr(sc, "job_info", lambda job, env=None: JobInfo("9", "COMPLETING"))
+    job, _, scheduling = _slurm_job(tmp_path, loaded, SlurmState(run_id="sl-1"), batch=True, env={"SLURM_JOB_ID": "9"})
+    job.interrupt.trigger(signal.SIGTERM)
+    decision = scheduling.policy(loaded.spec).decide(_attempt(states), [], job.interrupt)
+    if expect == "completed":
+        assert decision.action is Action.FINISH and decision.ended_by is None
+        assert "completed its training" in decision.completed and "not requeued" in decision.completed
+        res = _attempt(states)
+        job.policy = scheduling.policy(loaded.spec)
+        job.conclude(res)
+        assert res.state == JobState.SUCCEEDED and job.result.state == JobState.SUCCEEDED
+    else:
+        assert decision.action is Action.REQUEUE and decision.completed is None
+    job.bus.close()
+
+
+@pytest.mark.parametrize(
+    ("earlier", "status", "expect"),
+    [
+        ("recorded", None, True),  # the last allocation recorded a requeue although every task had exited 0
+        ("lost", ["succeeded"] * 4, True),  # its supervisor died unrecorded; its last status says it all
+        ("lost", ["succeeded"] * 3 + ["running"], False),
+        ("lost", None, False),
+    ],
+)
+def test_a_requeued_allocation_whose_tasks_all_completed_finishes_at_once(tmp_path, earlier, status, expect):
+    """The next allocation reads the earlier attempts (slurm.json; for a supervisor that died unrecorded,
+    its last status.json): every task completed → nothing to run, the run succeeds, saying so."""
+    loaded = load_spec_text(spec_text())
+    state = SlurmState(run_id="sl-1", job_ids=["9"], allocations=[{"job_id": "9", "restart": 0, "started_ts": 1.0}])
+    if earlier == "recorded":
+        rec = _attempt(["succeeded"] * 4, JobState.REQUEUED, [])
+        state.attempts = [rec.to_dict()]
+        state.allocations[0].update(ended_ts=2.0, end="preempted")
+    job, run, scheduling = _slurm_job(tmp_path, loaded, state, batch=True, env={"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "1"})
+    if status is not None:
+        tasks = {f"worker:{i}": {"state": st} for i, st in enumerate(status)}
+        run.status_json.write_text(json.dumps({"attempt": 0, "tasks": tasks}))
+    scheduling.open(job)
+    said = scheduling.completed_earlier(job)
+    assert (said is not None) == expect, said
+    if expect:
+        assert "nothing is left to run" in said
+    job.bus.close()

@@ -299,6 +299,15 @@ class AttemptFinished(BaseEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class TrainingCompleted(BaseEvent):
+    """Every task completed its training (exit 0) although a signal came meanwhile, or already did in an
+    earlier allocation: the run is done, not interrupted, requeued or started over."""
+
+    KIND: ClassVar[str] = "training_completed"
+    message: str = field(metadata=TEXT)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Restart(BaseEvent):
     """All tasks are relaunched after a failure."""
 
@@ -387,7 +396,7 @@ EVENT_TYPES: dict[str, type[BaseEvent]] = {
         HeterogeneousGpus, ShellNoise, TaskSpawned, TaskStarted, TaskExited, TaskLost, ExitUnconfirmed,
         NodeProtocolError,
         WorkerLost, WorkerHung, JobStalled, StartupTimeout, Straggler, StragglerCleared, WorkerSlowing,
-        Interrupted, Detached, BoundReached, Teardown, AttemptFinished, Restart, GatherStarted, GatherFinished,
+        Interrupted, Detached, BoundReached, Teardown, AttemptFinished, TrainingCompleted, Restart, GatherStarted, GatherFinished,
         GatherFailed, JobFinished, SlurmAllocation, Requeued,
     )
 }  # fmt: skip

@@ -173,6 +173,11 @@ def _interrupted(e: k.Interrupted) -> Line:
     return Line(f"received {e.signal}; tearing down (press Ctrl-C again to kill at once)")
 
 
+@renders(k.TrainingCompleted)
+def _training_completed(e: k.TrainingCompleted) -> Line:
+    return Line(e.message)
+
+
 @renders(k.Restart)
 def _restart(e: k.Restart) -> Line:
     return Line(f"restarting all tasks (attempt {e.attempt} of {e.max_attempts}): {e.reason}", WARN)
