@@ -36,7 +36,7 @@ ORCHESTRATOR_LAYERS = [
 WORKER_ENTRY_LAYERS = [
     ["protocol"],
     ["nvml", "hoststats"],
-    ["progress", "sysinfo", "files", "writer", "child", "trace_events", "stampring", "devsync", "hostlist", "sweep"],
+    ["progress", "sysinfo", "files", "writer", "relay", "child", "trace_events", "stampring", "devsync", "hostlist", "sweep"],
     ["output", "handover", "profiling", "strategy", "stepclock"],
     ["runner", "stampreader"],
     ["stamps", "connect", "kubernetes"],

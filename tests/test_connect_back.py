@@ -23,7 +23,7 @@ from orchestrator.core.states import JobState, TaskState
 from orchestrator.events import EventBus
 from orchestrator.supervise import Interrupt, Supervisor
 from worker_entry import protocol as p
-from worker_entry.connect import HandshakeError, connect_back, mac
+from worker_entry.connect import HandshakeError, Refused, connect_back, mac
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,9 +40,11 @@ class LocalNodes(ConnectBackBackend):
     def launch(self, starts) -> None:
         for rank, _ in enumerate(starts):
             env = {**os.environ, **self.connect_env(), p.Env.RANK: str(rank), "PYTHONPATH": str(REPO)}
-            self.procs.append(
-                subprocess.Popen([sys.executable, "-m", "worker_entry", "connect"], env=env, stderr=subprocess.PIPE)
-            )
+            proc = subprocess.Popen([sys.executable, "-m", "worker_entry", "connect"], env=env, stdin=subprocess.PIPE,
+                                    stderr=subprocess.PIPE)  # fmt: skip
+            proc.stdin.write(self.secret_input())
+            proc.stdin.close()
+            self.procs.append(proc)
 
     def close(self) -> None:
         super().close()
@@ -118,30 +120,33 @@ def _wait_rejected(srv, n):
 
 
 def test_the_right_secret_and_rank_get_their_config(server):
-    sock, line = connect_back(("127.0.0.1", server.port), b"s" * 32, 1)
-    sock.close()
-    assert p.NodeConfig.parse_line(line).argv == ["true"]
+    link = connect_back(("127.0.0.1", server.port), b"s" * 32, 1)
+    link.sock.close()
+    assert p.NodeConfig.parse_line(link.config_line).argv == ["true"]
     _wait(lambda: server.got)  # delivered right after the config is sent
     assert [t for t, _ in server.got] == ["worker:1"]
 
 
 @pytest.mark.parametrize(
-    ("secret", "rank", "why"),
-    [(b"x" * 32, 0, "wrong secret"), (b"s" * 32, 7, "rank 7 is not a task of this run")],
+    ("secret", "rank", "why", "final"),
+    [(b"x" * 32, 0, "wrong secret", False), (b"s" * 32, 7, "rank 7 is not a task of this run", True)],
 )
-def test_a_wrong_secret_or_an_unknown_rank_is_refused(server, secret, rank, why):
-    with pytest.raises(HandshakeError):
-        connect_back(("127.0.0.1", server.port), secret, rank)
+def test_a_wrong_secret_or_an_unknown_rank_is_refused(server, secret, rank, why, final):
+    """A signed refusal (the node proved the secret, its rank is wrong) ends the node's dialing at once;
+    an unsigned one is only worth another try, until the node's deadline."""
+    with pytest.raises(Refused if final else HandshakeError) as err:
+        connect_back(("127.0.0.1", server.port), secret, rank, deadline_s=0.5)
+    assert why in str(err.value) and (final or "gave up after" in str(err.value))
     _wait_rejected(server, 1)
     assert why in server.rejected[0][1] and server.got == []
 
 
 def test_a_rank_connects_once(server):
-    sock, _ = connect_back(("127.0.0.1", server.port), b"s" * 32, 0)
+    link = connect_back(("127.0.0.1", server.port), b"s" * 32, 0)
     _wait(lambda: server.got)
-    with pytest.raises(HandshakeError):
+    with pytest.raises(Refused, match="already connected"):
         connect_back(("127.0.0.1", server.port), b"s" * 32, 0)
-    sock.close()
+    link.sock.close()
     _wait_rejected(server, 1)
     assert "already connected" in server.rejected[0][1] and len(server.got) == 1
 
@@ -155,7 +160,7 @@ def test_garbage_and_silence_are_refused_without_harm(server):
         except ConnectionResetError:
             pass  # closed with unread data: a reset, also closed on us
     _wait_rejected(server, 1)
-    assert server.rejected[0][1] in ("not a tfcluster node", "handshake line too long")
+    assert server.rejected[0][1] in ("not a tfcluster handshake line", "handshake line too long", "not a tfcluster node (data after its answer)")
     assert server.got == []
 
 
@@ -167,7 +172,7 @@ def test_the_node_refuses_a_supervisor_without_the_secret():
     def impostor() -> None:
         conn, _ = lsock.accept()
         with conn:
-            conn.sendall(json.dumps({"tfcluster": "connect", "v": 1, "nonce": "a" * 64}).encode() + b"\n")
+            conn.sendall(json.dumps({"tfcluster": "connect", "v": 2, "nonce": "a" * 64}).encode() + b"\n")
             answer = json.loads(conn.makefile().readline())
             forged = mac(b"not-the-secret-at-all", b"supervisor", answer["nonce"], "a" * 64, answer["rank"])
             conn.sendall(json.dumps({"ok": True, "mac": forged}).encode() + b"\n")
@@ -177,7 +182,7 @@ def test_the_node_refuses_a_supervisor_without_the_secret():
     t.start()
     try:
         with pytest.raises(HandshakeError, match="does not hold this run's secret"):
-            connect_back(("127.0.0.1", port), b"s" * 32, 0)
+            connect_back(("127.0.0.1", port), b"s" * 32, 0, deadline_s=0.5)
     finally:
         t.join(5)
         lsock.close()

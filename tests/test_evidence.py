@@ -70,7 +70,7 @@ def profile(pre, step=60.0, **kw):
 
 def test_explain_puts_the_gpu_or_host_cause_on_the_step_clocks_finding():
     profiles = {"worker:0": profile(4), "worker:1": profile(4), "worker:2": profile(30)}
-    finding = find_straggler(profiles, 1.5, 5.0)
+    finding = find_straggler(profiles)
     assert finding.cause == "compute"
     gpus = {"worker:0": [gpu()], "worker:1": [gpu()], "worker:2": [gpu(1, 1200, 1980, throttle=["thermal (HW)"])]}
     got = explain(finding, {}, gpus, profiles)
@@ -81,7 +81,7 @@ def test_explain_puts_the_gpu_or_host_cause_on_the_step_clocks_finding():
 
 def test_a_moderately_starved_worker_the_step_clock_names_gets_the_host_cause():
     profiles = {"worker:0": profile(4), "worker:1": profile(12, compute_ms=3.0, update_ms=8.0), "worker:2": profile(4)}
-    finding = find_straggler(profiles, 1.5, 5.0)
+    finding = find_straggler(profiles)
     assert (finding.task, finding.cause) == ("worker:1", "after the all-reduce")
 
     def sample(pct):
@@ -97,7 +97,7 @@ def test_explain_names_a_starved_worker_the_step_clock_cannot_see():
     """A CPU-starved worker stalls inside the ring all-reduce: every worker's time outside it is the
     same, so the step clock names nobody; its host does."""
     profiles = {t: profile(4, collective_ms=56) for t in TASKS}
-    assert find_straggler(profiles, 1.5, 5.0) is None
+    assert find_straggler(profiles) is None
     got = explain(None, hosts(worker1={"wait_pct": 88.0}), {}, profiles)
     assert (got.task, got.cause, got.wait_ms) == ("worker:1", "host CPU", 0.0)
     assert explain(None, hosts(), {}, profiles) is None

@@ -170,7 +170,10 @@ def test_real_cpu_quota_shows_as_throttling_and_run_queue_delay(tmp_path):
                 time.sleep(0.05)
     assert not os.path.exists(cg)
     assert starved["quota_cpus"] == pytest.approx(0.2) and starved["throttled_pct"] > 40, starved
-    assert starved["wait_pct"] > 60 and starved["wait_pct"] > free.get("wait_pct", 0) + 20, (free, starved)
+    # the quota is what throttles it: nothing throttled it before (its run-queue delay before depends on
+    # how busy this machine is, so it is not compared); under 0.2 CPU it waits most of its runnable time
+    assert not free.get("throttled_pct"), free
+    assert starved["wait_pct"] > 60, (free, starved)
 
 
 # -------------------------------------------------------------------------------------- fake NVML

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from orchestrator.plan import StragglerPolicy
 from orchestrator.supervise import Monitor, Policy, find_straggler
 from worker_entry import protocol as p
 
@@ -156,7 +157,7 @@ def profile(pre, step=100.0, inp=1.0, cpu=20.0, coll=None):
 
 def test_find_straggler_input_bound():
     f = find_straggler(
-        {"worker:0": profile(2.5), "worker:1": profile(47.0, inp=44.0), "worker:2": profile(3.0)}, ratio=1.5, min_ms=5.0
+        {"worker:0": profile(2.5), "worker:1": profile(47.0, inp=44.0), "worker:2": profile(3.0)}
     )
     assert f is not None and f.task == "worker:1"
     assert f.cause == "input pipeline"
@@ -167,36 +168,34 @@ def test_find_straggler_input_bound():
 def test_find_straggler_compute_bound():
     f = find_straggler(
         {"worker:0": profile(3.0, cpu=20.0), "worker:1": profile(3.5, cpu=21.0), "worker:2": profile(40.0, cpu=60.0)},
-        ratio=1.5,
-        min_ms=5.0,
     )
     assert f is not None and (f.task, f.cause) == ("worker:2", "compute")
 
 
 def test_find_straggler_other_cause():
     f = find_straggler(
-        {"worker:0": profile(3.0), "worker:1": profile(3.0), "worker:2": profile(30.0)}, ratio=1.5, min_ms=5.0
+        {"worker:0": profile(3.0), "worker:1": profile(3.0), "worker:2": profile(30.0)}
     )
     assert f is not None and f.cause == "other"
 
 
 def test_homogeneous_noise_is_not_a_straggler():
     assert (
-        find_straggler({"worker:0": profile(3.0), "worker:1": profile(4.0), "worker:2": profile(3.5)}, 1.5, 5.0) is None
+        find_straggler({"worker:0": profile(3.0), "worker:1": profile(4.0), "worker:2": profile(3.5)}) is None
     )
     # ratio high but absolute excess tiny
     assert (
-        find_straggler({"worker:0": profile(0.5), "worker:1": profile(0.5), "worker:2": profile(3.0)}, 1.5, 5.0) is None
+        find_straggler({"worker:0": profile(0.5), "worker:1": profile(0.5), "worker:2": profile(3.0)}) is None
     )
     # absolute excess large but ratio below threshold
     assert (
-        find_straggler({"worker:0": profile(40.0), "worker:1": profile(42.0), "worker:2": profile(55.0)}, 1.5, 5.0)
+        find_straggler({"worker:0": profile(40.0), "worker:1": profile(42.0), "worker:2": profile(55.0)})
         is None
     )
 
 
 def test_single_worker_has_no_straggler():
-    assert find_straggler({"worker:0": profile(50.0)}, 1.5, 5.0) is None
+    assert find_straggler({"worker:0": profile(50.0)}) is None
 
 
 def feed_round(m, now, pres, **kw):
@@ -227,7 +226,7 @@ def test_alternating_noise_never_confirms():
 
 
 def test_kill_stragglers_makes_it_fatal():
-    m = Monitor(TASKS, Policy(kill_stragglers=True), now=0.0)
+    m = Monitor(TASKS, Policy(stragglers=StragglerPolicy(kill=True)), now=0.0)
     feed_round(m, 1.0, [3, 3, 60])
     out = feed_round(m, 2.0, [3, 3, 60])
     assert kinds(out) == [("straggler", "worker:2")] and out[0].fatal
@@ -250,8 +249,8 @@ def test_small_share_of_a_long_step_is_not_a_straggler():
         "worker:1": profile(16.0, step=400),
         "worker:2": profile(4.5, step=400),
     }
-    assert find_straggler(profiles, 1.5, 5.0, min_share=0.1) is None
-    assert find_straggler(profiles, 1.5, 5.0, min_share=0.0) is not None
+    assert find_straggler(profiles) is None
+    assert find_straggler(profiles, StragglerPolicy(min_share=0.0)) is not None
 
 
 def test_compute_excess_from_the_step_clock_names_compute():
@@ -259,7 +258,7 @@ def test_compute_excess_from_the_step_clock_names_compute():
     for t in TASKS:
         prof[t]["compute_ms"] = 0.2
     prof["worker:1"] = {**profile(15.8, step=30.0, inp=2.1), "compute_ms": 13.6}
-    f = find_straggler(prof, 1.5, 5.0, 0.1)
+    f = find_straggler(prof)
     assert f is not None and (f.task, f.cause) == ("worker:1", "compute")
     assert "forward/backward pass takes 13.4 ms/step longer" in f.detail
 

@@ -22,6 +22,7 @@ from orchestrator.events.kinds import Teardown
 from orchestrator.job.scale import SweepOptions, parse_sizes, sized_spec
 from orchestrator.sinks.console import describe
 from orchestrator.supervise.bound import BoundWatch, RunBound
+from orchestrator.supervise.figures import Figures, job_rate
 from orchestrator.views import scale as sv
 from worker_entry import protocol as p
 from worker_entry.sweep import sweep_batch_size
@@ -153,14 +154,24 @@ def test_the_script_side_batch_follows_the_mode():
 
 
 def test_the_steady_rate_leaves_the_warm_up_out():
+    """scale's rate is the report's (the common training window of ``figures``) less the warm-up."""
     # 2 s of slow warm-up (10 steps/s), then 100 steps/s with 64 examples per step
     pts = [(0.0, 1, 64), (1.0, 11, 704), (2.0, 21, 1344)]
     pts += [(2.0 + i, 21 + 100 * i, 64 * (21 + 100 * i)) for i in range(1, 9)]
-    steps, examples = sv.steady_rate(pts, warmup_s=2.0)
-    assert steps == pytest.approx(100.0)
-    assert examples == pytest.approx(6400.0)
-    assert sv.steady_rate([(0.0, 0, None), (1.0, 0, None)], 1.0) == (None, None)
-    assert sv.steady_rate([(0.0, 1, None), (1.0, 5, None)], 0.0)[1] is None
+    figs = Figures()
+    for seq, (ts, steps, examples) in enumerate(pts):
+        for task in ("worker:0", "worker:1"):
+            figs.add(task, {"seq": seq, "ts": ts, "progress": {"steps": steps, "examples": examples, "ts": ts}})
+    assert job_rate(figs.final(warmup_s=2.0)) == (pytest.approx(100.0), pytest.approx(6400.0))
+    assert job_rate(figs.final())[0] == pytest.approx(82.0)  # the whole window, warm-up included
+    idle = Figures()
+    idle.add("worker:0", {"seq": 0, "ts": 0.0, "progress": {"steps": 0, "ts": 0.0}})
+    idle.add("worker:0", {"seq": 1, "ts": 1.0, "progress": {"steps": 0, "ts": 1.0}})
+    assert job_rate(idle.final()) == (None, None)
+    no_examples = Figures()
+    no_examples.add("worker:0", {"seq": 0, "ts": 0.0, "progress": {"steps": 1, "ts": 0.0}})
+    no_examples.add("worker:0", {"seq": 1, "ts": 1.0, "progress": {"steps": 5, "ts": 1.0}})
+    assert job_rate(no_examples.final()) == (pytest.approx(4.0), None)
 
 
 def _size(n, steps, examples, batch, **kw):

@@ -21,6 +21,8 @@ import time
 import pytest
 from slurm_fixtures import PY, cli, env_for, events, finish, launch_argv, result, start, wait_for, write_spec
 
+from orchestrator.supervise.figures import FIGURE_KEYS
+
 pytestmark = pytest.mark.e2e
 
 MWMS = ["tests/workloads/mwms_job.py"]
@@ -283,6 +285,13 @@ def test_time_limit_and_preemption_requeue_and_resume_from_the_backup(slurm, tmp
     # the last allocation handed the chief's checkpoint over on its connect-back channel, verified
     assert res["gather"]["errors"] == [] and res["gather"]["checkpoints"]["gathered"]
     assert json.loads((run_dir / "checkpoints" / "summary.json").read_text())["epochs"] == 7
+    # every allocation's training counts: the last supervisor went on from the earlier records, and
+    # status shows what report computes from heartbeats.jsonl
+    st = _status(slurm, run_dir)
+    rep = json.loads(cli(slurm, _repo(), "report", str(run_dir), "--json").stdout)
+    for task in ("worker:0", "worker:1"):
+        assert {k: st["tasks"][task][k] for k in FIGURE_KEYS} == {k: rep["workers"][task][k] for k in FIGURE_KEYS}
+        assert st["tasks"][task]["steps"] >= 7 * 30 and st["tasks"][task]["steps_per_s"]
 
 
 def test_a_requeue_in_the_last_epoch_does_not_train_again(slurm, tmp_path):

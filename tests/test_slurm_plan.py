@@ -117,14 +117,14 @@ def test_sbatch_gets_every_option_as_one_argument_and_the_script_only_quoted_pat
     exec_line = [line for line in script.splitlines() if not line.startswith("#")]
     assert len(exec_line) == 1
     assert shlex.split(exec_line[0]) == ["exec", "/opt/py 3/bin/python", "-m", "orchestrator", "slurm-batch", "/runs/it's here"]
-    assert Env.SECRET not in script
+    assert "TFCLUSTER_SECRET" not in script
 
 
 def test_srun_runs_one_block_step_that_slurm_kills_on_a_bad_exit():
     spec, plan = plan_for("gpus_per_node: 2\n")
     argv = srun_argv(spec, plan.nodes[0].argv, attempt=3)
-    assert argv[:8] == ["srun", "--job-name=sl-a3", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2",
-                        "--distribution=block", "--kill-on-bad-exit=1", "--export=ALL"]  # fmt: skip
+    assert argv[:9] == ["srun", "--job-name=sl-a3", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2",
+                        "--distribution=block", "--kill-on-bad-exit=1", "--export=ALL", "--input=all"]  # fmt: skip
     assert argv[-4:] == ["python3", "-m", "worker_entry", "slurm"] and "--gpus-per-node=2" in argv
 
 

@@ -397,7 +397,7 @@ def test_compute_bound_straggler_shows_as_compute_not_input():
     assert inp[2] < comp[2] / 2, m  # not an input problem
     pre = [x["pre_collective_ms"] for x in m]
     assert pre[2] > 1.5 * max(pre[0], pre[1]), m
-    finding = find_straggler({f"worker:{i}": profiles[i][-1] for i in range(3)}, ratio=1.5, min_ms=5.0)
+    finding = find_straggler({f"worker:{i}": profiles[i][-1] for i in range(3)})
     assert finding is not None and finding.task == "worker:2" and finding.cause == "compute", finding
 
 

@@ -1,62 +1,80 @@
 """The node's end of a connect-back channel: worker_entry dials the supervisor (schedulers start it).
 
-Under a scheduler (Slurm, Kubernetes) nobody SSHes into the node: the scheduler starts
-``python -m worker_entry connect`` (or a scheduler mode built on it), which connects to the supervisor
-at ``TFCLUSTER_CONNECT`` (host:port), proves it holds the per-run secret and checks that the
-supervisor holds it too (HMAC-SHA256 over both sides' nonces and the rank: the secret never crosses
-the network), receives its ``NodeConfig``, and from then speaks exactly the protocol it speaks over
-an SSH channel. Standard library only.
+Under a scheduler (Slurm) nobody SSHes into the node: the scheduler starts ``python -m worker_entry
+connect`` (or a scheduler mode built on it) with the supervisor's ``TFCLUSTER_CONNECT`` (host:port) in
+its environment and the run's secret on its stdin — never in an environment, which ``/proc/PID/environ``
+shows for the life of the process. It proves it holds the secret and checks that the supervisor holds
+it too (``protocol.handshake``: the secret never crosses the network), receives its ``NodeConfig`` as
+the first sealed record, and from then on speaks, inside sealed records (``protocol.seal``), exactly
+the protocol it speaks over an SSH channel.
+
+A node keeps dialing until its own deadline (``CONNECT_DEADLINE_S``), with a jittered backoff: a
+supervisor not listening yet, a connection dropped in a flood of others, an answer that does not
+prove the secret are all worth another try; only a refusal the supervisor signs (a wrong rank) ends
+it at once. Needs the ``cryptography`` package (a tfcluster dependency) for the sealed records.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
+import contextlib
 import os
-import secrets
+import random
+import selectors
 import socket
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
+from .protocol import handshake as hs
+from .protocol import seal
 from .protocol.env import Env
+from .protocol.frames import MAX_COMMAND_LINE
+from .relay import Link
 
-HANDSHAKE_VERSION = 1
-MAX_LINE = 64 << 10
-CONNECT_TIMEOUT_S = 30.0
-
-
-class HandshakeError(OSError):
-    """The other side is not our supervisor / node, or broke the handshake."""
-
-
-def mac(secret: bytes, role: bytes, first: str, second: str, rank: int) -> str:
-    """HMAC-SHA256 of (role, both nonces in order, the rank): each side signs for its own role."""
-    return hmac.new(secret, b"|".join([role, first.encode(), second.encode(), str(rank).encode()]), hashlib.sha256).hexdigest()
+HandshakeError = hs.HandshakeError
+Refused = hs.Refused
+mac = hs.mac
+CONNECT_DEADLINE_S = 120.0  # how long a node keeps dialing before it gives up
+ATTEMPT_TIMEOUT_S = 20.0  # one attempt, its configuration included
+BACKOFF_S = (0.2, 5.0)  # between attempts: from, doubling up to
+SECRET_TIMEOUT_S = 30.0  # the secret must be on stdin by then
+MAX_SECRET_LINE = 1024
 
 
-def read_line(sock: socket.socket, limit: int = MAX_LINE) -> bytes:
-    """One newline-terminated line, read byte-wise (so nothing after it is consumed), bounded."""
-    buf = bytearray()
-    while not buf.endswith(b"\n"):
-        chunk = sock.recv(1)
-        if not chunk:
+class _Reader:
+    """Buffered reads against one deadline for the whole attempt (however the bytes trickle in)."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock = sock
+        self.deadline = deadline
+        self.buf = bytearray()
+
+    def recv(self) -> bytes:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise HandshakeError("the supervisor did not complete the handshake in time")
+        self.sock.settimeout(left)
+        try:
+            data = self.sock.recv(1 << 16)
+        except TimeoutError:
+            raise HandshakeError("the supervisor did not complete the handshake in time") from None
+        if not data:
             raise HandshakeError("connection closed during the handshake")
-        buf += chunk
-        if len(buf) > limit:
-            raise HandshakeError("handshake line too long")
-    return bytes(buf[:-1])
+        return data
 
+    def line(self) -> bytes:
+        while b"\n" not in self.buf:
+            if len(self.buf) > hs.MAX_LINE:
+                raise HandshakeError("handshake line too long: the peer is not a tfcluster supervisor")
+            self.buf += self.recv()
+        line, _, rest = bytes(self.buf).partition(b"\n")
+        self.buf = bytearray(rest)
+        return line
 
-def _json_line(sock: socket.socket) -> dict[str, Any]:
-    try:
-        obj = json.loads(read_line(sock))
-    except (ValueError, RecursionError) as exc:
-        raise HandshakeError(f"bad handshake message: {exc}") from None
-    if not isinstance(obj, dict):
-        raise HandshakeError("bad handshake message: not an object")
-    return obj
+    def rest(self) -> bytes:
+        out, self.buf = bytes(self.buf), bytearray()
+        return out
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -66,63 +84,134 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def connect_back(address: tuple[str, int], secret: bytes, rank: int, timeout: float = CONNECT_TIMEOUT_S) -> tuple[socket.socket, bytes]:
-    """Dial the supervisor and authenticate both ways; returns the socket and the config line."""
+def _attempt(address: tuple[str, int], secret: bytes, rank: int, timeout: float, reached: list[int]) -> Link:
+    """One dial: both proofs, the channel's keys, the configuration line. ``reached[0]``: how far it got
+    (0 connecting, 1 connected, 2 a supervisor's hello)."""
+    deadline = time.monotonic() + timeout
+    reached[0] = 0
     sock = socket.create_connection(address, timeout=timeout)
+    reached[0] = 1
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        hello = _json_line(sock)
-        server_nonce = hello.get("nonce")
-        if hello.get("tfcluster") != "connect" or not isinstance(server_nonce, str) or len(server_nonce) != 64:
-            raise HandshakeError("the peer is not a tfcluster supervisor")
-        nonce = secrets.token_hex(32)
-        answer = {"rank": rank, "nonce": nonce, "mac": mac(secret, b"node", server_nonce, nonce, rank)}
-        sock.sendall(json.dumps(answer).encode() + b"\n")
-        reply = _json_line(sock)
-        expected = mac(secret, b"supervisor", nonce, server_nonce, rank)
-        if not isinstance(reply.get("mac"), str) or not hmac.compare_digest(reply["mac"], expected):
-            raise HandshakeError(f"the supervisor refused rank {rank} or does not hold this run's secret")
-        config = read_line(sock, 16 << 20)
+        reader = _Reader(sock, deadline)
+        server_nonce = hs.parse_hello(reader.line())
+        reached[0] = 2
+        nonce = hs.new_nonce()
+        sock.sendall(hs.answer(secret, rank, server_nonce, nonce))
+        hs.parse_reply(reader.line(), secret, rank, server_nonce, nonce)
+        to_node, to_supervisor = seal.channel_keys(secret, server_nonce, nonce, rank)
+        opener, sealer = seal.Opener(to_node), seal.Sealer(to_supervisor)
+        try:
+            plain = bytearray(opener.feed(reader.rest()))
+            while b"\n" not in plain:
+                if len(plain) > MAX_COMMAND_LINE:
+                    raise HandshakeError("the configuration line is too long")
+                plain += opener.feed(reader.recv())
+        except seal.SealError as exc:
+            raise HandshakeError(f"the configuration failed authentication: {exc}") from None
+        line, _, rest = bytes(plain).partition(b"\n")
         sock.settimeout(None)
-        return sock, config
+        return Link(sock, sealer, opener, line, rest)
     except BaseException:
         sock.close()
         raise
 
 
-def secret_from_env(env: Mapping[str, str] = os.environ) -> bytes:
-    raw = env.get(Env.SECRET, "")
+def connect_back(address: tuple[str, int], secret: bytes, rank: int, deadline_s: float = CONNECT_DEADLINE_S) -> Link:
+    """Dial the supervisor until both sides are proven or ``deadline_s`` passed (then the most telling
+    error of the attempts); a refusal the supervisor signed ends it at once (``Refused``)."""
+    seal.check_available()
+    end = time.monotonic() + deadline_s
+    delay = BACKOFF_S[0]
+    tries = 0
+    telling: tuple[int, OSError] | None = None  # the error of the attempt that got furthest, the latest of those
+    reached = [0]
+    while True:
+        tries += 1
+        left = end - time.monotonic()
+        try:
+            return _attempt(address, secret, rank, max(0.1, min(ATTEMPT_TIMEOUT_S, left)), reached)
+        except Refused:
+            raise
+        except OSError as exc:
+            if telling is None or reached[0] >= telling[0]:
+                telling = (reached[0], exc)
+        left = end - time.monotonic()
+        if left <= 0:
+            raise HandshakeError(f"{telling[1]} (gave up after {tries} attempt{'s' * (tries > 1)} in {deadline_s:g}s)")
+        time.sleep(min(left, delay * random.uniform(0.5, 1.0)))
+        delay = min(delay * 2, BACKOFF_S[1])
+
+
+def read_secret(fd: int = 0, timeout: float = SECRET_TIMEOUT_S) -> bytes:
+    """The run's secret: the first line on ``fd`` (stdin), hex. It is never put in the environment."""
+    buf = b""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        try:
+            sel.register(fd, selectors.EVENT_READ)
+            waitable = True
+        except (OSError, ValueError):  # a regular file (epoll refuses it): its reads never block
+            waitable = False
+        while b"\n" not in buf and len(buf) <= MAX_SECRET_LINE:
+            left = deadline - time.monotonic()
+            if left <= 0 or (waitable and not sel.select(left)):
+                raise ValueError(f"no secret on stdin within {timeout:g}s (the launcher writes the run's secret there)")
+            try:
+                chunk = os.read(fd, MAX_SECRET_LINE)
+            except OSError as exc:
+                raise ValueError(f"cannot read the secret from stdin: {exc}") from None
+            if not chunk:
+                break
+            buf += chunk
+    line = buf.partition(b"\n")[0].strip()
     try:
-        secret = bytes.fromhex(raw)
-    except ValueError:
+        secret = bytes.fromhex(line.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
         secret = b""
     if len(secret) < 16:
-        raise ValueError(f"{Env.SECRET} must hold the run's secret (hex, at least 16 bytes)")
+        raise ValueError("expected the run's secret on stdin (one line of hex, at least 16 bytes)")
     return secret
 
 
-def main(rank: int | None = None, env: Mapping[str, str] = os.environ) -> int:
-    """``python -m worker_entry connect``: rank from ``TFCLUSTER_RANK`` unless given."""
+def main(rank: int | None = None, env: Mapping[str, str] = os.environ, stdin_fd: int = 0) -> int:
+    """``python -m worker_entry connect``: rank from ``TFCLUSTER_RANK`` unless given; secret on stdin."""
     from .protocol import NodeConfig, ProtocolError
-    from .runner import serve
 
     try:
         address = parse_address(env.get(Env.CONNECT, ""))
-        secret = secret_from_env(env)
         rank = int(env.get(Env.RANK, "")) if rank is None else rank
-    except ValueError as exc:
+        secret = read_secret(stdin_fd)
+        seal.check_available()
+    except (ValueError, seal.CryptoUnavailable) as exc:
         print(f"worker_entry connect: {exc}", file=sys.stderr)
         return 2
-    os.environ.pop(Env.SECRET, None)  # the training command never sees it
     try:
-        sock, line = connect_back(address, secret, rank)
+        link = connect_back(address, secret, rank)
     except OSError as exc:
         print(f"worker_entry connect: cannot reach the supervisor at {address[0]}:{address[1]}: {exc}", file=sys.stderr)
         return 3
     try:
-        config = NodeConfig.parse_line(line)
+        config = NodeConfig.parse_line(link.config_line)
     except ProtocolError as exc:
         print(f"worker_entry connect: bad configuration from the supervisor: {exc}", file=sys.stderr)
-        sock.close()
+        link.sock.close()
         return 2
-    return serve(config, sock)
+    return serve(config, link)
+
+
+def serve(config: Any, link: Any) -> int:
+    """Run one task over a proven connect-back link: the same protocol as over stdin/stdout, sealed
+    (the relay — and the hashing and cipher it needs — is imported here: an SSH task never pays for it)."""
+    from .relay import SealedRelay
+    from .runner import Runner
+
+    relay = SealedRelay(link)
+    out_fd = os.dup(relay.fd)
+    try:
+        return Runner(config, out_fd, relay.fd).main()
+    finally:
+        for fd in (out_fd, relay.fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        relay.finish(30.0)

@@ -403,12 +403,6 @@ class Runner:
         return log_bytes
 
 
-def serve(config: p.NodeConfig, sock: Any) -> int:
-    """Run one task over a connected socket (connect-back): the same protocol as over stdin/stdout."""
-    fd = sock.detach()
-    return Runner(config, os.dup(fd), fd).main()
-
-
 def run(config: p.NodeConfig, stdin_rest: bytes = b"") -> int:
     """Entry for `python -m worker_entry`: fd 1 becomes the frame channel, stray prints go to stderr."""
     out_fd = os.dup(1)

@@ -258,37 +258,38 @@ def gpu_slice(visible: str, local_id: int, per_task: int, tasks_here: int) -> st
     return ",".join(devices[local_id * per_task : (local_id + 1) * per_task])
 
 
-def main(env: Mapping[str, str] = os.environ) -> int:
-    """Build this task's cluster from Slurm, connect back, run the task."""
-    from .connect import connect_back, parse_address, secret_from_env
+def main(env: Mapping[str, str] = os.environ, stdin_fd: int = 0) -> int:
+    """Build this task's cluster from Slurm, connect back (the secret on stdin: srun forwards the
+    supervisor's to every task), run the task."""
+    from .connect import connect_back, parse_address, read_secret, serve
     from .protocol import NodeConfig, ProtocolError
-    from .runner import serve
+    from .protocol.seal import CryptoUnavailable, check_available
 
     try:
         step = step_from_env(env)
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
         addrs = node_addresses(step.nodes, nodelist, env)
         address = parse_address(env.get(Env.CONNECT, ""))
-        secret = secret_from_env(env)
-    except ValueError as exc:
+        secret = read_secret(stdin_fd)
+        check_available()
+    except (ValueError, CryptoUnavailable) as exc:
         print(f"worker_entry slurm: {exc}", file=sys.stderr)
         return 2
-    os.environ.pop(Env.SECRET, None)  # the training command never sees it
     try:
-        sock, line = connect_back(address, secret, step.rank)
+        link = connect_back(address, secret, step.rank)
     except OSError as exc:
         print(f"worker_entry slurm: rank {step.rank}: cannot reach the supervisor at {address[0]}:{address[1]}: {exc}", file=sys.stderr)
         return 3
     try:
-        config = NodeConfig.parse_line(line)
+        config = NodeConfig.parse_line(link.config_line)
         chief = has_chief(step.rank, config.task.type, config.task.index)
         eps, ports = endpoints(step, addrs, config.tf_port)
     except (ProtocolError, ValueError) as exc:
         print(f"worker_entry slurm: rank {step.rank}: {exc}", file=sys.stderr)
-        sock.close()
+        link.sock.close()
         return 2
     task_env = {**config.env, Env.TF_CONFIG: json.dumps(tf_config(eps, step.rank, chief), separators=(",", ":"))}
     share = gpu_slice(env.get("CUDA_VISIBLE_DEVICES", ""), step.local_id, config.gpus, step.tasks_per_node[step.node_index])
     if share is not None:
         task_env["CUDA_VISIBLE_DEVICES"] = share
-    return serve(dataclasses.replace(config, env=task_env, tf_port=ports[step.rank]), sock)
+    return serve(dataclasses.replace(config, env=task_env, tf_port=ports[step.rank]), link)

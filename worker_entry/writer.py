@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 import os
-import select
+import selectors
 import threading
 import time
 
@@ -23,6 +23,7 @@ class FrameWriter(threading.Thread):
         self.pending = 0
         self.broken = False
         self._writing = False
+        self._waiter: selectors.BaseSelector | None = None
 
     def send(self, data: bytes) -> None:
         if self.broken:
@@ -50,7 +51,7 @@ class FrameWriter(threading.Thread):
                     try:
                         n = os.write(self.fd, data)
                     except BlockingIOError:  # a non-blocking socket (connect-back): wait until writable
-                        select.select([], [self.fd], [], 1.0)
+                        self._wait_writable()
                         continue
                     data = data[n:]
             except OSError:
@@ -65,6 +66,12 @@ class FrameWriter(threading.Thread):
                 self.pending -= size
                 self._writing = False
                 self._cond.notify_all()
+
+    def _wait_writable(self) -> None:
+        if self._waiter is None:  # a selector, not select(): any descriptor number
+            self._waiter = selectors.DefaultSelector()
+            self._waiter.register(self.fd, selectors.EVENT_WRITE)
+        self._waiter.select(1.0)
 
     def wait_below(self, limit: int, timeout: float) -> bool:
         """Block while more than ``limit`` bytes are unsent (a producer's back-pressure)."""

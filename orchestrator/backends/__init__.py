@@ -3,7 +3,7 @@ channels, the SSH transport and fleet, and the TCP connect-back channel schedule
 scheduler adds on top lives in its package under ``orchestrator/schedulers/``."""
 
 from .backend import Backend, Deliver, PerTaskBackend
-from .base import Channel, ConnectFailure, Connection, OutputTooLarge
+from .base import Channel, ConnectFailure, Connection, OutputTooLarge, wait_readable
 from .diagnose import entry_failure
 
-__all__ = ["Backend", "Channel", "ConnectFailure", "Connection", "Deliver", "OutputTooLarge", "PerTaskBackend", "entry_failure"]
+__all__ = ["Backend", "Channel", "ConnectFailure", "Connection", "Deliver", "OutputTooLarge", "PerTaskBackend", "entry_failure", "wait_readable"]

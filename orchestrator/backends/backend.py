@@ -20,6 +20,7 @@ from worker_entry.protocol import NodeConfig
 from ..core.diagnostics import Diagnostic
 from ..plan import NodePlan
 from .base import Channel, Connection
+from .refusals import Refusals
 
 #: start_all's callback: (task, its channel) or (task, why it could not start).
 Deliver = Callable[[str, "Channel | BaseException"], None]
@@ -62,6 +63,11 @@ class Backend(abc.ABC):
         """Can this task's node still be reached (without waiting for a timeout)?"""
         conn = self.connection(task)
         return conn is not None and conn.is_alive()
+
+    def refusals(self) -> Refusals | None:
+        """Connections refused so far (a connect-back port anyone can reach), or None where nothing
+        dials in. The supervisor reports them (events, status)."""
+        return None
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -8,7 +8,7 @@ runs short helper commands on one node (probes, file transfers).
 from __future__ import annotations
 
 import abc
-import select
+import selectors
 import time
 from collections.abc import Sequence
 
@@ -16,6 +16,15 @@ from ..core.diagnostics import Diagnostic
 
 MAX_RUN_OUTPUT = 64 << 20  # a manifest of ~500k files
 MAX_STDERR = 64 << 10
+
+
+def wait_readable(fds: Sequence[int], timeout: float) -> None:
+    """Until one of ``fds`` is readable or ``timeout`` passed: a selector, so any descriptor number
+    works (``select.select`` fails from 1024 on, which a launcher with many channels reaches)."""
+    with selectors.DefaultSelector() as sel:
+        for fd in fds:
+            sel.register(fd, selectors.EVENT_READ)
+        sel.select(timeout)
 
 
 class OutputTooLarge(OSError):
@@ -93,7 +102,7 @@ class Connection(abc.ABC):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"{' '.join(argv)} did not finish within {timeout:g}s on {self.label}")
-                select.select(chan.filenos(), [], [], min(left, 1.0))
+                wait_readable(chan.filenos(), min(left, 1.0))
                 o, e, eof = chan.read()
                 out += o
                 err += e

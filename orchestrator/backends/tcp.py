@@ -1,48 +1,54 @@
 """Connect-back channels: nodes started by a scheduler dial the supervisor over TCP.
 
-``ConnectBackServer`` listens; each connection must prove it holds the run's secret for one expected
-rank (HMAC challenge, ``worker_entry.connect``), and gets the supervisor's proof back before it
-receives its ``NodeConfig``. An authenticated connection becomes a ``SocketChannel``: the same
-``Channel`` contract as an SSH exec channel, so the supervisor never knows which. Anything else —
-a wrong secret, an unknown or duplicate rank, garbage, a slow handshake — is closed and recorded in
-``rejected``. Handshakes are bounded in time, size and number.
+``ConnectBackServer`` listens (``handshakes``: every handshake on one selector, bounded in time and
+memory, nothing an unproven peer can exhaust); each connection must prove it holds the run's secret
+for one expected rank and gets the supervisor's proof back before it receives its ``NodeConfig``.
+From then on every byte in both directions is a sealed record (``worker_entry.protocol.seal``:
+AES-256-GCM, a key per direction derived from the secret and both nonces, a counter against replay).
+A proven connection becomes a ``SocketChannel``: the same ``Channel`` contract as an SSH exec channel,
+so the supervisor never knows which. Anything else is closed and counted (``refusals``).
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
-import hmac
-import json
+import queue
 import secrets
-import select
+import selectors
 import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from worker_entry.connect import HANDSHAKE_VERSION, HandshakeError, mac, read_line
-from worker_entry.protocol import NodeConfig, command_line
+from worker_entry.protocol import NodeConfig
 from worker_entry.protocol.env import Env
+from worker_entry.protocol.seal import Opener, Sealer, SealError
 
 from ..core.diagnostics import Diagnostic
 from ..plan import NodePlan
 from .backend import Backend, Deliver
 from .base import Channel
+from .handshakes import HandshakeServer
+from .refusals import Refusals
 
-HANDSHAKE_TIMEOUT_S = 10.0
-MAX_HANDSHAKES = 64
 SEND_TIMEOUT_S = 30.0
+READ_MAX = 1 << 20  # bytes one read() takes off the socket: the pump's work per call stays bounded
+RECV_CHUNK = 256 << 10
 
 
 class SocketChannel(Channel):
-    """One task's connection to its node. EOF on the socket is the end of the task's stream."""
+    """One task's connection to its node, sealed both ways. EOF on the socket ends the task's stream;
+    a record that fails authentication ends it too (closed, with the reason on the channel's stderr)."""
 
-    def __init__(self, sock: socket.socket, peer: str) -> None:
+    def __init__(self, sock: socket.socket, peer: str, sealer: Sealer, opener: Opener) -> None:
         self.sock = sock
         self.peer = peer
         sock.setblocking(False)
+        self._sealer = sealer
+        self._opener = opener
         self._lock = threading.Lock()
+        self._waiter: selectors.BaseSelector | None = None
         self._eof = False
         self._closed = False
         self.status: int | None = None  # set by a backend that learns the exit status elsewhere
@@ -51,10 +57,10 @@ class SocketChannel(Channel):
         return [] if self._eof or self._closed else [self.sock.fileno()]
 
     def read(self) -> tuple[bytes, bytes, bool]:
-        out = bytearray()
-        while not self._eof and not self._closed:
+        raw = bytearray()
+        while not self._eof and not self._closed and len(raw) < READ_MAX:
             try:
-                data = self.sock.recv(1 << 20)
+                data = self.sock.recv(min(RECV_CHUNK, READ_MAX - len(raw)))
             except BlockingIOError:
                 break
             except OSError:
@@ -62,24 +68,43 @@ class SocketChannel(Channel):
             if not data:
                 self._eof = True
                 break
-            out += data
-        return bytes(out), b"", self._eof
+            raw += data
+        try:
+            out = self._opener.feed(bytes(raw)) if raw else b""
+        except SealError as exc:
+            self._eof = True
+            self.close()
+            return b"", f"tfcluster: connect-back channel from {self.peer}: {exc}; closed it\n".encode(), True
+        err = b""
+        if self._eof and self._opener.pending:
+            err = f"tfcluster: connect-back channel from {self.peer}: cut in the middle of a record\n".encode()
+        return out, err, self._eof
 
     def send(self, data: bytes) -> None:
-        view = memoryview(data)
-        deadline = time.monotonic() + SEND_TIMEOUT_S
-        with self._lock:
+        with self._lock:  # sealing and sending in one order: the record counter is the order
+            if self._closed:
+                raise OSError("channel closed")
+            view = memoryview(self._sealer.seal(data))
+            deadline = time.monotonic() + SEND_TIMEOUT_S
             while view:
                 if self._closed:
                     raise OSError("channel closed")
                 try:
                     n = self.sock.send(view)
                 except BlockingIOError:
-                    if time.monotonic() > deadline:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._close_locked()  # a record half sent: nothing after it could be opened
                         raise OSError(f"{self.peer}: send timed out") from None
-                    select.select([], [self.sock], [], 1.0)
+                    self._wait_writable(min(left, 1.0))
                     continue
                 view = view[n:]
+
+    def _wait_writable(self, timeout: float) -> None:
+        if self._waiter is None:
+            self._waiter = selectors.DefaultSelector()
+            self._waiter.register(self.sock, selectors.EVENT_WRITE)
+        self._waiter.select(timeout)
 
     def exit_status(self) -> int | None:
         if self.status is not None:
@@ -94,31 +119,30 @@ class SocketChannel(Channel):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
 
+    def _close_locked(self) -> None:
+        self.close()
+        if self._waiter is not None:
+            self._waiter.close()
+            self._waiter = None
+
 
 class ConnectBackServer:
     """Accepts nodes, authenticates them, hands each expected rank's channel to ``deliver``."""
 
     def __init__(self, secret: bytes, bind: tuple[str, int] = ("0.0.0.0", 0), advertise: str | None = None) -> None:
         self.secret = secret
-        family = socket.AF_INET6 if ":" in bind[0] else socket.AF_INET
-        self.listener = socket.socket(family, socket.SOCK_STREAM)
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(bind)
-        self.listener.listen(256)
-        self.advertise = advertise or (bind[0] if bind[0] not in ("0.0.0.0", "::") else socket.getfqdn())
-        self.expected: dict[int, tuple[str, NodeConfig]] = {}
-        self.connected: set[int] = set()
-        self.rejected: list[tuple[str, str]] = []  # (peer, why)
+        self.refusals = Refusals()
         self._deliver: Deliver | None = None
         self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(MAX_HANDSHAKES)
-        self._closed = False
-        self._thread = threading.Thread(target=self._accept_loop, name="connect-back", daemon=True)
+        self._proven: queue.SimpleQueue = queue.SimpleQueue()
+        self.server = HandshakeServer(secret, bind, self._on_proven, self.refusals)
+        self.advertise = advertise or (bind[0] if bind[0] not in ("0.0.0.0", "::") else socket.getfqdn())
+        self._thread = threading.Thread(target=self._deliver_loop, name="connect-back-deliver", daemon=True)
         self._thread.start()
 
     @property
     def port(self) -> int:
-        return self.listener.getsockname()[1]
+        return self.server.port
 
     @property
     def address(self) -> str:
@@ -126,79 +150,38 @@ class ConnectBackServer:
         host = f"[{self.advertise}]" if ":" in self.advertise else self.advertise
         return f"{host}:{self.port}"
 
+    @property
+    def rejected(self) -> list[tuple[str, str]]:
+        """The recent refusals: (peer, why)."""
+        return self.refusals.recent()
+
     def expect(self, ranks: Mapping[int, tuple[str, NodeConfig]], deliver: Deliver) -> None:
         """From now on, rank r's node gets ``ranks[r]``'s config and its channel goes to ``deliver``."""
         with self._lock:
-            self.expected = dict(ranks)
-            self.connected = set()
             self._deliver = deliver
+            self.server.expect(ranks)
 
     def connected_ranks(self) -> set[int]:
         """Ranks that authenticated in the current ``expect`` round."""
+        return self.server.connected_ranks()
+
+    def _on_proven(self, task: str, sock: socket.socket, peer: str, sealer: Sealer, opener: Opener) -> None:
         with self._lock:
-            return set(self.connected)
+            deliver = self._deliver
+        self._proven.put((deliver, task, SocketChannel(sock, peer, sealer, opener)))
 
-    def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                sock, peer = self.listener.accept()
-            except OSError:
-                if self._closed:
-                    return
-                continue
-            name = f"{peer[0]}:{peer[1]}"
-            if not self._slots.acquire(blocking=False):
-                self._reject(sock, name, "too many handshakes at once")
-                continue
-            threading.Thread(target=self._handshake, args=(sock, name), name="connect-back-hs", daemon=True).start()
-
-    def _reject(self, sock: socket.socket, peer: str, why: str) -> None:
-        with self._lock:
-            if len(self.rejected) < 1000:
-                self.rejected.append((peer, why))
-        with contextlib.suppress(OSError):
-            sock.close()
-
-    def _handshake(self, sock: socket.socket, peer: str) -> None:
-        try:
-            sock.settimeout(HANDSHAKE_TIMEOUT_S)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            nonce = secrets.token_hex(32)
-            sock.sendall(json.dumps({"tfcluster": "connect", "v": HANDSHAKE_VERSION, "nonce": nonce}).encode() + b"\n")
-            try:
-                answer = json.loads(read_line(sock, 4096))
-            except (ValueError, RecursionError):
-                raise HandshakeError("not a tfcluster node") from None
-            rank, theirs, their_mac = (answer.get(k) for k in ("rank", "nonce", "mac")) if isinstance(answer, dict) else (None,) * 3
-            if not (isinstance(rank, int) and not isinstance(rank, bool) and isinstance(theirs, str) and isinstance(their_mac, str)):
-                raise HandshakeError("not a tfcluster node")
-            if not hmac.compare_digest(their_mac, mac(self.secret, b"node", nonce, theirs, rank)):
-                raise HandshakeError(f"rank {rank}: wrong secret")
-            with self._lock:
-                target = self.expected.get(rank)
-                if target is None:
-                    raise HandshakeError(f"rank {rank} is not a task of this run")
-                if rank in self.connected:
-                    raise HandshakeError(f"rank {rank} is already connected")
-                self.connected.add(rank)
-                deliver = self._deliver
-            task, config = target
-            sock.sendall(json.dumps({"ok": True, "mac": mac(self.secret, b"supervisor", theirs, nonce, rank)}).encode() + b"\n")
-            sock.sendall(command_line(config))
-            sock.settimeout(None)
-        except (OSError, HandshakeError) as exc:
-            self._reject(sock, peer, str(exc))
-            return
-        finally:
-            self._slots.release()
-        if deliver is not None:
-            deliver(task, SocketChannel(sock, peer))
+    def _deliver_loop(self) -> None:
+        """Hands channels on outside the selector's thread: a busy supervisor never stalls a handshake."""
+        while (item := self._proven.get()) is not None:
+            deliver, task, chan = item
+            if deliver is None:
+                chan.close()
+            else:
+                deliver(task, chan)
 
     def close(self) -> None:
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
+        self.server.close()
+        self._proven.put(None)
         self._thread.join(2)
 
 
@@ -206,7 +189,8 @@ class ConnectBackBackend(Backend):
     """A backend whose nodes are started by someone else (a scheduler) and dial back.
 
     Subclasses implement ``launch``: start ``python -m worker_entry connect`` (or a scheduler mode)
-    for every task, with ``connect_env`` in its environment and its rank (plan order) known to it."""
+    for every task, with ``connect_env`` in its environment, ``secret_input`` on its stdin and its rank
+    (plan order) known to it."""
 
     name = "connect-back"
     reaches_nodes = False  # the nodes dial us once the scheduler starts them
@@ -216,8 +200,13 @@ class ConnectBackBackend(Backend):
         self.server = ConnectBackServer(self.secret, bind, advertise)
 
     def connect_env(self) -> dict[str, str]:
-        """What every node needs to dial back (the secret travels only in the environment)."""
-        return {Env.CONNECT: self.server.address, Env.SECRET: self.secret.hex()}
+        """Where every node dials back (the secret is not here: ``secret_input``)."""
+        return {Env.CONNECT: self.server.address}
+
+    def secret_input(self) -> bytes:
+        """What the nodes read on their stdin: the run's secret (never in an environment, where
+        ``/proc/PID/environ`` and a scheduler's records would keep it)."""
+        return self.secret.hex().encode() + b"\n"
 
     def connect(self, nodes: Sequence[NodePlan]) -> list[Diagnostic]:
         return []
@@ -244,5 +233,8 @@ class ConnectBackBackend(Backend):
         self.server.close()
 
     def rejected(self) -> list[tuple[str, str]]:
-        return list(self.server.rejected)
+        return self.server.rejected
+
+    def refusals(self) -> Refusals:
+        return self.server.refusals
 

@@ -168,6 +168,19 @@ class NodeProtocolError(BaseEvent):
     message: str = field(metadata=TEXT)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ConnectionRefused(BaseEvent):
+    """The connect-back port refused connections (no proof of the run's secret, a wrong rank, a
+    handshake too slow or malformed): the first at once, then at most one event per 10 s summing up
+    ``count`` refusals since the last one, ``peer`` and ``reason`` those of the first of them."""
+
+    KIND: ClassVar[str] = "connection_refused"
+    peer: str
+    reason: str = field(metadata=TEXT)
+    count: int = field(metadata=COUNT)
+    total: int = field(metadata=COUNT)
+
+
 # --- verdicts ---------------------------------------------------------------------------------------
 
 
@@ -394,7 +407,7 @@ EVENT_TYPES: dict[str, type[BaseEvent]] = {
     for cls in (
         JobStarted, MetricsServed, JobWarning, Connected, ConnectFailed, AttemptStarted, TaskReady, Preflight,
         HeterogeneousGpus, ShellNoise, TaskSpawned, TaskStarted, TaskExited, TaskLost, ExitUnconfirmed,
-        NodeProtocolError,
+        NodeProtocolError, ConnectionRefused,
         WorkerLost, WorkerHung, JobStalled, StartupTimeout, Straggler, StragglerCleared, WorkerSlowing,
         Interrupted, Detached, BoundReached, Teardown, AttemptFinished, TrainingCompleted, Restart, GatherStarted, GatherFinished,
         GatherFailed, JobFinished, SlurmAllocation, Requeued,

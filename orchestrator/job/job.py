@@ -198,6 +198,7 @@ class Job:
             preflight=self.opts.preflight,
             on_status=self.out.status,
             bound=self.opts.bound,
+            figures=self.out.figures,
         )
         return sup.run(), sup
 

@@ -17,6 +17,7 @@ from ..runs import RunDir
 from ..sinks import ConsoleSink, EventFileSink, HeartbeatFile, LogRouter, WriteGuard, use_color
 from ..sinks.status import StatusWriter
 from ..spec import ClusterSpec
+from ..supervise.figures import Figures
 from .signals import Hangup
 
 
@@ -50,7 +51,8 @@ class RunOutputs:
         if self.live is not None:
             self.logs.console_hook = self.live.print_log
         self.heartbeats: Any = HeartbeatFile(rundir.heartbeats_jsonl, self.guard)
-        self.status_file = StatusWriter(rundir, plan.job, plan.run_id, self.live)
+        self.figures = Figures.replay(rundir.heartbeats_jsonl)  # a continued run's records count too
+        self.status_file = StatusWriter(rundir, plan.job, plan.run_id, self.live, self.figures)
         self.hangup = Hangup(rundir.launcher_log)
         self.metrics: Any = None
         self.metrics_server: Any = None

@@ -6,6 +6,7 @@ planner lives in its package (``orchestrator/schedulers/``). ``tfcluster plan`` 
 from .build import resolve_communication
 from .load import default_run_id, run_id_for_dir, with_command
 from .model import NodePlan, Plan, Runtime, SshTarget, TaskId, bracket
+from .policy import StragglerPolicy
 from .render import PlanNotes, plan_text
 from .secrets import REDACTED, redact_env
 
@@ -16,6 +17,7 @@ __all__ = [
     "PlanNotes",
     "Runtime",
     "SshTarget",
+    "StragglerPolicy",
     "TaskId",
     "bracket",
     "default_run_id",

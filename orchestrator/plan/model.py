@@ -11,6 +11,7 @@ from typing import Any
 
 from worker_entry import protocol as p
 
+from .policy import StragglerPolicy
 from .quoting import exec_line
 from .secrets import redact_argv, redact_env
 
@@ -172,6 +173,7 @@ class Plan:
     warnings: tuple[str, ...] = field(default=())
     scheduler: str = "ssh"
     slurm: dict[str, Any] | None = None  # scheduler slurm: allocation, sbatch/srun lines (plan.slurm)
+    policy: StragglerPolicy = field(default_factory=StragglerPolicy)  # how stragglers are judged, live and by `report`
 
     @property
     def chief(self) -> NodePlan:
@@ -189,6 +191,7 @@ class Plan:
             **({"slurm": self.slurm} if self.slurm is not None else {}),
             "nodes": [n.to_dict(show_secrets=show_secrets) for n in self.nodes],
             "warnings": list(self.warnings),
+            "policy": self.policy.to_dict(),
         }
 
     def to_json(self, *, show_secrets: bool = False) -> str:

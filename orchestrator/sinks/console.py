@@ -128,6 +128,12 @@ def _protocol_error(e: k.NodeProtocolError) -> Line:
     return Line(f"{_who(e)}: {e.message}", BAD)
 
 
+@renders(k.ConnectionRefused)
+def _connection_refused(e: k.ConnectionRefused) -> Line:
+    what = "a connection" if e.count == 1 else f"{e.count} connections"
+    return Line(f"connect-back port refused {what} ({e.total} in all; first from {e.peer}: {e.reason})", WARN)
+
+
 @renders(k.TaskLost)
 def _task_lost(e: k.TaskLost) -> Line:
     return Line(f"{_who(e)} lost: {e.message}")

@@ -9,6 +9,7 @@ base units (``_seconds``, ``_bytes``, ``_ratio``), ``_total`` for counters, labe
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -88,7 +89,7 @@ class _Collector:
         state.add_metric([job, str(status.get("state", "starting"))], 1)
         yield state
         attempt = GaugeMetricFamily("tfcluster_job_attempt", "Current attempt (0 = first run)", labels=["job"])
-        attempt.add_metric([job], float(status.get("attempt") or 0))
+        attempt.add_metric([job], _finite(status.get("attempt")) or 0.0)
         yield attempt
         for name, doc, value in (
             ("tfcluster_job_restarts", "Whole-job restarts after a failure", restarts),
@@ -135,8 +136,8 @@ def _task_metrics(job: str, tasks: dict[str, Any], profiles: dict[str, dict[str,
         base = [job, task, str(t.get("host") or "")]
 
         def put(key: str, value: Any, scale: float = 1.0, extra: tuple[str, ...] = (), base: list[str] = base) -> None:
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                fams[key].add_metric([*base, *extra], float(value) * scale)
+            if (number := _finite(value)) is not None:
+                fams[key].add_metric([*base, *extra], number * scale)
 
         put("steps", t.get("steps"))
         put("steps_per_s", t.get("steps_per_s"))
@@ -154,6 +155,18 @@ def _task_metrics(job: str, tasks: dict[str, Any], profiles: dict[str, dict[str,
             put("gpu_mem", g.get("mem_used_mb"), 1 << 20, idx)
             put("gpu_clock", g.get("sm_clock_mhz"), 1e6, idx)
     yield from fams.values()
+
+
+def _finite(value: Any) -> float | None:
+    """A figure as a float, or None: what a node reported must never fail a scrape (a 401-digit
+    number overflows ``float``; NaN and infinities are no figures)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 class MetricsServer:

@@ -7,24 +7,33 @@ import os
 from typing import Any
 
 from ..runs import RunDir, write_json_atomic
+from ..supervise.figures import Figures
+from ..supervise.status import final_tasks
 
 
 class StatusWriter:
-    """Writes each status snapshot atomically; the final one keeps the last metrics of every task
-    and takes states and exit codes from the result."""
+    """Writes each status snapshot atomically. The final one (``finished``) is built here, once: the
+    result's tasks with what was last seen of each and their whole-run figures (``figures``, the
+    job's accumulator: the figures ``report`` computes from heartbeats.jsonl); `status` shows it as is."""
 
-    def __init__(self, rundir: RunDir, job: str, run_id: str, live: Any = None) -> None:
+    def __init__(self, rundir: RunDir, job: str, run_id: str, live: Any = None, figures: Figures | None = None) -> None:
         self.rundir = rundir
         self.job = job
         self.run_id = run_id
         self.live = live
+        self.figures = figures
         self._last_tasks: dict[str, dict[str, Any]] = {}
+        self._refused: Any = None  # the supervisor's last count of refused connections, kept to the end
 
     def __call__(self, status: dict[str, Any]) -> None:
         if status.get("finished"):
-            status["tasks"] = {t: {**self._last_tasks.get(t, {}), **v} for t, v in status.get("tasks", {}).items()}
+            status["tasks"] = final_tasks(self._last_tasks, status.get("tasks", {}), self.figures)
         else:
             self._last_tasks.update(status.get("tasks", {}))
+        if "refused_connections" in status:
+            self._refused = status["refused_connections"]
+        elif self._refused is not None:
+            status["refused_connections"] = self._refused
         status = {"job": self.job, "run_id": self.run_id, "launcher_pid": os.getpid(), **status}
         with contextlib.suppress(OSError):
             write_json_atomic(self.rundir.status_json, status, indent=None, durable=False)

@@ -19,12 +19,14 @@ Why these rules:
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from worker_entry import protocol as p
 
+from ..plan.policy import StragglerPolicy
 from .evidence import Scores, explain
 from .stragglers import StragglerFinding, find_straggler
 
@@ -35,16 +37,14 @@ STOPPED_STATES = frozenset({"stopped", "tracing-stop"})
 
 @dataclass(frozen=True)
 class Policy:
+    """Timings from the spec; the straggler thresholds are the plan's one ``StragglerPolicy`` (the
+    same object plan.json keeps, which ``report`` reads back)."""
+
     interval_s: float = 1.0
     timeout_s: float = 10.0
     startup_timeout_s: float = 300.0
     progress_timeout_s: float | None = 600.0
-    straggler_ratio: float = 1.5
-    straggler_min_ms: float = 5.0  # an excess below this is noise, whatever the ratio
-    straggler_min_share: float = 0.1  # ... and so is one below this share of the step
-    straggler_confirmations: int = 2  # consecutive profile rounds naming the same worker
-    kill_stragglers: bool = False
-    slowing_score: float = 0.6  # individual score (best window / now) that flags a slowing worker
+    stragglers: StragglerPolicy = field(default_factory=StragglerPolicy)
 
     @property
     def stopped_after_s(self) -> float:
@@ -56,15 +56,15 @@ class Policy:
         return min(self.timeout_s, 3.0 * self.interval_s)
 
     @classmethod
-    def from_spec(cls, spec: Any) -> Policy:
+    def from_spec(cls, spec: Any, stragglers: StragglerPolicy | None = None) -> Policy:
+        """The spec's timings, with ``stragglers`` (the plan's policy; built from the spec when not given)."""
         hb = spec.heartbeat
         return cls(
             interval_s=hb.interval_s,
             timeout_s=hb.timeout_s,
             startup_timeout_s=spec.job.startup_timeout_s,
             progress_timeout_s=hb.progress_timeout_s,
-            straggler_ratio=hb.straggler_ratio,
-            kill_stragglers=hb.kill_stragglers,
+            stragglers=stragglers if stragglers is not None else StragglerPolicy.from_spec(spec),
         )
 
 
@@ -158,7 +158,7 @@ class Monitor:
             return []
         profiles = {t: self.watch[t].profile for t in live if self.watch[t].profile}
         self._round += 1
-        finding = find_straggler(profiles, self.policy.straggler_ratio, self.policy.straggler_min_ms)
+        finding = find_straggler(profiles, self.policy.stragglers)
         finding = explain(
             finding,
             {t: list(self.watch[t].hosts) for t in live},
@@ -171,22 +171,22 @@ class Monitor:
     def _judge_scores(self, profiles: dict[str, Any]) -> list[Verdict]:
         """A worker slowing down against its own best window, more than the others did."""
         self.scores = self._scores.update(profiles)
+        pol = self.policy.stragglers
         out = []
-        steps = sorted(float(x.get("step_ms") or 0.0) for x in profiles.values())
-        step = steps[len(steps) // 2] if steps else 0.0
+        step = statistics.median(float(x.get("step_ms") or 0.0) for x in profiles.values()) if profiles else 0.0
         for t, s in self.scores.items():
             w = self.watch[t]
-            others = sorted(x["individual"] for u, x in self.scores.items() if u != t)
-            typical = others[len(others) // 2] if others else 1.0
+            others = [x["individual"] for u, x in self.scores.items() if u != t]
+            typical = statistics.median(others) if others else 1.0
             excess = s["local_ms"] - (s["best_local_ms"] or s["local_ms"])
             slow = (
-                s["individual"] < self.policy.slowing_score
-                and s["individual"] <= typical - 0.15
-                and excess >= self.policy.straggler_min_ms
-                and excess >= self.policy.straggler_min_share * step
+                s["individual"] < pol.slowing_score
+                and s["individual"] <= typical - pol.slowing_margin
+                and excess >= pol.min_ms
+                and excess >= pol.min_share * step
             )
             w.slow_rounds = w.slow_rounds + 1 if slow else 0
-            if w.slow_rounds >= self.policy.straggler_confirmations and "slowing" not in w.reported:
+            if w.slow_rounds >= pol.confirmations and "slowing" not in w.reported:
                 w.reported.add("slowing")
                 out.append(
                     Verdict(
@@ -221,7 +221,7 @@ class Monitor:
         return [t for t, w in self.watch.items() if not w.done and now - w.last_seen >= self.policy.timeout_s]
 
     def _judge_stragglers(self, finding: StragglerFinding | None) -> list[Verdict]:
-        p = self.policy
+        p = self.policy.stragglers
         name = finding.task if finding else None
         prev, count = self._candidate
         count = count + 1 if name == prev else 1
@@ -229,7 +229,7 @@ class Monitor:
         out: list[Verdict] = []
         if finding is not None:
             self.last_finding = finding
-        if finding is not None and count >= p.straggler_confirmations and self._straggler != name:
+        if finding is not None and count >= p.confirmations and self._straggler != name:
             self._straggler = name
             self._clear_count = 0
             if finding.wait_ms >= 1.0:
@@ -248,7 +248,7 @@ class Monitor:
                     "straggler",
                     name,
                     msg,
-                    fatal=p.kill_stragglers,
+                    fatal=p.kill,
                     data={
                         "wait_ms": round(finding.wait_ms, 2),
                         "step_ms": round(finding.step_ms, 2),
@@ -261,7 +261,7 @@ class Monitor:
             )
         elif self._straggler is not None and name != self._straggler:
             self._clear_count += 1
-            if self._clear_count >= p.straggler_confirmations:
+            if self._clear_count >= p.confirmations:
                 out.append(Verdict("straggler_cleared", self._straggler, "no longer a straggler", fatal=False))
                 self._straggler = None
                 self._clear_count = 0

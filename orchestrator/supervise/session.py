@@ -27,7 +27,6 @@ from ..plan import NodePlan
 TAIL_BYTES = 16 * 1024
 DIAG_BYTES = 64 * 1024
 LAST_LINES = 20
-RATE_WINDOW_S = 1.0  # examples/s and steps/s over at least this much time
 EXIT_CONFIRM_S = 10.0  # after its task ended: how long a node may take to confirm its processes are gone
 
 
@@ -104,8 +103,6 @@ class TaskSession:
         self.config_sent_at: float | None = None
         self.skew_s: float | None = None
         self.violation: str | None = None
-        self.rates: dict[str, float | None] = {"steps_per_s": None, "examples_per_s": None}
-        self._rate_base: p.Progress | None = None
         self._tail: collections.deque[bytes] = collections.deque()
         self._tail_bytes = 0
         self._diag = bytearray()
@@ -236,18 +233,10 @@ class TaskSession:
         elif isinstance(msg, p.Heartbeat):
             self.heartbeat = msg
             self.heartbeat_wall = time.time()
-            if msg.progress is not None:
-                self._update_rates(msg.progress)
         elif isinstance(msg, p.Profile):
             self.profile = msg
         elif isinstance(msg, p.Exited):
             self.exit = msg
-
-    @property
-    def progress_steps(self) -> int | None:
-        """Training steps so far, from its last heartbeat (None before its first progress record)."""
-        prog = self.heartbeat.progress if self.heartbeat is not None else None
-        return prog.steps if prog is not None else None
 
     def finish(self, exited: p.Exited, job_stopping: bool) -> TaskState:
         """The terminal state an ``exited`` message means."""
@@ -260,19 +249,6 @@ class TaskSession:
         else:
             self.become(TaskState.FAILED)
         return self.state
-
-    def _update_rates(self, prog: p.Progress) -> None:
-        base = self._rate_base
-        if base is None or prog.steps < base.steps or prog.ts < base.ts:
-            self._rate_base = prog
-            return
-        dt = prog.ts - base.ts
-        if dt < RATE_WINDOW_S:
-            return
-        self.rates["steps_per_s"] = round((prog.steps - base.steps) / dt, 2)
-        if prog.examples is not None and base.examples is not None:
-            self.rates["examples_per_s"] = round((prog.examples - base.examples) / dt, 1)
-        self._rate_base = prog
 
     # --- what it printed -----------------------------------------------------------------------
 

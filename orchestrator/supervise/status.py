@@ -1,19 +1,27 @@
-"""What the supervisor reports: the live status snapshot and the attempt's result. Pure."""
+"""What the supervisor reports: the live status snapshot, the final one, and the attempt's result. Pure.
+
+A task's figures (steps, step time, rates, CPU) come from ``figures``: live ones while the job runs;
+in the final snapshot of a finished run the whole run's, the same ``report`` computes.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..core.result import AttemptResult, Failure, TaskResult
 from ..core.states import JobState, TaskState, interrupted_state
+from .figures import FIGURE_KEYS, Figures, TaskFigures
 from .session import TaskSession
 
+#: Live readings that say nothing about a finished task (taken during its teardown; and ``gpus``, its
+#: last NVML sample, is not the GPU models ``report`` lists under that name): not in the final snapshot.
+LIVE_ONLY = ("last_heartbeat_age_s", "proc_state", "rss_mb", "gpus")
 
-def task_status(s: TaskSession, *, straggler: bool, now_wall: float) -> dict[str, Any]:
+
+def task_status(s: TaskSession, fig: TaskFigures, *, straggler: bool, now_wall: float) -> dict[str, Any]:
     hb = s.heartbeat
-    prog = hb.progress if hb is not None else None
     ex = s.exit
     return {
         "host": s.host,
@@ -23,14 +31,10 @@ def task_status(s: TaskSession, *, straggler: bool, now_wall: float) -> dict[str
         "started": s.started_how is not None,
         "last_heartbeat_age_s": round(now_wall - s.heartbeat_wall, 1) if s.heartbeat_wall else None,
         "proc_state": hb.state if hb else None,
-        "cpu_pct": hb.cpu_pct if hb else None,
         "rss_mb": hb.rss_mb if hb else None,
         "gpus": [g.to_dict() for g in hb.gpus] if hb and hb.gpus else None,
-        "steps": prog.steps if prog else None,
-        "epoch": prog.epoch if prog else None,
-        "step_time_s": prog.step_time_s if prog else None,
-        "steps_per_s": s.rates["steps_per_s"],
-        "examples_per_s": s.rates["examples_per_s"],
+        "epoch": fig.epoch,
+        **fig.to_dict(),
         "exit_code": ex.code if ex else None,
         "signal": ex.signal_name if ex else None,
         "straggler": straggler,
@@ -39,6 +43,7 @@ def task_status(s: TaskSession, *, straggler: bool, now_wall: float) -> dict[str
 
 def snapshot(
     sessions: Iterable[TaskSession],
+    figures: Figures,
     *,
     state: JobState,
     attempt: int,
@@ -51,8 +56,25 @@ def snapshot(
         "attempt": attempt,
         "updated": now,
         "stopping_reason": stopping_reason,
-        "tasks": {s.task: task_status(s, straggler=straggler == s.task, now_wall=now) for s in sessions},
+        "tasks": {
+            s.task: task_status(s, figures.live(s.task), straggler=straggler == s.task, now_wall=now) for s in sessions
+        },
     }
+
+
+def final_tasks(
+    live: Mapping[str, Mapping[str, Any]], result: Mapping[str, Mapping[str, Any]], figures: Figures | None
+) -> dict[str, dict[str, Any]]:
+    """The tasks of a finished run's one final snapshot: what was last seen of each (host name, pid,
+    whether it was the straggler), its outcome from the result (state, exit code, signal, reason), and its figures over the
+    whole run (``figures.final()``: what ``report`` shows)."""
+    whole = figures.final() if figures is not None else {}
+    out = {}
+    for name, res in result.items():
+        seen = {k: v for k, v in (live.get(name) or {}).items() if k not in LIVE_ONLY and k not in FIGURE_KEYS}
+        fig = whole.get(name, TaskFigures())
+        out[name] = {**seen, **res, "epoch": fig.epoch, **fig.to_dict()}
+    return out
 
 
 def attempt_result(

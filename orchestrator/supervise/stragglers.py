@@ -13,6 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..plan.policy import StragglerPolicy
+
+DEFAULT_POLICY = StragglerPolicy()
+
 
 @dataclass(frozen=True)
 class StragglerFinding:
@@ -29,9 +33,10 @@ class StragglerFinding:
 
 
 def find_straggler(
-    profiles: Mapping[str, Mapping[str, Any]], ratio: float, min_ms: float, min_share: float = 0.0
+    profiles: Mapping[str, Mapping[str, Any]], policy: StragglerPolicy = DEFAULT_POLICY
 ) -> StragglerFinding | None:
-    """The worker the others wait for, from one profile per worker, or None when nobody stands out."""
+    """The worker the others wait for, from one profile per worker, or None when nobody stands out
+    (by ``policy``'s thresholds: the live monitor and ``report`` pass the run's one policy)."""
     pre = {t: float(p["pre_collective_ms"]) for t, p in profiles.items() if p.get("pre_collective_ms") is not None}
     if len(pre) < 2:
         return None
@@ -39,10 +44,10 @@ def find_straggler(
     others = [t for t in pre if t != cand]
     base = _median([pre[t] for t in others])
     excess = pre[cand] - base
-    if excess < min_ms or pre[cand] < ratio * max(base, 0.1):
+    if excess < policy.min_ms or pre[cand] < policy.ratio * max(base, 0.1):
         return None
     step_ms = _median([float(p.get("step_ms") or 0.0) for p in profiles.values()])
-    if step_ms > 0 and excess < min_share * step_ms:
+    if step_ms > 0 and excess < policy.min_share * step_ms:
         return None
 
     def excess_of(key: str) -> float | None:

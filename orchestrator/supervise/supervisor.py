@@ -24,6 +24,7 @@ from ..events import kinds as ev
 from ..plan import Plan
 from ..spec import ClusterSpec
 from .bound import BoundWatch, RunBound
+from .figures import Figures
 from .gate import check_before_go
 from .inputs import QUEUE_ITEMS, ChannelPump, ChannelReady, Interrupt, Received
 from .monitor import Monitor, Policy, Verdict
@@ -52,6 +53,7 @@ class Supervisor:
         on_status: Callable[[dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         bound: RunBound | None = None,
+        figures: Figures | None = None,
     ) -> None:
         self.spec = spec
         self.plan = plan
@@ -64,7 +66,7 @@ class Supervisor:
         self.preflight = preflight
         self.on_status = on_status
         self.clock = clock
-        self.policy = Policy.from_spec(spec)
+        self.policy = Policy.from_spec(spec, plan.policy)
         self.monitor = Monitor([str(n.task) for n in plan.nodes], self.policy, clock())
         self.sessions = {str(n.task): TaskSession(n, attempt, self.monitor.on_terminal) for n in plan.nodes}
         self.q: queue.Queue = queue.Queue(maxsize=QUEUE_ITEMS)
@@ -79,6 +81,8 @@ class Supervisor:
         self._handled_interrupts = 0
         self.bound = BoundWatch(bound, spec.job.startup_timeout_s) if bound is not None and bound.active else None
         self.bound_reached: str | None = None
+        # the tasks' figures: the job's (across attempts) when it passes them, fed every record we write
+        self.figures = figures if figures is not None else Figures()
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -192,7 +196,7 @@ class Supervisor:
             self.monitor.seen(s.task, now)
         if isinstance(m, p.Heartbeat):
             self.monitor.on_heartbeat(s.task, m, now)
-            self.heartbeats.write(s.task, record_of(m))
+            self._record(s.task, {**record_of(m), "attempt": self.attempt})
         elif isinstance(m, p.Hello):
             hostname = m.facts.hostname
             gpus = [{"name": g.name, "memory_mb": g.memory_mb} for g in m.facts.gpus]
@@ -206,11 +210,16 @@ class Supervisor:
             self.monitor.on_started(s.task, now)
         elif isinstance(m, p.Profile):
             record = record_of(m)
-            self.heartbeats.write(s.task, {**record, "kind": "profile"})
+            self._record(s.task, {**record, "kind": "profile", "attempt": self.attempt})
             for v in self.monitor.on_profile(s.task, record, now):
                 self._verdict(v)
         elif isinstance(m, p.Exited):
             self._on_exited(s, m)
+
+    def _record(self, task: str, record: dict[str, Any]) -> None:
+        """Written to heartbeats.jsonl, and the very same record to the figures (`report` reads the file)."""
+        self.heartbeats.write(task, record)
+        self.figures.add(task, record)
 
     def _on_exited(self, s: TaskSession, m: p.Exited) -> None:
         state = s.finish(m, job_stopping=self.stopping_reason is not None)
@@ -298,7 +307,7 @@ class Supervisor:
 
     def _check_bound(self, now: float) -> None:
         """A bounded run that had enough stops like `tfcluster stop`, and counts as a success."""
-        running = {t: s.progress_steps for t, s in self.sessions.items() if s.state == TaskState.RUNNING}
+        running = {t: self.figures.live(t).steps for t, s in self.sessions.items() if s.state == TaskState.RUNNING}
         why = self.bound.check(running, now, self.went_at) if self.bound and not self.stopping_reason else None
         if why is not None:
             self.bound_reached = why
@@ -386,28 +395,23 @@ class Supervisor:
     # --- status and result -------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        return snapshot(
-            self.sessions.values(),
-            state=self.state,
-            attempt=self.attempt,
-            stopping_reason=self.stopping_reason,
-            straggler=self.monitor.straggler,
-        )
+        status = snapshot(self.sessions.values(), self.figures, state=self.state, attempt=self.attempt,
+                          stopping_reason=self.stopping_reason, straggler=self.monitor.straggler)  # fmt: skip
+        if (refusals := self.backend.refusals()) is not None:
+            status["refused_connections"] = refusals.summary()
+        return status
 
     def _publish_status(self) -> None:
+        refusals = self.backend.refusals()
+        if refusals is not None and (r := refusals.report()) is not None:  # rate-limited by the backend
+            self.bus.emit(ev.ConnectionRefused(peer=r.peer, reason=r.reason, count=r.count, total=r.total))
         if self.on_status is not None:
             self.on_status(self.status())
 
     def _result(self) -> AttemptResult:
-        result = attempt_result(
-            self.sessions.values(),
-            attempt=self.attempt,
-            failures=self.failures,
-            interrupted_by=self.interrupted_by,
-            started_ts=self.started_ts,
-            went=self.went_at is not None,
-            bounded=self.bound_reached is not None,
-        )
+        result = attempt_result(self.sessions.values(), attempt=self.attempt, failures=self.failures,
+                                interrupted_by=self.interrupted_by, started_ts=self.started_ts,
+                                went=self.went_at is not None, bounded=self.bound_reached is not None)  # fmt: skip
         self.state = result.state
         self._publish_status()
         return result

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import select
 import shutil
 import tempfile
 import time
@@ -24,12 +23,12 @@ from typing import Any
 
 from worker_entry import protocol as p
 
-from ..backends import Connection
+from ..backends import Connection, wait_readable
 from ..events import EventBus
 from ..events.kinds import JobWarning
 from ..plan import NodePlan, Plan
 from .fetch import fetch, items_of, list_files
-from .state import GatherState, Item, Progress, Totals
+from .state import GatherState, Item, Progress, Totals, check_space
 
 CHUNK = 1 << 20
 
@@ -59,7 +58,7 @@ def push_dir(conn: Connection, python: str, items: list[Item], remote_root: str)
         out = b""
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(out) < (1 << 20):
-            select.select(chan.filenos(), [], [], 1.0)
+            wait_readable(chan.filenos(), 1.0)
             o, _, eof = chan.read()
             out += o
             if eof:
@@ -103,6 +102,8 @@ def sync_backup(plan: Plan, conns: Mapping[str, Connection], bus: EventBus) -> d
         totals = Totals()
         items = items_of(source, tmp, totals)
         state = GatherState(tmp / ".state")
+        if not check_space(tmp, items, totals):  # the local temp directory: as the chief listed it
+            raise RuntimeError("; ".join(totals.errors[:3]))
         fetch(conns[str(chief.task)], chief.argv[0], source.root, items, state, totals, Progress(0, enabled=False))
         if totals.errors:
             raise RuntimeError("; ".join(totals.errors[:3]))

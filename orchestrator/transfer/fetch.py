@@ -8,7 +8,6 @@ import contextlib
 import hashlib
 import os
 import queue
-import select
 import sys
 import threading
 import time
@@ -18,9 +17,9 @@ from typing import Any
 
 from worker_entry import protocol as p
 
-from ..backends import Connection
+from ..backends import Connection, wait_readable
 from .paths import UnsafePath, dest_path
-from .state import GatherState, Item, Progress, Totals
+from .state import GatherState, Item, NoSpace, Progress, SpaceGuard, Totals
 
 TEMP_PREFIX = "workertemp_"
 IDLE_TIMEOUT_S = 60.0
@@ -48,6 +47,8 @@ class _PartWriter(threading.Thread):
         self.cur: dict[str, Any] | None = None
         self.pending: list[dict[str, Any]] = []
         self.pending_bytes = 0
+        self.guard: SpaceGuard | None = None
+        self.no_space = False  # the transfer must stop: the disk keeps its margin
 
     def _commit(self, force: bool = False) -> None:
         if not self.pending or (not force and len(self.pending) < BATCH_FILES and self.pending_bytes < BATCH_BYTES):
@@ -61,12 +62,15 @@ class _PartWriter(threading.Thread):
             try:
                 if op == "open":
                     it, offset = arg
+                    self.guard = self.guard or SpaceGuard(it.dest.parent)
                     self.cur = _open_part(it, offset)
                     if self.cur["n"]:
                         self.totals.resumed_files += 1
                         self.totals.resumed_bytes += self.cur["n"]
                     self.progress.advance(self.cur["n"])
                 elif op == "data" and self.cur is not None:
+                    assert self.guard is not None
+                    self.guard.take(len(arg))
                     self.cur["f"].write(arg)
                     self.cur["h"].update(arg)
                     self.cur["n"] += len(arg)
@@ -84,6 +88,7 @@ class _PartWriter(threading.Thread):
                     self._commit(force=True)
                     return
             except OSError as exc:
+                self.no_space = self.no_space or isinstance(exc, NoSpace)
                 self.totals.errors.append(f"writing {self.cur['item'].dest if self.cur else '?'}: {exc}")
                 if self.cur is not None:
                     self.cur["f"].close()
@@ -195,7 +200,9 @@ def receive_files(
             totals.errors.append(f"{root}: interrupted; `tfcluster gather RUN` resumes it")
             totals.interrupted = True
             return False
-        select.select(chan.filenos(), [], [], 1.0)
+        if writer.no_space:  # said in totals.errors; what is verified stays, the rest resumes later
+            return False
+        wait_readable(chan.filenos(), 1.0)
         out, err, eof = chan.read()
         if out or err:
             idle_since = time.monotonic()

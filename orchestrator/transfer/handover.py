@@ -10,7 +10,6 @@ A lost host is not waited for: its logs stay on the node for ``tfcluster gather 
 
 from __future__ import annotations
 
-import select
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ from typing import Any
 
 from worker_entry import protocol as p
 
+from ..backends import wait_readable
 from ..events import EventBus
 from ..runs import RunDir
 from ..supervise import TaskSession
@@ -114,12 +114,16 @@ def _one(
     if files.log_bytes is not None and files.log_bytes <= live_size:
         logs[key] = f"complete: all {live_size} bytes arrived live"
     elif files.log_bytes is not None:
-        logs[key] = f"completed from the node: {files.log_bytes - live_size} bytes missed live"
+        missed = files.log_bytes - live_size
+        logs[key] = f"completed from the node: {missed} bytes missed live"
         node_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         # the node's own record of the task's end comes along (the launcher has it from `exited`)
         items = [it for it in items_of(files.task_dir, node_dir, totals) if it.rel in ("output.log", "exit.json")]
-        if fetch_over(s.channel, s.decoder, files.task_dir.root, items, state, totals, Progress(0, False),
-                      _frames_to(s, output), stop):  # fmt: skip
+        todo = [it for it in items if not state.verified(it.dest, it.size, it.mtime_ns)]
+        if not check_space(rundir.path, todo, totals):  # what a node declares, checked before it is fetched
+            logs[key] = f"not completed: {missed} bytes missed live; not enough space to fetch them"
+        elif fetch_over(s.channel, s.decoder, files.task_dir.root, items, state, totals, Progress(0, False),
+                        _frames_to(s, output), stop):  # fmt: skip
             complete_live_log(rundir, s.node, attempt, node_dir, bus)
     if not (checkpoint and s.node.is_chief):
         return None
@@ -161,7 +165,7 @@ def _wait_files(s: TaskSession, output: Callable[[str, bytes], None]) -> p.TaskF
     """The task's ``task_files`` (already received, or arriving now), reading its channel meanwhile."""
     deadline = time.monotonic() + FILES_TIMEOUT_S
     while s.files is None and s.channel is not None and time.monotonic() < deadline:
-        select.select(s.channel.filenos(), [], [], 0.2)
+        wait_readable(s.channel.filenos(), 0.2)
         out, err, eof = s.channel.read()
         for item in s.receive(out, err):
             if isinstance(item, Output):

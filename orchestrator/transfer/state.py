@@ -111,18 +111,59 @@ class Progress:
             self._bar.stop()
 
 
+KEEP_FREE = 1 << 20  # what a transfer always leaves free on the launcher's disk
+CHECK_EVERY = 64 << 20  # a running transfer looks at the free space again after this many bytes
+
+
+def free_bytes(path: Path) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+class NoSpace(OSError):
+    """Writing on would leave less than ``KEEP_FREE`` on the launcher's disk."""
+
+
+class SpaceGuard:
+    """What a node sends is written only while the disk keeps ``KEEP_FREE`` free — whatever the node
+    declared and whoever else fills the disk meanwhile (free space is looked at again every
+    ``CHECK_EVERY`` bytes, so a statvfs is not a cost per write)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._budget = 0
+
+    def take(self, n: int) -> None:
+        if n <= self._budget:
+            self._budget -= n
+            return
+        free = free_bytes(self.path)
+        if free is None:  # cannot tell: the write itself will say
+            self._budget = CHECK_EVERY
+        else:
+            self._budget = max(0, min(free - KEEP_FREE, CHECK_EVERY))
+        if n > self._budget:
+            raise NoSpace(
+                f"not enough space in {self.path}: {(free or 0) / 1e6:.1f} MB free, {KEEP_FREE / 1e6:.0f} MB stays free; "
+                "free some space, then run `tfcluster gather RUN`"
+            )
+        self._budget -= n
+
+
 def check_space(dest: Path, items: list[Item], totals: Totals) -> bool:
     """Refuse to start copying what cannot fit: a gather that fills the disk helps nobody (and
-    would also stop the run directory's own files). A small margin stays free."""
+    would also stop the run directory's own files). A margin stays free; ``SpaceGuard`` holds the
+    copy to it while it runs."""
     need = sum(it.size for it in items)
     if not need:
         return True
-    try:
-        st = os.statvfs(dest)
-    except OSError:
+    free = free_bytes(dest)
+    if free is None:
         return True
-    free = st.f_bavail * st.f_frsize
-    if need + need // 100 + (1 << 20) <= free:
+    if need + need // 100 + KEEP_FREE <= free:
         return True
     totals.errors.append(
         f"not enough space in {dest}: {need / 1e6:.1f} MB to copy, {free / 1e6:.1f} MB free; "

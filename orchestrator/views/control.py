@@ -35,6 +35,8 @@ def job_status(run: RunDir, handle: RunHandle | None = None) -> dict[str, Any]:
         "launcher_host": launcher.get("hostname"),
         **handle.scheduler_status(),
     }
+    if isinstance(status.get("refused_connections"), dict):
+        out["refused_connections"] = status["refused_connections"]
     if result is not None:
         out.update(
             {
@@ -44,7 +46,7 @@ def job_status(run: RunDir, handle: RunHandle | None = None) -> dict[str, Any]:
                 "wall_time_s": result.get("wall_time_s"),
                 "root_cause": result.get("root_cause"),
                 "restarts": result.get("restarts", 0),
-                "tasks": _merge_tasks(status.get("tasks", {}), result.get("tasks", {})),
+                "tasks": _finished_tasks(status, result),
             }
         )
         return out
@@ -66,13 +68,12 @@ def job_status(run: RunDir, handle: RunHandle | None = None) -> dict[str, Any]:
     return out
 
 
-def _merge_tasks(live: dict[str, Any], final: dict[str, Any]) -> dict[str, Any]:
-    tasks = {}
-    for name, t in final.items():
-        merged = dict(live.get(name, {}))
-        merged.update({k: v for k, v in t.items() if v is not None or k not in merged})
-        tasks[name] = merged
-    return tasks
+def _finished_tasks(status: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """The final snapshot's tasks as the launcher wrote them (whole-run figures: what `report` shows);
+    without one (the launcher died between result.json and status.json) the result's own."""
+    if status.get("finished") and isinstance(status.get("tasks"), dict):
+        return status["tasks"]
+    return result.get("tasks", {})
 
 
 def status_text(st: dict[str, Any], handle: RunHandle | None = None) -> str:
@@ -83,6 +84,12 @@ def status_text(st: dict[str, Any], handle: RunHandle | None = None) -> str:
         lines.append(st["message"])
     if st.get("stopping_reason"):
         lines.append(f"stopping: {st['stopping_reason']}")
+    refused = st.get("refused_connections") or {}
+    if isinstance(refused, dict) and refused.get("count"):
+        recent = refused.get("recent") or [{}]
+        last = recent[-1] if isinstance(recent, list) and isinstance(recent[-1], dict) else {}
+        lines.append(f"connect-back port: {refused['count']} connection(s) refused; last from "
+                     f"{last.get('peer', '?')}: {last.get('reason', '?')}")  # fmt: skip
     rc = st.get("root_cause")
     if rc:
         lines.append(f"root cause: {rc.get('task') or 'job'} ({rc.get('host') or '-'}): {rc.get('message')}")

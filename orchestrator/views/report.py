@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from typing import Any
-
-from worker_entry.protocol.env import Env
 
 from ..core.text import table
 from ..events import BaseEvent
 from ..events.kinds import Straggler, TaskReady, WorkerSlowing
+from ..plan.policy import StragglerPolicy
 from ..runs import RunDir
 from ..supervise import explain, find_straggler, gpu_suspect, host_suspect, slow_gpus
+from ..supervise.figures import Figures, TaskFigures
 from .goodput import goodput, goodput_lines
 from .records import event_records, heartbeat_records, json_object
-from .split import job_split, scores, split_lines, weighted
+from .split import job_split, scores, split_lines
 
 HOST_KEYS = ("wait_pct", "throttled_pct", "steal_pct", "tcp_retrans_pct")
 
@@ -40,31 +41,30 @@ def build_report(
     """The report of a run; ``last_s`` keeps only samples from the run's last ``last_s`` seconds
     (a straggler that appeared mid-run is diluted in whole-run means). ``records``: the run's
     heartbeat records when the caller has read them already (a long run's file is large)."""
-    profiles: dict[str, list[dict[str, Any]]] = {}
-    beats: dict[str, list[dict[str, Any]]] = {}
     if records is None:  # damaged records skipped: a report, never a traceback
         records = heartbeat_records(run.heartbeats_jsonl)
-    for rec in records:
-        task = rec.get("task")
-        if task:
-            (profiles if rec.get("kind") == "profile" else beats).setdefault(task, []).append(rec)
-    window = None
-    every_profile = dict(profiles)  # the scores compare a worker's last windows with its best of the run
+    records = [r for r in records if r.get("task")]
+    every_profile = _by_task(r for r in records if r.get("kind") == "profile")  # scores: last windows vs the run's best
     # the end of training: the last step-clock sample (heartbeats go on through teardown)
-    end = max((r.get("ts") or 0 for rs in profiles.values() for r in rs), default=0) or max(
-        (r.get("ts") or 0 for rs in beats.values() for r in rs), default=0
+    end = max((r.get("ts") or 0 for rs in every_profile.values() for r in rs), default=0) or max(
+        (r.get("ts") or 0 for r in records), default=0
     )
+    window, selected = None, records
     if last_s is not None:
         start = end - last_s
-        profiles = {t: [r for r in rs if start <= (r.get("ts") or 0)] for t, rs in profiles.items()}
-        beats = {t: [r for r in rs if start <= (r.get("ts") or 0) <= end] for t, rs in beats.items()}
+        selected = [r for r in records if start <= (r.get("ts") or 0) and (r.get("kind") == "profile" or (r.get("ts") or 0) <= end)]
         window = {"last_s": last_s, "from_ts": round(start, 3), "to_ts": round(end, 3)}
+    profiles = _by_task(r for r in selected if r.get("kind") == "profile")
+    beats = _by_task(r for r in selected if r.get("kind") != "profile")
     plan = json_object(run, run.plan_json)
+    policy = StragglerPolicy.of_plan(plan)  # the thresholds the live monitor judged this run with
     nodes = plan.get("nodes") if isinstance(plan.get("nodes"), list) else []
     nodes = [n for n in nodes if isinstance(n, dict) and isinstance(n.get("task"), dict)]
-    env = nodes[0].get("env") if nodes else None
-    profile_window_s = _float((env if isinstance(env, dict) else {}).get(Env.PROFILE_INTERVAL_S), 10)
     hosts = {f"{n['task'].get('type')}:{n['task'].get('index')}": n.get("host") for n in nodes}
+    figures = Figures()  # the tasks' figures, fed the records the supervisor fed them live, in order
+    for rec in selected:
+        figures.add(rec["task"], rec)
+    whole = figures.final()
     events = event_records(run.events_jsonl)
     stragglers = [
         {"ts": ev.ts, "task": ev.task, "host": ev.host, "wait_ms": ev.wait_ms, "share": ev.share, "cause": ev.cause,
@@ -80,29 +80,19 @@ def build_report(
     last_gpus: dict[str, list[dict[str, Any]]] = {}
     for task in sorted(set(hosts) | set(beats) | set(profiles)):
         bs = beats.get(task, [])
-        progress = [b["progress"] for b in bs if isinstance(b.get("progress"), dict)]
-        steps = max((p.get("steps") or 0 for p in progress), default=None)
-        steps_per_s = None
-        if len(progress) >= 2:
-            first, last = progress[0], progress[-1]
-            dt = (last.get("ts") or 0) - (first.get("ts") or 0)
-            if dt > 0:
-                steps_per_s = ((last.get("steps") or 0) - (first.get("steps") or 0)) / dt
+        fig = whole.get(task, TaskFigures())
         host_samples[task] = [b["host"] for b in bs if isinstance(b.get("host"), dict)]
         last_gpus[task] = next((b["gpus"] for b in reversed(bs) if b.get("gpus")), [])
         w: dict[str, Any] = {
             "host": hosts.get(task),
-            "steps": steps,
-            "steps_per_s": round(steps_per_s, 2) if steps_per_s else None,
-            "step_time_ms": _round(median_or_none([p.get("step_time_s") for p in progress if p.get("step_time_s")]), 1000),
-            "cpu_pct": _round(median_or_none([b.get("cpu_pct") for b in bs if b.get("cpu_pct") is not None])),
+            **fig.to_dict(),  # steps, step time, rates, CPU: the figures `status` shows for a finished run
             "rss_mb_max": max((b.get("rss_mb") or 0 for b in bs), default=None),
             "gpu_util_pct": _round(median_or_none([g.get("util") for b in bs for g in (b.get("gpus") or [])])),
             "gpus": gpu_models.get(task, []),
             "profiles": len(profiles.get(task, [])),
             "cpu_ms": _round(median_or_none([p.get("cpu_ms") for p in profiles.get(task, [])])),
         }
-        w.update(weighted(profiles.get(task, [])) or {})
+        w.update(fig.split or {})
         for key in HOST_KEYS:
             w[key] = _round(median_or_none([h.get(key) for h in host_samples[task]]))
         workers[task] = w
@@ -111,12 +101,12 @@ def build_report(
 
     lo = window["from_ts"] if window else 0.0
     named = [s for s in stragglers if (s.get("ts") or 0) >= lo]
-    analysis = analyse(workers, host_samples, last_gpus, named)
+    analysis = analyse(workers, host_samples, last_gpus, named, policy)
     if stragglers and end:
         # detection needs two slow windows in a row: the event follows the second one, so the
         # windows since ~1.5 windows before the first event are the slow ones
         first = min(x["ts"] or end for x in stragglers)
-        analysis["suggested_last_s"] = math.ceil(end - first + 1.5 * profile_window_s)
+        analysis["suggested_last_s"] = math.ceil(end - first + 1.5 * policy.window_s)
     return {
         "run_dir": str(run.path),
         "job": plan.get("job"),
@@ -130,20 +120,19 @@ def build_report(
     }
 
 
+def _by_task(records: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for rec in records:
+        out.setdefault(rec["task"], []).append(rec)
+    return out
+
+
 def _goodput(events: list[BaseEvent], records: list[dict[str, Any]], run: RunDir, window: Any) -> Any:
     """Goodput always splits the whole run's wall time; with --last it says so."""
     g = goodput(events, records, json_object(run, run.result_json), run.is_finished())
     if g is not None and window is not None:
         g["notes"].append("of the whole run: --last narrows the step-time sections above, not goodput")
     return g
-
-
-def _float(x: Any, default: float) -> float:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return default
-    return v if math.isfinite(v) and v > 0 else default
 
 
 def _round(x: float | None, scale: float = 1.0) -> float | None:
@@ -166,10 +155,11 @@ def analyse(
     host_samples: dict[str, list[dict[str, Any]]] | None = None,
     gpus: dict[str, list[dict[str, Any]]] | None = None,
     named: list[dict[str, Any]] | None = None,
+    policy: StragglerPolicy | None = None,
 ) -> dict[str, Any]:
     """The job's split, efficiency and advice in plain words: a straggler named from the step clock or
     its host's evidence (now, or by the launcher during the window: ``named``) comes before any
-    "communication-bound" verdict."""
+    "communication-bound" verdict. ``policy``: the run's thresholds (plan.json), the live monitor's."""
     host_samples, gpus = host_samples or {}, gpus or {}
     split = job_split(workers)
     host = host_suspect({t: s for t, s in host_samples.items() if s})
@@ -190,7 +180,7 @@ def analyse(
         return {"efficiency": None, "split": None, "advice": [why]}
     step = split["step_ms"]
     prof = {t: dict(w) for t, w in workers.items() if w.get("pre_collective_ms") is not None and w.get("step_ms")}
-    finding = find_straggler(prof, ratio=1.5, min_ms=5.0, min_share=0.1)
+    finding = find_straggler(prof, policy or StragglerPolicy())
     finding = explain(finding, host_samples, gpus, prof)
     advice = []
     if finding is not None:
@@ -238,7 +228,7 @@ def report_text(rep: dict[str, Any]) -> str:
                 t,
                 str(w.get("host") or ""),
                 _s(w.get("steps")),
-                _s(w.get("step_ms") or w.get("step_time_ms")),
+                _s(w.get("step_ms") or _ms(w.get("step_time_s"))),
                 _s(w.get("steps_per_s")),
                 _s(w.get("input_ms")),
                 _s(w.get("compute_ms")),
@@ -280,6 +270,10 @@ def report_text(rep: dict[str, Any]) -> str:
     if rep.get("goodput"):
         lines += ["", *goodput_lines(rep["goodput"])]
     return "\n".join(lines)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
 
 
 def _s(v: Any, fmt: str = ".1f") -> str:

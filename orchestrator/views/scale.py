@@ -2,9 +2,10 @@
 tied to the measurement that triggers it. Pure, from each size's run directory.
 
 Throughput is measured, not estimated: the workers' own step and example counters (the step clock
-counts every MWMS step; examples come from the batch's static shape) over each size's steady state
-(the first window, with tracing and warm-up, is left out). Under MWMS every worker counts the global
-batch, so the job's rate is one worker's rate (the median), never the sum.
+counts every MWMS step; examples come from the batch's static shape) over each size's common training
+window (``supervise.figures``, as ``report`` computes it), its first step-clock window or 20% (tracing,
+warm-up) left out. Under MWMS every worker counts the global batch, so the job's rate is one worker's
+rate (the median), never the sum.
 """
 
 from __future__ import annotations
@@ -13,36 +14,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from worker_entry.protocol.env import Env
-
 from ..core.text import table
+from ..plan.policy import StragglerPolicy
 from ..runs import RunDir
+from ..supervise.figures import Figures, job_rate
 from .records import heartbeat_records, json_object
-from .report import build_report, median_or_none
+from .report import build_report
 
 #: Below this efficiency a size is "not scaling" and its bottleneck gets advice.
 GOOD_EFFICIENCY = 0.85
-WARMUP_SHARE = 0.2  # of each size's training time, left out of the rate (tracing, first steps)
-
-
-def steady_rate(points: Sequence[tuple[float, int, int | None]], warmup_s: float) -> tuple[float | None, float | None]:
-    """(steps/s, examples/s) of one worker from its (ts, steps, examples) progress points, after the
-    warm-up: from the first training step + max(``warmup_s``, 20% of the training time) to the last."""
-    pts = sorted(p for p in points if p[1] > 0)
-    if len(pts) < 2:
-        return None, None
-    t_first, t_last = pts[0][0], pts[-1][0]
-    cut = t_first + max(warmup_s, WARMUP_SHARE * (t_last - t_first))
-    steady = [p for p in pts if p[0] >= cut]
-    if len(steady) < 2 or steady[-1][0] - steady[0][0] <= 0:
-        steady = pts
-    a, b = steady[0], steady[-1]
-    dt = b[0] - a[0]
-    if dt <= 0 or b[1] <= a[1]:
-        return None, None
-    steps = (b[1] - a[1]) / dt
-    examples = (b[2] - a[2]) / dt if a[2] is not None and b[2] is not None and b[2] > a[2] else None
-    return steps, examples
 
 
 def measure_size(run_dir: str | Path, workers: int) -> dict[str, Any]:
@@ -50,21 +30,15 @@ def measure_size(run_dir: str | Path, workers: int) -> dict[str, Any]:
     run = RunDir(Path(run_dir))
     records = heartbeat_records(run.heartbeats_jsonl)  # checked: numbers are numbers
     rep = build_report(run, records=records)
-    nodes = json_object(run, run.plan_json).get("nodes")
-    env = nodes[0].get("env") if isinstance(nodes, list) and nodes and isinstance(nodes[0], dict) else None
-    window = float((env if isinstance(env, dict) else {}).get(Env.PROFILE_INTERVAL_S) or 5)
-    series: dict[str, list[tuple[float, int, int | None]]] = {}
+    window = StragglerPolicy.of_plan(json_object(run, run.plan_json)).window_s
+    figures = Figures()
     gpu_mem_pct = None
     for rec in records:
         gpu_mem_pct = _max_opt(gpu_mem_pct, _gpu_mem_pct(rec.get("gpus")))
-        prog = rec.get("progress")
-        if rec.get("kind") == "profile" or not prog or prog.get("steps") is None or prog.get("ts") is None:
-            continue
-        ex = prog.get("examples")
-        series.setdefault(rec["task"], []).append((float(prog["ts"]), int(prog["steps"]), None if ex is None else int(ex)))
-    rates = [steady_rate(pts, window) for pts in series.values()]
-    steps_per_s = median_or_none([r[0] for r in rates])
-    examples_per_s = median_or_none([r[1] for r in rates])
+        if isinstance(rec.get("task"), str):
+            figures.add(rec["task"], rec)
+    # the report's rates, less each attempt's first window or 20% (tracing, first steps): steady state
+    steps_per_s, examples_per_s = job_rate(figures.final(warmup_s=window))
     global_batch = round(examples_per_s / steps_per_s) if examples_per_s and steps_per_s else None
     split = rep.get("split") or None
     named = rep.get("stragglers") or []

@@ -15,30 +15,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-PARTS = ("input_ms", "compute_ms", "collective_ms", "update_ms", "host_ms", "other_ms")
+from ..supervise.figures import PARTS, Split
+
+__all__ = ["PARTS", "job_split", "scores", "split_lines", "split_workers", "weighted"]
 
 
 def weighted(records: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
-    """Step-weighted means of the split over a worker's windows (records without a split — an older
-    or profiler-sourced record — count with ``other`` = step - the parts they have)."""
-    total = 0.0
-    sums = dict.fromkeys(("step_ms", *PARTS), 0.0)
+    """Step-weighted means of the split over a worker's windows (``figures.Split``, the one owner of
+    a task's split: the supervisor and ``report`` add windows to it the same way)."""
+    acc = Split()
     for r in records:
-        n, step = r.get("steps") or 0, r.get("step_ms")
-        if not n or step is None or r.get("collective_ms") is None:
-            continue
-        parts = {k: float(r.get(k) or 0.0) for k in PARTS}
-        known = sum(v for k, v in parts.items() if k != "other_ms")
-        parts["other_ms"] = max(0.0, float(step) - known) if r.get("update_ms") is None else parts["other_ms"]
-        total += n
-        sums["step_ms"] += n * float(step)
-        for k in PARTS:
-            sums[k] += n * parts[k]
-    if total <= 0:
-        return None
-    out = {k: round(v / total, 3) for k, v in sums.items()}
-    out["pre_collective_ms"] = round(out["step_ms"] - out["collective_ms"], 3)
-    return out
+        acc.add(r)
+    return acc.means()
 
 
 def split_workers(workers: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, Mapping[str, Any]], float]:
@@ -55,7 +43,7 @@ def job_split(workers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None
     if not have:
         return None
     by_local = sorted(have, key=lambda t: have[t]["pre_collective_ms"])
-    ref = by_local[(len(by_local) - 1) // 2]
+    ref = by_local[(len(by_local) - 1) // 2]  # the median worker: a worker (its split adds up), not a mean of two
     w = have[ref]
     split = {
         "worker": ref,

@@ -30,7 +30,6 @@ class Env:
     PROGRESS_FD = "TFCLUSTER_PROGRESS_FD"
     DEBUG = "TFCLUSTER_DEBUG"  # launcher: show tracebacks of internal errors (like --debug)
     CONNECT = "TFCLUSTER_CONNECT"  # connect-back: the supervisor's HOST:PORT
-    SECRET = "TFCLUSTER_SECRET"  # connect-back: the run's secret (hex); removed before the command starts
     RANK = "TFCLUSTER_RANK"  # connect-back: which task this node is (0-based, in plan order)
     SLURM_NODE_ADDRS = "TFCLUSTER_SLURM_NODE_ADDRS"  # slurm: NAME=ADDR,... of the allocation's nodes (NodeAddr)
     SECRET_ARG = "TFCLUSTER_SECRET_ARG"  # Kubernetes: _<i>: a credential word of the command, from the job's Secret

@@ -12,9 +12,11 @@ from typing import Any, ClassVar, Literal
 
 from .frames import ProtocolError
 from .samples import GpuSample, HostSample
-from .schema import LONG, STR, Record, spec
+from .schema import COUNT_MAX, ID_MAX, LONG, MB_MAX, MS_MAX, S_MAX, STR, TS_MAX, Record, spec
 
 VERSION = 2
+#: A file's mtime in ns: any 64-bit value (before 1970 is negative).
+MTIME_NS = spec(lo=-(1 << 63), hi=(1 << 63) - 1)
 
 
 @dataclass
@@ -32,7 +34,7 @@ class NodeConfig(Record):
 
     argv: list[str] = field(metadata=spec(max_len=4096))
     remote_dir: str
-    protocol: int = VERSION
+    protocol: int = field(default=VERSION, metadata=spec(lo=0, hi=1000))
     job: str = "job"
     task: TaskRef = field(default_factory=lambda: TaskRef("worker", 0))
     attempt: int = field(default=0, metadata=spec(lo=0, hi=1000))
@@ -77,13 +79,13 @@ class NodeProblem(Record):
 class GpuInfo(Record):
     index: int = field(metadata=spec(lo=0, hi=1024))
     name: str = ""
-    memory_mb: int = field(default=0, metadata=spec(lo=0))
+    memory_mb: int = field(default=0, metadata=spec(lo=0, hi=MB_MAX))
 
 
 @dataclass
 class DiskInfo(Record):
     path: str
-    free_bytes: int = field(metadata=spec(lo=0))
+    free_bytes: int = field(metadata=spec(lo=0, hi=COUNT_MAX))
 
 
 @dataclass
@@ -96,11 +98,11 @@ class NodeFacts(Record):
     platform: str = ""
     packages: dict[str, str | None] = field(default_factory=dict)
     gpus: list[GpuInfo] = field(default_factory=list)
-    cpus: int | None = field(default=None, metadata=spec(lo=0))
-    mem_total_mb: int | None = field(default=None, metadata=spec(lo=0))
-    load1: float = field(default=0.0, metadata=spec(lo=0))
+    cpus: int | None = field(default=None, metadata=spec(lo=0, hi=ID_MAX))
+    mem_total_mb: int | None = field(default=None, metadata=spec(lo=0, hi=MB_MAX))
+    load1: float = field(default=0.0, metadata=spec(lo=0, hi=S_MAX))
     disk: DiskInfo | None = None
-    time: float = field(default=0.0, metadata=spec(lo=0))
+    time: float = field(default=0.0, metadata=spec(lo=0, hi=TS_MAX))
     problems: list[NodeProblem] = field(default_factory=list)
     warnings: list[NodeProblem] = field(default_factory=list)
 
@@ -108,7 +110,7 @@ class NodeFacts(Record):
 @dataclass
 class Hello(Message):
     TYPE: ClassVar[str] = "hello"
-    pid: int = field(metadata=spec(lo=1))
+    pid: int = field(metadata=spec(lo=1, hi=ID_MAX))
     remote_dir: str
     facts: NodeFacts = field(default_factory=NodeFacts)
     task: TaskRef | None = None  # who the node thinks it is (checked against the channel's task)
@@ -118,26 +120,26 @@ class Hello(Message):
 class Progress(Record):
     """The training process's cumulative counters (its last progress record)."""
 
-    steps: int = field(metadata=spec(lo=0))
-    epoch: int = field(default=0, metadata=spec(lo=0))
-    examples: int | None = field(default=None, metadata=spec(lo=0))
-    step_time_s: float | None = field(default=None, metadata=spec(lo=0))
+    steps: int = field(metadata=spec(lo=0, hi=COUNT_MAX))
+    epoch: int = field(default=0, metadata=spec(lo=0, hi=COUNT_MAX))
+    examples: int | None = field(default=None, metadata=spec(lo=0, hi=COUNT_MAX))
+    step_time_s: float | None = field(default=None, metadata=spec(lo=0, hi=S_MAX))
     phase: str = field(default="train", metadata=spec(max_len=32))
-    ts: float = field(default=0.0, metadata=spec(lo=0))
+    ts: float = field(default=0.0, metadata=spec(lo=0, hi=TS_MAX))
 
 
 @dataclass
 class Heartbeat(Message):
     TYPE: ClassVar[str] = "heartbeat"
-    seq: int = field(metadata=spec(lo=0))
-    ts: float = field(default=0.0, metadata=spec(lo=0))
+    seq: int = field(metadata=spec(lo=0, hi=COUNT_MAX))
+    ts: float = field(default=0.0, metadata=spec(lo=0, hi=TS_MAX))
     state: str | None = field(default=None, metadata=spec(max_len=32))  # the training process; "waiting" before go
-    cpu_pct: float | None = field(default=None, metadata=spec(lo=0))
-    cpu_s: float | None = field(default=None, metadata=spec(lo=0))
-    rss_mb: float | None = field(default=None, metadata=spec(lo=0))
-    threads: int | None = field(default=None, metadata=spec(lo=0))
-    nproc: int | None = field(default=None, metadata=spec(lo=0))
-    load1: float | None = field(default=None, metadata=spec(lo=0))
+    cpu_pct: float | None = field(default=None, metadata=spec(lo=0, hi=1e7))  # 100 000 cores busy
+    cpu_s: float | None = field(default=None, metadata=spec(lo=0, hi=MS_MAX))
+    rss_mb: float | None = field(default=None, metadata=spec(lo=0, hi=MB_MAX))
+    threads: int | None = field(default=None, metadata=spec(lo=0, hi=ID_MAX))
+    nproc: int | None = field(default=None, metadata=spec(lo=0, hi=ID_MAX))
+    load1: float | None = field(default=None, metadata=spec(lo=0, hi=S_MAX))
     gpus: list[GpuSample] | None = None
     progress: Progress | None = None
     host: HostSample | None = None
@@ -146,7 +148,7 @@ class Heartbeat(Message):
 @dataclass
 class Spawned(Message):
     TYPE: ClassVar[str] = "spawned"
-    pid: int = field(metadata=spec(lo=1))
+    pid: int = field(metadata=spec(lo=1, hi=ID_MAX))
 
 
 @dataclass
@@ -159,7 +161,7 @@ class Started(Message):
 class StrategyInfo(Message):
     TYPE: ClassVar[str] = "strategy"
     communication: str = field(default="", metadata=spec(max_len=32))
-    timeout_s: float | None = field(default=None, metadata=spec(lo=0))
+    timeout_s: float | None = field(default=None, metadata=spec(lo=0, hi=S_MAX))
 
 
 @dataclass
@@ -168,19 +170,19 @@ class Profile(Message):
     ``collective`` + ``update`` + ``host`` + ``other`` = ``step``); see docs/instrumentation.md."""
 
     TYPE: ClassVar[str] = "profile"
-    steps: int = field(metadata=spec(lo=0))
-    ts: float = field(default=0.0, metadata=spec(lo=0))
+    steps: int = field(metadata=spec(lo=0, hi=COUNT_MAX))
+    ts: float = field(default=0.0, metadata=spec(lo=0, hi=TS_MAX))
     source: str = field(default="stepclock", metadata=spec(max_len=32))
-    step_ms: float | None = field(default=None, metadata=spec(lo=0))
-    pre_collective_ms: float | None = field(default=None, metadata=spec(lo=0))
-    input_ms: float | None = field(default=None, metadata=spec(lo=0))
-    compute_ms: float | None = field(default=None, metadata=spec(lo=0))
-    collective_ms: float | None = field(default=None, metadata=spec(lo=0))
-    cpu_ms: float | None = field(default=None, metadata=spec(lo=0))
-    update_ms: float | None = field(default=None, metadata=spec(lo=0))
-    host_ms: float | None = field(default=None, metadata=spec(lo=0))
-    other_ms: float | None = field(default=None, metadata=spec(lo=0))
-    step_p50_ms: float | None = field(default=None, metadata=spec(lo=0))
+    step_ms: float | None = field(default=None, metadata=spec(lo=0, hi=MS_MAX))
+    pre_collective_ms: float | None = field(default=None, metadata=spec(lo=0, hi=MS_MAX))
+    input_ms: float | None = field(default=None, metadata=spec(lo=0, hi=MS_MAX))
+    compute_ms: float | None = field(default=None, metadata=spec(lo=0, hi=MS_MAX))
+    collective_ms: float | None = field(default=None, metadata=spec(lo=0, hi=MS_MAX))
+    cpu_ms: float | None = field(default=None, metadata=spec(lo=0, hi=MS_MAX))
+    update_ms: float | None = field(default=None, metadata=spec(lo=0, hi=MS_MAX))
+    host_ms: float | None = field(default=None, metadata=spec(lo=0, hi=MS_MAX))
+    other_ms: float | None = field(default=None, metadata=spec(lo=0, hi=MS_MAX))
+    step_p50_ms: float | None = field(default=None, metadata=spec(lo=0, hi=MS_MAX))
     stamps: str | None = field(default=None, metadata=spec(max_len=16))  # GPU sync mode of the stamps
 
 
@@ -202,7 +204,7 @@ class Exited(Message):
     reason: str | None = field(default=None, metadata=spec(max_len=LONG))
     error: str | None = field(default=None, metadata=spec(max_len=LONG))
     not_started: bool = False
-    ended: float | None = field(default=None, metadata=spec(lo=0))
+    ended: float | None = field(default=None, metadata=spec(lo=0, hi=TS_MAX))
 
 
 # ----------------------------------------------------------------------------- launcher → node
@@ -233,9 +235,9 @@ class Stop(Message):
 class FileStart(Message):
     TYPE: ClassVar[str] = "file"
     path: str = field(metadata=spec(max_len=STR))
-    size: int | None = field(default=None, metadata=spec(lo=0))
-    offset: int = field(default=0, metadata=spec(lo=0))
-    mtime_ns: int | None = None
+    size: int | None = field(default=None, metadata=spec(lo=0, hi=COUNT_MAX))
+    offset: int = field(default=0, metadata=spec(lo=0, hi=COUNT_MAX))
+    mtime_ns: int | None = field(default=None, metadata=MTIME_NS)
 
 
 @dataclass
@@ -243,7 +245,7 @@ class FileEnd(Message):
     TYPE: ClassVar[str] = "end"
     path: str = field(metadata=spec(max_len=STR))
     sha256: str = field(metadata=spec(max_len=64))
-    size: int | None = field(default=None, metadata=spec(lo=0))
+    size: int | None = field(default=None, metadata=spec(lo=0, hi=COUNT_MAX))
 
 
 @dataclass
@@ -261,8 +263,8 @@ class Done(Message):
 @dataclass
 class FileEntry(Record):
     path: str = field(metadata=spec(max_len=STR))
-    size: int = field(metadata=spec(lo=0))
-    mtime_ns: int | None = None
+    size: int = field(metadata=spec(lo=0, hi=COUNT_MAX))
+    mtime_ns: int | None = field(default=None, metadata=MTIME_NS)
 
 
 @dataclass
@@ -305,7 +307,7 @@ class TaskFiles(Message):
 
     TYPE: ClassVar[str] = "task_files"
     task_dir: Manifest
-    log_bytes: int | None = field(default=None, metadata=spec(lo=0))
+    log_bytes: int | None = field(default=None, metadata=spec(lo=0, hi=COUNT_MAX))
     checkpoint: Manifest | None = None
     checkpoint_listed: bool = True
     cleaned: list[str] = field(default_factory=list, metadata=spec(max_len=4096))
@@ -314,7 +316,7 @@ class TaskFiles(Message):
 @dataclass
 class FileRequest(Record):
     path: str = field(metadata=spec(max_len=STR))
-    offset: int = field(default=0, metadata=spec(lo=0))
+    offset: int = field(default=0, metadata=spec(lo=0, hi=COUNT_MAX))
 
 
 @dataclass
@@ -365,6 +367,8 @@ def parse(payload: bytes, table: dict[str, type[Message]], what: str = "message"
         return cls.from_dict(obj)
     except ProtocolError as exc:
         raise ProtocolError(f"{cls.TYPE}.{exc}", f"{cls.TYPE}.{exc.field}") from None
+    except (ArithmeticError, TypeError, ValueError, RecursionError) as exc:  # never more than a ProtocolError
+        raise ProtocolError(f"{cls.TYPE}: invalid message ({type(exc).__name__})", cls.TYPE) from None
 
 
 def parse_message(payload: bytes) -> Message:

@@ -4,13 +4,14 @@
 ``X | None``, ``Literal``, ``list[X]``, ``dict[str, X]``, nested records) and its ``spec()`` range or
 length, with validators compiled once per field (≈20 µs per heartbeat). Unknown keys are ignored (a
 newer peer may send more); a missing, mistyped, out-of-range or oversized one raises one
-``ProtocolError`` naming the field.
+``ProtocolError`` naming the field — whatever the value: every numeric field of the protocol names its
+range (a 401-digit integer is out of range, not an ``OverflowError``), and anything else a check raises
+becomes a ``ProtocolError`` too.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import typing
 from typing import Any, Literal, Union
@@ -26,6 +27,19 @@ def spec(*, lo: float | None = None, hi: float | None = None, max_len: int | Non
 STR = 4096  # default longest string field
 LONG = 64 << 10  # long texts (reasons, errors)
 _NONE = type(None)
+
+# Ranges the protocol's numeric fields take (every one names its range: a peer's absurd number is a
+# ProtocolError naming the field, never an OverflowError deep in the launcher's arithmetic).
+COUNT_MAX = 1 << 53  # counters, steps, bytes: exact in a double, far beyond anything real (8 PiB)
+TS_MAX = 1e11  # a Unix time (year 5138)
+MS_MAX = 1e12  # a duration in milliseconds (31 years)
+S_MAX = 1e9  # a duration in seconds
+MB_MAX = 1 << 40  # memory in MiB (1 EiB)
+ID_MAX = (1 << 31) - 1  # pids, thread and process counts
+#: Unbounded declarations still get these (a record outside the protocol, e.g. an event read back).
+_INT_LIMIT = (1 << 63) - 1
+_FLOAT_LIMIT = 1e300
+_INF = float("inf")
 
 
 def _fail(path: str, expected: str, value: Any) -> ProtocolError:
@@ -132,18 +146,19 @@ def _compile(tp: Any, meta: dict[str, Any]) -> Check:
     lo, hi = meta.get("lo"), meta.get("hi")
     span = f"a value in [{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
     is_int = tp is int
+    limit = _INT_LIMIT if is_int else _FLOAT_LIMIT
+    low = -limit if lo is None else lo
+    high = limit if hi is None else hi
 
     def number(v: Any, path: str, depth: int) -> Any:
-        if is_int:
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise _fail(path, "an integer", v)
-        else:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise _fail(path, "a number", v)
-            v = float(v)
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise _fail(path, span, v)
-        return v
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (is_int and not isinstance(v, int)):
+            raise _fail(path, "an integer" if is_int else "a number", v)
+        if isinstance(v, float) and (v != v or v in (_INF, -_INF)):
+            raise _fail(path, "a number", v)
+        # Compared before any conversion: float() of a 401-digit int raises OverflowError.
+        if not (low <= v <= high):
+            raise _fail(path, span if lo is not None or hi is not None else f"a finite {_name(tp)} of at most {limit:g}", v)
+        return v if is_int else float(v)
 
     return number
 
@@ -190,7 +205,12 @@ class Record:
                 if required:
                     raise ProtocolError(f"{where}: required field is missing", where)
                 continue
-            kwargs[name] = check(data[name], where, depth)
+            try:
+                kwargs[name] = check(data[name], where, depth)
+            except ProtocolError:
+                raise
+            except (ArithmeticError, TypeError, ValueError, RecursionError) as exc:  # whatever a peer sends
+                raise ProtocolError(f"{where}: invalid value ({type(exc).__name__})", where) from None
         return cls(**kwargs)
 
     def to_dict(self) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from ...plan.build import (
     tf_config_of,
 )
 from ...plan.model import WORKER_ENTRY_MODULE, NodePlan, Plan, TaskId
+from ...plan.policy import StragglerPolicy
 from ...spec import ClusterSpec
 
 #: The per-pod emptyDir where worker_entry keeps each task's log and exit status.
@@ -124,6 +125,7 @@ def kubernetes_plan(spec: ClusterSpec, *, run_id: str) -> Plan:
         nodes=tuple(nodes),
         warnings=tuple(plan_warnings(spec, gpus) + kubernetes_warnings(spec, checkpoint_dir, backup_dir)),
         scheduler="kubernetes",
+        policy=StragglerPolicy.from_spec(spec),
     )
 
 

@@ -21,6 +21,8 @@ from ...core.result import AttemptResult, Failure, RunResult
 from ...core.states import JobState, interrupted_state
 from ...runs import RunDir, write_json_atomic
 from ...sinks.record import record_result
+from ...supervise.figures import Figures
+from ...supervise.status import final_tasks
 from ...views.handle import RunHandle, stopped_text
 from . import commands as sc
 from .commands import JobInfo, SlurmError
@@ -117,7 +119,10 @@ def finalize(run: RunDir, info: JobInfo | None = None) -> dict[str, Any] | None:
     data = record_result(run, result)
     remove_private_spec(run)  # the run is over: its credentials go
     status = run.read_json(run.status_json) or {}
-    status.update(state=new.value, finished=True, updated=now)
+    live = status.get("tasks") if isinstance(status.get("tasks"), dict) else {}
+    ended = data.get("tasks") or {t: {} for t in live}  # the outcome where known; what was seen, else
+    tasks = final_tasks(live, ended, Figures.replay(run.heartbeats_jsonl))
+    status.update(state=new.value, finished=True, updated=now, tasks=tasks)
     write_json_atomic(run.status_json, status, durable=False)
     return data
 

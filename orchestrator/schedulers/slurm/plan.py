@@ -29,6 +29,7 @@ from ...plan.build import (
     tf_config_of,
 )
 from ...plan.model import WORKER_ENTRY_MODULE, NodePlan, Plan
+from ...plan.policy import StragglerPolicy
 from ...runs.rundir import SLURM_DIR
 from ...spec import ClusterSpec
 
@@ -102,6 +103,7 @@ def slurm_plan(spec: ClusterSpec, *, run_id: str, node_names: Sequence[str] | No
         nodes=tuple(nodes),
         warnings=tuple(warnings),
         scheduler="slurm",
+        policy=StragglerPolicy.from_spec(spec),
         slurm=details,
     )
 
@@ -175,6 +177,7 @@ def srun_argv(spec: ClusterSpec, entry: Sequence[str], *, attempt: int) -> list[
         "--distribution=block",
         "--kill-on-bad-exit=1",
         "--export=ALL",
+        "--input=all",  # srun's stdin (the connect-back secret) reaches every task
     ]
     if s.gpus_per_node:
         argv.append(f"--gpus-per-node={s.gpus_per_node}")

@@ -2,7 +2,7 @@
 
 ``srun`` starts ``python -m worker_entry slurm`` on every task; each builds its TF_CONFIG from Slurm's
 variables and dials this supervisor (``backends.tcp``) with its rank and the per-run secret, which
-travels only in srun's environment. Teardown has three layers: Slurm's ``--kill-on-bad-exit`` (a task
+travels only on srun's stdin (forwarded to every task), never in an environment. Teardown has three layers: Slurm's ``--kill-on-bad-exit`` (a task
 that exits non-zero takes the step down), tfcluster's own stop over the channels (the normal path,
 driven by the supervisor), and at ``close`` — if srun is still there after the supervisor is done —
 ``scancel --signal=KILL`` of the step, then of srun itself.
@@ -101,6 +101,7 @@ class SlurmStepBackend(ConnectBackBackend):
         return super().start_all(starts, deliver)
 
     def launch(self, starts: Sequence[tuple[NodePlan, NodeConfig]]) -> None:
+        self._end_step()  # a restart: the previous attempt's step may still be winding down
         if self.srun is not None and self.srun.poll() is None:
             raise OSError("the previous attempt's srun step is still running")
         attempt = starts[0][1].attempt
@@ -117,17 +118,31 @@ class SlurmStepBackend(ConnectBackBackend):
         try:
             # Its own session: Ctrl-C on the terminal is the supervisor's to handle (a second one within a
             # second would make srun kill the step without our teardown).
-            self.srun = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
+            self.srun = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=fd, stderr=fd,
                                          start_new_session=True)  # fmt: skip
         finally:
             os.close(fd)
+        self._give_secret(self.srun)
         self._watch = threading.Thread(target=self._watch_srun, args=(self.srun,), name="srun-watch", daemon=True)
         self._watch.start()
+
+    def _give_secret(self, proc: subprocess.Popen) -> None:
+        """The run's secret on srun's stdin, which srun forwards to every task (``--input=all``): never in
+        an environment, where /proc/PID/environ of srun, slurmstepd and the tasks would show it."""
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(self.secret_input())
+            proc.stdin.close()
+        except OSError:  # srun is already gone: _watch_srun says why
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
 
     def _watch_srun(self, proc: subprocess.Popen) -> None:
         """srun ended: every task that never connected will not (the step is gone) — say why."""
         rc = proc.wait()
         time.sleep(0.5)  # a connection accepted just before srun's exit is being delivered
+        if self.srun is not proc:  # a restart's step runs now: its tasks are not this step's to judge
+            return
         connected = self.server.connected_ranks()
         missing = [str(n.task) for rank, (n, _) in enumerate(self._starts) if rank not in connected]
         if not missing:
@@ -148,6 +163,11 @@ class SlurmStepBackend(ConnectBackBackend):
 
     def close(self) -> None:
         """Last teardown layer: srun still there after the supervisor is done → scancel the step."""
+        self._end_step()
+        super().close()
+
+    def _end_step(self) -> None:
+        """The current step's srun ends by itself once its tasks have; if it does not, scancel it."""
         proc = self.srun
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -166,4 +186,3 @@ class SlurmStepBackend(ConnectBackBackend):
                 proc.kill()
                 proc.wait()
                 self.notes.append("srun did not exit after scancel: killed")
-        super().close()

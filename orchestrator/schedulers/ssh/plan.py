@@ -15,6 +15,7 @@ from ...plan.build import (
     tf_config_of,
 )
 from ...plan.model import WORKER_ENTRY_MODULE, bracket
+from ...plan.policy import StragglerPolicy
 from ...spec import ClusterSpec
 from .targets import SshLookup, ssh_target
 
@@ -68,4 +69,5 @@ def ssh_plan(spec: ClusterSpec, *, run_id: str, local_user: str, ssh_lookup: Ssh
         nodes=tuple(nodes),
         warnings=tuple(warnings),
         scheduler=spec.scheduler,
+        policy=StragglerPolicy.from_spec(spec),
     )

@@ -1,0 +1,307 @@
+"""Each task's training figures — steps, step time, steps/s, examples/s, CPU, the step split — owned here.
+
+A pure accumulator, fed the records of heartbeats.jsonl (heartbeats with their ``progress``, and
+step-clock ``profile`` windows) in the order they arrived: the supervisor feeds it live, record by
+record, and ``report`` feeds it the file. Same records, same order, same arithmetic: a finished run's
+``status`` and its ``report`` show the same figures to the digit.
+
+Rules, and why:
+
+- **step time**: the step clock's, when there are ``profile`` windows — the step-weighted mean of
+  the windows (``Split``), trimmed of odd steps by the step clock and unaffected by when records
+  happen to be sent; else the median of the progress records' ``step_time_s``. (status used to show
+  the last progress record's, a fraction of a second at the very end of training.)
+- **steps/s, examples/s of a finished run**: over the job's **common training window**, per attempt:
+  from the moment every task had reported a training step to the moment the first one stopped
+  reporting; each task's cumulative counters interpolated at both ends. A synchronous job's workers
+  step together, so they get the same rate; a per-task window from whichever record came first gave
+  each worker its own mix of startup and training (8.0 vs 7.5 steps/s for one job). The attempts'
+  windows add up (steps and seconds).
+- **steps**: training steps made, over every attempt (each attempt's processes count from 0);
+- **CPU**: the mean of the heartbeats' samples (periodic, so its CPU over the run);
+- **live** (``live()``): the counters as they are now, the step time of the last progress record,
+  rates over the last ≥ ``RATE_WINDOW_S``: what a running job is doing now.
+
+Only ``train``-phase progress counts (evaluation has its own counters). Records carry the attempt
+they belong to; an older file without it starts a new attempt where a task's heartbeat ``seq``
+starts again. Memory stays bounded: a long attempt keeps every other progress point once it holds
+``MAX_POINTS`` (the same records thin the same way, live or from the file).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..runs import read_jsonl
+
+RATE_WINDOW_S = 1.0  # live rates, and a finished attempt's common window, over at least this long
+MAX_POINTS = 2048  # progress points kept per task and attempt before thinning
+WARMUP_SHARE = 0.2  # with a warm-up cut (``final(warmup_s=...)``): at least this share of the window
+PARTS = ("input_ms", "compute_ms", "collective_ms", "update_ms", "host_ms", "other_ms")
+
+
+def _num(x: Any) -> float | None:
+    """A finite non-negative number, else None (a damaged file's records must not raise)."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0:
+        return float(x)
+    return None
+
+
+def _count(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) and x >= 0 else None
+
+
+class Split:
+    """Step-weighted means of a task's step-clock windows: the parts of its step (they add up to it).
+    A window without the step clock's parts (older, or the TF profiler's) counts with ``other`` = its
+    step minus the parts it has."""
+
+    def __init__(self) -> None:
+        self.steps = 0.0
+        self.sums = dict.fromkeys(("step_ms", *PARTS), 0.0)
+
+    def add(self, rec: Mapping[str, Any]) -> None:
+        n, step = _num(rec.get("steps")) or 0, _num(rec.get("step_ms"))
+        if not n or step is None or _num(rec.get("collective_ms")) is None:
+            return
+        parts = {k: _num(rec.get(k)) or 0.0 for k in PARTS}
+        known = sum(v for k, v in parts.items() if k != "other_ms")
+        if _num(rec.get("update_ms")) is None:
+            parts["other_ms"] = max(0.0, step - known)
+        self.steps += n
+        self.sums["step_ms"] += n * step
+        for k in PARTS:
+            self.sums[k] += n * parts[k]
+
+    def means(self) -> dict[str, float] | None:
+        if self.steps <= 0:
+            return None
+        out = {k: round(v / self.steps, 3) for k, v in self.sums.items()}
+        out["pre_collective_ms"] = round(out["step_ms"] - out["collective_ms"], 3)
+        return out
+
+
+@dataclass(frozen=True)
+class Point:
+    """One progress record: cumulative training counters at ``ts`` (the node's clock)."""
+
+    ts: float
+    steps: int
+    examples: int | None
+    step_time_s: float | None
+
+
+@dataclass
+class _Span:
+    """One task's training points in one attempt (thinned past MAX_POINTS; first and last kept)."""
+
+    points: list[Point] = field(default_factory=list)
+
+    def add(self, pt: Point) -> None:
+        last = self.points[-1] if self.points else None
+        if last is not None and (pt.ts <= last.ts or pt.steps < last.steps):
+            return  # the same record again (every heartbeat carries the last one), or out of order
+        self.points.append(pt)
+        if len(self.points) > MAX_POINTS:
+            self.points = [*self.points[:-1:2], self.points[-1]]
+
+    def at(self, ts: float) -> tuple[float, float | None]:
+        """(steps, examples) at ``ts``, interpolated between the points around it."""
+        pts = self.points
+        i = bisect.bisect_left([p.ts for p in pts], ts)
+        if i >= len(pts):
+            a = b = pts[-1]
+        elif pts[i].ts == ts or i == 0:
+            a = b = pts[i]
+        else:
+            a, b = pts[i - 1], pts[i]
+        f = 0.0 if b.ts == a.ts else (ts - a.ts) / (b.ts - a.ts)
+        steps = a.steps + f * (b.steps - a.steps)
+        ex = None if a.examples is None or b.examples is None else a.examples + f * (b.examples - a.examples)
+        return steps, ex
+
+
+@dataclass(frozen=True)
+class TaskFigures:
+    """A task's figures, as ``status`` and ``report`` show them (``split``: report's parts)."""
+
+    steps: int | None = None
+    epoch: int | None = None
+    step_time_s: float | None = None
+    steps_per_s: float | None = None
+    examples_per_s: float | None = None
+    cpu_pct: float | None = None
+    split: dict[str, float] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The figures ``status`` and ``report`` both show, under the same names."""
+        return {
+            "steps": self.steps,
+            "step_time_s": self.step_time_s,
+            "steps_per_s": self.steps_per_s,
+            "examples_per_s": self.examples_per_s,
+            "cpu_pct": self.cpu_pct,
+        }
+
+
+#: The keys of ``TaskFigures.to_dict()``: the per-task figures status and report share.
+FIGURE_KEYS = tuple(TaskFigures().to_dict())
+
+
+class _Task:
+    def __init__(self) -> None:
+        self.spans: dict[int, _Span] = {}
+        self.split = Split()
+        self.cpu_sum = 0.0
+        self.cpu_n = 0
+        self.cpu_last: float | None = None
+        self.epoch: int | None = None
+        self.attempt = 0
+        self.seq: int | None = None
+        self.base: Point | None = None  # live rates: the point the current rate started from
+        self.rates: tuple[float | None, float | None] = (None, None)
+
+    def current(self) -> Point | None:
+        span = self.spans.get(self.attempt)
+        return span.points[-1] if span and span.points else None
+
+
+class Figures:
+    """The accumulator: ``add`` records as they come, ``live`` while the job runs, ``final`` after it."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, _Task] = {}
+
+    @classmethod
+    def replay(cls, path: Path) -> Figures:
+        """The figures of a run directory's heartbeats.jsonl so far (a continued run goes on from here)."""
+        figs = cls()
+        for rec in read_jsonl(path):
+            if isinstance(rec.get("task"), str):
+                figs.add(rec["task"], rec)
+        return figs
+
+    def add(self, task: str, rec: Mapping[str, Any]) -> None:
+        """One heartbeats.jsonl record of ``task`` (a heartbeat, or a profile with ``kind: profile``)."""
+        t = self._tasks.setdefault(task, _Task())
+        attempt = _count(rec.get("attempt"))
+        if rec.get("kind") == "profile":
+            t.split.add(rec)
+            return
+        seq = _count(rec.get("seq"))
+        if attempt is None and seq is not None and t.seq is not None and seq < t.seq:
+            attempt = t.attempt + 1  # an older file: a new worker_entry process counts from 0 again
+        t.seq = seq if seq is not None else t.seq
+        if attempt is not None and attempt != t.attempt:
+            t.attempt, t.base, t.rates = attempt, None, (None, None)
+        cpu = _num(rec.get("cpu_pct"))
+        if cpu is not None:
+            t.cpu_sum, t.cpu_n, t.cpu_last = t.cpu_sum + cpu, t.cpu_n + 1, cpu
+        prog = rec.get("progress")
+        if isinstance(prog, Mapping) and prog.get("phase", "train") == "train":
+            self._progress(t, prog, _num(rec.get("ts")))
+
+    def _progress(self, t: _Task, prog: Mapping[str, Any], beat_ts: float | None) -> None:
+        steps, ts = _count(prog.get("steps")), _num(prog.get("ts")) or beat_ts
+        if steps is None or ts is None:
+            return
+        t.epoch = _count(prog.get("epoch")) if _count(prog.get("epoch")) is not None else t.epoch
+        pt = Point(ts, steps, _count(prog.get("examples")), _num(prog.get("step_time_s")))
+        if steps > 0:
+            t.spans.setdefault(t.attempt, _Span()).add(pt)
+        base = t.base
+        if base is None or pt.steps < base.steps or pt.ts < base.ts:
+            t.base = pt
+        elif pt.ts - base.ts >= RATE_WINDOW_S:
+            dt = pt.ts - base.ts
+            ex = None if pt.examples is None or base.examples is None else round((pt.examples - base.examples) / dt, 1)
+            t.rates, t.base = (round((pt.steps - base.steps) / dt, 2), ex), pt
+
+    # --- what a running job is doing now -------------------------------------------------------
+
+    def live(self, task: str) -> TaskFigures:
+        t = self._tasks.get(task)
+        if t is None:
+            return TaskFigures()
+        now = t.current()
+        base = t.base if now is None else None  # before the first step: the counters at 0
+        return TaskFigures(
+            steps=now.steps if now else (base.steps if base else None),
+            epoch=t.epoch,
+            step_time_s=now.step_time_s if now else None,
+            steps_per_s=t.rates[0],
+            examples_per_s=t.rates[1],
+            cpu_pct=t.cpu_last,
+            split=t.split.means(),
+        )
+
+    # --- the whole run -------------------------------------------------------------------------
+
+    def final(self, warmup_s: float = 0.0) -> dict[str, TaskFigures]:
+        """Every task's figures over the whole run. ``warmup_s`` > 0 leaves each attempt's first
+        max(``warmup_s``, WARMUP_SHARE of its window) out of the rates (a sweep's steady state)."""
+        sums: dict[str, list[float]] = {name: [0.0, 0.0, 0.0] for name in self._tasks}  # steps, examples, seconds
+        no_examples: set[str] = set()
+        for attempt in sorted({a for t in self._tasks.values() for a in t.spans}):
+            spans = {n: t.spans[attempt] for n, t in self._tasks.items() if t.spans.get(attempt)}
+            window = _common_window(spans.values(), warmup_s)
+            if window is None:
+                continue
+            lo, hi = window
+            for name, span in spans.items():
+                (s0, e0), (s1, e1) = span.at(lo), span.at(hi)
+                acc = sums[name]
+                acc[0] += s1 - s0
+                acc[2] += hi - lo
+                if e0 is None or e1 is None:
+                    no_examples.add(name)
+                else:
+                    acc[1] += e1 - e0
+        return {name: _final(t, sums[name], name in no_examples) for name, t in self._tasks.items()}
+
+
+def _common_window(spans: Iterable[_Span], warmup_s: float) -> tuple[float, float] | None:
+    """The span every task of an attempt was training in: from the last first point to the first
+    last point (None when shorter than RATE_WINDOW_S: nothing to measure a rate over)."""
+    spans = list(spans)
+    lo = max(s.points[0].ts for s in spans)
+    hi = min(s.points[-1].ts for s in spans)
+    if warmup_s > 0:
+        cut = lo + max(warmup_s, WARMUP_SHARE * (hi - lo))
+        lo = cut if hi - cut >= RATE_WINDOW_S else lo
+    return (lo, hi) if hi - lo >= RATE_WINDOW_S else None
+
+
+def _final(t: _Task, acc: Sequence[float], no_examples: bool) -> TaskFigures:
+    """One task's whole-run figures, from the steps, examples and seconds of its common windows."""
+    split = t.split.means()
+    if split is not None:
+        step_time = round(split["step_ms"] / 1000.0, 6)
+    else:
+        times = [p.step_time_s for s in t.spans.values() for p in s.points if p.step_time_s is not None]
+        step_time = round(statistics.median(times), 6) if times else None
+    made = [s.points[-1].steps for s in t.spans.values() if s.points]
+    seconds = acc[2]
+    return TaskFigures(
+        steps=sum(made) if made else (0 if t.base is not None else None),
+        epoch=t.epoch,
+        step_time_s=step_time,
+        steps_per_s=round(acc[0] / seconds, 3) if seconds > 0 else None,
+        examples_per_s=round(acc[1] / seconds, 1) if seconds > 0 and not no_examples else None,
+        cpu_pct=round(t.cpu_sum / t.cpu_n, 1) if t.cpu_n else None,
+        split=split,
+    )
+
+
+def job_rate(figures: Mapping[str, TaskFigures]) -> tuple[float | None, float | None]:
+    """The job's (steps/s, examples/s): the workers' median (under MWMS every worker counts the
+    global batch, so the job's rate is one worker's, never the sum)."""
+    steps = [f.steps_per_s for f in figures.values() if f.steps_per_s is not None]
+    examples = [f.examples_per_s for f in figures.values() if f.examples_per_s is not None]
+    return (statistics.median(steps) if steps else None, statistics.median(examples) if examples else None)
