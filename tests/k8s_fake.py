@@ -31,6 +31,9 @@ from worker_entry.protocol.podlog import encode_message, encode_output
 RECORDED = Path(__file__).resolve().parent / "k8s_recorded"
 #: Keyword arguments the backend may pass per method (checked against the real client's signatures).
 ACCEPTED = {
+    "create_namespaced_secret": {"_preload_content"},
+    "read_namespaced_secret": {"_preload_content"},
+    "delete_namespaced_secret": {"_preload_content"},
     "create_namespaced_service": {"_preload_content"},
     "read_namespaced_service": {"_preload_content"},
     "delete_namespaced_service": {"_preload_content"},
@@ -352,6 +355,26 @@ class FakeLog:
 class _Core:
     def __init__(self, c: FakeCluster) -> None:
         self.c = c
+
+    def create_namespaced_secret(self, namespace, body, **kw):
+        self.c.call("create_namespaced_secret", (namespace,), kw)
+        if ("Secret", body["metadata"]["name"]) in self.c.objects:
+            raise FakeApiException(409, recorded("status-409.json"))
+        self.c.created.append(copy.deepcopy(body))
+        self.c.objects[("Secret", body["metadata"]["name"])] = copy.deepcopy(body)
+        return FakeResponse(body)
+
+    def read_namespaced_secret(self, name, namespace, **kw):
+        self.c.call("read_namespaced_secret", (name, namespace), kw)
+        if ("Secret", name) not in self.c.objects:
+            raise self.c.not_found(name)
+        return FakeResponse(self.c.objects[("Secret", name)])
+
+    def delete_namespaced_secret(self, name, namespace, **kw):
+        self.c.call("delete_namespaced_secret", (name, namespace), kw)
+        if self.c.objects.pop(("Secret", name), None) is None:
+            raise self.c.not_found(name)
+        return FakeResponse({})
 
     def create_namespaced_service(self, namespace, body, **kw):
         self.c.call("create_namespaced_service", (namespace,), kw)

@@ -297,22 +297,71 @@ def test_ctrl_c_deletes_the_pods_and_the_jobset(tmp_path):
     assert all(name in cluster.ended for name in cluster.logs)
 
 
-def test_stop_without_a_launcher_deletes_what_it_applied(tmp_path, monkeypatch):
-    from orchestrator.views.control import stop_job
-
-    cluster = FakeCluster()
-    cluster.objects[("JobSet", "fake-run")] = {"metadata": {"name": "fake-run"}}
+def _gone_launcher_run(tmp_path, monkeypatch, cluster, objects, namespace="ml"):
+    """A run directory whose launcher is gone, listing ``objects`` in kubernetes.json (as written by
+    the run's owner: nothing in it is to be trusted), for job fake-run, run fake-1, namespace ml."""
     run = RunDir.create(tmp_path / "run")
-    (run.path / "kubernetes.json").write_text(
-        json.dumps({"namespace": "ml", "objects": [{"kind": "JobSet", "name": "fake-run"}], "closed": False})
-    )
+    run.plan_json.write_text(json.dumps({"job": "fake-run", "run_id": "fake-1", "scheduler": "kubernetes"}))
+    run.spec_yaml.write_text(spec_text())
+    (run.path / "kubernetes.json").write_text(json.dumps({"namespace": namespace, "objects": objects, "closed": False}))
     (run.launcher_json).write_text(json.dumps({"pid": 2**22 + 7, "create_time": 1.0}))
     monkeypatch.setattr(
         KubeApi, "connect", classmethod(lambda cls, ns: KubeApi(cluster.core, cluster.batch, cluster.custom, ns))
     )
+    return run
+
+
+def _ours(name: str, run_id: str = "fake-1", job: str = "fake-run") -> dict:
+    return {"metadata": {"name": name, "namespace": "ml", "annotations": {"tfcluster/run-id": run_id},
+                         "labels": {"tfcluster/job": job, "app.kubernetes.io/managed-by": "tfcluster"}}}  # fmt: skip
+
+
+def test_stop_without_a_launcher_deletes_what_it_applied(tmp_path, monkeypatch):
+    from orchestrator.views.control import stop_job
+
+    cluster = FakeCluster()
+    cluster.objects[("JobSet", "fake-run")] = _ours("fake-run")
+    cluster.objects[("Secret", "fake-run-credentials")] = _ours("fake-run-credentials")
+    run = _gone_launcher_run(tmp_path, monkeypatch, cluster, [{"kind": "Secret", "name": "fake-run-credentials"},
+                                                              {"kind": "JobSet", "name": "fake-run"}])  # fmt: skip
     message = stop_job(run, KubernetesHandle(run))
-    assert "deleted what it applied: JobSet fake-run: deleted" in message and not cluster.objects
+    assert "JobSet fake-run: deleted; Secret fake-run-credentials: deleted" in message and not cluster.objects
     assert "keep running without it" not in status_text(job_status(run, KubernetesHandle(run)), KubernetesHandle(run))  # nothing left running is claimed
+
+
+def test_stop_deletes_nothing_a_forged_record_names_that_is_not_this_runs(tmp_path, monkeypatch):
+    """kubernetes.json of a run directory another user controls, read by `stop` as root: the objects it
+    lists are deleted only if the live object carries this run's labels and run id."""
+    from orchestrator.views.control import stop_job
+
+    cluster = FakeCluster()
+    others = {
+        ("Service", "kube-dns"): {"metadata": {"name": "kube-dns", "labels": {"k8s-app": "kube-dns"}}},
+        ("JobSet", "their-run"): _ours("their-run", run_id="their-1", job="their-run"),
+        ("Job", "older-run"): _ours("older-run", run_id="fake-0"),
+    }
+    cluster.objects.update(others)
+    forged = [{"kind": "Service", "name": "kube-dns"}, {"kind": "JobSet", "name": "their-run"},
+              {"kind": "Job", "name": "older-run"}, {"kind": "ClusterRole", "name": "admin"}]  # fmt: skip
+    run = _gone_launcher_run(tmp_path, monkeypatch, cluster, forged)
+    message = stop_job(run, KubernetesHandle(run))
+    assert set(cluster.objects) == set(others), message
+    assert "Service kube-dns: not deleted: it is not managed by tfcluster" in message
+    assert "JobSet their-run: not deleted: its tfcluster/job label is 'their-run'" in message
+    assert "Job older-run: not deleted: its tfcluster/run-id annotation is 'fake-0'" in message
+    assert "ClusterRole admin: tfcluster does not manage a 'ClusterRole'" in message
+    assert not any(m.startswith("delete_") for m, _, _ in cluster.calls)
+
+
+def test_stop_refuses_a_record_naming_another_namespace_than_the_spec(tmp_path, monkeypatch):
+    from orchestrator.views.control import stop_job
+
+    cluster = FakeCluster()
+    cluster.objects[("JobSet", "fake-run")] = _ours("fake-run")
+    run = _gone_launcher_run(tmp_path, monkeypatch, cluster, [{"kind": "JobSet", "name": "fake-run"}], "kube-system")
+    message = stop_job(run, KubernetesHandle(run))
+    assert "kubernetes.json names namespace 'kube-system', the run's spec 'ml'" in message
+    assert cluster.calls == [] and cluster.objects
 
 
 def test_the_fake_takes_only_arguments_the_real_client_accepts():

@@ -43,6 +43,32 @@ def test_names_urls_and_flags_are_redacted():
     assert set(secret_values({"A_TOKEN": "tok"}, argv)) == {"tok", "abc123", "xyz", "pw9"}
 
 
+def test_names_short_flags_url_users_and_shell_snippets_are_redacted():
+    env = {
+        "GITHUB_PAT": "pat-1111", "PRIVATE_SSH": "ssh-2222", "DB_PW": "pw-3333", "PYTHONPATH": "/src",
+        "PATH": "/usr/bin", "REPO": "https://ghp_0123456789abcdefghijKLMN@github.com/o/r.git",
+        "MIRROR": "ssh://git@github.com/o/r.git", "CONN": "Server=db;Password=odbc-4444;Database=x",
+    }  # fmt: skip
+    red = redact_env(env)
+    assert {k for k, v in red.items() if v == "<redacted>"} == {"GITHUB_PAT", "PRIVATE_SSH", "DB_PW"}
+    assert red["PYTHONPATH"] == "/src" and red["PATH"] == "/usr/bin" and red["MIRROR"] == env["MIRROR"]
+    assert red["REPO"] == "https://<redacted>@github.com/o/r.git"
+    assert red["CONN"] == "Server=db;Password=<redacted>;Database=x"
+    assert redact_argv(["mysql", "-p", "hunter2", "-P", "3306"]) == ["mysql", "-p", "<redacted>", "-P", "3306"]
+    assert redact_argv(["ssh", "-p", "2222", "h"]) == ["ssh", "-p", "2222", "h"]  # a port stays
+    snippet = (
+        "export DB_PASSWORD=sh-5555; git clone https://tok-6666@github.com/o/r && "
+        "python t.py --token tk-7777 --lr 1 && curl -H 'Authorization: Bearer br-8888' https://x && "
+        "sh -c \"python u.py --api-key=ak-9999 -p pp-0000\""
+    )
+    shown = redact_argv(["bash", "-c", snippet])
+    for secret in ("sh-5555", "tok-6666", "tk-7777", "br-8888", "ak-9999", "pp-0000"):
+        assert secret not in shown[2], (secret, shown)
+        assert secret in secret_values({}, ["bash", "-c", snippet])
+    assert shown[:2] == ["bash", "-c"] and "--lr 1" in shown[2] and "python t.py --token <redacted>" in shown[2]
+    assert redact_argv(["bash", "-c", "echo " + "a" * 20 + " ghp_0123456789abcdefghijKLMN"])[2].endswith("<redacted>")
+
+
 SPEC_ENV = {"env": {"WANDB_API_KEY": "wandb-0123456789", "URL": "s3://me:pa55word@bucket/x"}}
 COMMAND = ["python", "train.py", "--hf-token", "hf_abcdefgh", "--epochs", "3"]
 
@@ -63,6 +89,19 @@ def test_the_run_directory_never_holds_a_secret(tmp_path, monkeypatch):
     # the nodes get the real values
     config = plan.nodes[0].node_config(0)
     assert "hf_abcdefgh" in config.argv and config.env["WANDB_API_KEY"] == "wandb-0123456789"
+
+
+def test_the_run_directory_never_holds_a_secret_from_a_shell_snippet(tmp_path, monkeypatch):
+    command = ["bash", "-c", "export DB_PASSWORD=sh-55555; mysql -p my-66666 && git clone https://tok-77777@github.com/o/r"]
+    loaded, plan = make_plan(2, job={"env": {"GITHUB_PAT": "pat-88888", "PRIVATE_SSH": "ssh-99999"}, "command": command})
+    monkeypatch.setattr(sys, "argv", ["tfcluster", "launch", "s.yaml", "--", *command])
+    backend = FakeBackend({"worker:0": healthy(0.1), "worker:1": healthy(0.1)})
+    Job(loaded, plan, LaunchOptions(run_dir=str(tmp_path / "run"), gather=False, live=False, echo_logs=False), backend).run()
+    stored = "".join(p.read_text(errors="replace") for p in (tmp_path / "run").rglob("*") if p.is_file())
+    for secret in ("sh-55555", "my-66666", "tok-77777", "pat-88888", "ssh-99999"):
+        assert secret not in stored, secret
+    shown = scheduler_named("ssh").describe(plan)
+    assert not any(s in shown for s in ("sh-55555", "my-66666", "tok-77777", "pat-88888")) and "git clone" in shown
 
 
 @pytest.fixture

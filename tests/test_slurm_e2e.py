@@ -39,8 +39,20 @@ def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
     spec = write_spec(tmp_path / "spec.yaml", "sl-login", mwms("--epochs", "2", "--steps", "10"),
                       job={"env": {"API_TOKEN": token}})  # fmt: skip
     run_dir = tmp_path / "run"
-    rc, out, err = finish(start(slurm, launch_argv(spec, run_dir), cwd=_repo()), timeout=150)
+    proc = start(slurm, launch_argv(spec, run_dir), cwd=_repo())
+    try:
+        wait_for(lambda: "strategy ready" in _log(run_dir), 120, "the tasks to run")
+        # Slurm keeps the job's environment and script (slurmctld's state, slurmd's spool): not the credential
+        forms = _encodings(token)
+        in_slurm = [p for p in slurm.dir.rglob("*") if p.is_file() and any(f in p.read_bytes() for f in forms)]
+        private = run_dir / "slurm" / "private-spec.json"
+        private_while_running = (private.stat().st_mode & 0o777, token in private.read_text()) if private.exists() else None
+    finally:
+        rc, out, err = finish(proc, timeout=150)
+    assert in_slurm == [], in_slurm
+    assert private_while_running == (0o600, True)
     assert rc == 0, err[-3000:]
+    assert not private.exists()  # the run is over: its credentials are not kept
     res = result(run_dir)
     assert res["state"] == "succeeded" and res["gather"]["errors"] == []
     hosts = {t: v["host"] for t, v in res["tasks"].items()}
@@ -65,6 +77,17 @@ def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
     for name in ("slurm/job.sh", "slurm/sbatch.json", "slurm.json", "spec.yaml"):
         assert os.stat(run_dir / name).st_mode & 0o077 == 0, name
     assert "TFCLUSTER_SECRET" not in (run_dir / "slurm" / "job.sh").read_text()
+
+
+def _encodings(secret: str) -> list[bytes]:
+    """``secret`` as bytes, and as it shows inside base64 at each of the three alignments."""
+    import base64
+
+    forms = [secret.encode()]
+    for k in range(3):
+        enc = base64.b64encode(b"\0" * k + secret.encode())
+        forms.append(enc[(k * 4 + 2) // 3 + 1 : -4])
+    return forms
 
 
 def test_mwms_inside_an_allocation_with_tasks_sharing_a_node(slurm, tmp_path):
@@ -269,6 +292,38 @@ def test_time_limit_and_preemption_requeue_and_resume_from_the_backup(slurm, tmp
     for task in ("worker:0", "worker:1"):
         assert {k: st["tasks"][task][k] for k in FIGURE_KEYS} == {k: rep["workers"][task][k] for k in FIGURE_KEYS}
         assert st["tasks"][task]["steps"] >= 7 * 30 and st["tasks"][task]["steps_per_s"]
+
+
+def test_a_requeue_in_the_last_epoch_does_not_train_again(slurm, tmp_path):
+    """`scontrol requeue` of a running `requeue: true` job during its last of 5 epochs: the tasks finish that
+    epoch during the stop (TensorFlow keeps training through SIGTERM) and exit 0 — BackupAndRestore then
+    removes its backup. The training is complete: the run succeeds, and any next allocation finishes at
+    once, saying so, instead of training again from epoch 0."""
+    cmd = [PY, "-m", "worker_entry.examples.keras_synthetic", "--backup", "--epochs", "5", "--steps-per-epoch", "20",
+           "--slow-input-ms", "40"]  # fmt: skip
+    spec = write_spec(tmp_path / "spec.yaml", "sl-late", cmd, slurm={"nodes": 2}, job={"stop_grace_s": 20})
+    run_dir = tmp_path / "run"
+    proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
+    try:
+        wait_for(lambda: 4 in _epochs(run_dir, 0, "worker-0"), 150, "epoch 4 of 5 to end: the last one runs")
+        job = json.loads((run_dir / "slurm" / "submitted.json").read_text())["job_id"]
+        slurm.run(["scontrol", "requeue", job])
+        rc, _out, err = finish(proc, timeout=150)
+        wait_for(lambda: not slurm.jobs(), 60, "Slurm's requeued job to end (it has nothing to run)")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, err[-3000:]
+    res = result(run_dir)
+    assert res["state"] == "succeeded", res
+    for i in range(2):
+        epochs = [_epochs(run_dir, a, f"worker-{i}") for a in range(len(res["attempts"]) + 1)]
+        assert epochs[0] == [1, 2, 3, 4, 5], epochs  # the last epoch finished during the stop
+        assert all(e == [] for e in epochs[1:]), epochs  # nothing was trained again
+    kinds = [e["event"] for e in events(run_dir)]
+    assert "training_completed" in kinds and "requeued" not in kinds, kinds
+    assert "completed its training" in err
+    assert not (run_dir / "slurm" / "private-spec.json").exists()
 
 
 def test_ctrl_c_on_a_terminal_can_detach_then_logs_follow_and_stop_take_over(slurm, tmp_path):

@@ -104,14 +104,14 @@ def test_sbatch_gets_every_option_as_one_argument_and_the_script_only_quoted_pat
         gpus_per_node: 4
         requeue: false
         signal_lead_s: 300
-        extra_args: ["--mem=64G", "--comment=two words; $(reboot)"]
+        extra_args: ["--mem=64G", "--mail-user=two words; $(reboot)"]
         """)  # fmt: skip
-    argv = sbatch_argv(spec, "/runs/it's here", "/runs/it's here/slurm/job.sh")
+    argv = sbatch_argv(spec, "/runs/it's here", "/runs/it's here/slurm/job.sh", "sl-1")
     assert argv == [
-        "sbatch", "--parsable", "--job-name=sl", "--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=4",
+        "sbatch", "--parsable", "--job-name=sl", "--comment=tfcluster:sl-1", "--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=4",
         "--partition=gpu", "--account=proj-1", "--qos=high", "--time=1-00:00:00", "--constraint=a100&ib",
         "--exclusive", "--no-requeue", "--signal=B:USR2@300", "--output=/runs/it's here/slurm/slurm-%j.out",
-        "--open-mode=append", "--mem=64G", "--comment=two words; $(reboot)", "/runs/it's here/slurm/job.sh",
+        "--open-mode=append", "--mem=64G", "--mail-user=two words; $(reboot)", "/runs/it's here/slurm/job.sh",
     ]  # fmt: skip
     script = batch_script("/opt/py 3/bin/python", "/runs/it's here", "sl-1")
     exec_line = [line for line in script.splitlines() if not line.startswith("#")]
@@ -414,18 +414,133 @@ def test_an_allocation_whose_supervisor_died_is_an_attempt_of_its_own(tmp_path, 
     job.bus.close()
 
 
-def test_the_spec_travels_to_the_batch_job_in_its_environment_not_in_the_run_directory():
-    from orchestrator.core.errors import UsageError
-    from orchestrator.schedulers.slurm.batch import spec_from_payload
-    from orchestrator.schedulers.slurm.submit import MAX_SPEC_ENV, spec_payload
+def _submitted(tmp_path, monkeypatch, extra: str = "  env: {API_TOKEN: s3cr3t-value}\n", command=None):
+    """submit() with sbatch replaced by a recorder: the run directory and what sbatch was given."""
+    from orchestrator.schedulers.slurm import submit as sub
 
-    loaded = load_spec_text(spec_text(extra="  env: {API_TOKEN: s3cr3t-value}\n"), "/home/me/spec.yaml")
-    back = spec_from_payload(spec_payload(loaded, ["python", "other.py", "--fast"]))
+    calls = []
+    monkeypatch.setattr(sub.sc, "have", lambda name: True)
+    monkeypatch.setattr(sub.sc, "submit", lambda argv, env=None: calls.append((list(argv), env)) or "77")
+    loaded = load_spec_text(spec_text(extra=extra), "/home/me/spec.yaml")
+    plan = plan_spec(loaded, "sl-1")
+    done = sub.submit(loaded, plan, str(tmp_path / "run"), command)
+    return done.rundir, calls
+
+
+def test_the_spec_travels_to_the_batch_job_in_a_private_file_not_in_its_environment(tmp_path, monkeypatch):
+    """Slurm stores a job's environment (slurmctld's state, `sacct --env-vars`): the credentials go in
+    RUN/slurm/private-spec.json (0600) instead, which the batch job reads, and the run's end removes."""
+    from orchestrator.schedulers.slurm.private_spec import read_private_spec
+
+    rundir, calls = _submitted(tmp_path, monkeypatch, command=["python", "other.py", "--fast"])
+    ((argv, env),) = calls
+    assert env is None or not any("s3cr3t-value" in v for v in env.values())
+    assert not any("s3cr3t-value" in a for a in argv)
+    private = rundir.slurm_private_spec
+    assert private.stat().st_mode & 0o077 == 0 and "s3cr3t-value" in private.read_text()
+    assert "s3cr3t-value" not in rundir.spec_yaml.read_text()
+    back = read_private_spec(rundir)
     assert back.spec.job.command == ["python", "other.py", "--fast"] and back.path == "/home/me/spec.yaml"
-    assert back.spec.slurm == loaded.spec.slurm
-    assert spec_from_payload(spec_payload(loaded, None)).spec.job.command == ["python", "train.py"]
-    for garbage in ("%%%", "bm90IGpzb24=", "WzEsMl0="):  # not base64, not JSON, not an object
-        assert spec_from_payload(garbage) is None
-    big = load_spec_text(spec_text(extra=f"  env: {{BIG: {'x' * MAX_SPEC_ENV}}}\n"))
-    with pytest.raises(UsageError, match="too large"):
-        spec_payload(big, None)
+    assert back.spec.job.env["API_TOKEN"] == "s3cr3t-value"
+
+
+def test_without_its_private_spec_the_batch_job_refuses_to_run(tmp_path, monkeypatch):
+    """Never the redacted copy: it would run with `<redacted>` as the credentials."""
+    from orchestrator.schedulers.slurm import batch
+
+    rundir, _ = _submitted(tmp_path, monkeypatch)
+    rundir.slurm_private_spec.unlink()
+    started = []
+    monkeypatch.setattr(batch, "Job", lambda *a, **k: started.append(a))
+    result = batch.run_batch(str(rundir.path), env={"SLURM_JOB_ID": "77"})
+    assert started == [] and result.state == JobState.START_FAILED
+    stored = json.loads(rundir.result_json.read_text())
+    assert stored["state"] == "start_failed" and "private-spec.json is missing" in stored["root_cause"]["message"]
+
+
+@pytest.mark.parametrize("damage", ["garbled", "group-writable", "foreign"])
+def test_a_private_spec_another_user_could_have_written_is_refused(tmp_path, monkeypatch, damage):
+    import os
+
+    from orchestrator.schedulers.slurm.private_spec import PrivateSpecMissing, read_private_spec
+
+    if damage == "foreign" and os.geteuid() != 0:
+        pytest.skip("needs root: a file owned by another user")
+    rundir, _ = _submitted(tmp_path, monkeypatch)
+    path = rundir.slurm_private_spec
+    if damage == "garbled":
+        path.write_text("[1, 2]")
+    elif damage == "group-writable":
+        path.chmod(0o620)
+    else:
+        os.chown(path, 65534, 65534)
+    with pytest.raises(PrivateSpecMissing, match=r"damaged|not a private file"):
+        read_private_spec(rundir)
+
+
+# ----------------------------------------------------------------------------- a requeue after the training completed
+
+
+def _attempt(states, state=JobState.INTERRUPTED_SIGTERM, failures=()):
+    from orchestrator.core.result import AttemptResult, TaskResult
+    from orchestrator.core.states import TaskState
+
+    tasks = {f"worker:{i}": TaskResult(f"worker:{i}", f"n{i + 1}", TaskState(s), exit_code=0 if s == "succeeded" else None)
+             for i, s in enumerate(states)}  # fmt: skip
+    return AttemptResult(0, state, 1.0, 2.0, tasks, list(failures))
+
+
+@pytest.mark.parametrize(
+    ("states", "expect"),
+    [(["succeeded", "succeeded"], "completed"), (["succeeded", "stopped"], "requeue"), (["stopped", "stopped"], "requeue")],
+)
+def test_tasks_that_exit_0_during_a_preemption_completed_their_training(tmp_path, monkeypatch, states, expect):
+    """SIGTERM from Slurm (a requeue) while every task finished its last epoch and exited 0: the run is
+    done (a requeue would train again from epoch 0: BackupAndRestore removed its backup)."""
+    from orchestrator.job import Action
+
+    loaded = load_spec_text(spec_text())
+    monkeypatch.setattr(sc, "job_info", lambda job, env=None: JobInfo("9", "COMPLETING"))
+    job, _, scheduling = _slurm_job(tmp_path, loaded, SlurmState(run_id="sl-1"), batch=True, env={"SLURM_JOB_ID": "9"})
+    job.interrupt.trigger(signal.SIGTERM)
+    decision = scheduling.policy(loaded.spec).decide(_attempt(states), [], job.interrupt)
+    if expect == "completed":
+        assert decision.action is Action.FINISH and decision.ended_by is None
+        assert "completed its training" in decision.completed and "not requeued" in decision.completed
+        res = _attempt(states)
+        job.policy = scheduling.policy(loaded.spec)
+        job.conclude(res)
+        assert res.state == JobState.SUCCEEDED and job.result.state == JobState.SUCCEEDED
+    else:
+        assert decision.action is Action.REQUEUE and decision.completed is None
+    job.bus.close()
+
+
+@pytest.mark.parametrize(
+    ("earlier", "status", "expect"),
+    [
+        ("recorded", None, True),  # the last allocation recorded a requeue although every task had exited 0
+        ("lost", ["succeeded"] * 4, True),  # its supervisor died unrecorded; its last status says it all
+        ("lost", ["succeeded"] * 3 + ["running"], False),
+        ("lost", None, False),
+    ],
+)
+def test_a_requeued_allocation_whose_tasks_all_completed_finishes_at_once(tmp_path, earlier, status, expect):
+    """The next allocation reads the earlier attempts (slurm.json; for a supervisor that died unrecorded,
+    its last status.json): every task completed → nothing to run, the run succeeds, saying so."""
+    loaded = load_spec_text(spec_text())
+    state = SlurmState(run_id="sl-1", job_ids=["9"], allocations=[{"job_id": "9", "restart": 0, "started_ts": 1.0}])
+    if earlier == "recorded":
+        rec = _attempt(["succeeded"] * 4, JobState.REQUEUED, [])
+        state.attempts = [rec.to_dict()]
+        state.allocations[0].update(ended_ts=2.0, end="preempted")
+    job, run, scheduling = _slurm_job(tmp_path, loaded, state, batch=True, env={"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "1"})
+    if status is not None:
+        tasks = {f"worker:{i}": {"state": st} for i, st in enumerate(status)}
+        run.status_json.write_text(json.dumps({"attempt": 0, "tasks": tasks}))
+    scheduling.open(job)
+    said = scheduling.completed_earlier(job)
+    assert (said is not None) == expect, said
+    if expect:
+        assert "nothing is left to run" in said
+    job.bus.close()

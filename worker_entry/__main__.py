@@ -52,7 +52,15 @@ def main(argv: list[str]) -> int:
         except ProtocolError as exc:
             print(f"worker_entry: bad configuration on stdin: {exc}", file=sys.stderr)
             return 2
-        return run(config, rest)
+        code = run(config, rest)
+        # Its task is gone, every frame sent, its files closed: the launcher waits for this process's exit
+        # (its confirmation), so skip the interpreter's teardown of psutil, NVML and the rest.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code & 0xFF if code >= 0 else 1)
     if mode == "probe":
         from .sysinfo import node_facts
 

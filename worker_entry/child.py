@@ -12,6 +12,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -87,6 +88,62 @@ def kill_escaped(seen: Mapping[int, float]) -> None:
                 proc.kill()
         except Exception:
             continue
+
+
+def alive_in_group(pgid: int) -> list[int]:
+    """PIDs of the group's processes that are not yet dead (a zombie is dead: it only waits for its
+    reaper, which may be a container's PID 1 that never reaps)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass
+    alive = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] not in (b"Z", b"X"):
+            alive.append(int(name))
+    return alive
+
+
+def alive_escaped(seen: Mapping[int, float]) -> list[int]:
+    """Descendants that left the group (``seen``: pid -> start time) and still run."""
+    if not seen:
+        return []
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover
+        return []
+    alive = []
+    for pid, created in list(seen.items()):
+        try:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - created) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except Exception:
+            continue
+    return alive
+
+
+def wait_gone(pgid: int, seen: Mapping[int, float], timeout_s: float) -> list[int]:
+    """After SIGKILL: wait (bounded) until nothing of the task runs; the PIDs still running."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = alive_in_group(pgid) + alive_escaped(seen)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.01)
 
 
 def spawn_error(config: p.NodeConfig, exc: OSError) -> tuple[int, str]:

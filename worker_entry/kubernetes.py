@@ -174,4 +174,6 @@ def main(argv: list[str], env: Mapping[str, str] = os.environ) -> int:
         print(f"worker_entry kubernetes: {exc}", file=sys.stderr)
         return 2
     os.environ.pop(p.Env.POD, None)  # the training command has its TF_CONFIG
+    for name in [n for n in os.environ if n.startswith(p.Env.SECRET_ARG + "_")]:
+        os.environ.pop(name)  # the kubelet already put these credentials into the command's words
     return serve_pod(config)

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from . import protocol as p
-from .child import kill_escaped, kill_group, signal_name, spawn, spawn_error
+from .child import kill_escaped, kill_group, signal_name, spawn, spawn_error, wait_gone
 from .gpuowner import TaskTree
 from .handover import hand_over
 from .hoststats import HostSampler
@@ -35,6 +35,7 @@ from .writer import FrameWriter
 
 MAX_RECORD = 64 * 1024  # a progress record longer than this is not one
 DRAIN_TIMEOUT_S = 3.0
+TREE_GONE_S = 2.0  # after SIGKILL: how long the task's processes may take to be gone
 
 
 class Runner:
@@ -363,6 +364,11 @@ class Runner:
                 elif key.data == "progress":
                     self._read_progress()
         self._kill_group(signal.SIGKILL)
+        # Exit only once the task's processes are gone: worker_entry's exit is the launcher's confirmation.
+        left = wait_gone(self.child.pid, self.sampler.seen if self.sampler is not None else {}, TREE_GONE_S)
+        if left:
+            self._emit(p.STDERR, f"worker_entry: {len(left)} process(es) of the task still run "
+                       f"{TREE_GONE_S:g}s after SIGKILL: pids {' '.join(map(str, left[:20]))}\n".encode())  # fmt: skip
         self.out.flush_partials()
         if self.progress is not None:
             self._heartbeat()

@@ -70,6 +70,13 @@ class Channel(abc.ABC):
     def close(self) -> None:
         """Close stdin and the channel; the node side sees EOF and tears its task down."""
 
+    def close_confirmed(self, timeout_s: float) -> bool | None:
+        """Close stdin, wait up to ``timeout_s`` for the remote process to exit, close the channel:
+        True once it did, False if it did not in time (or the link died), None where this channel
+        cannot tell (the scheduler ends those processes)."""
+        self.close()
+        return None
+
 
 class Connection(abc.ABC):
     label: str

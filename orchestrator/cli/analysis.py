@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ..core.errors import UsageError
+from ..core.terminal import safe_text
 from .exitcodes import EXIT_OK, exit_code_for_sweep
 
 
@@ -29,7 +30,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         page, pngs = report_page(run, report, text)
         report["html"] = str(page)
         report["pngs"] = [str(p) for p in pngs]
-    print(json.dumps(report, indent=2) if args.json else text)
+    print(json.dumps(report, indent=2) if args.json else safe_text(text))  # hosts and causes come from nodes
     if args.html and not args.json:
         print(f"\nwrote {report['html']} and {', '.join(os.path.basename(p) for p in report['pngs'])}")
     return EXIT_OK
@@ -39,7 +40,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     """`tfcluster scale SPEC`: one bounded launch per size, then the sweep measured and compared (scale.json,
     page, PNGs); the exit code is the first size that did not succeed."""
     from ..job.scale import SizeRun, SweepOptions, parse_sizes, run_sweep
-    from ..runs import write_json_atomic
+    from ..runs import check_new_dir, write_json_atomic
     from ..schedulers import scheduler_for
     from ..spec import load_spec
     from ..views.pages import sweep_page
@@ -55,9 +56,12 @@ def cmd_scale(args: argparse.Namespace) -> int:
         args.duration = "60s"
     bound = run_bound(args.steps, args.duration, ("--steps", "--duration"))
     root = Path(args.run_dir or os.path.join("runs", f"scale-{loaded.spec.name}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"))
-    if root.exists() and any(root.iterdir()):
+    if check_new_dir(root):
         raise UsageError(f"--run-dir {root}: already exists and is not empty; choose another")
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise UsageError(f"--run-dir {root}: cannot create it: {exc.strerror or exc}") from None
     opts = SweepOptions(sizes, bound, root, strong=args.strong, preflight=not args.no_preflight, echo_logs=args.verbose)
     say = sys.stderr
     print(f"tfcluster scale: {', '.join(map(str, sizes))} workers, {bound.describe()} each; sweep directory {root}", file=say)
@@ -78,7 +82,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(text)
+        print(safe_text(text))
         where = f"{summary['html']} (pictures: {len(summary['pngs'])} PNGs)" if summary.get("html") else summary["pictures_error"]
         print(f"\nwrote {root / 'scale.json'} and {where}")
     return exit_code_for_sweep([r.state for r in runs], interrupted)

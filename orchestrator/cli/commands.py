@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.diagnostics import Diagnostic
 from ..core.errors import SpecError, UsageError
+from ..core.terminal import safe_text
 from .exitcodes import EXIT_CONNECT, EXIT_OK, EXIT_USAGE, exit_code_for
 
 if TYPE_CHECKING:
@@ -158,6 +159,11 @@ def _run_id_from_dir(run_dir: str | None) -> str | None:
     bad = next((c for c in run_dir if c < " " or c == "\x7f"), None)
     if not run_dir.strip() or bad is not None:
         raise UsageError(f"--run-dir {run_dir!r}: must be a path without control characters")
+    from pathlib import Path
+
+    from ..runs import check_new_dir
+
+    check_new_dir(Path(run_dir))
     return run_id_for_dir(run_dir)
 
 
@@ -189,7 +195,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     run, handle = _run_and_handle(args)
     status = job_status(run, handle)
-    print(json.dumps(status, indent=2) if args.json else status_text(status, handle, show_all=args.all))
+    # the root cause quotes a task's last lines, the pods' reasons are the cluster's: safe for a terminal
+    print(json.dumps(status, indent=2) if args.json else safe_text(status_text(status, handle, show_all=args.all)))
     return EXIT_OK
 
 
@@ -198,7 +205,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from ..views.control import stop_job
 
     run, handle = _run_and_handle(args)
-    print(stop_job(run, handle, timeout_s=args.timeout))
+    print(safe_text(stop_job(run, handle, timeout_s=args.timeout)))
     return EXIT_OK
 
 
@@ -218,7 +225,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
     loaded, plan = load_plan(args.spec)
     report = scheduler_for(loaded.spec).preflight(loaded, plan)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.text())
+    print(json.dumps(report.to_dict(), indent=2) if args.json else safe_text(report.text()))
     return EXIT_OK if report.ok else EXIT_CONNECT
 
 

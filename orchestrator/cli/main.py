@@ -10,6 +10,7 @@ from collections.abc import Callable
 from worker_entry.protocol.env import Env
 
 from ..core.errors import SpecError, TfclusterError
+from ..core.terminal import safe_text
 from .exitcodes import ERROR_EXIT_CODES, EXIT_INTERNAL, EXIT_OK, EXIT_SIGINT, EXIT_USAGE
 
 #: Set by a command that has closed every file it wrote and joined every thread that writes: the
@@ -69,10 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except SpecError as exc:
         for p in exc.problems:
-            print(p.render(), file=sys.stderr)
+            print(safe_text(p.render()), file=sys.stderr)
         return EXIT_USAGE
-    except TfclusterError as exc:
-        print(f"tfcluster: error: {exc}", file=sys.stderr)
+    except TfclusterError as exc:  # a message may quote a node, a run directory or a server
+        print(safe_text(f"tfcluster: error: {exc}"), file=sys.stderr)
         return next(code for cls, code in ERROR_EXIT_CODES if isinstance(exc, cls))
     except KeyboardInterrupt:
         print("tfcluster: interrupted", file=sys.stderr)

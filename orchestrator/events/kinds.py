@@ -13,7 +13,17 @@ from typing import Any, ClassVar
 
 from worker_entry.protocol import spec
 
-from .base import COUNT, MANY, SOMETIMES, TEXT, BaseEvent, failure_or_none, gpu_models
+from .base import COUNT, MANY, TEXT, BaseEvent, failure_or_none, gpu_models
+from .verdicts import (
+    GpuProblemFound,
+    JobStalled,
+    StartupTimeout,
+    Straggler,
+    StragglerCleared,
+    WorkerHung,
+    WorkerLost,
+    WorkerSlowing,
+)
 
 # --- the job ----------------------------------------------------------------------------------------
 
@@ -152,6 +162,15 @@ class TaskLost(BaseEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExitUnconfirmed(BaseEvent):
+    """A host did not confirm that the task's processes and its worker_entry are gone when the
+    attempt ended (its link died, or its worker_entry did not exit in time): something may still run."""
+
+    KIND: ClassVar[str] = "exit_unconfirmed"
+    message: str = field(metadata=TEXT)
+
+
+@dataclass(frozen=True, kw_only=True)
 class NodeProtocolError(BaseEvent):
     """A node sent something the protocol does not allow: that task fails, the job tears down."""
 
@@ -170,97 +189,6 @@ class ConnectionRefused(BaseEvent):
     reason: str = field(metadata=TEXT)
     count: int = field(metadata=COUNT)
     total: int = field(metadata=COUNT)
-
-
-# --- verdicts ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class WorkerLost(BaseEvent):
-    """No heartbeat for ``heartbeat.timeout_s`` (``suspect``: silent before a peer failed)."""
-
-    KIND: ClassVar[str] = "worker_lost"
-    message: str = field(metadata=TEXT)
-    silent_s: float = field(metadata=COUNT)
-    suspect: bool = field(default=False, metadata=SOMETIMES)
-
-
-@dataclass(frozen=True, kw_only=True)
-class WorkerHung(BaseEvent):
-    """The training process is stopped (``state``, ``stopped_s``), or makes no progress while others do
-    (``steps``); ``suspect``: stopped before a peer failed. Only the fields that apply are written."""
-
-    KIND: ClassVar[str] = "worker_hung"
-    message: str = field(metadata=TEXT)
-    state: str | None = field(default=None, metadata=SOMETIMES)
-    stopped_s: float | None = field(default=None, metadata={**COUNT, **SOMETIMES})
-    steps: int | None = field(default=None, metadata={**COUNT, **SOMETIMES})
-    suspect: bool = field(default=False, metadata=SOMETIMES)
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobStalled(BaseEvent):
-    """No training step on any worker for ``heartbeat.progress_timeout_s``; ``steps`` per task."""
-
-    KIND: ClassVar[str] = "job_stalled"
-    message: str = field(metadata=TEXT)
-    steps: dict[str, int | None] = field(metadata=MANY)
-
-
-@dataclass(frozen=True, kw_only=True)
-class StartupTimeout(BaseEvent):
-    """Tasks did not start within ``job.startup_timeout_s``."""
-
-    KIND: ClassVar[str] = "startup_timeout"
-    message: str = field(metadata=TEXT)
-    not_started: list[str] = field(metadata=MANY)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Straggler(BaseEvent):
-    """A worker the others wait for, confirmed over two profile rounds; ``pre_collective_ms`` per task."""
-
-    KIND: ClassVar[str] = "straggler"
-    message: str = field(metadata=TEXT)
-    wait_ms: float = field(metadata=COUNT)
-    step_ms: float = field(metadata=COUNT)
-    share: float = field(metadata=COUNT)
-    cause: str
-    pre_collective_ms: dict[str, float] = field(metadata=MANY)
-    relative_score: float | None = field(metadata=COUNT)
-
-
-@dataclass(frozen=True, kw_only=True)
-class StragglerCleared(BaseEvent):
-    """The straggler no longer is one."""
-
-    KIND: ClassVar[str] = "straggler_cleared"
-    message: str = field(metadata=TEXT)
-
-
-@dataclass(frozen=True, kw_only=True)
-class WorkerSlowing(BaseEvent):
-    """A worker's own work per step fell well below its best window, two rounds in a row."""
-
-    KIND: ClassVar[str] = "worker_slowing"
-    message: str = field(metadata=TEXT)
-    individual_score: float = field(metadata=COUNT)
-    relative_score: float = field(metadata=COUNT)
-    local_ms: float = field(metadata=COUNT)
-    best_local_ms: float | None = field(metadata=COUNT)
-
-
-@dataclass(frozen=True, kw_only=True)
-class GpuProblemFound(BaseEvent):
-    """One GPU of a task has a problem (``supervise.gpus``): a fault, another program on it, a power limit
-    below the board's, or it is slower than its same-model peers; once per GPU and problem while it lasts."""
-
-    KIND: ClassVar[str] = "gpu_problem"
-    message: str = field(metadata=TEXT)
-    gpu: int = field(metadata=spec(lo=0, hi=1024))
-    problem: str
-    model: str | None
-    reading: dict[str, Any] = field(metadata=MANY)
 
 
 # --- stopping ---------------------------------------------------------------------------------------
@@ -313,6 +241,15 @@ class AttemptFinished(BaseEvent):
     attempt: int = field(metadata=COUNT)
     state: str
     root_cause: dict[str, Any] | None = field(metadata={"repair": failure_or_none})
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingCompleted(BaseEvent):
+    """Every task completed its training (exit 0) although a signal came meanwhile, or already did in an
+    earlier allocation: the run is done, not interrupted, requeued or started over."""
+
+    KIND: ClassVar[str] = "training_completed"
+    message: str = field(metadata=TEXT)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -401,9 +338,11 @@ EVENT_TYPES: dict[str, type[BaseEvent]] = {
     cls.KIND: cls
     for cls in (
         JobStarted, MetricsServed, JobWarning, Connected, ConnectFailed, AttemptStarted, TaskReady, Preflight,
-        HeterogeneousGpus, ShellNoise, TaskSpawned, TaskStarted, TaskExited, TaskLost, NodeProtocolError, ConnectionRefused,
+        HeterogeneousGpus, ShellNoise, TaskSpawned, TaskStarted, TaskExited, TaskLost, ExitUnconfirmed,
+        NodeProtocolError, ConnectionRefused,
         WorkerLost, WorkerHung, JobStalled, StartupTimeout, Straggler, StragglerCleared, WorkerSlowing, GpuProblemFound,
-        Interrupted, Detached, BoundReached, Teardown, AttemptFinished, Restart, GatherStarted, GatherFinished,
+        Interrupted, Detached, BoundReached, Teardown, AttemptFinished, TrainingCompleted, Restart, GatherStarted,
+        GatherFinished,
         GatherFailed, JobFinished, SlurmAllocation, Requeued,
     )
 }  # fmt: skip

@@ -82,9 +82,14 @@ class Job:
         decision = Decision(Action.FINISH)
         try:
             with signals_to(self.interrupt, self.out.hangup, self.scheduling.signals):
-                self.out.start_live()
-                if self._connect():
-                    decision = self._attempts()
+                done = self.scheduling.completed_earlier(self)
+                if done is not None:  # an earlier allocation's tasks completed the training: nothing to run
+                    self.bus.emit(ev.TrainingCompleted(message=done))
+                    self.result.state = JobState.SUCCEEDED
+                else:
+                    self.out.start_live()
+                    if self._connect():
+                        decision = self._attempts()
                 if decision.final:
                     self.transfers.summarize()
                 return self.end(decision)
@@ -177,6 +182,9 @@ class Job:
         if decision.ended_by is not None:  # the allocation ended under it: a boundary, not an end
             res.state = JobState.REQUEUED
             res.failures.insert(0, decision.ended_by)
+        elif decision.completed is not None:  # its tasks completed their training: whatever the signal, it did
+            res.state = JobState.SUCCEEDED
+            self.bus.emit(ev.TrainingCompleted(message=decision.completed))
         self.result.attempts.append(res)
         self.result.state = res.state
         return decision

@@ -9,12 +9,13 @@ own rule, and says why in the decision, so the loop never asks which scheduler i
 from __future__ import annotations
 
 import enum
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from ..core.result import AttemptResult, Failure
-from ..core.states import JobState
+from ..core.states import JobState, TaskState
 from ..supervise import Interrupt
 
 
@@ -32,11 +33,37 @@ class Decision:
     ended_by: Failure | None = None
     #: A failure of the run itself (e.g. "preempted, not requeued: slurm.max_requeues"), added to the result.
     run_failure: Failure | None = None
+    #: Every task completed its training (exit 0) while the run was being stopped: the attempt is
+    #: recorded as succeeded, and this says so (a ``training_completed`` event).
+    completed: str | None = None
 
     @property
     def final(self) -> bool:
         """The run ends here: the last hand-over brings the checkpoint, result.json is written."""
         return self.action is Action.FINISH and self.ended_by is None
+
+
+def all_tasks_exited_0(attempt: AttemptResult) -> bool:
+    """Every task of the attempt exited 0: it completed its training, whatever signal came meanwhile
+    (a script that saves on SIGTERM to be resumed exits non-zero: PreemptionCheckpointHandler exits 42)."""
+    return bool(attempt.tasks) and all(t.state == TaskState.SUCCEEDED for t in attempt.tasks.values())
+
+
+def every_task_completed(attempt: AttemptResult) -> bool:
+    """All tasks exited 0 and nothing failed on the way."""
+    return all_tasks_exited_0(attempt) and not attempt.failures
+
+
+def completed_anyway(attempt: AttemptResult) -> bool:
+    """Its tasks completed, but a signal (Ctrl-C, stop, the allocation's end) made it look interrupted."""
+    return attempt.state != JobState.SUCCEEDED and every_task_completed(attempt)
+
+
+def signal_name(signum: int | None) -> str:
+    try:
+        return signal.Signals(signum).name if signum else "a signal"
+    except ValueError:
+        return f"signal {signum}"
 
 
 class AttemptPolicy(Protocol):
@@ -54,6 +81,11 @@ class RestartPolicy:
     max_restarts: int
 
     def decide(self, attempt: AttemptResult, earlier: Sequence[AttemptResult], interrupt: Interrupt) -> Decision:
+        if completed_anyway(attempt):
+            sig = signal_name(interrupt.first)
+            return Decision(Action.FINISH, completed=(
+                f"every task exited 0 — it completed its training — while the run was being stopped ({sig}): "
+                "the run is done"))  # fmt: skip
         used = sum(1 for a in earlier if a.state == JobState.FAILED)
         if attempt.state == JobState.FAILED and used < self.max_restarts and not interrupt.count:
             return Decision(Action.RESTART)

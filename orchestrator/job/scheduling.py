@@ -35,6 +35,11 @@ class RunScheduling:
         """After ``job_started``: the scheduler's events about where this share of the run runs."""
         return None
 
+    def completed_earlier(self, job: RunContext) -> str | None:
+        """Before connecting: why there is nothing left to run (the training already completed in an
+        earlier share of the run), or None. The default: every run starts from its first attempt."""
+        return None
+
     def settle(self, job: RunContext, decision: Decision) -> None:
         """After the last attempt, before the result is recorded: the scheduler's bookkeeping (which may
         still change ``job.result``)."""

@@ -36,6 +36,7 @@ class NoTransfers:
     def after_attempt(self, sup: Supervisor, attempt: int, *, final: bool) -> None:
         for s in sup.sessions.values():
             s.close()
+        report_unconfirmed(self.job, sup)
 
     def before_restart(self) -> None:
         return None
@@ -86,6 +87,7 @@ class ChannelTransfers:
         self.checkpoints = done.checkpoints or self.checkpoints
         if done.totals.interrupted:
             job.result.gather_interrupted = job.interrupt.signum
+        report_unconfirmed(job, sup)
 
     def before_restart(self) -> None:
         """Every task must restore from the chief's backup; copy it where storage is not shared."""
@@ -109,6 +111,17 @@ class ChannelTransfers:
         job.result.gather = summarize(self.totals, self.logs, self.checkpoints, job.rundir, job.bus)
         if self.totals.errors:
             job.result.gather_error = "; ".join(self.totals.errors[:5])
+
+
+def report_unconfirmed(job: RunContext, sup: Supervisor) -> None:
+    """Every host whose node did not confirm, as the attempt's channels closed (in parallel, bounded:
+    ``TaskSession.close``), that the task's processes and its worker_entry are gone: one warning each."""
+    for s in sup.sessions.values():
+        if s.exit_confirmed is False:
+            why = "it never reported the task's end" if s.exit is None else "its worker_entry did not exit in time"
+            job.bus.emit(ev.ExitUnconfirmed(task=s.task, host=s.host, message=(
+                f"{s.host} did not confirm that {s.task}'s processes are gone ({why}); they may still run there: "
+                f"check the host (worker_entry stops them when it notices the launcher is gone)")))  # fmt: skip
 
 
 def transfers_for(job: RunContext) -> Transfers:

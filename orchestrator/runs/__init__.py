@@ -3,6 +3,7 @@
 from .launcher import launcher_info, process_start_time
 from .rundir import (
     RunDir,
+    check_new_dir,
     json_objects,
     read_jsonl,
     resolve_run,
@@ -14,6 +15,7 @@ from .rundir import (
 
 __all__ = [
     "RunDir",
+    "check_new_dir",
     "json_objects",
     "launcher_info",
     "process_start_time",

@@ -8,7 +8,8 @@ RUN/
   checkpoints/            the chief's checkpoint directory, gathered and verified
   nodes/                  node-side task directories (exit.json, complete logs) copied back
   gather-state.json       what the gather has verified (a resumed gather skips it)
-  slurm.json  slurm/      Slurm: the run across allocations; batch script, sbatch/srun output, stop request
+  slurm.json  slurm/      Slurm: the run across allocations; batch script, sbatch/srun output, stop request,
+                          the private spec (0600) the batch job's supervisor runs, removed at the end
   kubernetes.json         Kubernetes: the objects applied and every pod's phase, node and exit
 
 Every path of a run is a property here; nothing else spells a file name of the run directory.
@@ -103,6 +104,12 @@ class RunDir:
         return self.slurm_dir / "stop.json"
 
     @property
+    def slurm_private_spec(self) -> Path:
+        """Slurm: the spec as written (credentials included) for the batch job's supervisor; 0600, only
+        while the run goes on — kept out of the job's environment, which Slurm stores."""
+        return self.slurm_dir / "private-spec.json"
+
+    @property
     def kubernetes_json(self) -> Path:
         """Kubernetes: the objects applied and every pod's phase, node and exit."""
         return self.path / "kubernetes.json"
@@ -116,8 +123,9 @@ class RunDir:
         """Make the directory private (0700): logs and env may hold secrets; only its owner may stop the job.
         ``adopt``: it may already exist holding only launcher.log (made for a --detach launcher)."""
         p = Path(path)
+        existing = check_new_dir(p)
         allowed = {"launcher.log", "logs"} if adopt else set()
-        if p.exists() and any(c.name not in allowed for c in p.iterdir()):
+        if any(name not in allowed for name in existing):
             raise UsageError(f"run directory {p} already exists and is not empty; choose another --run-dir")
         try:
             p.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -135,6 +143,22 @@ class RunDir:
 
     def is_finished(self) -> bool:
         return self.result_json.exists()
+
+
+def check_new_dir(path: Path, option: str = "--run-dir") -> list[str]:
+    """The names in ``path`` if it is a directory (none if it does not exist yet); a UsageError naming
+    ``option`` if it is something else or cannot be listed — before a launch plans or connects."""
+    try:
+        if not path.exists():
+            above = next((a for a in path.parents if a.exists()), None)
+            if above is not None and not above.is_dir():
+                raise UsageError(f"{option} {path}: {above} is not a directory; name a new or empty directory")
+            return []
+        if not path.is_dir():
+            raise UsageError(f"{option} {path}: exists and is not a directory; name a new or empty directory")
+        return [c.name for c in path.iterdir()]
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot use it: {exc.strerror or exc}") from None
 
 
 def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2, durable: bool = True) -> None:
@@ -176,25 +200,74 @@ def write_bytes_atomic(path: Path, data: bytes | Iterable[bytes], *, durable: bo
 
 
 def resolve_run(arg: str, runs_dir: str | Path = "runs") -> RunDir:
-    """A run directory path, or a job name meaning its newest run under `runs_dir`."""
+    """A run directory path, or a job name meaning its newest run under `runs_dir` that this user can
+    read: run directories are private (0700), so another user's run in a shared `runs/` is passed over
+    (and named in the message if nothing else matches), never an error for everyone."""
     p = Path(arg)
-    if p.is_dir():
-        if not (p / "plan.json").exists():
-            raise RunNotFound(f"{arg} is a directory but not a tfcluster run (no plan.json)")
-        return RunDir(p)
+    try:
+        if p.is_dir():
+            _readable_run(p, arg)
+            if not (p / "plan.json").is_file():
+                raise RunNotFound(f"{arg} is a directory but not a tfcluster run (no plan.json)")
+            return RunDir(p)
+    except OSError as exc:
+        raise UsageError(f"{arg}: cannot read it: {exc.strerror or exc}") from None
     base = Path(runs_dir)
-    candidates = []
-    if base.is_dir():
-        for d in base.iterdir():
-            plan = d / "plan.json"
+    candidates, private = [], []
+    try:
+        entries = list(base.iterdir()) if base.is_dir() else []
+    except OSError as exc:
+        raise UsageError(f"{base}/: cannot list it: {exc.strerror or exc}; pass the run directory path") from None
+    for d in entries:
+        plan = d / "plan.json"
+        named = d.name.startswith(f"{arg}-")
+        try:
             if not plan.is_file():
                 continue
-            if d.name.startswith(f"{arg}-") or _job_of(plan) == arg:
+            if named or _job_of(plan) == arg:
                 candidates.append((plan.stat().st_mtime, d.name, d))
+        except PermissionError:
+            if named:
+                private.append(d)
+        except OSError:
+            continue
     if not candidates:
+        if private:
+            owners = ", ".join(sorted({_owner(d) for d in private}))
+            raise RunNotFound(
+                f"no run of {arg!r} that you can read under {base}/: {len(private)} belong to other users "
+                f"({owners}) and are private to them (0700)"
+            )
         raise RunNotFound(f"no run directory or job named {arg!r} (looked in {base}/); pass the run directory path")
     candidates.sort()
     return RunDir(candidates[-1][2])
+
+
+def _readable_run(path: Path, arg: str) -> None:
+    """A UsageError naming the owner if ``path`` is another user's private run directory."""
+    try:
+        os.stat(path / "plan.json")
+    except PermissionError:
+        raise UsageError(
+            f"{arg}: this run directory belongs to {_owner(path)} and is private to its owner (0700); "
+            "status, logs and stop work only for the user who started the run"
+        ) from None
+    except OSError:
+        pass
+
+
+def _owner(path: Path) -> str:
+    """``user (uid N)`` of a path, or ``uid N`` when the name is unknown."""
+    try:
+        uid = path.stat().st_uid
+    except OSError:
+        return "another user"
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
 
 
 def wait_for_run(arg: str, runs_dir: str | Path = "runs", timeout_s: float = 120.0) -> RunDir:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
+from ..core.terminal import safe_text
 from ..events import BaseEvent
 from ..events import kinds as k
 from .style import use_color
@@ -53,8 +54,9 @@ class ConsoleSink:
         line = console_line(event)
         if line is None:
             return
+        text = safe_text(line.text)  # an event's text may quote a node (messages, reasons, hostnames)
         try:
-            self.stream.write(f"{self._paint('tfcluster:', 1)} {self._paint(line.text, line.color)}\n")
+            self.stream.write(f"{self._paint('tfcluster:', 1)} {self._paint(text, line.color)}\n")
             self.stream.flush()
         except (OSError, ValueError):
             pass
@@ -116,6 +118,11 @@ def _task_exited(e: k.TaskExited) -> Line | None:
     return Line(f"{_who(e)} exited with code {e.code}", color)
 
 
+@renders(k.ExitUnconfirmed)
+def _exit_unconfirmed(e: k.ExitUnconfirmed) -> Line:
+    return Line(f"warning: {e.message}", WARN)
+
+
 @renders(k.NodeProtocolError)
 def _protocol_error(e: k.NodeProtocolError) -> Line:
     return Line(f"{_who(e)}: {e.message}", BAD)
@@ -175,6 +182,11 @@ def _teardown(e: k.Teardown) -> Line | None:
 @renders(k.Interrupted)
 def _interrupted(e: k.Interrupted) -> Line:
     return Line(f"received {e.signal}; tearing down (press Ctrl-C again to kill at once)")
+
+
+@renders(k.TrainingCompleted)
+def _training_completed(e: k.TrainingCompleted) -> Line:
+    return Line(e.message)
 
 
 @renders(k.Restart)

@@ -9,6 +9,7 @@ and the job runs on.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from pathlib import Path
@@ -45,7 +46,7 @@ class GuardedFile:
         self.guard = guard
         self.f: Any = None
         try:
-            self.f = open(path, mode, buffering=buffering)  # noqa: SIM115 - lives as long as the run
+            self.f = _open_private(path, mode, buffering)
         except OSError as exc:
             guard.fail(path, exc)
 
@@ -87,3 +88,18 @@ class GuardedFile:
         with contextlib.suppress(OSError, ValueError):
             self.f.close()  # a close that fails to flush still closes
         self.f = None
+
+
+def _open_private(path: Path, mode: str, buffering: int) -> Any:
+    """``open(path, mode)`` for appending, but 0600 whatever the umask (a task's lines may hold
+    secrets) and never through a symlink; a file that was already there is made private too."""
+    if mode not in ("a", "ab"):
+        raise ValueError(f"GuardedFile appends; mode {mode!r}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        return os.fdopen(fd, mode, buffering=buffering)
+    except BaseException:
+        os.close(fd)
+        raise

@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from ..core.terminal import safe_text
 from ..plan import Plan
 from ..supervise.summary import FULL_UP_TO, summarize, summary_lines
 
@@ -55,7 +56,7 @@ class LiveTable:
         if not self.live.is_started:
             sys.stdout.buffer.write(data)
             return
-        text = data.decode("utf-8", "replace")
+        text = safe_text(data.decode("utf-8", "replace"), keep_sgr=True)  # already made safe: once more is free
         self.console.print(Text.from_ansi(text.rstrip("\n")), soft_wrap=True, highlight=False, markup=False)
 
     def update(self, status: dict[str, Any]) -> None:
@@ -84,7 +85,7 @@ class LiveTable:
             style = {"failed": "red", "lost": "red", "succeeded": "green", "stopped": "yellow"}.get(state, "")
             table.add_row(
                 str(node.task),
-                str(t.get("host") or node.host),  # a Slurm run learns its nodes when it starts
+                Text(safe_text(str(t.get("host") or node.host))),  # a Slurm run learns its nodes when it starts
                 Text(state, style=style),
                 _fmt(t.get("steps"), "d"),
                 "-" if step_time is None else f"{step_time * 1000:.1f}",

@@ -6,6 +6,7 @@ import sys
 import time
 from typing import IO, Any
 
+from ..core.terminal import safe_bytes
 from ..runs import RunDir, logline
 from .guard import GuardedFile, WriteGuard
 from .style import PALETTE, use_color
@@ -14,7 +15,9 @@ from .style import PALETTE, use_color
 class LogRouter:
     """Every line of every task: raw per-task file, prefixed combined.log, and the console.
 
-    Frames carry whole lines, so prefixing is one bytes.replace per frame, not a loop per line.
+    Frames carry whole lines, so prefixing is one bytes.replace per frame, not a loop per line. The
+    files get the bytes as printed; the console gets them through ``core.terminal.safe_bytes`` (a
+    task's escape sequences must not drive the user's terminal).
     """
 
     def __init__(
@@ -68,9 +71,10 @@ class LogRouter:
         body = data[:-1] if data.endswith(b"\n") else data
         tag = logline.stamp(ts or time.time()) + self.prefix.get(task, f"[{task}] ".encode())
         self.combined.write(tag + body.replace(b"\n", b"\n" + tag) + b"\n")
-        if self.echo:
+        if self.echo:  # the file keeps the bytes as printed; the terminal gets them made safe
             ctag = self.console_prefix.get(task, tag)
-            text = ctag + body.replace(b"\n", b"\n" + ctag) + b"\n"
+            shown = safe_bytes(body, keep_sgr=self.color)
+            text = ctag + shown.replace(b"\n", b"\n" + ctag) + b"\n"
             if self.console_hook is not None:
                 self.console_hook(text)
             else:

@@ -6,6 +6,8 @@ Field checks come from pydantic; the rules across fields (same GPU count everywh
 
 from __future__ import annotations
 
+import os
+import stat
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,24 +44,61 @@ class LoadedSpec:
 
 def load_spec(path: str | Path) -> LoadedSpec:
     """Read and validate a spec file; raise SpecError with every problem, or UsageError if unreadable."""
-    p = Path(path)
-    try:
-        size = p.stat().st_size
-        if size > MAX_SPEC_BYTES and p.is_file():
-            raise UsageError(f"{path}: {size / 1e6:.1f} MB; a cluster spec is at most {MAX_SPEC_BYTES // 10**6} MB")
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UsageError(f"{path}: is a directory, expected a cluster spec file (YAML)") from None
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+    raw = _read_bounded(str(path))
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise SpecError([Diagnostic.at(str(path), line, "spec", "not valid UTF-8 text")]) from None
     return load_spec_text(text, str(path))
+
+
+def _read_bounded(path: str) -> bytes:
+    """At most MAX_SPEC_BYTES of a regular file or a pipe (``<(cat spec)``), in bounded time: a device
+    (``/dev/zero``, a terminal) or a socket is refused before a byte is read, and a pipe that goes on
+    past the cap is cut off there. Opening never blocks (a FIFO without a writer reads as empty)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{path}: is a directory, expected a cluster spec file (YAML)")
+        if stat.S_ISREG(st.st_mode) and st.st_size > MAX_SPEC_BYTES:
+            raise UsageError(
+                f"{path}: {st.st_size / 1e6:.1f} MB; a cluster spec is at most {MAX_SPEC_BYTES // 10**6} MB"
+            )
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+            raise UsageError(f"{path}: is a {_file_kind(st.st_mode)}, expected a cluster spec file (YAML)")
+        os.set_blocking(fd, True)
+        chunks, size = [], 0
+        while size <= MAX_SPEC_BYTES:
+            chunk = os.read(fd, min(1 << 20, MAX_SPEC_BYTES + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_SPEC_BYTES:
+            raise UsageError(f"{path}: more than {MAX_SPEC_BYTES // 10**6} MB; a cluster spec is at most that")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISCHR(mode):
+        return "character device"
+    if stat.S_ISBLK(mode):
+        return "block device"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "special file"
 
 
 def load_spec_text(text: str, filename: str = "<spec>") -> LoadedSpec:

@@ -158,6 +158,17 @@ def _scheduler_problems(data: dict, filename: str, positions: Positions) -> list
                     + next(k for k, v in SCHEDULER_SECTIONS.items() if v == other),
                 )
             )
+    kube, name = _get(data, "kubernetes"), _get(data, "name")
+    if isinstance(name, str) and _get(kube, "env_secret") == f"{name}-credentials":
+        out.append(
+            Diagnostic.at(
+                filename,
+                positions.line_of(("kubernetes", "env_secret")),
+                "kubernetes.env_secret",
+                f"{name}-credentials is the Secret tfcluster renders for job.env's credentials (and deletes with "
+                "the job); give your own Secret another name",
+            )
+        )
     slurm = _get(data, "slurm")
     gpus, per_node = _get(slurm, "gpus_per_node", 0), _get(slurm, "tasks_per_node", 1)
     if scheduler == "slurm" and isinstance(gpus, int) and isinstance(per_node, int) and per_node > 0 and gpus % per_node:

@@ -21,7 +21,7 @@ SLURM_RESERVED_OPTIONS = frozenset(
     {
         "nodes", "ntasks", "ntasks-per-node", "gpus", "gpus-per-node", "gres", "signal", "requeue",
         "no-requeue", "job-name", "output", "error", "input", "partition", "account", "qos", "time",
-        "constraint", "exclusive", "wrap", "chdir", "export", "array", "dependency", "kill-on-bad-exit",
+        "constraint", "exclusive", "wrap", "chdir", "export", "array", "dependency", "kill-on-bad-exit", "comment",
     }
 )  # fmt: skip
 SLURM_OPTION_RE = re.compile(r"^--([a-z][a-z0-9-]*)(?:=([^\x00-\x1f\x7f]*))?$")
@@ -147,6 +147,12 @@ class KubernetesSpec(_Model):
     tolerations: list[TolerationSpec] = Field(default_factory=list, description="Pod tolerations.")
     service_account: DnsName | None = Field(None, description="Pod serviceAccountName.")
     image_pull_secrets: list[DnsName] = Field(default_factory=list, description="Secrets to pull the image.")
+    env_secret: DnsName | None = Field(
+        None,
+        description="An existing Secret in the namespace whose keys every pod gets as environment variables "
+        "(envFrom): credentials kept out of the spec. Credentials written in job.env or job.command go into a "
+        "Secret tfcluster renders itself (<name>-credentials), never into the pods' plain env or args.",
+    )
     volume: VolumeSpec | None = Field(None, description="A PVC for checkpoints and backups, mounted in every pod.")
     flavor: Literal["jobset", "indexed-job"] = Field(
         "jobset", description="jobset (needs the JobSet controller) or indexed-job (plain Kubernetes)."

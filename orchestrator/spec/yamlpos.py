@@ -149,6 +149,11 @@ def _too_deep_at(text: str) -> int | None:
     return None
 
 
+def _codepoint(char: str | int) -> str:
+    code = char if isinstance(char, int) else ord(char[:1] or "\0")
+    return f"U+{code:04X}" + (" (NUL)" if code == 0 else "")
+
+
 class YamlSyntaxError(Exception):
     def __init__(self, line: int | None, message: str):
         self.line = line
@@ -158,7 +163,13 @@ class YamlSyntaxError(Exception):
 
 def load(text: str) -> tuple[Any, Positions, list[Duplicate]]:
     """Parse one YAML document; return its data, the positions of everything, and duplicate keys."""
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (NUL, other C0 controls)
+        line = text.count("\n", 0, max(exc.position, 0)) + 1
+        raise YamlSyntaxError(
+            line, f"contains the character {_codepoint(exc.character)}, which YAML does not allow; remove it"
+        ) from None
     try:
         if not loader.check_node():
             return None, Positions(value_lines={(): 1}), []

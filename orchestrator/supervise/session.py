@@ -27,6 +27,7 @@ from ..plan import NodePlan
 TAIL_BYTES = 16 * 1024
 DIAG_BYTES = 64 * 1024
 LAST_LINES = 20
+EXIT_CONFIRM_S = 10.0  # after its task ended: how long a node may take to confirm its processes are gone
 
 
 PROTOCOL_HINT = (
@@ -95,6 +96,7 @@ class TaskSession:
         self.exit: p.Exited | None = None
         self.files: p.TaskFiles | None = None  # what the node offers after its task ended
         self.abandoned = False  # we stopped waiting for it: its channel is closed, nothing to fetch
+        self.exit_confirmed: bool | None = None  # its node said its processes are gone (None: not asked)
         self.go_sent = False
         self.spawned = False
         self.stop_sent = False
@@ -136,10 +138,14 @@ class TaskSession:
         return True
 
     def close(self) -> None:
-        """Close the channel for good (worker_entry stops its task when it sees the channel go)."""
+        """Close the channel for good (worker_entry stops its task when it sees the channel go). A task
+        that ended and said so is closed gracefully: its node's worker_entry exits once the task's process
+        tree is gone, and its exit status is the confirmation (``exit_confirmed``), waited for up to
+        ``EXIT_CONFIRM_S`` (the hand-over closes every task in parallel)."""
+        graceful = self.handing_over
         self.abandoned = True
-        if self.channel is not None:
-            self.channel.close()
+        if self.channel is not None and self.exit_confirmed is None:
+            self.exit_confirmed = self.channel.close_confirmed(EXIT_CONFIRM_S if graceful else 0.0)
 
     @property
     def handing_over(self) -> bool:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from ..core.errors import UsageError
+from ..core.terminal import safe_text
 from ..plan import TaskId
 from ..runs import RunDir
 from ..runs.logline import parse_line
@@ -58,7 +59,7 @@ class LogQuery:
         """The line as shown, or None when filtered out."""
         parsed = parse_line(line)
         if parsed is None:
-            return line if not (self.tasks or self.pattern) else None
+            return safe_text(line) if not (self.tasks or self.pattern) else None
         if self.tasks and not parsed.is_note and parsed.task not in self.tasks:
             return None
         if self.pattern and not self.pattern.search(parsed.body):
@@ -67,13 +68,14 @@ class LogQuery:
             ts = parsed.ts
             if ts is not None and ts < self.since_ts:
                 return None
+        body = safe_text(parsed.body, keep_sgr=color)  # combined.log has the bytes as printed; not the terminal
         if self.raw:
-            return parsed.body
-        prefix = f"[{parsed.tag}]"
+            return body
+        prefix = f"[{safe_text(parsed.tag)}]"
         if color and not parsed.is_note:
             idx = _task_color_index(parsed.task)
             prefix = f"\x1b[{PALETTE[idx % len(PALETTE)]}m{prefix}\x1b[0m"
-        out = f"{prefix} {parsed.body}"
+        out = f"{prefix} {body}"
         return f"{parsed.ts_text} {out}" if self.timestamps else out
 
 

@@ -32,7 +32,7 @@ class Env:
     CONNECT = "TFCLUSTER_CONNECT"  # connect-back: the supervisor's HOST:PORT
     RANK = "TFCLUSTER_RANK"  # connect-back: which task this node is (0-based, in plan order)
     SLURM_NODE_ADDRS = "TFCLUSTER_SLURM_NODE_ADDRS"  # slurm: NAME=ADDR,... of the allocation's nodes (NodeAddr)
-    SLURM_SPEC = "TFCLUSTER_SLURM_SPEC"  # slurm: the spec the batch supervisor runs (in sbatch's environment only)
+    SECRET_ARG = "TFCLUSTER_SECRET_ARG"  # Kubernetes: _<i>: a credential word of the command, from the job's Secret
     POD = "TFCLUSTER_POD"  # Kubernetes: the pod's worker_entry settings (JSON, rendered into the pod spec)
     JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"  # Kubernetes: set by the Job controller (Indexed Jobs)
     SCALE_WORKERS = "TFCLUSTER_SCALE_WORKERS"  # tfcluster scale: the workers of this size of the sweep

@@ -10,6 +10,7 @@ import errno
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,25 @@ class SshChannel(Channel):
             self.chan.close()
         except Exception:
             pass
+
+    def close_confirmed(self, timeout_s: float) -> bool:
+        """EOF to worker_entry (it exits once its task's process tree is gone), then its exit status:
+        sshd sends it only after it reaped the process, so it is the node's confirmation."""
+        chan = self.chan
+        try:
+            chan.shutdown_write()
+        except Exception:
+            pass
+        deadline = time.monotonic() + timeout_s
+        while not chan.exit_status_ready():
+            left = deadline - time.monotonic()
+            transport = chan.get_transport()
+            if left <= 0 or chan.closed or transport is None or not transport.is_active():
+                break
+            chan.status_event.wait(min(left, 0.1))
+        confirmed = chan.exit_status_ready()
+        self.close()
+        return confirmed
 
 
 class KeyCache:

@@ -58,6 +58,15 @@ def _json(resp: Any) -> dict[str, Any]:
     return obj
 
 
+#: The only kinds tfcluster creates, reads or deletes.
+MANAGED_KINDS = ("Secret", "Service", "Job", "JobSet")
+
+
+def _managed(kind: str) -> None:
+    if kind not in MANAGED_KINDS:
+        raise KubeError(f"tfcluster does not manage a {kind!r} (only {', '.join(MANAGED_KINDS)})", reason="kind")
+
+
 class LogStream:
     """A followed pod log: iterate for chunks; ``close()`` from any thread ends it."""
 
@@ -112,6 +121,9 @@ class KubeApi:
     def create(self, doc: dict[str, Any]) -> dict[str, Any]:
         kind, name = doc["kind"], doc["metadata"]["name"]
         try:
+            if kind == "Secret":
+                resp = self.core.create_namespaced_secret(self.ns, doc, _preload_content=False)
+                return {"kind": kind, "metadata": (_json(resp).get("metadata") or {})}  # not its data
             if kind == "Service":
                 resp = self.core.create_namespaced_service(self.ns, doc, _preload_content=False)
             elif kind == "Job":
@@ -130,7 +142,11 @@ class KubeApi:
 
     def get(self, kind: str, name: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
+        _managed(kind)
         try:
+            if kind == "Secret":
+                resp = self.core.read_namespaced_secret(name, self.ns, _preload_content=False)
+                return {"kind": kind, "metadata": (_json(resp).get("metadata") or {})}  # never its data
             if kind == "Service":
                 resp = self.core.read_namespaced_service(name, self.ns, _preload_content=False)
             elif kind == "Job":
@@ -149,8 +165,11 @@ class KubeApi:
         """Delete it and what it owns (``foreground``: the object goes only after its pods); False if
         it was already gone."""
         policy = "Foreground" if foreground else "Background"
+        _managed(kind)
         try:
-            if kind == "Service":
+            if kind == "Secret":
+                self.core.delete_namespaced_secret(name, self.ns, _preload_content=False)
+            elif kind == "Service":
                 self.core.delete_namespaced_service(name, self.ns, _preload_content=False)
             elif kind == "Job":
                 self.batch.delete_namespaced_job(name, self.ns, propagation_policy=policy, _preload_content=False)

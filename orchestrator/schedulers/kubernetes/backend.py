@@ -136,15 +136,15 @@ class KubernetesBackend(Backend):
     def _apply(self, attempt: int) -> None:
         assert self.api is not None
         docs = render(self.spec, self.plan, attempt)
+        once = [d for d in docs if d["kind"] in ("Secret", "Service", "JobSet")]  # the credentials first
+        jobs = [d for d in docs if d["kind"] == "Job"]
+        if attempt == 0:
+            for doc in once:
+                self._create(doc)
         if self.flavor == "jobset":
-            if attempt == 0:
-                self._create(docs[0])
-            elif self.api.get("JobSet", self.spec.name) is None:
+            if attempt > 0 and self.api.get("JobSet", self.spec.name) is None:
                 raise KubeError(f"JobSet {self.namespace}/{self.spec.name} is gone: it cannot restart")
             return  # a restart is the JobSet controller's (failurePolicy.maxRestarts)
-        service, jobs = docs[0], docs[1:]
-        if attempt == 0:
-            self._create(service)
         for job in jobs:
             name = job["metadata"]["name"]
             if attempt > 0:
@@ -340,20 +340,3 @@ def _hint(exc: KubeError) -> str:
     if exc.status in (401, 403):
         return "your credentials may not list pods or create Jobs in this namespace (kubectl auth can-i)"
     return "check kubectl get pods -n NAMESPACE works from this machine"
-
-
-def delete_recorded(record: dict[str, Any], api: KubeApi | None = None) -> list[str]:
-    """``tfcluster stop`` of a run whose launcher is gone: delete what it applied. Returns what happened."""
-    if api is None:
-        try:
-            api = KubeApi.connect(str(record.get("namespace") or "default"))
-        except KubeError as exc:
-            return [f"cannot reach the cluster: {exc}"]
-    out = []
-    for obj in reversed(record.get("objects") or []):
-        kind, name = str(obj.get("kind")), str(obj.get("name"))
-        try:
-            out.append(f"{kind} {name}: {'deleted' if api.delete(kind, name) else 'already gone'}")
-        except KubeError as exc:
-            out.append(f"{kind} {name}: {exc}")
-    return out

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from ...core.errors import UsageError
+from ...runs import write_private
 
 
 def render_specs(
@@ -16,6 +18,8 @@ def render_specs(
     from .plan import kubernetes_plan
     from .render import render, to_yaml, with_flavor
 
+    if output_dir:
+        _check_output_dir(output_dir)
     texts = []
     for path in paths:
         loaded = load_spec(path)
@@ -38,14 +42,22 @@ def render_specs(
         )
         texts.append((spec.name, to_yaml(docs, header)))
     if output_dir:
-        os.makedirs(output_dir, exist_ok=True)
-        for name, text in texts:
-            dest = os.path.join(output_dir, f"{name}.yaml")
-            with open(dest, "w") as f:
-                f.write(text)
-            print(dest)
+        try:
+            os.makedirs(output_dir, mode=0o700, exist_ok=True)
+            for name, text in texts:
+                dest = os.path.join(output_dir, f"{name}.yaml")
+                write_private(Path(dest), text)  # it may hold a Secret: 0600 whatever the umask
+                print(dest)
+        except OSError as exc:
+            raise UsageError(f"-o {output_dir}: cannot write there: {exc.strerror or exc}") from None
     else:
         sys.stdout.write("".join(text for _, text in texts))
+
+
+def _check_output_dir(output_dir: str) -> None:
+    """-o names a directory (made if missing): refuse a file before anything is rendered."""
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise UsageError(f"-o {output_dir}: exists and is not a directory; -o names a directory for the manifests")
 
 
 def _check(path: str, docs: list[dict]) -> None:

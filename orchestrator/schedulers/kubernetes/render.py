@@ -21,6 +21,7 @@ from worker_entry.protocol.podlog import PodConfig
 from ...plan import NodePlan, Plan
 from ...spec import ClusterSpec
 from .plan import POD_DIR, PodNames, pod_names
+from .secrets import Credentials, container_args, container_env, credentials, env_from, escape, secret_doc
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 CONTAINER = "tensorflow"
@@ -41,15 +42,18 @@ PORT_NAME = "tf-grpc"
 
 
 def render(spec: ClusterSpec, plan: Plan, attempt: int = 0) -> list[dict[str, Any]]:
-    """The objects to create, in order (the Service before the Jobs that use it)."""
+    """The objects to create, in order: the credentials' Secret (if any) and the Service before the Jobs
+    that use them."""
     k8s = spec.kubernetes
     assert k8s is not None and plan.scheduler == "kubernetes"
     names = pod_names(spec)
+    creds = credentials(spec)
     types = [t for t in ("chief", "worker") if any(n.task.type == t for n in plan.nodes)]
+    first = [secret_doc(creds, _meta(spec, creds.secret, plan))] if creds else []
     if k8s.flavor == "jobset":
-        return [_jobset(spec, plan, names, types)]
-    jobs = [_job(spec, plan, names, t, attempt) for t in types]
-    return [_service(spec, names), *jobs]
+        return [*first, _jobset(spec, plan, names, types, creds)]
+    jobs = [_job(spec, plan, names, t, attempt, creds) for t in types]
+    return [*first, _service(spec, names, plan), *jobs]
 
 
 def with_flavor(spec: ClusterSpec, flavor: str | None) -> ClusterSpec:
@@ -75,15 +79,13 @@ def _meta(spec: ClusterSpec, name: str, plan: Plan, **extra_labels: str) -> dict
     }
 
 
-def _service(spec: ClusterSpec, names: PodNames) -> dict[str, Any]:
+def _service(spec: ClusterSpec, names: PodNames, plan: Plan) -> dict[str, Any]:
     """Headless: DNS records per pod, published before readiness (MWMS dials its peers at start)."""
-    k8s = spec.kubernetes
-    assert k8s is not None
     port = spec.tensorflow.port
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": names.service, "namespace": k8s.namespace, "labels": {LABEL_JOB: spec.name, **MANAGED_BY}},
+        "metadata": _meta(spec, names.service, plan),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -93,8 +95,10 @@ def _service(spec: ClusterSpec, names: PodNames) -> dict[str, Any]:
     }
 
 
-def _job(spec: ClusterSpec, plan: Plan, names: PodNames, task_type: str, attempt: int) -> dict[str, Any]:
-    job_spec = _job_spec(spec, plan, task_type, attempt)
+def _job(
+    spec: ClusterSpec, plan: Plan, names: PodNames, task_type: str, attempt: int, creds: Credentials
+) -> dict[str, Any]:
+    job_spec = _job_spec(spec, plan, task_type, attempt, creds)
     job_spec["template"]["spec"]["subdomain"] = names.service
     return {
         "apiVersion": "batch/v1",
@@ -104,7 +108,7 @@ def _job(spec: ClusterSpec, plan: Plan, names: PodNames, task_type: str, attempt
     }
 
 
-def _jobset(spec: ClusterSpec, plan: Plan, names: PodNames, types: list[str]) -> dict[str, Any]:
+def _jobset(spec: ClusterSpec, plan: Plan, names: PodNames, types: list[str], creds: Credentials) -> dict[str, Any]:
     return {
         "apiVersion": JOBSET_API,
         "kind": "JobSet",
@@ -118,7 +122,7 @@ def _jobset(spec: ClusterSpec, plan: Plan, names: PodNames, types: list[str]) ->
                 {
                     "name": names.replicated_job(t),
                     "replicas": 1,
-                    "template": {"metadata": {"labels": {LABEL_TASK_TYPE: t}}, "spec": _job_spec(spec, plan, t, None)},
+                    "template": {"metadata": {"labels": {LABEL_TASK_TYPE: t}}, "spec": _job_spec(spec, plan, t, None, creds)},
                 }
                 for t in types
             ],
@@ -126,7 +130,9 @@ def _jobset(spec: ClusterSpec, plan: Plan, names: PodNames, types: list[str]) ->
     }
 
 
-def _job_spec(spec: ClusterSpec, plan: Plan, task_type: str, attempt: int | None) -> dict[str, Any]:
+def _job_spec(
+    spec: ClusterSpec, plan: Plan, task_type: str, attempt: int | None, creds: Credentials
+) -> dict[str, Any]:
     """An Indexed Job of every pod of one task type; ``attempt`` None: the JobSet counts attempts."""
     nodes = [n for n in plan.nodes if n.task.type == task_type]
     annotations = {ANNOTATION_RUN_ID: plan.run_id}
@@ -143,7 +149,7 @@ def _job_spec(spec: ClusterSpec, plan: Plan, task_type: str, attempt: int | None
                 "annotations": annotations,
             },
             "spec": _pod_spec(
-                spec, nodes[0], attempt_source=JOBSET_RESTART_ATTEMPT if attempt is None else ANNOTATION_ATTEMPT
+                spec, nodes[0], JOBSET_RESTART_ATTEMPT if attempt is None else ANNOTATION_ATTEMPT, creds
             ),
         },
     }
@@ -166,11 +172,11 @@ def pod_config(spec: ClusterSpec, node: NodePlan) -> PodConfig:
     )
 
 
-def _pod_spec(spec: ClusterSpec, node: NodePlan, attempt_source: str) -> dict[str, Any]:
+def _pod_spec(spec: ClusterSpec, node: NodePlan, attempt_source: str, creds: Credentials) -> dict[str, Any]:
     k8s = spec.kubernetes
     assert k8s is not None
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in node.env.items() if k not in PER_POD_ENV]
-    env.append({"name": Env.POD, "value": json.dumps(pod_config(spec, node).to_dict(), separators=(",", ":"))})
+    env = container_env({k: v for k, v in node.env.items() if k not in PER_POD_ENV}, creds)
+    env.append({"name": Env.POD, "value": escape(json.dumps(pod_config(spec, node).to_dict(), separators=(",", ":")))})
     env.append(
         {"name": Env.ATTEMPT, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{attempt_source}']"}}}
     )
@@ -185,8 +191,8 @@ def _pod_spec(spec: ClusterSpec, node: NodePlan, attempt_source: str) -> dict[st
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": k8s.image,
-        "command": [*node.argv, "--"],
-        "args": list(node.command),
+        "command": [escape(a) for a in (*node.argv, "--")],
+        "args": container_args(list(node.command), creds),
         "env": env,
         "ports": [{"name": PORT_NAME, "containerPort": node.tf_port, "protocol": "TCP"}],
         "resources": _resources(spec, node.gpus),
@@ -197,6 +203,8 @@ def _pod_spec(spec: ClusterSpec, node: NodePlan, attempt_source: str) -> dict[st
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
+    if k8s.env_secret:
+        container["envFrom"] = env_from(spec)
     if node.workdir:
         container["workingDir"] = node.workdir
     pod: dict[str, Any] = {

@@ -27,12 +27,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from worker_entry.protocol.env import Env
-
 from ...core.result import AttemptResult, Failure, TaskResult
 from ...core.states import JobState, TaskState, interrupted_state
 from ...events import kinds as ev
 from ...job import Action, Decision, RestartPolicy, RunScheduling
+from ...job.policy import all_tasks_exited_0, every_task_completed, signal_name
 from ...runs import RunDir
 from ...spec import ClusterSpec
 from ...supervise import Interrupt
@@ -62,7 +61,6 @@ class SlurmScheduling(RunScheduling):
         self.env = dict(env)
         self.job_id = sc.job_id_of(env)
         self.restart_count = int(env["SLURM_RESTART_COUNT"]) if env.get("SLURM_RESTART_COUNT", "").isdigit() else 0
-        self.spec_payload: str | None = None  # for a resubmission: the spec travels in the job's environment
         self.ending: str | None = None  # "timeout" | "preempted": this allocation ends, the run does not
 
     def policy(self, spec: ClusterSpec) -> SlurmPolicy:
@@ -94,6 +92,16 @@ class SlurmScheduling(RunScheduling):
             preemptions=self.state.preemptions,
             timeouts=self.state.timeouts,))
 
+    def completed_earlier(self, job: RunContext) -> str | None:
+        """A requeued allocation whose every task already completed (exit 0) in the last one: finish at
+        once, saying so, instead of training again from epoch 0 (the backup is gone with the training)."""
+        last = job.result.attempts[-1] if job.result.attempts else None
+        if last is None or not all_tasks_exited_0(last):  # its failure is the allocation's end, not the training's
+            return None
+        return (f"every task completed its training (exit 0) in attempt {last.attempt}, before Slurm job "
+                f"{self.job_id}'s previous allocation ended: nothing is left to run, the run is done "
+                "(not trained again)")  # fmt: skip
+
     def _earlier_attempts(self, job: RunContext) -> list[AttemptResult]:
         attempts = []
         for d in self.state.attempts:
@@ -107,7 +115,7 @@ class SlurmScheduling(RunScheduling):
             ended = status.get("updated") if isinstance(status.get("updated"), int | float) else time.time()
             msg = (f"allocation of Slurm job {last.get('job_id')} ended without its supervisor recording it "
                    "(preempted, requeued, or its node failed); the next allocation resumes from the backup")  # fmt: skip
-            tasks = {str(n.task): TaskResult(str(n.task), n.host, TaskState.LOST) for n in job.plan.nodes}
+            tasks = self._last_known_tasks(job, status, len(attempts))
             started = last.get("started_ts") if isinstance(last.get("started_ts"), int | float) else ended
             attempts.append(AttemptResult(len(attempts), JobState.REQUEUED, started, ended, tasks,
                                           [Failure("scheduler", msg, ended, attempt=len(attempts))]))  # fmt: skip
@@ -115,6 +123,15 @@ class SlurmScheduling(RunScheduling):
             self.state.preemptions += 1
             self.state.attempts.append(attempts[-1].to_dict())
         return attempts
+
+    def _last_known_tasks(self, job: RunContext, status: dict, attempt: int) -> dict[str, TaskResult]:
+        """The tasks of an attempt whose supervisor died unrecorded: lost, unless its last status.json
+        says they had all succeeded (exit 0: their training completed before the allocation went)."""
+        known = status.get("tasks") if status.get("attempt") == attempt and isinstance(status.get("tasks"), dict) else {}
+        done = bool(known) and all(isinstance(t, dict) and t.get("state") == "succeeded" for t in known.values())
+        state = TaskState.SUCCEEDED if done and set(known) == {str(n.task) for n in job.plan.nodes} else TaskState.LOST
+        return {str(n.task): TaskResult(str(n.task), n.host, state, exit_code=0 if state == TaskState.SUCCEEDED else None)
+                for n in job.plan.nodes}  # fmt: skip
 
     # --- why the supervisor was signalled ---------------------------------------------------------
 
@@ -186,8 +203,7 @@ class SlurmScheduling(RunScheduling):
             argv = json.loads((self.rundir.slurm_dir / "sbatch.json").read_text())
             if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv) and argv[:1] == ["sbatch"]):
                 raise ValueError("not an sbatch command line")
-            env = {**os.environ, Env.SLURM_SPEC: self.spec_payload} if self.spec_payload else None
-            new = sc.submit([*argv[:-1], f"--dependency=afterany:{self.job_id}", argv[-1]], env=env)
+            new = sc.submit([*argv[:-1], f"--dependency=afterany:{self.job_id}", argv[-1]])  # RUN/slurm/private-spec.json
         except (OSError, ValueError) as exc:
             job.bus.emit(ev.JobWarning(message=f"could not resubmit the job: {exc}"))
             return None
@@ -205,7 +221,13 @@ class SlurmPolicy:
 
     def decide(self, attempt: AttemptResult, earlier: Sequence[AttemptResult], interrupt: Interrupt) -> Decision:
         s = self.scheduling
-        # Every task finished during the save grace: the run is done, whatever the signal said.
+        # Every task completed its training (exit 0), even during the save grace: the run is done, whatever
+        # the signal said — a requeue would start the training over (BackupAndRestore removed its backup).
+        if every_task_completed(attempt) and attempt.state != JobState.SUCCEEDED:
+            s.ending = None
+            return Decision(Action.FINISH, completed=(
+                f"every task exited 0 — it completed its training — while Slurm job {s.job_id} was ending "
+                f"({signal_name(interrupt.first)}: preemption, requeue or time limit): the run is done, not requeued"))  # fmt: skip
         ending = None if attempt.state == JobState.SUCCEEDED else s.allocation_ending(interrupt)
         s.ending = ending
         if ending is None:

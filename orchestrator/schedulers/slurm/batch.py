@@ -3,63 +3,59 @@ batch script tfcluster submits), and ``tfcluster launch`` inside the user's own 
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-
-from worker_entry.protocol.env import Env
 
 from ...core.result import RunResult
 from ...job import Job, LaunchOptions
 from ...plan import Plan
 from ...runs import RunDir
-from ...spec import LoadedSpec, load_spec, load_spec_text
+from ...spec import LoadedSpec
 from . import commands as sc
 from .allocation import SlurmScheduling
 from .plan import slurm_plan
+from .private_spec import PrivateSpecMissing, read_private_spec, remove_private_spec
 from .state import SlurmState
 from .step import SlurmStepBackend, allocation_nodes
+from .submit import record_not_run
 
 
 def run_batch(run_dir: str, env: Mapping[str, str] = os.environ) -> RunResult | None:
-    """``tfcluster slurm-batch RUN``: the supervisor of one allocation of a submitted run."""
+    """``tfcluster slurm-batch RUN``: the supervisor of one allocation of a submitted run. Without the
+    private spec it refuses (result.json says why) rather than run the redacted copy's ``<redacted>``."""
     rundir = RunDir(Path(run_dir))
     state = SlurmState.load(rundir)
     if state is None:
         raise FileNotFoundError(f"{run_dir}: no slurm.json: not a run submitted by tfcluster (or not on a shared filesystem)")
     if rundir.is_finished():
         print(f"tfcluster: run {rundir.path} already finished; nothing to do", flush=True)
+        remove_private_spec(rundir)
         return None
-    payload = os.environ.pop(Env.SLURM_SPEC, None) if env is os.environ else env.get(Env.SLURM_SPEC)
-    loaded = spec_from_payload(payload) if payload else None
-    if loaded is None:  # not submitted by this version: the run directory's (redacted) copy
-        print(f"tfcluster: warning: no {Env.SLURM_SPEC} in the job's environment; running RUN/spec.yaml", flush=True)
-        loaded = load_spec(rundir.spec_yaml)
+    try:
+        loaded = read_private_spec(rundir)
+    except PrivateSpecMissing as exc:
+        print(f"tfcluster: error: {exc}", flush=True)
+        return _refuse(rundir, state, str(exc))
     plan = slurm_plan(loaded.spec, run_id=state.run_id, node_names=allocation_nodes(env))
     opts = LaunchOptions(run_dir=str(rundir.path), gather=state.gather, live=False, echo_logs=False)
     scheduling = SlurmScheduling(rundir, state, loaded.spec, batch=True, env=env)
-    scheduling.spec_payload = payload
-    return Job(loaded, plan, opts, SlurmStepBackend(loaded.spec, plan, env=env), scheduling=scheduling, rundir=rundir).run()
-
-
-def spec_from_payload(payload: str) -> LoadedSpec | None:
-    """The spec ``submit.spec_payload`` packed (validated again, like any spec file); None if garbled."""
     try:
-        data = json.loads(base64.b64decode(payload.encode("ascii"), validate=True))
-    except (ValueError, UnicodeError):
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("text"), str) or not isinstance(data.get("path"), str):
-        return None
-    loaded = load_spec_text(data["text"], data["path"])
-    command = data.get("command")
-    if isinstance(command, list) and command and all(isinstance(a, str) for a in command):
-        job = loaded.spec.job.model_copy(update={"command": command})
-        loaded = LoadedSpec(spec=loaded.spec.model_copy(update={"job": job}), path=loaded.path, text=loaded.text,
-                            warnings=loaded.warnings)  # fmt: skip
-    return loaded
+        return Job(loaded, plan, opts, SlurmStepBackend(loaded.spec, plan, env=env), scheduling=scheduling,
+                   rundir=rundir).run()  # fmt: skip
+    finally:
+        if rundir.is_finished():  # the run is over (not handed to a next allocation)
+            remove_private_spec(rundir)
+
+
+def _refuse(rundir: RunDir, state: SlurmState, message: str) -> RunResult:
+    """The batch job cannot run its spec: record it as a start failure, with the planned job's names."""
+    plan = rundir.read_json(rundir.plan_json)
+    plan = plan if isinstance(plan, dict) else {}
+    nodes = plan.get("nodes") if isinstance(plan.get("nodes"), list) else []
+    hint = "the batch job runs RUN/slurm/private-spec.json, written by `tfcluster launch` on the login node"
+    return record_not_run(rundir, str(plan.get("job") or ""), state.run_id, len(nodes), 1, message, hint)
 
 
 def launch_in_allocation(loaded: LoadedSpec, plan: Plan, opts: LaunchOptions, env: Mapping[str, str] = os.environ) -> RunResult:

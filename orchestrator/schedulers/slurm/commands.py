@@ -170,6 +170,46 @@ def job_info(job_id: str, env: Mapping[str, str] | None = None) -> JobInfo:
     return JobInfo(job_id, "UNKNOWN")
 
 
+@dataclass(frozen=True)
+class JobIdentity:
+    """Who a queued or running job is: its name, comment and owner (what ``stop`` checks before scancel)."""
+
+    job_id: str
+    name: str
+    comment: str
+    uid: int | None
+
+
+def parse_identity(job_id: str, text: str) -> JobIdentity | None:
+    """``squeue -h -j ID -o %j|%k|%U`` (name|comment|uid), or ``scontrol show job -o ID``."""
+    line = next((x for x in text.splitlines() if x.strip()), "")
+    if "JobName=" in line:  # scontrol: KEY=VALUE words
+        fields = dict(w.partition("=")[::2] for w in line.split() if "=" in w)
+        uid = re.search(r"\((\d{1,10})\)$", fields.get("UserId", ""))
+        return JobIdentity(job_id, _clean(fields.get("JobName", "")), _clean(fields.get("Comment", "")),
+                           int(uid.group(1)) if uid else None)  # fmt: skip
+    parts = line.strip().split("|")
+    if len(parts) < 3 or not parts[-1].isdigit() or len(parts[-1]) > 10:
+        return None
+    return JobIdentity(job_id, _clean(parts[0]), _clean("|".join(parts[1:-1])), int(parts[-1]))
+
+
+def job_identity(job_id: str) -> JobIdentity | None:
+    """The job's name, comment and owner while Slurm knows it (squeue, else scontrol); None otherwise."""
+    if not JOB_ID_RE.match(job_id):
+        return None
+    for argv in (["squeue", "-h", "-j", job_id, "-o", "%j|%k|%U"], ["scontrol", "show", "job", "-o", job_id]):
+        if not have(argv[0]):
+            continue
+        try:
+            ident = parse_identity(job_id, run(argv, timeout=15.0))
+        except SlurmError:
+            continue
+        if ident is not None:
+            return ident
+    return None
+
+
 def cancel(target: str, *, signal: str | None = None, batch_only: bool = False) -> None:
     """scancel a job or a step (``JOB.STEP``); ``batch_only`` signals only the batch shell (our supervisor)."""
     argv = ["scancel"]

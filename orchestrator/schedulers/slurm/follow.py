@@ -23,7 +23,7 @@ from ...sinks import ConsoleSink, use_color
 from ...views.logs import LogQuery
 from . import commands as sc
 from .commands import SlurmError
-from .handle import cancel, current_job, finalize, job_info
+from .handle import cancel, current_job, finalize, job_info, scancel_checked
 
 POLL_S = 0.2
 SLURM_POLL_S = 1.0
@@ -135,7 +135,7 @@ class Follower:
             self.note(f"scancel of the whole job {job}")
             try:
                 if job:
-                    sc.cancel(job)
+                    scancel_checked(self.run, job)
             except SlurmError as exc:
                 self.note(str(exc))
             return True

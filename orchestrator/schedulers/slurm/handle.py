@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...core.errors import UsageError
 from ...core.result import AttemptResult, Failure, RunResult
 from ...core.states import JobState, interrupted_state
 from ...runs import RunDir, write_json_atomic
@@ -25,6 +26,8 @@ from ...supervise.status import final_tasks
 from ...views.handle import RunHandle, stopped_text
 from . import commands as sc
 from .commands import JobInfo, SlurmError
+from .plan import job_comment
+from .private_spec import remove_private_spec
 from .state import SlurmState, request_stop, stop_requested
 from .submit import submitted_path
 
@@ -114,6 +117,7 @@ def finalize(run: RunDir, info: JobInfo | None = None) -> dict[str, Any] | None:
     result = RunResult(str(plan.get("job") or ""), str(plan.get("run_id") or ""), str(run.path), new, started, now,
                        attempts=attempts, failures=[Failure(kind, msg, now, hint=hint)])  # fmt: skip
     data = record_result(run, result)
+    remove_private_spec(run)  # the run is over: its credentials go
     status = run.read_json(run.status_json) or {}
     live = status.get("tasks") if isinstance(status.get("tasks"), dict) else {}
     ended = data.get("tasks") or {t: {} for t in live}  # the outcome where known; what was seen, else
@@ -151,6 +155,41 @@ def out_tail(run: RunDir, job: str | None, lines: int = 5) -> str:
     return " | ".join(line.strip() for line in data.strip().splitlines()[-lines:] if line.strip())[:1000]
 
 
+def not_this_runs_job(run: RunDir, job: str) -> str | None:
+    """Why Slurm job ``job`` is not this run's (None when it is): slurm.json is only a file, and ``stop``
+    may run as root — so scancel only a job whose comment names this run (``--comment=tfcluster:RUN_ID``),
+    whose name is the run's job and whose owner owns the run directory."""
+    ident = sc.job_identity(job)
+    if ident is None:
+        return f"Slurm does not know job {job} (any more), or does not say whose it is"
+    return _not_ours(run, ident)
+
+
+def _not_ours(run: RunDir, ident: sc.JobIdentity) -> str | None:
+    state = SlurmState.load(run)
+    plan = run.read_json(run.plan_json)
+    job_name = plan.get("job") if isinstance(plan, dict) else None
+    if state is None or not state.run_id or not isinstance(job_name, str):
+        return "the run directory does not say which run it is (slurm.json, plan.json)"
+    want = job_comment(state.run_id)
+    if ident.comment != want:
+        return f"its comment is {ident.comment!r}, not {want!r}"
+    if ident.name != job_name:
+        return f"its name is {ident.name!r}, not the run's job {job_name!r}"
+    owner = run.path.stat().st_uid
+    if ident.uid != owner:
+        return f"it belongs to uid {ident.uid}, the run directory to uid {owner}"
+    return None
+
+
+def scancel_checked(run: RunDir, job: str, *, signal: str | None = None, batch_only: bool = False) -> None:
+    """``scancel`` of the run's own job only (SlurmError saying why not, otherwise)."""
+    why = not_this_runs_job(run, job)
+    if why is not None:
+        raise SlurmError(f"refusing to scancel Slurm job {job}: {why}")
+    sc.cancel(job, signal=signal, batch_only=batch_only)
+
+
 def cancel(run: RunDir, *, signal_name: str, by: str) -> str:
     """Ask the run to end: the supervisor's own teardown if it runs, scancel if the job only waits."""
     job = current_job(run)
@@ -160,9 +199,9 @@ def cancel(run: RunDir, *, signal_name: str, by: str) -> str:
     info = sc.job_info(job)
     try:
         if info.state in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"):
-            sc.cancel(job, signal="TERM", batch_only=True)  # only our supervisor: it stops the tasks cleanly
+            scancel_checked(run, job, signal="TERM", batch_only=True)  # only our supervisor: it stops the tasks cleanly
             return f"asked the supervisor of Slurm job {job} to stop"
-        sc.cancel(job)
+        scancel_checked(run, job)
         return f"cancelled Slurm job {job} ({info.state.lower()})"
     except SlurmError as exc:
         return f"scancel: {exc}"
@@ -172,8 +211,12 @@ def stop_slurm(run: RunDir, *, timeout_s: float) -> str:
     """``tfcluster stop`` for a submitted run."""
     if run.is_finished():
         return f"the job already finished: {(run.read_json(run.result_json) or {}).get('state')}"
-    first = cancel(run, signal_name="SIGTERM", by="tfcluster stop")
     job = current_job(run)
+    ident = sc.job_identity(job) if job else None
+    why = _not_ours(run, ident) if ident is not None else None
+    if why is not None:  # before the stop request: nothing of another job's is touched
+        raise UsageError(f"refusing to scancel Slurm job {job}: {why}; scancel it yourself if it is yours")
+    first = cancel(run, signal_name="SIGTERM", by="tfcluster stop")
     deadline = time.monotonic() + timeout_s
     hard_at = time.monotonic() + min(BATCH_STOP_S, timeout_s / 2)
     hard = False
@@ -187,9 +230,9 @@ def stop_slurm(run: RunDir, *, timeout_s: float) -> str:
         if not hard and time.monotonic() > hard_at and job:
             hard = True
             try:
-                sc.cancel(job)
-            except SlurmError:
-                pass
+                scancel_checked(run, job)
+            except SlurmError as exc:
+                first += f"; {exc}"
         time.sleep(0.5)
     result = run.read_json(run.result_json)
     if result is None:

@@ -87,7 +87,7 @@ def slurm_plan(spec: ClusterSpec, *, run_id: str, node_names: Sequence[str] | No
     }
     run_dir = f"runs/{run_id}"  # what launch uses without --run-dir (made absolute when submitting)
     details["script"] = batch_script("python3", run_dir, run_id)
-    details["sbatch"] = sbatch_argv(spec, run_dir, f"{run_dir}/{SLURM_DIR}/job.sh")
+    details["sbatch"] = sbatch_argv(spec, run_dir, f"{run_dir}/{SLURM_DIR}/job.sh", run_id)
     warnings = []
     if spec.tensorflow.communication == "nccl" and gpus == 0:
         warnings.append("communication: nccl without GPUs; TensorFlow falls back to ring with a warning")
@@ -114,7 +114,12 @@ def tf_port_base(spec: ClusterSpec) -> int | None:
     return spec.tensorflow.port if "port" in spec.tensorflow.model_fields_set else None
 
 
-def sbatch_argv(spec: ClusterSpec, run_dir: str, script: str) -> list[str]:
+def job_comment(run_id: str) -> str:
+    """The Slurm job's comment: which run it is (``stop`` scancels only a job that says so)."""
+    return f"tfcluster:{run_id}"
+
+
+def sbatch_argv(spec: ClusterSpec, run_dir: str, script: str, run_id: str) -> list[str]:
     """``sbatch`` with every option as its own argument (validated values; no shell in between)."""
     s = spec.slurm
     assert s is not None
@@ -122,6 +127,7 @@ def sbatch_argv(spec: ClusterSpec, run_dir: str, script: str) -> list[str]:
         "sbatch",
         "--parsable",
         f"--job-name={spec.name}",
+        f"--comment={job_comment(run_id)}",
         f"--nodes={s.nodes}",
         f"--ntasks-per-node={s.tasks_per_node}",
     ]

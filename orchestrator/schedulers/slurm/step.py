@@ -108,7 +108,6 @@ class SlurmStepBackend(ConnectBackBackend):
         argv = srun_argv(self.spec, starts[0][0].argv, attempt=attempt)
         self.step_name = argv[1].split("=", 1)[1]
         env = {**self.env, **self.connect_env()}
-        env.pop(Env.SLURM_SPEC, None)  # the batch supervisor's input, not the tasks'
         if self.node_addrs and len(self.node_addrs) < MAX_ADDRS_ENV:
             env[Env.SLURM_NODE_ADDRS] = self.node_addrs
         if self.log_dir is None:

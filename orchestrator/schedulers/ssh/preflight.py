@@ -12,6 +12,7 @@ from worker_entry import protocol as p
 
 from ...backends import Backend, Connection, entry_failure
 from ...core.diagnostics import Diagnostic
+from ...core.terminal import safe_text
 from ...core.text import table
 from ...plan import NodePlan, Plan
 from ...supervise import evaluate, failed
@@ -160,12 +161,13 @@ def preflight_text(report: PreflightReport) -> str:
                 "FAIL" if (h.facts is None or h.task in bad_tasks) else "ok",
             )
         )
-    lines = table(rows)
+    # The facts are the node's to choose (hostname, GPU names, versions): nothing of them drives a terminal.
+    lines = table([tuple(safe_text(str(c)) for c in row) for row in rows])
     problems = [f for f in report.findings if failed(f)]
     if problems:
         lines.append("")
         for f in problems:
-            lines.append(f.render())
+            lines.append(safe_text(f.render()))
     lines.append("")
     lines.append("preflight passed" if report.ok else "preflight FAILED")
     return "\n".join(lines)
