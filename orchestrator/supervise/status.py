@@ -12,15 +12,20 @@ from typing import Any
 
 from ..core.result import AttemptResult, Failure, TaskResult
 from ..core.states import JobState, TaskState, interrupted_state
-from .figures import FIGURE_KEYS, Figures, TaskFigures
+from .figures import FIGURE_KEYS, Figures, TaskFigures, throughput
 from .session import TaskSession
 
 #: Live readings that say nothing about a finished task (taken during its teardown; and ``gpus``, its
-#: last NVML sample, is not the GPU models ``report`` lists under that name): not in the final snapshot.
-LIVE_ONLY = ("last_heartbeat_age_s", "proc_state", "rss_mb", "gpus")
+#: last NVML sample, is not the GPU models ``report`` lists under that name; the scores of the monitor's
+#: last round, where ``report`` scores the run's windows): not in the final snapshot.
+LIVE_ONLY = ("last_heartbeat_age_s", "proc_state", "rss_mb", "gpus", "relative_score", "individual_score")
 
 
-def task_status(s: TaskSession, fig: TaskFigures, *, straggler: bool, now_wall: float) -> dict[str, Any]:
+def task_status(
+    s: TaskSession, fig: TaskFigures, *, straggler: bool, now_wall: float, score: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """One task's live status; ``score``: its straggler scores of the monitor's last round (relative:
+    the fastest worker's own work per step / its own; individual: its best / now), when it had one."""
     hb = s.heartbeat
     ex = s.exit
     return {
@@ -38,6 +43,8 @@ def task_status(s: TaskSession, fig: TaskFigures, *, straggler: bool, now_wall: 
         "exit_code": ex.code if ex else None,
         "signal": ex.signal_name if ex else None,
         "straggler": straggler,
+        "relative_score": (score or {}).get("relative"),
+        "individual_score": (score or {}).get("individual"),
     }
 
 
@@ -49,15 +56,21 @@ def snapshot(
     attempt: int,
     stopping_reason: str | None,
     straggler: str | None,
+    scores: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """The live status; ``throughput``: the job's rates beside the tasks' (``figures.throughput``)."""
     now = time.time()
+    scores = scores or {}
+    live = {s.task: figures.live(s.task) for s in sessions}
     return {
         "state": state.value,
         "attempt": attempt,
         "updated": now,
         "stopping_reason": stopping_reason,
+        "throughput": throughput(live),
         "tasks": {
-            s.task: task_status(s, figures.live(s.task), straggler=straggler == s.task, now_wall=now) for s in sessions
+            s.task: task_status(s, live[s.task], straggler=straggler == s.task, now_wall=now, score=scores.get(s.task))
+            for s in sessions
         },
     }
 

@@ -396,7 +396,8 @@ class Supervisor:
 
     def status(self) -> dict[str, Any]:
         status = snapshot(self.sessions.values(), self.figures, state=self.state, attempt=self.attempt,
-                          stopping_reason=self.stopping_reason, straggler=self.monitor.straggler)  # fmt: skip
+                          stopping_reason=self.stopping_reason, straggler=self.monitor.straggler,
+                          scores=self.monitor.scores)  # fmt: skip
         if (refusals := self.backend.refusals()) is not None:
             status["refused_connections"] = refusals.summary()
         return status

@@ -21,7 +21,8 @@ from ..events.kinds import Straggler, TaskReady, WorkerSlowing
 from ..plan.policy import StragglerPolicy
 from ..runs import RunDir
 from ..supervise import explain, find_straggler, gpu_suspect, host_suspect, slow_gpus
-from ..supervise.figures import Figures, TaskFigures
+from ..supervise.figures import Figures, TaskFigures, throughput
+from .control import throughput_lines
 from .goodput import goodput, goodput_lines
 from .records import event_records, heartbeat_records, json_object
 from .split import job_split, scores, split_lines
@@ -112,6 +113,7 @@ def build_report(
         "job": plan.get("job"),
         "window": window,
         "workers": workers,
+        "throughput": throughput(whole),  # the job's: every worker counts the global batch
         "gpu_models": _gpu_models(workers),
         "stragglers": stragglers,
         "slowing": slowing,
@@ -219,7 +221,7 @@ def analyse(
 
 def report_text(rep: dict[str, Any]) -> str:
     lines = [f"job {rep.get('job')}   run {rep.get('run_dir')}", ""]
-    head = ("TASK", "HOST", "STEPS", "STEP ms", "STEPS/s", "INPUT", "COMPUTE", "IN COLL", "AFTER", "OWN WORK")
+    head = ("TASK", "HOST", "STEPS", "STEP ms", "STEPS/s", "EX/s", "INPUT", "COMPUTE", "IN COLL", "AFTER", "OWN WORK")
     rows = [(*head, "REL", "IND", "CPU WAIT%", "CPU%", "RSS MB")]
     for t, w in rep["workers"].items():
         after = None if w.get("update_ms") is None else w["update_ms"] + (w.get("host_ms") or 0)
@@ -230,6 +232,7 @@ def report_text(rep: dict[str, Any]) -> str:
                 _s(w.get("steps")),
                 _s(w.get("step_ms") or _ms(w.get("step_time_s"))),
                 _s(w.get("steps_per_s")),
+                _s(w.get("examples_per_s"), ".0f"),
                 _s(w.get("input_ms")),
                 _s(w.get("compute_ms")),
                 _s(w.get("collective_ms")),
@@ -243,6 +246,7 @@ def report_text(rep: dict[str, Any]) -> str:
             )
         )
     lines += table(rows)
+    lines += throughput_lines(rep.get("throughput"))
     gm = rep.get("gpu_models") or {}
     if gm.get("per_host"):
         lines += ["", "GPUs:" + ("  MIXED MODELS: every step waits for the slowest GPU" if gm.get("mixed") else "")]
