@@ -184,12 +184,34 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """`tfcluster status RUN`: the run's state and every task's figures, with its scheduler's view."""
+    """`tfcluster status RUN`: the run's state and every task's figures, with its scheduler's view;
+    without RUN, the recent runs (``views.runs``)."""
     from ..views.control import job_status, status_text
 
+    if args.run is None:
+        return _list_runs(args)
+    if args.state is not None or args.limit is not None:
+        raise UsageError("--state and --limit filter the list of runs: use them without RUN")
     run, handle = _run_and_handle(args)
     status = job_status(run, handle)
     print(json.dumps(status, indent=2) if args.json else status_text(status, handle))
+    return EXIT_OK
+
+
+def _list_runs(args: argparse.Namespace) -> int:
+    """`tfcluster status` without RUN: the runs under --runs-dir, newest first, each live one's state
+    from its scheduler's handle."""
+    from ..schedulers import scheduler_of
+    from ..views.runs import DEFAULT_LIMIT, list_runs, runs_text
+
+    states = {s.strip() for s in args.state.split(",") if s.strip()} if args.state is not None else None
+    if states is not None and not states:
+        raise UsageError("--state: name at least one state (running, failed, succeeded, ...)")
+    if args.limit is not None and args.limit < 0:
+        raise UsageError(f"--limit {args.limit}: must be 0 (all) or more")
+    limit = DEFAULT_LIMIT if args.limit is None else (args.limit or None)
+    listing = list_runs(args.runs_dir, lambda run: scheduler_of(run).handle(run), states=states, limit=limit)
+    print(json.dumps(listing.to_dict(), indent=2) if args.json else runs_text(listing))
     return EXIT_OK
 
 
