@@ -130,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="stop the job cleanly after DURATION of training (90s, 5m; from the first step), exit 0",
     )
+    p.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="write tfcluster's TensorBoard scalars under DIR/tfcluster/<run id>/ (your own log dir) instead of "
+        "RUN/tensorboard/ (see tensorboard: in the spec)",
+    )
     p.add_argument("--detached-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--detached-run-id", help=argparse.SUPPRESS)  # the parent's run id: one plan, one id
     p.set_defaults(func=c.cmd_launch, cmd=[], quick_exit=True)
