@@ -18,14 +18,16 @@ from ..core.states import TaskState
 from ..events import BaseEvent
 from ..events.kinds import JobStalled, Restart, Straggler, WorkerHung, WorkerLost
 
-#: profile record fields (milliseconds) exported as tfcluster_task_step_part_seconds{part=...}
+#: profile record fields (milliseconds) exported as tfcluster_task_step_part_seconds{part=...}: the step
+#: clock's parts (they add up to ``step``), and ``pre_collective``, the worker's own work per step
 SPLIT_PARTS = (
     "input_ms",
     "compute_ms",
-    "pre_collective_ms",
-    "wait_ms",
     "collective_ms",
-    "post_collective_ms",
+    "update_ms",
+    "host_ms",
+    "other_ms",
+    "pre_collective_ms",
     "step_ms",
 )
 
@@ -100,14 +102,14 @@ class _Collector:
             c = CounterMetricFamily(name, doc, labels=["job"])
             c.add_metric([job], value)
             yield c
-        if detection is not None:
-            d = GaugeMetricFamily(
-                "tfcluster_job_detection_latency_seconds",
-                "Evidence of the last lost/hung verdict: how long the worker had been silent or stopped",
-                labels=["job"],
-            )
+        d = GaugeMetricFamily(
+            "tfcluster_job_detection_latency_seconds",
+            "Evidence of the last lost/hung verdict: how long the worker had been silent or stopped",
+            labels=["job"],
+        )
+        if detection is not None:  # declared always (no sample before a verdict): dashboards can name it
             d.add_metric([job], detection)
-            yield d
+        yield d
         yield from _job_figures(job, status)
         yield from _task_metrics(job, status.get("tasks") or {}, profiles)
 
@@ -152,7 +154,7 @@ def _task_metrics(job: str, tasks: dict[str, Any], profiles: dict[str, dict[str,
         "cpu": family("tfcluster_task_cpu_ratio", "CPU of the task's processes (1.0 = one core busy)"),
         "rss": family("tfcluster_task_memory_rss_bytes", "Resident memory of the task's processes"),
         "up": family("tfcluster_task_up", "1 while the task runs"),
-        "part": family("tfcluster_task_step_part_seconds", "Median time per step in each part (step clock)", ("part",)),
+        "part": family("tfcluster_task_step_part_seconds", "Time per step in each part (the step clock's last window)", ("part",)),
         "gpu_util": family("tfcluster_task_gpu_utilization_ratio", "GPU utilisation", ("gpu",)),
         "gpu_mem": family("tfcluster_task_gpu_memory_used_bytes", "GPU memory used", ("gpu",)),
         "gpu_clock": family("tfcluster_task_gpu_sm_clock_hertz", "GPU SM clock", ("gpu",)),
