@@ -103,6 +103,16 @@ def test_the_sink_only_queues_and_writes_from_its_thread(tmp_path):
     assert [s for s, _, _ in scalars(accumulate(tmp_path / "tb" / "job"), "throughput/steps_per_s")][-1] == 290
 
 
+def test_a_continued_run_goes_on_from_the_steps_written_before(tmp_path):
+    """A requeued Slurm run's next supervisor: its curves go on from the earlier allocation's steps."""
+    history = tmp_path / "heartbeats.jsonl"
+    history.write_text("".join(json.dumps({**beat(100, T0 + k), "task": "worker:0"}) + "\n" for k in range(3)))
+    sink = TensorBoardSink(tmp_path / "tb", ["worker:0"], history=history)
+    sink.write("worker:0", beat(5, T0 + 100, attempt=1))
+    sink.close()
+    assert [s for s, _, _ in scalars(accumulate(tmp_path / "tb" / "worker-0"), "host/cpu_pct")] == [105]
+
+
 def test_the_launcher_writes_events_without_tensorflow(tmp_path):
     code = (
         "import sys, time\n"

@@ -102,7 +102,8 @@ class RunOutputs:
 
         root = tensorboard_root(self.rundir, self.plan.run_id, own_dir or spec.tensorboard.dir)
         try:
-            self.tensorboard = TensorBoardSink(root, [str(n.task) for n in self.plan.nodes])
+            history = self.rundir.heartbeats_jsonl if self.rundir.heartbeats_jsonl.exists() else None
+            self.tensorboard = TensorBoardSink(root, [str(n.task) for n in self.plan.nodes], history=history)
         except ImportError as exc:
             self.bus.emit(ev.JobWarning(message=f"no TensorBoard files: {exc} (pip install tensorboardX)"))
             return {}

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..runs import RunDir
+from ..runs import RunDir, read_jsonl
 from ..supervise.figures import Figures
 
 QUEUE_SIZE = 8192  # records waiting for the writer thread (beyond: dropped, counted)
@@ -251,7 +251,7 @@ class TensorBoardSink:
     """The live writer: ``write`` (heartbeats.jsonl's records) and ``update`` (each status snapshot)
     only queue; a thread turns them into events. ``problems`` says what went wrong (reported at close)."""
 
-    def __init__(self, root: Path, tasks: Sequence[str], *, flush_s: float = 5.0) -> None:
+    def __init__(self, root: Path, tasks: Sequence[str], *, flush_s: float = 5.0, history: Path | None = None) -> None:
         if importlib.util.find_spec("tensorboardX") is None:
             raise ImportError("tensorboardX is not installed")
         self.root = root
@@ -263,6 +263,7 @@ class TensorBoardSink:
         self.dropped = 0
         self._queue: queue.Queue[Any] = queue.Queue(QUEUE_SIZE)
         self._flush_s = flush_s
+        self._history = history  # heartbeats.jsonl of earlier allocations (a requeued run): steps go on from them
         self._thread = threading.Thread(target=self._run, name="tfcluster-tensorboard", daemon=True)
         self._thread.start()
 
@@ -292,6 +293,10 @@ class TensorBoardSink:
     def _run(self) -> None:
         flushed = time.monotonic()
         try:
+            if self._history is not None:  # already written by an earlier supervisor: only counted
+                for rec in read_jsonl(self._history):
+                    if isinstance(rec.get("task"), str):
+                        self.scalars.record(rec["task"], rec)
             while True:
                 try:
                     item = self._queue.get(timeout=self._flush_s)
