@@ -104,6 +104,46 @@ def test_unrolled_steps_several_primaries_in_one_run_and_two_replicas():
     assert len(b.feed([run_row(0, 1, 3, (0, 2, 2.5), replica=1)])) == 1
 
 
+def test_each_step_carries_the_examples_of_the_executions_it_spans():
+    tl = timeline()
+    (first,) = tl.feed([run_row(0, 1, 5, (0, 3, 4))._replace(examples=64.0)])
+    assert first.examples == 64.0
+    micro = [run_row(6 + 10 * k, 8 + 10 * k, 14 + 10 * k)._replace(examples=32.0) for k in range(3)]
+    assert tl.feed(micro) == []  # gradient accumulation: no all-reduce yet
+    (s,) = tl.feed([run_row(36, 38, 50, (0, 44, 46))._replace(examples=10.0)])  # a partial last micro-batch
+    assert s.examples == 3 * 32 + 10
+    (s,) = tl.feed([run_row(52, 53, 60, (0, 55, 56))])  # no batch input (0): unknown
+    assert s.examples is None
+    tl = Timeline(lambda fn: frozenset({0}), lambda fn: False)
+    tl.feed([coll_row(0, 1, 2)])
+    (s,) = tl.feed([coll_row(0, 12, 13)])  # steps without replica-function rows: unknown
+    assert s.examples is None
+
+
+def test_reader_counts_the_examples_of_every_local_replica():
+    """Two local replicas of a worker in a job of 4 replicas: each row carries its batch x 4 / 2; the
+    worker counts the sum, whole examples only (fractions wait), unknown when one step has none."""
+    counted = []
+    rows = []
+    reader = stampreader.Reader(
+        60.0, take=lambda: [rows.pop(0) for _ in range(len(rows))], take_inputs=lambda: [],
+        primaries=lambda fn: frozenset({0}), has_runs=lambda fn: True, emit=lambda *a, **k: None,
+        count=lambda n, ex: counted.append((n, ex)),
+    )  # fmt: skip
+    for k in range(3):
+        for replica, batch in ((0, 16), (1, 15)):  # an uneven partial batch: 16 + 15
+            rows.append(run_row(10 * k, 10 * k + 1, 10 * k + 9, (0, 10 * k + 3, 10 * k + 8), replica=replica)._replace(examples=batch * 2.0 + 0.25))
+    reader.poll()
+    assert counted == [(3, 3 * (62 + 0.5) // 1)]  # 187.5: 187 now, the half later
+    rows.append(run_row(40, 41, 49, (0, 43, 48), replica=0)._replace(examples=32.5))
+    rows.append(run_row(40, 41, 49, (0, 43, 48), replica=1)._replace(examples=32.0))
+    reader.poll()
+    assert counted[-1] == (1, 65)
+    rows.append(run_row(50, 51, 59, (0, 53, 58), replica=0))
+    reader.poll()
+    assert counted[-1] == (1, None)
+
+
 def test_summary_is_additive_trimmed_and_names_local_time():
     steps = [stepclock.StepSplit(1, 0, 10.0, {**dict.fromkeys(stepclock.CATEGORIES, 0.0), "compute": 6.0, "collective": 4.0})] * 18
     steps += [stepclock.StepSplit(1, 0, 500.0, {**dict.fromkeys(stepclock.CATEGORIES, 0.0), "host": 490.0, "collective": 10.0})] * 2
@@ -153,7 +193,6 @@ def test_reader_counts_steps_and_emits_the_slowest_replica_per_window():
         take_inputs=list,
         primaries=lambda fn: frozenset({0}),
         has_runs=lambda fn: True,
-        examples=lambda fn: 64,
         emit=lambda kind, **kw: records.append(kw),
         count=lambda n, ex: counts.append((n, ex)),
         clock=lambda: now[0],
@@ -161,8 +200,8 @@ def test_reader_counts_steps_and_emits_the_slowest_replica_per_window():
     )
     for k in range(6):
         base = 10 * k
-        rows.append(run_row(base, base + 1, base + 9, (0, base + 3, base + 8), replica=0))
-        rows.append(run_row(base, base + 1, base + 9, (0, base + 7, base + 8), replica=1))  # works 4 ms longer
+        rows.append(run_row(base, base + 1, base + 9, (0, base + 3, base + 8), replica=0)._replace(examples=32.0))
+        rows.append(run_row(base, base + 1, base + 9, (0, base + 7, base + 8), replica=1)._replace(examples=32.0))  # works 4 ms longer
     assert reader.poll() == 6 and counts == [(6, 6 * 64)]
     assert records == []  # the window (2 s) is not over
     now[0] = 3.0
@@ -185,7 +224,6 @@ def test_the_last_window_is_written_when_the_process_exits_before_it_is_due():
         take_inputs=list,
         primaries=lambda fn: frozenset({0}),
         has_runs=lambda fn: True,
-        examples=lambda fn: None,
         emit=lambda kind, **kw: records.append(kw),
         count=lambda n, ex: None,
         clock=lambda: 0.0,
@@ -290,9 +328,13 @@ EXPECTED_STEPS = {
     "fit": 24,
     "fit 3 per execution": 24,
     "fit legacy optimizer": 24,
+    "fit partial batches": 8,  # 2 epochs of 101 examples in batches of 32: 3 full, one of 5
     "keras 3 fit": 24,
     "delays": 16,
 }
+
+
+EXPECTED_EXAMPLES = {"loop accumulation": 8 * 4 * 32, "fit partial batches": 2 * 101}
 
 
 @pytest.mark.parametrize("case", sorted(EXPECTED_STEPS))
@@ -302,6 +344,12 @@ def test_every_way_of_training_is_stamped_and_unchanged(cases, case):
     assert on["losses"] == off["losses"]  # bit-identical training with the stamps
     assert off["rows"] == 0 and on["rows"] > 0
     assert on["steps"] == EXPECTED_STEPS[case]  # steps derived from the stamps alone
+    # examples from each step's own batch (no static batch dimension: batched without drop_remainder),
+    # a partial last batch included (5 split 3 + 2 over the replicas)
+    assert on["examples"] == EXPECTED_EXAMPLES.get(case, 32 * EXPECTED_STEPS[case])
+    assert all(on["graph"]["batch_colocated"])  # the batch dimension is read where the batch is
+    if case in ("loop next inside", "fit", "fit partial batches"):  # batches without a static dimension
+        assert on["graph"]["batch_colocated"]
     rec = on["record"]
     parts = [rec[f"{k}_ms"] for k in stepclock.CATEGORIES]
     assert all(p >= 0 for p in parts) and sum(parts) == pytest.approx(rec["step_ms"], abs=0.01)

@@ -37,7 +37,6 @@ class Reader:
         take_inputs: Callable[[], list[tuple[float, float]]] = stampring.take_inputs,
         primaries: Callable[[int], frozenset[int]] = stampring.primary_calls,
         has_runs: Callable[[int], bool] = stampring.has_runs,
-        examples: Callable[[int], int | None] = stampring.examples_per_step,
         emit: Callable[..., Any] = progress.emit,
         count: Callable[..., Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -47,7 +46,8 @@ class Reader:
         self.interval_s = interval_s
         self.min_steps = max(1, int(min_steps))
         self._take, self._take_inputs = take, take_inputs
-        self._primaries, self._has_runs, self._examples = primaries, has_runs, examples
+        self._primaries, self._has_runs = primaries, has_runs
+        self._examples = 0.0  # examples of closed steps not counted yet (fractions carried over)
         self._emit = emit
         self._count = count or (lambda n, examples: progress.counter("train").add(n, examples, source="stamps"))
         self._clock, self._cpu = clock, cpu
@@ -84,9 +84,8 @@ class Reader:
                 window.extend(s for s in closed[replica] if not s.warmup)
             counting = min(closed) if closed else None  # the lowest replica counts the worker's steps
             n = len(closed[counting]) if counting is not None else 0
+            examples = self._take_examples(closed, n > 0)
             if n:
-                per_step = [self._examples(s.fn) for s in closed[counting]]
-                examples = sum(per_step) if all(per_step) else None  # type: ignore[arg-type]
                 self.steps += n
                 self._window_steps += n
                 self._count(n, examples)
@@ -96,6 +95,22 @@ class Reader:
             return n
         finally:
             self._lock.release()
+
+    def _take_examples(self, closed: dict[int, list[StepSplit]], counting: bool) -> int | None:
+        """The worker's examples of the steps closed now: the sum over its local replicas (each step of
+        a replica carries its batch x replicas in sync / local replicas), whole examples only (the
+        fraction, and a replica's steps closed before the counting replica's, wait for the next count);
+        None when a step's examples are unknown."""
+        steps = [s for ss in closed.values() for s in ss]
+        if any(s.examples is None for s in steps):
+            self._examples = 0.0
+            return None
+        self._examples += sum(s.examples or 0.0 for s in steps)
+        if not counting:
+            return None
+        whole = int(self._examples + 1e-6)
+        self._examples = max(0.0, self._examples - whole)
+        return whole
 
     def _flush(self) -> None:
         cpu = self._cpu() - self._cpu0

@@ -1,9 +1,12 @@
 """Where the step clock's in-graph stamps go, and what is known about them at trace time.
 
 - ``Ring``: one local replica's stamps in two local CPU variables (a counter and ``RING_ROWS`` rows of
-  ``(seq, code, fn, call, a, b, c)``), written by the graph, read by the reader thread. A row is valid
-  when its ``seq`` column equals its position: a reader never takes a row that is half written or
-  already overwritten by a newer lap.
+  ``(seq, code, fn, call, a, b, c, inline..., examples)``), written by the graph, read by the reader
+  thread. A row is valid when its ``seq`` column equals its position: a reader never takes a row that
+  is half written or already overwritten by a newer lap. A replica function's row carries, in its last
+  column, the examples its execution trained on across the replicas in sync (its own batch, measured
+  in the graph when the batch dimension is not static, times the replicas per local replica): so a
+  dataset batched without ``drop_remainder`` — partial last batches included — is counted exactly.
 - the registry: every stamped traced function (``fn`` id, by its outermost ``FuncGraph``) and, per
   function, every stamped collective (``call`` index in trace order) with whether its inputs look like
   gradients and how many elements it reduces. The *primary* collectives of a function (its largest
@@ -24,7 +27,8 @@ from typing import Any, NamedTuple
 
 RING_ROWS = 4096  # rows kept per replica until the reader takes them (older ones are overwritten)
 INLINE = 2  # collectives of a replica function carried in its own row (more get rows of their own)
-COLS = 7 + 3 * INLINE
+COLS = 8 + 3 * INLINE  # seq, code, fn, call, a, b, c, INLINE x (call, t_enter, t_exit), examples
+EXAMPLES = COLS - 1  # the column of a RUN row's examples (0: none known)
 # Row codes: COLLECTIVE: a collective outside any replica function (e.g. strategy.reduce of the loss),
 # IN_RUN: one issued inside a replica function that did not fit its row (call, a=t_enter, b=t_exit);
 # RUN: a replica function (a=t_start, b=t_data, c=t_done, inline: up to INLINE of its collectives as
@@ -45,6 +49,7 @@ class Row(NamedTuple):
     b: float
     c: float = 0.0
     inline: tuple[tuple[int, float, float], ...] = ()
+    examples: float = 0.0  # RUN rows: examples of this execution across the replicas in sync (0: unknown)
 
 
 class Ring:
@@ -71,13 +76,15 @@ class Ring:
                 name=f"tfcluster_ring_{replica}",
             )
 
-    def write(self, tf: Any, code: int, fn: int, call: int, values: list[Any]) -> Any:
-        """Graph side: append one row ``(index, code, fn, call, *values)`` (values padded with zeros):
-        8 small ops on the host CPU — the counter first, then the row carrying its own index."""
+    def write(self, tf: Any, code: int, fn: int, call: int, values: list[Any], examples: Any = 0.0) -> Any:
+        """Graph side: append one row ``(index, code, fn, call, *values, ..., examples)`` (values padded
+        with zeros; ``examples`` a number or a float64 scalar tensor): 8 small ops on the host CPU — the
+        counter first, then the row carrying its own index."""
         with tf.name_scope("tfcluster_ring"), tf.device("/cpu:0"):
             index = tf.convert_to_tensor(self.count.assign_add(tf.constant(1, tf.int64), read_value=True))
-            pad = [0.0] * (COLS - 4 - len(values))
-            row = tf.stack([tf.cast(index, tf.float64), float(code), float(fn), float(call), *values, *pad])
+            pad = [0.0] * (COLS - 5 - len(values))
+            head = [tf.cast(index, tf.float64), float(code), float(fn), float(call)]
+            row = tf.stack([*head, *values, *pad, examples])
             where = tf.reshape(index % self.size, [1, 1])
             return self.rows.scatter_nd_update(where, tf.reshape(row, [1, COLS]))
 
@@ -109,7 +116,7 @@ def _row(replica: int, r: list[float]) -> Row:
     code, fn, call = int(r[1]), int(r[2]), int(r[3])
     if code == RUN:
         inline = tuple((int(r[7 + 3 * k]), r[8 + 3 * k], r[9 + 3 * k]) for k in range(min(call, INLINE)))
-        return Row(replica, code, fn, call, r[4], r[5], r[6], inline)
+        return Row(replica, code, fn, call, r[4], r[5], r[6], inline, max(0.0, r[EXAMPLES]))
     return Row(replica, code, fn, call, r[4], r[5])
 
 
@@ -176,7 +183,6 @@ class FnInfo:
     fn: int
     calls: dict[int, CallInfo] = field(default_factory=dict)
     next_call: dict[int, int] = field(default_factory=dict)  # per replica: the next call index
-    examples_per_step: int | None = None
     runs: bool = False  # its replica functions are stamped (a RUN row follows their collectives)
 
 
@@ -218,13 +224,10 @@ def note_call(fid: int, call: int, gradient: bool, elements: int) -> None:
         _fns.setdefault(fid, FnInfo(fid)).calls.setdefault(call, CallInfo(gradient, elements))
 
 
-def note_run(fid: int, examples: int | None) -> None:
-    """A replica function of ``fid`` is stamped; ``examples`` per step across all replicas if known."""
+def note_run(fid: int) -> None:
+    """A replica function of ``fid`` is stamped (its rows carry its examples)."""
     with _lock:
-        info = _fns.setdefault(fid, FnInfo(fid))
-        info.runs = True
-        if examples and info.examples_per_step is None:
-            info.examples_per_step = examples
+        _fns.setdefault(fid, FnInfo(fid)).runs = True
 
 
 def has_runs(fid: int) -> bool:
@@ -243,12 +246,6 @@ def primary_calls(fid: int) -> frozenset[int]:
         return frozenset()
     top = max(grads.values())
     return frozenset(c for c, e in grads.items() if e == top)
-
-
-def examples_per_step(fid: int) -> int | None:
-    with _lock:
-        info = _fns.get(fid)
-        return info.examples_per_step if info else None
 
 
 def reset_for_tests() -> None:

@@ -122,7 +122,8 @@ class _Run:
     mark: int
     t_start: Any
     t_data: Any
-    examples: int | None
+    batch: Any  # the first input with a batch dimension (a tensor, ragged or sparse), or None
+    per_replica: float  # examples per replica function = its batch x this factor (replicas in sync / local)
     inputs: list[Any] = field(default_factory=list)
     inline: list[tuple[int, Any, Any]] = field(default_factory=list)  # (call, t_enter, t_exit)
     results: list[tuple[Any, list[Any]]] = field(default_factory=list)  # (t_exit, the collective's outputs)
@@ -183,20 +184,57 @@ def _begin_run(extended: Any, args: tuple, kwargs: dict) -> tuple[_Run, tuple, d
     for op in _input_ops(flat, graph):
         op._add_control_input(t_start.op)  # t_start is taken before the batch is fetched
     t_data = _stamp(tf, "tfcluster_t_data", [*devsync.ready(tf, flat, device), t_start])
-    examples = _examples(flat, getattr(extended._container_strategy(), "num_replicas_in_sync", 1))
-    run = _Run(tf, graph, fid, replica, device, len(graph.get_operations()), t_start, t_data, examples, flat)
+    batch = _batch_input(tf, args, kwargs)
+    factor = _replica_factor(extended)
+    run = _Run(tf, graph, fid, replica, device, len(graph.get_operations()), t_start, t_data, batch, factor, flat)
     with _runs_lock:
         _runs[(id(graph), replica)] = run
     return run, args, kwargs
 
 
-def _examples(flat: list[Any], replicas: int) -> int | None:
-    """Examples per step across all replicas: the static batch dimension of the first input."""
-    for t in flat:
-        shape = t.shape
-        if shape.rank and shape[0] is not None:
-            return int(shape[0]) * int(replicas or 1)
+def _batch_input(tf: Any, args: tuple, kwargs: dict) -> Any:
+    """The replica function's first input with a batch dimension (rank >= 1): a tensor, or a ragged or
+    sparse tensor as a whole (their component tensors do not have the batch as first dimension)."""
+    composites = (tf.RaggedTensor, tf.SparseTensor)
+    for x in tf.nest.flatten((args, kwargs)):
+        if isinstance(x, (tf.Tensor, *composites)) and x.shape.rank:
+            return x
     return None
+
+
+def _replica_factor(extended: Any) -> float:
+    """Replicas in sync per local replica: one replica's batch times this is the step's examples across
+    every worker (each worker's replicas get equal shares of the global batch)."""
+    replicas = int(getattr(extended._container_strategy(), "num_replicas_in_sync", 1) or 1)
+    local = len(getattr(extended, "worker_devices", ()) or ()) or 1
+    return replicas / local
+
+
+def _examples(tf: Any, run: _Run) -> Any:
+    """The examples of one execution of the replica function across the replicas in sync: its batch
+    times ``per_replica`` — a number when the batch dimension is static, else a float64 scalar measured
+    in the graph. Its batch dimension is metadata of the input (``Shape``, placed with the input, so a
+    GPU tensor is not copied and nothing waits for a kernel): no sync point is added to the step, and
+    the row that carries it is written at ``t_done`` as before."""
+    x = run.batch
+    if x is None:
+        return 0.0
+    if x.shape[0] is not None:
+        return float(int(x.shape[0]) * run.per_replica)
+    from tensorflow.python.framework import ops
+
+    with tf.name_scope("tfcluster_batch"):
+        if isinstance(x, tf.RaggedTensor):
+            with ops.colocate_with(x.row_splits):
+                rows = tf.shape(x.row_splits, out_type=tf.int64)[0] - 1
+        elif isinstance(x, tf.SparseTensor):
+            with ops.colocate_with(x.dense_shape):
+                rows = x.dense_shape[0]
+        else:
+            with ops.colocate_with(x):
+                rows = tf.shape(x, out_type=tf.int64)[0]
+        with tf.device("/cpu:0"):
+            return tf.cast(rows, tf.float64) * run.per_replica
 
 
 def _end_run(run: _Run, outputs: Any) -> None:
@@ -228,8 +266,9 @@ def _end_run(run: _Run, outputs: Any) -> None:
     values = [run.t_start, run.t_data, t_done]
     for call, t_enter, t_exit in run.inline:
         values += [float(call), t_enter, t_exit]
-    stampring.ring(tf, run.replica).write(tf, RUN, run.fn, len(run.inline), values)
-    stampring.note_run(run.fn, run.examples)  # its steps close when this row arrives
+    examples = _examples(tf, run)  # after the edges above: nothing of ours waits for it but the row
+    stampring.ring(tf, run.replica).write(tf, RUN, run.fn, len(run.inline), values, examples)
+    stampring.note_run(run.fn)  # its steps close when this row arrives
     stampreader.ensure_started()
 
 

@@ -50,6 +50,7 @@ class StepSplit:
     step_ms: float
     parts: dict[str, float]
     warmup: bool = False  # the first step of a function (tracing, collective setup): not in windows
+    examples: float | None = None  # examples of the step across the replicas in sync (None: unknown)
 
     @property
     def local_ms(self) -> float:
@@ -98,6 +99,7 @@ class Timeline:
     _fns_seen: set[int] = field(default_factory=set)
     _order: int = 0
     _first: float = float("inf")
+    _examples: float = 0.0  # of the replica-function executions since the last step
 
     def feed(self, rows: Iterable[Row], inputs: Sequence[tuple[float, float]] = ()) -> list[StepSplit]:
         """Add rows (write order) and eager input intervals; return the steps they complete."""
@@ -107,6 +109,7 @@ class Timeline:
         out: list[StepSplit] = []
         for r in rows:
             if r.code == RUN:
+                self._examples += r.examples  # this execution's batch belongs to the step it ends (or the next)
                 start = min(r.a, r.b, r.c)
                 self._push(start, _START, r.fn)
                 self._push(min(max(r.b, start), r.c), _DATA, r.fn)
@@ -118,8 +121,13 @@ class Timeline:
                         self._closes.append((max(t_enter, t_exit), r.fn))
                     else:
                         self._push(max(t_enter, t_exit), _EXIT, r.fn)
-                for t_exit, fn in sorted(self._closes):
-                    out.append(self._close(t_exit, fn))
+                known = self._examples > 0  # several steps closed by one row: the first takes the batch
+                for i, (t_exit, fn) in enumerate(sorted(self._closes)):
+                    step = self._close(t_exit, fn)
+                    step.examples = (self._examples if i == 0 else 0.0) if known else None
+                    out.append(step)
+                if self._closes:
+                    self._examples = 0.0
                 self._closes.clear()
             elif r.code in (COLLECTIVE, IN_RUN):
                 primary = r.call in self.primaries(r.fn)

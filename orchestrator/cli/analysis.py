@@ -45,7 +45,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     from ..spec import load_spec
     from ..views.pages import sweep_page
     from ..views.scale import sweep_summary, sweep_text
-    from .commands import run_bound
+    from .commands import after_run, run_bound
 
     loaded = load_spec(args.spec)
     scheduler = scheduler_for(loaded.spec)
@@ -67,6 +67,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     print(f"tfcluster scale: {', '.join(map(str, sizes))} workers, {bound.describe()} each; sweep directory {root}", file=say)
 
     def on_size(run: SizeRun) -> None:
+        after_run(run.run_dir)
         print(f"tfcluster scale: {run.workers} worker(s): {run.state} in {run.wall_s:.0f}s ({run.run_dir})", file=say)
 
     runs, interrupted = run_sweep(loaded, opts, scheduler, on_size)

@@ -6,10 +6,12 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.diagnostics import Diagnostic
 from ..core.errors import SpecError, UsageError
+from ..core.states import JobState
 from ..core.terminal import safe_text
 from .exitcodes import EXIT_CONNECT, EXIT_OK, EXIT_USAGE, exit_code_for
 
@@ -112,6 +114,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         bound=bound if bound.active else None,
         detach=args.detach,
         command=tuple(command) if command else None,
+        tensorboard_dir=_tensorboard_dir(args.tensorboard),
     )
     scheduler.check(opts)
     if args.detach and scheduler.supervises_here():
@@ -122,6 +125,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             flags += ["--metrics-port", str(args.metrics_port)]
         flags += ["--max-steps", str(args.max_steps)] if args.max_steps is not None else []
         flags += ["--max-duration", args.max_duration] if args.max_duration is not None else []
+        flags += ["--tensorboard", opts.tensorboard_dir] if opts.tensorboard_dir is not None else []
         code, message = launch_detached(
             args.spec,
             args.run_dir or os.path.join("runs", plan.run_id),
@@ -131,7 +135,30 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(message, file=sys.stdout if code == 0 else sys.stderr)
         return code
     result = scheduler.launch(loaded, plan, opts)
+    if result is not None:
+        after_run(result.run_dir)
     return EXIT_OK if result is None else exit_code_for(result)
+
+
+def _tensorboard_dir(value: str | None) -> str | None:
+    """--tensorboard DIR, absolute (a detached launcher runs elsewhere), checked for control characters."""
+    if value is None:
+        return None
+    if not value.strip() or any(c < " " or c == "\x7f" for c in value):
+        raise UsageError(f"--tensorboard {value!r}: must be a directory path without control characters")
+    return os.path.abspath(os.path.expanduser(value))
+
+
+def after_run(run_dir: str | os.PathLike[str]) -> None:
+    """What follows a recorded run: its end (goodput, whole-run rates) into its TensorBoard directory.
+    A problem here is a warning: the run's outcome and exit code are already settled."""
+    from ..runs import RunDir
+    from ..views.tensorboard import write_end
+
+    try:
+        write_end(RunDir(Path(run_dir)))
+    except Exception as exc:
+        print(f"tfcluster: warning: the run's goodput was not written to TensorBoard: {exc!r}", file=sys.stderr)
 
 
 def run_bound(
@@ -190,13 +217,35 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """`tfcluster status RUN`: the run's state and every task's figures, with its scheduler's view."""
+    """`tfcluster status RUN`: the run's state and every task's figures, with its scheduler's view;
+    without RUN, the recent runs (``views.runs``)."""
     from ..views.control import job_status, status_text
 
+    if args.run is None:
+        return _list_runs(args)
+    if args.state is not None or args.limit is not None:
+        raise UsageError("--state and --limit filter the list of runs: use them without RUN")
     run, handle = _run_and_handle(args)
     status = job_status(run, handle)
     # the root cause quotes a task's last lines, the pods' reasons are the cluster's: safe for a terminal
     print(json.dumps(status, indent=2) if args.json else safe_text(status_text(status, handle, show_all=args.all)))
+    return EXIT_OK
+
+
+def _list_runs(args: argparse.Namespace) -> int:
+    """`tfcluster status` without RUN: the runs under --runs-dir, newest first, each live one's state
+    from its scheduler's handle."""
+    from ..schedulers import scheduler_of
+    from ..views.runs import DEFAULT_LIMIT, list_runs, runs_text
+
+    states = {s.strip() for s in args.state.split(",") if s.strip()} if args.state is not None else None
+    if states is not None and not states:
+        raise UsageError("--state: name at least one state (running, failed, succeeded, ...)")
+    if args.limit is not None and args.limit < 0:
+        raise UsageError(f"--limit {args.limit}: must be 0 (all) or more")
+    limit = DEFAULT_LIMIT if args.limit is None else (args.limit or None)
+    listing = list_runs(args.runs_dir, lambda run: scheduler_of(run).handle(run), states=states, limit=limit)
+    print(json.dumps(listing.to_dict(), indent=2) if args.json else safe_text(runs_text(listing)))
     return EXIT_OK
 
 
@@ -237,6 +286,8 @@ def cmd_slurm_batch(args: argparse.Namespace) -> int:
         print("tfcluster slurm-batch: RUN must be an absolute path", file=sys.stderr)
         return EXIT_USAGE
     result = run_batch(args.run)
+    if result is not None and result.state is not JobState.REQUEUED:  # the run goes on in the next allocation
+        after_run(result.run_dir)
     return EXIT_OK if result is None else exit_code_for(result)
 
 

@@ -130,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="stop the job cleanly after DURATION of training (90s, 5m; from the first step), exit 0",
     )
+    p.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="write tfcluster's TensorBoard scalars under DIR/tfcluster/<run id>/ (your own log dir) instead of "
+        "RUN/tensorboard/ (see tensorboard: in the spec)",
+    )
     p.add_argument("--detached-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--detached-run-id", help=argparse.SUPPRESS)  # the parent's run id: one plan, one id
     p.set_defaults(func=c.cmd_launch, cmd=[], quick_exit=True)
@@ -154,13 +160,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = _cmd(
         sub,
         "status",
-        "State of a job and of each task (running, exited, lost), last heartbeat and step.",
+        "State of a job and of each task (running, exited, lost), last heartbeat and step; without RUN, the recent "
+        "runs under --runs-dir, newest first.",
+        "tfcluster status                       # the recent runs: job, state, started, wall time, tasks, root cause\n"
+        "tfcluster status --state running,failed --limit 50 --json\n"
         "tfcluster status resnet-4x8\ntfcluster status runs/resnet-4x8-20261122T101500Z --json",
     )
-    p.add_argument("run", metavar="RUN")
+    p.add_argument("run", metavar="RUN", nargs="?", help="run directory or job name (omitted: list the runs)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--all", action="store_true", help="every task one a row (a large job shows a summary)")
-    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--runs-dir", default="runs", help="where runs are listed and job names looked up (default: ./runs)")
+    p.add_argument("--state", metavar="STATE,...", help="list only runs in these states (running, failed, succeeded, ...)")
+    p.add_argument("--limit", type=int, metavar="N", help="list at most N runs (default 20; 0: all)")
     p.set_defaults(func=c.cmd_status)
 
     p = _cmd(

@@ -103,6 +103,7 @@ class Job:
             write_private(rd.spec_yaml, redacted_text(self.loaded))
             write_json_atomic(rd.plan_json, self.plan.to_dict(record=True), durable=False)
         metrics = self.out.start_metrics(self.spec, self.opts.metrics_port)
+        metrics.update(self.out.start_tensorboard(self.spec, self.opts.tensorboard_dir))
         write_json_atomic(rd.launcher_json, launcher_info(**metrics), durable=False)
         if not continuing:
             for w in self.loaded.warnings:

@@ -19,3 +19,4 @@ class LaunchOptions:
     bound: RunBound | None = None  # stop cleanly (a success) after N steps or D seconds of training
     detach: bool = False  # run in the background (or, under a scheduler, leave the job to it)
     command: tuple[str, ...] | None = None  # `launch -- COMMAND`: the job's command instead of the spec's
+    tensorboard_dir: str | None = None  # `launch --tensorboard DIR`: overrides the spec's tensorboard.dir

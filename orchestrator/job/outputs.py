@@ -37,6 +37,21 @@ class _ProfileTee:
         self.sink.close()
 
 
+class _Tee:
+    """heartbeats.jsonl, and every record to another sink (TensorBoard: it only queues them)."""
+
+    def __init__(self, sink: Any, other: Any) -> None:
+        self.sink = sink
+        self.other = other
+
+    def write(self, task: str, record: dict[str, Any]) -> None:
+        self.sink.write(task, record)
+        self.other.write(task, record)
+
+    def close(self) -> None:
+        self.sink.close()
+
+
 class RunOutputs:
     def __init__(self, rundir: RunDir, plan: Plan, *, live: bool, echo_logs: bool) -> None:
         self.plan = plan
@@ -56,6 +71,8 @@ class RunOutputs:
         self.hangup = Hangup(rundir.launcher_log)
         self.metrics: Any = None
         self.metrics_server: Any = None
+        self.tensorboard: Any = None
+        self.rundir = rundir
 
     def start_metrics(self, spec: ClusterSpec, port: int | None) -> dict[str, Any]:
         """Serve Prometheus metrics while the job runs (when asked); what launcher.json records."""
@@ -76,6 +93,26 @@ class RunOutputs:
         self.bus.emit(ev.MetricsServed(url=self.metrics_server.url))
         return {"metrics_url": self.metrics_server.url}
 
+    def start_tensorboard(self, spec: ClusterSpec, own_dir: str | None) -> dict[str, Any]:
+        """Write TensorBoard scalars while the job runs (unless the spec turns them off); what
+        launcher.json records (where they go: the run's end is added there after it)."""
+        if not spec.tensorboard.enabled and own_dir is None:
+            return {}
+        from ..sinks.tensorboard import TensorBoardSink, tensorboard_root
+
+        root = tensorboard_root(self.rundir, self.plan.run_id, own_dir or spec.tensorboard.dir)
+        try:
+            history = self.rundir.heartbeats_jsonl if self.rundir.heartbeats_jsonl.exists() else None
+            self.tensorboard = TensorBoardSink(root, [str(n.task) for n in self.plan.nodes], history=history)
+        except ImportError as exc:
+            self.bus.emit(ev.JobWarning(message=f"no TensorBoard files: {exc} (pip install tensorboardX)"))
+            return {}
+        except OSError as exc:
+            self.bus.emit(ev.JobWarning(message=f"no TensorBoard files: cannot write under {root}: {exc.strerror or exc}"))
+            return {}
+        self.heartbeats = _Tee(self.heartbeats, self.tensorboard)
+        return {"tensorboard_dir": str(root.resolve())}
+
     def status(self, status: dict[str, Any]) -> None:
         """Every second, from the supervisor's loop: the live status, and a hangup acted on."""
         if self.hangup.count > self.hangup.handled:
@@ -94,6 +131,8 @@ class RunOutputs:
             )
         if self.metrics is not None:
             self.metrics.update(status)
+        if self.tensorboard is not None:
+            self.tensorboard.update(status)
         self.status_file(status)
 
     def start_live(self) -> None:
@@ -113,3 +152,7 @@ class RunOutputs:
         self.stop_live()
         if self.metrics_server is not None:
             self.metrics_server.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            for problem in self.tensorboard.problems:  # the bus is closed by now
+                print(f"tfcluster: warning: {problem}", file=sys.stderr)

@@ -5,6 +5,7 @@ RUN/
   combined.log            every task's lines, prefixed with time, task and host
   logs/<type>-<index>.log raw lines of a task (attempt 0); logs/<type>-<index>.attempt-N.log after restarts
   result.json             written once, at the end (``sinks.record``)
+  tensorboard/            TensorBoard scalars per task and for the job (``sinks.tensorboard``; or the user's dir)
   checkpoints/            the chief's checkpoint directory, gathered and verified
   nodes/                  node-side task directories (exit.json, complete logs) copied back
   gather-state.json       what the gather has verified (a resumed gather skips it)
@@ -45,6 +46,11 @@ class RunDir:
     @property
     def launcher_json(self) -> Path:
         return self.path / "launcher.json"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        """TensorBoard event files of what tfcluster measured (one run per task, and ``job``)."""
+        return self.path / "tensorboard"
 
     @property
     def launcher_log(self) -> Path:

@@ -14,17 +14,20 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from ..core.states import TaskState
 from ..events import BaseEvent
 from ..events.kinds import JobStalled, Restart, Straggler, WorkerHung, WorkerLost
 
-#: profile record fields (milliseconds) exported as tfcluster_task_step_part_seconds{part=...}
+#: profile record fields (milliseconds) exported as tfcluster_task_step_part_seconds{part=...}: the step
+#: clock's parts (they add up to ``step``), and ``pre_collective``, the worker's own work per step
 SPLIT_PARTS = (
     "input_ms",
     "compute_ms",
-    "pre_collective_ms",
-    "wait_ms",
     "collective_ms",
-    "post_collective_ms",
+    "update_ms",
+    "host_ms",
+    "other_ms",
+    "pre_collective_ms",
     "step_ms",
 )
 
@@ -99,15 +102,39 @@ class _Collector:
             c = CounterMetricFamily(name, doc, labels=["job"])
             c.add_metric([job], value)
             yield c
-        if detection is not None:
-            d = GaugeMetricFamily(
-                "tfcluster_job_detection_latency_seconds",
-                "Evidence of the last lost/hung verdict: how long the worker had been silent or stopped",
-                labels=["job"],
-            )
+        d = GaugeMetricFamily(
+            "tfcluster_job_detection_latency_seconds",
+            "Evidence of the last lost/hung verdict: how long the worker had been silent or stopped",
+            labels=["job"],
+        )
+        if detection is not None:  # declared always (no sample before a verdict): dashboards can name it
             d.add_metric([job], detection)
-            yield d
+        yield d
+        yield from _job_figures(job, status)
         yield from _task_metrics(job, status.get("tasks") or {}, profiles)
+
+
+def _job_figures(job: str, status: dict[str, Any]) -> Iterator[Any]:
+    """The job's rates (one worker's: every worker counts the global batch) and its tasks by state."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    rates = status.get("throughput") if isinstance(status.get("throughput"), dict) else {}
+    for key, name, doc in (
+        ("steps_per_s", "tfcluster_job_steps_per_second", "The job's training steps per second (the workers' median)"),
+        ("examples_per_s", "tfcluster_job_examples_per_second", "The job's examples per second (global batch x steps/s)"),
+    ):
+        fam = GaugeMetricFamily(name, doc, labels=["job"])
+        if (number := _finite(rates.get(key))) is not None:
+            fam.add_metric([job], number)
+        yield fam
+    counts = dict.fromkeys((s.value for s in TaskState), 0)
+    for t in (status.get("tasks") or {}).values():
+        if isinstance(t, dict) and t.get("state") in counts:
+            counts[t["state"]] += 1
+    fam = GaugeMetricFamily("tfcluster_job_tasks", "Tasks in each state", labels=["job", "state"])
+    for state, n in counts.items():
+        fam.add_metric([job, state], n)
+    yield fam
 
 
 def _task_metrics(job: str, tasks: dict[str, Any], profiles: dict[str, dict[str, Any]]) -> Iterator[Any]:
@@ -127,17 +154,11 @@ def _task_metrics(job: str, tasks: dict[str, Any], profiles: dict[str, dict[str,
         "cpu": family("tfcluster_task_cpu_ratio", "CPU of the task's processes (1.0 = one core busy)"),
         "rss": family("tfcluster_task_memory_rss_bytes", "Resident memory of the task's processes"),
         "up": family("tfcluster_task_up", "1 while the task runs"),
-        "part": family("tfcluster_task_step_part_seconds", "Median time per step in each part (step clock)", ("part",)),
+        "part": family("tfcluster_task_step_part_seconds", "Time per step in each part (the step clock's last window)", ("part",)),
         "gpu_util": family("tfcluster_task_gpu_utilization_ratio", "GPU utilisation", ("gpu",)),
         "gpu_mem": family("tfcluster_task_gpu_memory_used_bytes", "GPU memory used", ("gpu",)),
         "gpu_clock": family("tfcluster_task_gpu_sm_clock_hertz", "GPU SM clock", ("gpu",)),
-        "gpu_power": family("tfcluster_task_gpu_power_watts", "GPU power draw", ("gpu",)),
-        "gpu_limit": family("tfcluster_task_gpu_power_limit_watts", "GPU enforced power limit", ("gpu",)),
-        "gpu_problem": family(
-            "tfcluster_task_gpu_problem",
-            "1 per problem of a GPU, as the monitor judges it (fault, shared, power limit, slow: docs/instrumentation.md)",
-            ("gpu", "problem"),
-        ),
+        **_health_families(family),
     }
     for task, t in sorted(tasks.items()):
         base = [job, task, str(t.get("host") or "")]
@@ -154,6 +175,9 @@ def _task_metrics(job: str, tasks: dict[str, Any], profiles: dict[str, dict[str,
         put("cpu", t.get("cpu_pct"), 0.01)
         put("rss", t.get("rss_mb"), 1 << 20)
         fams["up"].add_metric(base, 1.0 if t.get("state") in ("running", "ready", "starting", "stopping") else 0.0)
+        fams["straggler"].add_metric(base, 1.0 if t.get("straggler") else 0.0)
+        put("relative", t.get("relative_score"))
+        put("individual", t.get("individual_score"))
         for part in SPLIT_PARTS:
             put("part", (profiles.get(task) or {}).get(part), 0.001, (part.removesuffix("_ms"),))
         for g in t.get("gpus") or []:
@@ -161,11 +185,43 @@ def _task_metrics(job: str, tasks: dict[str, Any], profiles: dict[str, dict[str,
             put("gpu_util", g.get("util"), 0.01, idx)
             put("gpu_mem", g.get("mem_used_mb"), 1 << 20, idx)
             put("gpu_clock", g.get("sm_clock_mhz"), 1e6, idx)
+            put("gpu_clock_max", g.get("sm_clock_max_mhz"), 1e6, idx)
+            put("gpu_mem_total", g.get("mem_total_mb"), 1 << 20, idx)
+            put("gpu_temp", g.get("temp_c"), 1.0, idx)
             put("gpu_power", g.get("power_w"), 1.0, idx)
             put("gpu_limit", g.get("power_limit_w"), 1.0, idx)
+            put("gpu_xid", g.get("xid_errors"), 1.0, idx)
+            put("gpu_ecc", g.get("ecc_uncorrected"), 1.0, idx)
+            for reason in g.get("throttle") or []:
+                if isinstance(reason, str):
+                    put("gpu_event", 1, 1.0, (*idx, reason))
         for prob in t.get("gpu_problems") or []:
             put("gpu_problem", 1, 1.0, (str(prob.get("gpu")), str(prob.get("problem"))))
     yield from fams.values()
+
+
+def _health_families(family: Any) -> dict[str, Any]:
+    """Straggler scores and GPU health (what the Grafana dashboard, docs/grafana/tfcluster.json, shows)."""
+    return {
+        "straggler": family("tfcluster_task_straggler", "1 while the task is the named straggler"),
+        "relative": family("tfcluster_task_relative_score", "Fastest worker's own work per step / this worker's (1 = fastest)"),
+        "individual": family("tfcluster_task_individual_score", "This worker's best own work per step / now (1 = at its best)"),
+        "gpu_clock_max": family("tfcluster_task_gpu_sm_clock_max_hertz", "GPU maximum SM clock", ("gpu",)),
+        "gpu_mem_total": family("tfcluster_task_gpu_memory_total_bytes", "GPU memory", ("gpu",)),
+        "gpu_temp": family("tfcluster_task_gpu_temperature_celsius", "GPU temperature", ("gpu",)),
+        "gpu_power": family("tfcluster_task_gpu_power_watts", "GPU power draw", ("gpu",)),
+        "gpu_limit": family("tfcluster_task_gpu_power_limit_watts", "GPU enforced power limit", ("gpu",)),
+        "gpu_xid": family("tfcluster_task_gpu_xid_errors", "Critical XID errors seen on the GPU", ("gpu",)),
+        "gpu_ecc": family("tfcluster_task_gpu_ecc_uncorrected_errors", "Uncorrected ECC errors (volatile)", ("gpu",)),
+        "gpu_event": family(
+            "tfcluster_task_gpu_clock_event", "1 per reason the GPU's clock is held down now (NVML)", ("gpu", "reason")
+        ),
+        "gpu_problem": family(
+            "tfcluster_task_gpu_problem",
+            "1 per problem of a GPU, as the monitor judges it (fault, shared, power limit, slow: docs/instrumentation.md)",
+            ("gpu", "problem"),
+        ),
+    }
 
 
 def _finite(value: Any) -> float | None:

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from ..runs import RunDir, write_json_atomic
-from ..supervise.figures import Figures
+from ..supervise.figures import Figures, throughput
 from ..supervise.status import final_tasks
 
 
@@ -28,6 +28,7 @@ class StatusWriter:
     def __call__(self, status: dict[str, Any]) -> None:
         if status.get("finished"):
             status["tasks"] = final_tasks(self._last_tasks, status.get("tasks", {}), self.figures)
+            status["throughput"] = throughput(self.figures.final()) if self.figures is not None else None
         else:
             self._last_tasks.update(status.get("tasks", {}))
         if "refused_connections" in status:

@@ -308,6 +308,18 @@ class MetricsSpec(_Model):
     )
 
 
+class TensorboardSpec(_Model):
+    """TensorBoard scalars of what tfcluster measures (step time and its split, rates, straggler scores,
+    CPU, GPUs, goodput), written by the launcher: RUN/tensorboard/, or DIR/tfcluster/<run id>/."""
+
+    enabled: bool = Field(True, description="Write them (false: no TensorBoard files).")
+    dir: str | None = Field(
+        None,
+        description="Your own TensorBoard log dir on the launcher's machine (~ allowed): events go to "
+        "DIR/tfcluster/<run id>/ beside your runs; null: RUN/tensorboard/. `launch --tensorboard DIR` overrides it.",
+    )
+
+
 class ClusterSpec(_Model):
     """A tfcluster cluster spec: where to run, what to run, and how to supervise it."""
 
@@ -350,6 +362,7 @@ class ClusterSpec(_Model):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     restart: RestartSpec = Field(default_factory=RestartSpec)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+    tensorboard: TensorboardSpec = Field(default_factory=TensorboardSpec)
 
     @field_validator("name", mode="before")
     @classmethod

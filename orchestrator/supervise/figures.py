@@ -305,3 +305,13 @@ def job_rate(figures: Mapping[str, TaskFigures]) -> tuple[float | None, float | 
     steps = [f.steps_per_s for f in figures.values() if f.steps_per_s is not None]
     examples = [f.examples_per_s for f in figures.values() if f.examples_per_s is not None]
     return (statistics.median(steps) if steps else None, statistics.median(examples) if examples else None)
+
+
+def throughput(figures: Mapping[str, TaskFigures]) -> dict[str, float | None]:
+    """The job's rates as ``status``, ``report`` and the metrics show them beside each task's
+    (``job_rate``: live figures while it runs, the whole run's after it)."""
+    steps, examples = job_rate(figures)
+    return {
+        "steps_per_s": None if steps is None else round(steps, 3),
+        "examples_per_s": None if examples is None else round(examples, 1),
+    }

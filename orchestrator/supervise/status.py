@@ -12,20 +12,29 @@ from typing import Any
 
 from ..core.result import AttemptResult, Failure, TaskResult
 from ..core.states import JobState, TaskState, interrupted_state
-from .figures import FIGURE_KEYS, Figures, TaskFigures
+from .figures import FIGURE_KEYS, Figures, TaskFigures, throughput
 from .session import TaskSession
 
 #: Live readings that say nothing about a finished task (taken during its teardown; and ``gpus``, its
 #: last NVML sample, is not the GPU models ``report`` lists under that name; ``gpu_problems``, the monitor's
-#: judgement of the last heartbeats — ``report`` judges the run's): not in the final snapshot.
-LIVE_ONLY = ("last_heartbeat_age_s", "proc_state", "rss_mb", "gpus", "gpu_problems")
+#: judgement of the last heartbeats — ``report`` judges the run's; the scores of the monitor's last round,
+#: where ``report`` scores the run's windows): not in the final snapshot.
+LIVE_ONLY = ("last_heartbeat_age_s", "proc_state", "rss_mb", "gpus", "gpu_problems", "relative_score", "individual_score")
 
 
 def task_status(
-    s: TaskSession, fig: TaskFigures, *, straggler: bool, now_wall: float, gpu_problems: list[dict[str, Any]] | None = None
+    s: TaskSession,
+    fig: TaskFigures,
+    *,
+    straggler: bool,
+    now_wall: float,
+    gpu_problems: list[dict[str, Any]] | None = None,
+    score: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One task's live status; ``gpu_problems``: its GPUs' problems as the monitor judged them last
-    (``supervise.gpus``: the judgement report and the metrics use too), [] when none."""
+    (``supervise.gpus``: the judgement report and the metrics use too), [] when none; ``score``: its
+    straggler scores of the monitor's last round (relative: the fastest worker's own work per step / its
+    own; individual: its best / now), when it had one."""
     hb = s.heartbeat
     ex = s.exit
     return {
@@ -44,6 +53,8 @@ def task_status(
         "signal": ex.signal_name if ex else None,
         "straggler": straggler,
         "gpu_problems": list(gpu_problems or []),
+        "relative_score": (score or {}).get("relative"),
+        "individual_score": (score or {}).get("individual"),
     }
 
 
@@ -67,6 +78,7 @@ class Snapshots:
         self.figures = figures
         self._entries: dict[str, dict[str, Any]] = {name: {} for name in sessions}  # in plan order
         self._dirty: set[str] = set(sessions)
+        self._live: dict[str, TaskFigures] = {}  # each task's live figures as of its entry: the job's rates
         self._straggler: str | None = None
 
     def touch(self, task: str | None = None) -> None:
@@ -84,24 +96,34 @@ class Snapshots:
         stopping_reason: str | None,
         straggler: str | None,
         gpu_problems: Mapping[str, list[dict[str, Any]]] | None = None,
+        scores: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> dict[str, Any]:
+        """The snapshot; ``throughput``: the job's rates beside the tasks' (``figures.throughput``)."""
         now = time.time()
         gpu_problems = gpu_problems or {}
+        scores = scores or {}
         if straggler != self._straggler:
             self._dirty.update(t for t in (straggler, self._straggler) if t is not None)
             self._straggler = straggler
         # a GPU judgement is relative: a peer's heartbeat can change another task's problems
         self._dirty.update(t for t, e in self._entries.items() if e and e.get("gpu_problems") != gpu_problems.get(t, []))
+        self._dirty.update(t for t, e in self._entries.items() if e and _score_changed(e, scores.get(t)))
         for name in self._dirty:
             s = self.sessions[name]
-            self._entries[name] = task_status(s, self.figures.live(name), straggler=straggler == name, now_wall=now,
-                                              gpu_problems=gpu_problems.get(name))  # fmt: skip
+            self._live[name] = fig = self.figures.live(name)
+            self._entries[name] = task_status(s, fig, straggler=straggler == name, now_wall=now,
+                                              gpu_problems=gpu_problems.get(name), score=scores.get(name))  # fmt: skip
         self._dirty = set()
         for name, entry in self._entries.items():
             wall = self.sessions[name].heartbeat_wall
             entry["last_heartbeat_age_s"] = round(now - wall, 1) if wall else None
         return {"state": state.value, "attempt": attempt, "updated": now, "stopping_reason": stopping_reason,
-                "tasks": dict(self._entries)}  # fmt: skip
+                "throughput": throughput(self._live), "tasks": dict(self._entries)}  # fmt: skip
+
+
+def _score_changed(entry: Mapping[str, Any], score: Mapping[str, Any] | None) -> bool:
+    score = score or {}
+    return entry.get("relative_score") != score.get("relative") or entry.get("individual_score") != score.get("individual")
 
 
 def final_tasks(

@@ -349,7 +349,8 @@ class Supervisor(Teardown):
     def status(self) -> dict[str, Any]:
         status = self.snapshots.build(state=self.state, attempt=self.attempt, stopping_reason=self.stopping_reason,
                                       straggler=self.monitor.straggler,
-                                      gpu_problems=self.monitor.gpus.judgement.by_task())  # fmt: skip
+                                      gpu_problems=self.monitor.gpus.judgement.by_task(),
+                                      scores=self.monitor.scores)  # fmt: skip
         if (refusals := self.backend.refusals()) is not None:
             status["refused_connections"] = refusals.summary()
         return status

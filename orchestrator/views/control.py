@@ -38,6 +38,7 @@ def job_status(run: RunDir, handle: RunHandle | None = None) -> dict[str, Any]:
     }
     if isinstance(status.get("refused_connections"), dict):
         out["refused_connections"] = status["refused_connections"]
+    out["throughput"] = status["throughput"] if isinstance(status.get("throughput"), dict) else None
     if result is not None:
         out.update(
             {
@@ -48,6 +49,7 @@ def job_status(run: RunDir, handle: RunHandle | None = None) -> dict[str, Any]:
                 "root_cause": result.get("root_cause"),
                 "restarts": result.get("restarts", 0),
                 "tasks": _finished_tasks(status, result),
+                "throughput": out["throughput"] if status.get("finished") else None,  # the whole run's
             }
         )
         return out
@@ -81,7 +83,7 @@ def status_text(st: dict[str, Any], handle: RunHandle | None = None, *, show_all
     """The run, and its tasks: one a row up to ``FULL_UP_TO`` tasks (or ``show_all``), else a summary."""
     handle = handle or RunHandle(RunDir(Path(str(st.get("run_dir")))))
     head = f"job {st.get('job')}   state {st.get('state')}   run {st.get('run_dir')}"
-    lines = [head, *handle.scheduler_lines(st)]
+    lines = [head, *handle.scheduler_lines(st), *throughput_lines(st.get("throughput"))]
     if st.get("message"):
         lines.append(st["message"])
     if st.get("stopping_reason"):
@@ -129,6 +131,15 @@ def status_text(st: dict[str, Any], handle: RunHandle | None = None, *, show_all
         lines += ["", "GPU problems:", *(f"  {m}" for m in problems)]
     lines.extend(handle.detail_lines(st))
     return "\n".join(lines)
+
+
+def throughput_lines(rates: Any) -> list[str]:
+    """The job's rates (every worker counts the global batch: one worker's, never the sum)."""
+    if not isinstance(rates, dict) or rates.get("steps_per_s") is None:
+        return []
+    ex = rates.get("examples_per_s")
+    text = f"throughput {rates['steps_per_s']:.2f} steps/s" + ("" if ex is None else f", {ex:,.0f} examples/s")
+    return [text + " (the job's: every worker counts the global batch)"]
 
 
 def stop_job(run: RunDir, handle: RunHandle | None = None, *, timeout_s: float = 120.0) -> str:

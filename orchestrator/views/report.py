@@ -24,9 +24,10 @@ from ..events.kinds import Straggler, TaskReady, WorkerSlowing
 from ..plan.policy import StragglerPolicy
 from ..runs import RunDir
 from ..supervise import GpuJudgement, explain, find_straggler, host_suspect, judge_gpus
-from ..supervise.figures import Figures, TaskFigures
+from ..supervise.figures import Figures, TaskFigures, throughput
 from ..supervise.gpus import WORK_RATIO
 from ..supervise.shared import SharedProblem, inflation_advice, shared_problems
+from .control import throughput_lines
 from .goodput import goodput, goodput_lines
 from .outliers import shown
 from .pace import pace, pace_advice, pace_lines
@@ -126,6 +127,7 @@ def build_report(
         "job": plan.get("job"),
         "window": window,
         "workers": workers,
+        "throughput": throughput(whole),  # the job's: every worker counts the global batch
         "gpu_models": _gpu_models(workers),
         "gpu_problems": [p.to_dict() for p in judgement.problems],
         "gpu_clocks": judgement.models,
@@ -270,7 +272,7 @@ def _by_model(finding: Any, paced: dict[str, Any] | None) -> Any:
 
 def report_text(rep: dict[str, Any]) -> str:
     lines = [f"job {rep.get('job')}   run {rep.get('run_dir')}", ""]
-    head = ("TASK", "HOST", "STEPS", "STEP ms", "STEPS/s", "INPUT", "COMPUTE", "IN COLL", "AFTER", "OWN WORK")
+    head = ("TASK", "HOST", "STEPS", "STEP ms", "STEPS/s", "EX/s", "INPUT", "COMPUTE", "IN COLL", "AFTER", "OWN WORK")
     rows = [(*head, "REL", "IND", "CPU WAIT%", "CPU%", "RSS MB")]
     listed, spread = shown(rep["workers"], {s["task"] for s in rep.get("stragglers") or []})
     lines += [*spread, ""] if spread else []
@@ -284,6 +286,7 @@ def report_text(rep: dict[str, Any]) -> str:
                 _s(w.get("steps")),
                 _s(w.get("step_ms") or _ms(w.get("step_time_s"))),
                 _s(w.get("steps_per_s")),
+                _s(w.get("examples_per_s"), ".0f"),
                 _s(w.get("input_ms")),
                 _s(w.get("compute_ms")),
                 _s(w.get("collective_ms")),
@@ -297,6 +300,7 @@ def report_text(rep: dict[str, Any]) -> str:
             )
         )
     lines += table(rows)
+    lines += throughput_lines(rep.get("throughput"))
     gm = rep.get("gpu_models") or {}
     busy = {m: c for m, c in (rep.get("gpu_clocks") or {}).items() if c.get("clock_mhz")}
     if gm.get("per_host") or busy:

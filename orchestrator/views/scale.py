@@ -2,7 +2,7 @@
 tied to the measurement that triggers it. Pure, from each size's run directory.
 
 Throughput is measured, not estimated: the workers' own step and example counters (the step clock
-counts every MWMS step; examples come from the batch's static shape) over each size's common training
+counts every MWMS step and the examples of each step's batch) over each size's common training
 window (``supervise.figures``, as ``report`` computes it), its first step-clock window or 20% (tracing,
 warm-up) left out. Under MWMS every worker counts the global batch, so the job's rate is one worker's
 rate (the median), never the sum.
@@ -97,7 +97,8 @@ def compare(sizes: list[dict[str, Any]], strong: bool) -> dict[str, Any]:
         s["efficiency"] = round(s["speedup"] / (s["workers"] / base["workers"]), 3)
     if unit == "steps/s":
         notes.append(
-            "examples/s unknown (no static batch dimension): throughput is steps/s"
+            "examples/s unknown at some size (one worker runs without the step clock, and its batch has no static "
+            "dimension): throughput is steps/s"
             + ("" if strong else " x workers, assuming the per-worker batch stays the same (weak scaling)")
         )
     batches = {s["workers"]: (s.get("global_batch"), s.get("per_worker_batch")) for s in measured if s.get("global_batch")}

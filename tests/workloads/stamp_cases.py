@@ -41,10 +41,12 @@ def strategy(n: int = 2) -> tf.distribute.Strategy:
     return tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
 
 
-def data(n: int = 1024, features: int = 10, seed: int = 3) -> tf.data.Dataset:
+def data(n: int = 1024, features: int = 10, seed: int = 3, repeat: bool = True) -> tf.data.Dataset:
+    """Batches of 32 without ``drop_remainder`` (as the tutorials batch): no static batch dimension."""
     rng = np.random.default_rng(seed)
     x = rng.random((n, features), dtype=np.float32)
-    return tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True))).repeat().batch(32)
+    ds = tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True)))
+    return (ds.repeat() if repeat else ds).batch(32)
 
 
 def model_of(s: tf.distribute.Strategy, embedding: bool = False) -> keras.Model:
@@ -160,11 +162,15 @@ def custom_loop(
     return losses, fns
 
 
-def keras_fit(s, *, spe=1, legacy=False, jit=False, steps=24):
+def keras_fit(s, *, spe=1, legacy=False, jit=False, steps=24, finite=0):
+    """``finite``: a dataset of that many examples, each epoch to its end (the last batch partial)."""
     model = model_of(s)
     with s.scope():
         opt = keras.optimizers.legacy.SGD(0.05) if legacy else keras.optimizers.SGD(0.05)
         model.compile(opt, "mse", steps_per_execution=spe, jit_compile=jit)
+    if finite:
+        h = model.fit(data(finite, repeat=False), epochs=2, verbose=0)
+        return [round(x, 6) for x in h.history["loss"]], [model.train_tf_function]
     h = model.fit(data(), epochs=2, steps_per_epoch=steps // 2, verbose=0)
     return [round(x, 6) for x in h.history["loss"]], [model.train_tf_function]
 
@@ -179,6 +185,7 @@ CASES = {
     "fit": lambda s: keras_fit(s),
     "fit 3 per execution": lambda s: keras_fit(s, spe=3),
     "fit legacy optimizer": lambda s: keras_fit(s, legacy=True),
+    "fit partial batches": lambda s: keras_fit(s, finite=101),  # 3 x 32 + 5 per epoch: 3 + 2 on the replicas
     "fit jit": lambda s: keras_fit(strategy(1), jit=True, steps=8),  # XLA on CPU: one device
     # 2 replicas: their compute and after sleeps run one after the other (stateful ops in program order)
     "delays": lambda s: custom_loop(s, steps=16, input_ms=80, compute_ms=5, after_ms=5, host_ms=10),
@@ -203,10 +210,13 @@ def graph_facts(fns) -> dict:
     """Our ops in the traced graphs: stamps chained to other stamps beyond the designed edges
     (t_data after t_start, t_done after the exits; must be none) and, for synced stamps, how
     ``t_enter`` waits for the gradients: through a host copy of a slice made after them."""
-    chained, d2h, enter = [], [], []
+    chained, d2h, enter, batch = [], [], [], []
     for f in fns:
         for cf in f._list_all_concrete_functions():
             for op in cf.graph.get_operations():
+                if op.type == "Shape" and "tfcluster_batch/" in op.name:
+                    # the batch dimension is read where the batch is (no copy of it, no wait for a kernel)
+                    batch.append(op.colocation_groups() == op.inputs[0].op.colocation_groups())
                 if op.type != "Timestamp":
                     continue
                 stamps_before = [c.name for c in op.control_inputs if c.type == "Timestamp"]
@@ -228,7 +238,7 @@ def graph_facts(fns) -> dict:
                             "waits_for_gradients": any("gradient_tape" in w for w in waits),
                         }
                     )
-    return {"chained": chained, "d2h_stamps": len(d2h), "enter_sync": enter[:2]}
+    return {"chained": chained, "d2h_stamps": len(d2h), "enter_sync": enter[:2], "batch_colocated": batch}
 
 
 def run(name: str, clock: bool, fail: str | None = None, sync: bool = False) -> dict:
@@ -246,9 +256,9 @@ def run(name: str, clock: bool, fail: str | None = None, sync: bool = False) -> 
     stampring.take_inputs()
     n0 = stampring.delivered()
     records: list[dict] = []
-    counted: list[int] = []
+    counted: list[tuple[int, int | None]] = []
     reader = stampreader.Reader(
-        1e-6, min_steps=4, emit=lambda kind, **kw: records.append(kw), count=lambda n, ex: counted.append(n)
+        1e-6, min_steps=4, emit=lambda kind, **kw: records.append(kw), count=lambda n, ex: counted.append((n, ex))
     )
     try:
         losses, fns = CASES[name](strategy())
@@ -260,7 +270,8 @@ def run(name: str, clock: bool, fail: str | None = None, sync: bool = False) -> 
     return {
         "losses": losses,
         "rows": rows,
-        "steps": sum(counted),
+        "steps": sum(n for n, _ in counted),
+        "examples": None if any(ex is None for _, ex in counted) else sum(ex for _, ex in counted),
         "record": reader.last_record,
         "graph": graph_facts(fns) if clock else {},
     }

@@ -37,6 +37,8 @@ class SlurmScheduler(Scheduler):
     def check(self, opts: LaunchOptions) -> None:
         if opts.bound is not None and opts.bound.active:
             raise UsageError("--max-steps/--max-duration: not under scheduler: slurm yet (use the spec's slurm.time)")
+        if opts.tensorboard_dir is not None and not inside_allocation():
+            raise UsageError("--tensorboard: a submitted run's supervisor reads the spec; use its tensorboard.dir")
 
     def supervises_here(self) -> bool:
         return inside_allocation()

@@ -1,0 +1,330 @@
+"""TensorBoard scalars of what tfcluster measures, beside the user's own curves.
+
+``RUN/tensorboard/`` (or ``DIR/tfcluster/<run id>/`` with ``launch --tensorboard DIR`` or the spec's
+``tensorboard.dir``) holds one TensorBoard *run* per task (``worker-0``, ...) with the same tags, so
+TensorBoard draws the workers on one chart, and a ``job`` run: per task the step time and its split,
+steps/s and examples/s, straggler scores, CPU, RSS, the host's run-queue delay and throttling, per GPU
+utilisation, SM clock, power, temperature and memory; for the job its steps/s, examples/s, running
+tasks and, at the end, goodput (``views.tensorboard``). Every point is keyed by the task's training
+step (counted on across restarts, so a curve never goes back) and by its wall time, so
+``tensorboard --logdir RUN`` shows them against steps or time, beside the loss curves.
+
+Fed by the records the figures get (heartbeats.jsonl's heartbeats and step-clock windows: a private
+``Figures`` turns them into the same rates) and by the live status (scores, the job's rates). The
+supervisor's cost per record is one ``put_nowait`` on a bounded queue (a full queue drops and counts);
+a thread builds and writes the events, each task's heartbeats at most one per ``min_interval_s``
+(1 s, longer for jobs of more than ``TASKS_PER_SECOND`` tasks: the writes stay under ~64 events/s
+whatever the size). Directories are 0700, files 0600.
+
+Why tensorboardX: TensorBoard reads event files (TFRecord-framed ``Event`` protobufs with CRC32C).
+TensorBoard's own writer (``tensorboard.summary.writer``) goes through ``tensorboard.compat.tf``,
+which imports TensorFlow whenever it is installed (3.7 s and all of TensorFlow in the launcher,
+measured here), and ``tf.summary`` is TensorFlow. tensorboardX (maintained since 2017, the writer of
+PyTorch Lightning's and many others' logs) ships its own compiled protobufs and a pure-Python record
+writer and never imports TensorFlow. We use its ``EventsWriter`` (one file, synchronous) and protos
+from our own thread: its ``SummaryWriter`` queues through a ``multiprocessing.Queue`` whose ``put``
+blocks when it is full.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import math
+import os
+import queue
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..runs import RunDir, read_jsonl
+from ..supervise.figures import Figures
+
+QUEUE_SIZE = 8192  # records waiting for the writer thread (beyond: dropped, counted)
+TASKS_PER_SECOND = 64  # heartbeat events written per second at most, over all tasks
+JOB_RUN = "job"
+#: step-clock window fields -> tags (milliseconds per step)
+SPLIT_TAGS = {
+    "step_ms": "step_split/step_ms",
+    "input_ms": "step_split/input_ms",
+    "compute_ms": "step_split/compute_ms",
+    "collective_ms": "step_split/collective_ms",
+    "update_ms": "step_split/update_ms",
+    "host_ms": "step_split/host_ms",
+    "other_ms": "step_split/other_ms",
+    "pre_collective_ms": "step_split/own_work_ms",
+    "cpu_ms": "step_split/cpu_ms",
+}
+HOST_TAGS = {
+    "wait_pct": "host/run_queue_wait_pct",
+    "throttled_pct": "host/cpu_throttled_pct",
+    "steal_pct": "host/cpu_steal_pct",
+    "tcp_retrans_pct": "host/tcp_retrans_pct",
+}
+GPU_TAGS = {"util": "util_pct", "sm_clock_mhz": "sm_clock_mhz", "power_w": "power_w", "temp_c": "temp_c",
+            "mem_used_mb": "mem_used_mb"}  # fmt: skip
+
+
+def run_name(task: str) -> str:
+    """A task's TensorBoard run (a directory name): ``worker:0`` -> ``worker-0``."""
+    return task.replace(":", "-").replace("/", "-")
+
+
+def _finite(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        f = float(x)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+@dataclass(frozen=True)
+class Point:
+    """One event: scalars of one TensorBoard run at a training step and a wall time."""
+
+    run: str
+    step: int
+    wall: float
+    values: dict[str, float]
+
+
+@dataclass
+class _Task:
+    attempt: int = 0
+    offset: int = 0  # steps of earlier attempts
+    steps: int = 0  # this attempt's
+    written: float = -math.inf  # wall time of the last heartbeat event
+    scores: tuple[Any, ...] = ()
+
+    @property
+    def step(self) -> int:
+        return self.offset + self.steps
+
+
+@dataclass
+class Scalars:
+    """Records and status snapshots -> points. Pure (tests feed it), owned by the writer thread."""
+
+    min_interval_s: float = 1.0
+    figures: Figures = field(default_factory=Figures)
+    tasks: dict[str, _Task] = field(default_factory=dict)
+
+    def record(self, task: str, rec: Mapping[str, Any]) -> list[Point]:
+        """A heartbeats.jsonl record of ``task``: a heartbeat (at most one point per ``min_interval_s``)
+        or a step-clock window."""
+        self.figures.add(task, rec)
+        t = self.tasks.setdefault(task, _Task())
+        wall = _finite(rec.get("ts")) or time.time()
+        attempt = rec.get("attempt")
+        if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt != t.attempt:
+            t.attempt, t.offset, t.steps = attempt, t.offset + t.steps, 0
+        if rec.get("kind") == "profile":
+            values = {tag: v for k, tag in SPLIT_TAGS.items() if (v := _finite(rec.get(k))) is not None}
+            return [Point(run_name(task), t.step, wall, values)] if values else []
+        prog = rec.get("progress")
+        if isinstance(prog, Mapping) and prog.get("phase", "train") == "train":
+            steps = prog.get("steps")
+            if isinstance(steps, int) and not isinstance(steps, bool) and steps >= t.steps:
+                t.steps = steps
+        if wall - t.written < self.min_interval_s:
+            return []
+        t.written = wall
+        values = self._heartbeat(task, rec, prog)
+        return [Point(run_name(task), t.step, wall, values)] if values else []
+
+    def _heartbeat(self, task: str, rec: Mapping[str, Any], prog: Any) -> dict[str, float]:
+        out: dict[str, float] = {}
+
+        def put(tag: str, value: Any, scale: float = 1.0) -> None:
+            if (v := _finite(value)) is not None:
+                out[tag] = v * scale
+
+        live = self.figures.live(task)
+        put("throughput/steps_per_s", live.steps_per_s)
+        put("throughput/examples_per_s", live.examples_per_s)
+        if isinstance(prog, Mapping):
+            put("step/time_ms", prog.get("step_time_s"), 1000.0)
+        put("host/cpu_pct", rec.get("cpu_pct"))
+        put("host/rss_mb", rec.get("rss_mb"))
+        host = rec.get("host")
+        if isinstance(host, Mapping):
+            for key, tag in HOST_TAGS.items():
+                put(tag, host.get(key))
+        gpus = rec.get("gpus")
+        for g in gpus if isinstance(gpus, list) else []:
+            if isinstance(g, Mapping) and isinstance(g.get("index"), int):
+                for key, name in GPU_TAGS.items():
+                    put(f"gpu/{g['index']}/{name}", g.get(key))
+        return out
+
+    def status(self, status: Mapping[str, Any]) -> list[Point]:
+        """The live status: each task's straggler scores when a round changed them, the job's rates."""
+        wall = _finite(status.get("updated")) or time.time()
+        tasks = status.get("tasks") if isinstance(status.get("tasks"), Mapping) else {}
+        points = []
+        for task, st in tasks.items():
+            if not isinstance(st, Mapping) or st.get("relative_score") is None:
+                continue
+            t = self.tasks.setdefault(task, _Task())
+            scores = (st.get("relative_score"), st.get("individual_score"), bool(st.get("straggler")))
+            if scores == t.scores:
+                continue
+            t.scores = scores
+            values = {"straggler/named": 1.0 if scores[2] else 0.0}
+            for tag, v in (("straggler/relative_score", scores[0]), ("straggler/individual_score", scores[1])):
+                if (f := _finite(v)) is not None:
+                    values[tag] = f
+            points.append(Point(run_name(task), t.step, wall, values))
+        rates = status.get("throughput") if isinstance(status.get("throughput"), Mapping) else {}
+        job = {tag: v for key, tag in (("steps_per_s", "throughput/steps_per_s"), ("examples_per_s", "throughput/examples_per_s"))
+               if (v := _finite(rates.get(key))) is not None}  # fmt: skip
+        job["tasks/running"] = float(sum(1 for st in tasks.values() if isinstance(st, Mapping) and st.get("state") == "running"))
+        if self.tasks:  # from the first record on (a job done before its first heartbeat writes nothing)
+            points.append(Point(JOB_RUN, self.job_step(), wall, job))
+        return points
+
+    def job_step(self) -> int:
+        """The job's training step: its furthest task's (every worker makes every step)."""
+        return max((t.step for t in self.tasks.values()), default=0)
+
+
+class EventFiles:
+    """One event file per TensorBoard run (a subdirectory of ``root``), private: 0700 directories,
+    0600 files. ``suffix`` tells files of one writer from another's in the same run directory."""
+
+    def __init__(self, root: Path, suffix: str = "") -> None:
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto import event_pb2
+
+        self._writer_class, self._event = EventsWriter, event_pb2.Event
+        self.root = root
+        self.suffix = suffix
+        self._files: dict[str, Any] = {}
+        private_dirs(root)
+
+    def add(self, point: Point) -> None:
+        writer = self._files.get(point.run)
+        if writer is None:
+            directory = self.root / point.run
+            private_dirs(directory)
+            writer = self._files[point.run] = self._writer_class(str(directory / "events"), self.suffix)
+            with contextlib.suppress(OSError, AttributeError):
+                os.chmod(writer._file_name, 0o600)
+        event = self._event(wall_time=point.wall, step=max(0, point.step))
+        for tag, value in point.values.items():
+            event.summary.value.add(tag=tag, simple_value=value)
+        writer.write_event(event)
+
+    def flush(self) -> None:
+        for w in self._files.values():
+            w.flush()
+
+    def close(self) -> None:
+        for w in self._files.values():
+            with contextlib.suppress(OSError, ValueError):
+                w.close()
+        self._files.clear()
+
+
+def private_dirs(path: Path) -> None:
+    """``path`` and any parent it needs, 0700 whatever the umask (an existing directory keeps its mode)."""
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            d.mkdir(mode=0o700)
+        os.chmod(d, 0o700)
+
+
+_STOP = object()
+
+
+class TensorBoardSink:
+    """The live writer: ``write`` (heartbeats.jsonl's records) and ``update`` (each status snapshot)
+    only queue; a thread turns them into events. ``problems`` says what went wrong (reported at close)."""
+
+    def __init__(self, root: Path, tasks: Sequence[str], *, flush_s: float = 5.0, history: Path | None = None) -> None:
+        if importlib.util.find_spec("tensorboardX") is None:
+            raise ImportError("tensorboardX is not installed")
+        self.root = root
+        private_dirs(root)  # a directory we cannot write says so at the start
+        # tensorboardX (and numpy) is imported by the thread, at the first point: not on the launch's path
+        self.files: EventFiles | None = None
+        self.scalars = Scalars(min_interval_s=max(1.0, len(tasks) / TASKS_PER_SECOND))
+        self.problems: list[str] = []
+        self.dropped = 0
+        self._queue: queue.Queue[Any] = queue.Queue(QUEUE_SIZE)
+        self._flush_s = flush_s
+        self._history = history  # heartbeats.jsonl of earlier allocations (a requeued run): steps go on from them
+        self._thread = threading.Thread(target=self._run, name="tfcluster-tensorboard", daemon=True)
+        self._thread.start()
+
+    def write(self, task: str, record: dict[str, Any]) -> None:
+        self._put((self.scalars.record, task, record))
+
+    def update(self, status: dict[str, Any]) -> None:
+        self._put((self.scalars.status, status))
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Write what is queued (for at most ``timeout_s``), close the files."""
+        if not self._thread.is_alive():
+            return
+        self._queue.put(_STOP)
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self.problems.append(f"TensorBoard: the writer did not finish within {timeout_s:g} s; its last events may be missing")
+        if self.dropped:
+            self.problems.append(f"TensorBoard: {self.dropped} records not written (the writer fell behind)")
+
+    def _put(self, item: tuple[Any, ...]) -> None:
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            self.dropped += 1
+
+    def _run(self) -> None:
+        flushed = time.monotonic()
+        try:
+            if self._history is not None:  # already written by an earlier supervisor: only counted
+                for rec in read_jsonl(self._history):
+                    if isinstance(rec.get("task"), str):
+                        self.scalars.record(rec["task"], rec)
+            while True:
+                try:
+                    item = self._queue.get(timeout=self._flush_s)
+                except queue.Empty:
+                    item = None
+                if item is _STOP:
+                    break
+                if item is not None:
+                    fn, *args = item
+                    for point in fn(*args):
+                        self.files = self.files or EventFiles(self.root)
+                        self.files.add(point)
+                if self.files is not None and time.monotonic() - flushed >= self._flush_s:
+                    self.files.flush()
+                    flushed = time.monotonic()
+        except Exception as exc:  # a full disk, a bug: the job goes on without TensorBoard
+            self.problems.append(f"TensorBoard: writing under {self.root} stopped: {exc!r}")
+        finally:
+            if self.files is not None:
+                self.files.close()
+
+
+def tensorboard_root(run: RunDir, run_id: str, own_dir: str | None) -> Path:
+    """Where a run's events go: RUN/tensorboard, or DIR/tfcluster/<run id> in the user's own log dir
+    (``tensorboard --logdir DIR`` then shows them beside the user's runs, one run id apart from another)."""
+    if own_dir:
+        return Path(own_dir).expanduser() / "tfcluster" / run_id
+    return run.tensorboard_dir
+
+
+__all__ = ["EventFiles", "Point", "Scalars", "TensorBoardSink", "private_dirs", "run_name", "tensorboard_root"]

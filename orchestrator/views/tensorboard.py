@@ -1,0 +1,77 @@
+"""The end of a run in TensorBoard: its goodput and whole-run throughput, as ``report`` computes them.
+
+The live sink (``sinks.tensorboard``) writes what the supervisor sees while the job runs; goodput needs
+the run's end (result.json, the gather), so this writes it once the run is recorded — called by the
+command that ran it (``launch``, ``slurm-batch``, each size of ``scale``). Once: a marker made with
+O_EXCL in the job's TensorBoard run says it is written (a Slurm run's follower and its batch job both
+see the end). It reads heartbeats.jsonl as ``report`` does: a cost paid once, after the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+from ..runs import RunDir
+from ..sinks.tensorboard import JOB_RUN, EventFiles, Point
+from ..supervise.figures import Figures, throughput
+from .goodput import CATEGORIES, goodput
+from .records import event_records, heartbeat_records, is_number, json_object
+
+MARKER = ".end-written"
+
+
+def end_scalars(run: RunDir) -> tuple[int, float, dict[str, float]] | None:
+    """(step, wall time, values) of the run's end: goodput (percent, and seconds per category) and the
+    whole run's steps/s and examples/s; None before the run ended."""
+    result = json_object(run, run.result_json)
+    if not result:
+        return None
+    records = heartbeat_records(run.heartbeats_jsonl)
+    g = goodput(event_records(run.events_jsonl), records, result, True)
+    figures = Figures()
+    for rec in records:
+        figures.add(rec["task"], rec)
+    final = figures.final()
+    values: dict[str, float] = {}
+    if g is not None:
+        if is_number(g.get("goodput")):
+            values["goodput/goodput_pct"] = float(g["goodput"]) * 100.0
+        for key in ("wall_s", *CATEGORIES):
+            if is_number(g.get(key)):
+                values[f"goodput/{key}"] = float(g[key])
+    for key, value in throughput(final).items():
+        if value is not None:
+            values[f"run/{key}"] = float(value)
+    step = max((f.steps or 0 for f in final.values()), default=0)
+    ended = result.get("ended_ts")
+    return step, float(ended) if is_number(ended) else os.path.getmtime(run.result_json), values
+
+
+def write_end(run: RunDir) -> Path | None:
+    """Write the run's end into its TensorBoard directory (launcher.json's ``tensorboard_dir``) once;
+    the directory written to, or None (no TensorBoard for this run, or already written)."""
+    info: dict[str, Any] = json_object(run, run.launcher_json)
+    root = info.get("tensorboard_dir")
+    if not isinstance(root, str) or not root:
+        return None
+    end = end_scalars(run)
+    if end is None or not end[2]:
+        return None
+    job_dir = Path(root) / JOB_RUN
+    try:
+        job_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(job_dir / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return None
+    os.close(fd)
+    files = EventFiles(Path(root), suffix=".end")
+    try:
+        files.add(Point(JOB_RUN, *end))
+    finally:
+        files.close()
+    with contextlib.suppress(OSError):
+        os.chmod(job_dir, 0o700)
+    return Path(root)

@@ -1,0 +1,128 @@
+"""The Grafana dashboard shipped in docs/grafana/tfcluster.json: importable structure, and every metric
+its panels (and template variables) query exists in a real scrape of a running job's /metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from conftest import PY, REPO, assert_no_job_processes, repo_python, run_cli, start_launch, wait_until
+
+DASHBOARD = REPO / "docs" / "grafana" / "tfcluster.json"
+#: PromQL words that are not metric names (functions are told by the "(" after them)
+KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "inf", "nan"}
+#: metrics without a sample on this machine (no GPU; a detection latency needs a lost/hung worker): declared only
+NO_SAMPLE_HERE = re.compile(r"^tfcluster_task_gpu_|^tfcluster_job_detection_latency_seconds$")
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects: identifiers outside strings, label matchers,
+    grouping label lists and range/offset brackets, that are not functions or keywords."""
+    e = re.sub(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'', '""', expr)  # string literals
+    e = re.sub(r"\{[^}]*\}", " ", e)  # label matchers
+    e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", e)  # label lists
+    e = re.sub(r"\[[^\]]*\]", " ", e)  # ranges, subqueries
+    e = re.sub(r"(?<![A-Za-z0-9_:])\d[\d.e+]*(?:ms|[smhdwy])*", " ", e)  # numbers and durations (offset 5m)
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", e):
+        word, rest = m.group(0), e[m.end() :].lstrip()
+        if rest.startswith("(") or word.lower() in KEYWORDS:
+            continue
+        names.add(word)
+    return names
+
+
+def test_metric_names_are_parsed_out_of_promql():
+    assert metric_names('sum by (state) (tfcluster_job_tasks{job=~"$job", state!="x"})') == {"tfcluster_job_tasks"}
+    assert metric_names('rate(a_total{x="b{c}"}[5m]) / on (task) group_left(host) b_info > 0 and c') == {"a_total", "b_info", "c"}
+    assert metric_names("tfcluster_a / tfcluster_b > 0.5 offset 5m") == {"tfcluster_a", "tfcluster_b"}
+
+
+def queries(dash: dict) -> list[tuple[str, str]]:
+    """(panel title, expression) of every target, nested rows included, and of the template variables."""
+    out = []
+
+    def walk(panels: list[dict]) -> None:
+        for p in panels:
+            for t in p.get("targets") or []:
+                out.append((p["title"], t["expr"]))
+            walk(p.get("panels") or [])
+
+    walk(dash["panels"])
+    for var in dash["templating"]["list"]:
+        q = var["query"]["query"]
+        inner = re.fullmatch(r"label_values\((.*),\s*\w+\)", q)
+        out.append((f"variable {var['name']}", inner.group(1) if inner else q))
+    return out
+
+
+def dashboard_metrics() -> dict[str, set[str]]:
+    used: dict[str, set[str]] = {}
+    for title, expr in queries(json.loads(DASHBOARD.read_text())):
+        for name in metric_names(expr):
+            used.setdefault(name, set()).add(title)
+    return used
+
+
+def test_the_dashboard_is_an_importable_grafana_model():
+    dash = json.loads(DASHBOARD.read_text())
+    assert dash["uid"] and dash["title"] == "tfcluster" and dash["schemaVersion"] >= 36
+    assert [i["name"] for i in dash["__inputs"]] == ["DS_PROMETHEUS"] and dash["__inputs"][0]["pluginId"] == "prometheus"
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    titles = {p["title"] for p in dash["panels"]}
+    for want in ("State", "Tasks by state", "Examples/s per worker", "Steps/s per worker", "Restarts",
+                 "Straggler scores: relative", "GPU utilisation", "GPU temperature"):  # fmt: skip
+        assert want in titles, want
+    for p in dash["panels"]:
+        if p["type"] == "row":
+            continue
+        assert p["datasource"]["uid"] == "${DS_PROMETHEUS}" and p["description"], p["title"]
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24 and g["h"] > 0, p["title"]
+        assert [t["refId"] for t in p["targets"]] == [chr(65 + i) for i in range(len(p["targets"]))], p["title"]
+    used = dashboard_metrics()
+    assert all(name.startswith("tfcluster_") for name in used), sorted(used)
+
+
+@pytest.mark.e2e
+def test_every_metric_the_dashboard_queries_is_in_a_real_scrape(testbed_factory, tmp_path):
+    tb = testbed_factory(3)
+    cmd = [PY, "-m", "worker_entry.examples.keras_synthetic", "--epochs", "1000", "--steps-per-epoch", "50"]
+    spec = tb.write_spec(tmp_path / "spec.yaml", "grafana", cmd, job={"python": repo_python(tmp_path)},
+                         heartbeat={"interval_s": 0.5, "timeout_s": 20, "profile_interval_s": 1})  # fmt: skip
+    run_dir = tmp_path / "run"
+    used = dashboard_metrics()
+    p = start_launch(tb, spec, run_dir, "-q", "--no-gather", "--metrics-port", "0")
+    try:
+        url = wait_until(lambda: json.loads((run_dir / "launcher.json").read_text()).get("metrics_url")
+                         if (run_dir / "launcher.json").exists() else None, 60, what="the metrics URL")  # fmt: skip
+
+        def complete() -> tuple[dict, set[str]] | None:
+            """The scrape once every metric the dashboard queries has a sample (but those no CPU job has)."""
+            text = _scrape_text(url)
+            families = {f.name for f in text}
+            samples = {s.name for f in text for s in f.samples}
+            missing = {n for n in used if n not in samples and not NO_SAMPLE_HERE.match(n)}
+            return (families | samples, missing) if not missing else None
+
+        names, _ = wait_until(complete, 180, interval=0.5, what="a sample of every dashboard metric")
+        assert run_cli("stop", str(run_dir), timeout=120).returncode == 0
+        p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    undeclared = {n: sorted(t) for n, t in used.items() if n not in names}
+    assert not undeclared, f"panels query metrics the launcher does not serve: {undeclared}"
+    assert_no_job_processes(tb, 10)
+
+
+def _scrape_text(url: str) -> list:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return list(text_string_to_metric_families(r.read().decode()))

@@ -1,0 +1,176 @@
+"""TensorBoard scalars of what tfcluster measures: records -> points (pure), event files read back with
+TensorBoard's own reader (``EventAccumulator``), private files, no TensorFlow in the launcher, and a real
+3-worker run on the test bed: RUN/tensorboard (and ``--tensorboard DIR``) beside the user's curves."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import PY, REPO, assert_no_job_processes, repo_python, run_launch
+
+from orchestrator.sinks.tensorboard import EventFiles, Point, Scalars, TensorBoardSink, run_name
+
+T0 = 1_800_000_000.0
+
+
+def accumulate(path: Path):
+    """TensorBoard's own reader over one run directory (every scalar kept)."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    acc = EventAccumulator(str(path), size_guidance={SCALARS: 0})
+    acc.Reload()
+    return acc
+
+
+def scalars(acc, tag: str) -> list[tuple[int, float, float]]:
+    return [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)]
+
+
+def beat(task_steps: int, ts: float, attempt: int = 0, examples: int | None = None, **extra) -> dict:
+    prog = {"steps": task_steps, "examples": examples, "step_time_s": 0.05, "phase": "train", "ts": ts}
+    return {"ts": ts, "seq": int(ts), "attempt": attempt, "cpu_pct": 150.0, "rss_mb": 700.5, "progress": prog, **extra}
+
+
+def test_records_become_points_keyed_by_step_and_wall_time():
+    sc = Scalars(min_interval_s=1.0)
+    gpus = [{"index": 0, "util": 97.0, "sm_clock_mhz": 1410, "power_w": 301.5, "temp_c": 71.0, "mem_used_mb": 30000}]
+    host = {"wait_pct": 12.5, "throttled_pct": 3.0}
+    assert sc.record("worker:0", beat(10, T0, examples=640, gpus=gpus, host=host))[0].values["gpu/0/power_w"] == 301.5
+    assert sc.record("worker:0", beat(15, T0 + 0.5, examples=960)) == []  # within min_interval_s: fed, not written
+    (p,) = sc.record("worker:0", beat(30, T0 + 2.0, examples=1920))
+    assert p.run == "worker-0" and p.step == 30 and p.wall == T0 + 2.0
+    assert p.values["throughput/steps_per_s"] == pytest.approx(10.0) and p.values["throughput/examples_per_s"] == pytest.approx(640.0)
+    assert p.values["host/cpu_pct"] == 150.0 and p.values["host/rss_mb"] == 700.5 and p.values["step/time_ms"] == 50.0
+    (w,) = sc.record("worker:0", {"kind": "profile", "ts": T0 + 2.5, "attempt": 0, "steps": 20, "step_ms": 50.0,
+                                   "input_ms": 5.0, "compute_ms": 20.0, "collective_ms": 25.0, "pre_collective_ms": 25.0})  # fmt: skip
+    assert w.step == 30 and w.values == {"step_split/step_ms": 50.0, "step_split/input_ms": 5.0, "step_split/compute_ms": 20.0,
+                                         "step_split/collective_ms": 25.0, "step_split/own_work_ms": 25.0}  # fmt: skip
+    # a restart: the next attempt counts from 0 again, the curve goes on from 30
+    (r,) = sc.record("worker:0", beat(4, T0 + 10.0, attempt=1))
+    assert r.step == 34
+    # scores: written when a round changes them; the job's rates every status
+    status = {"updated": T0 + 11, "throughput": {"steps_per_s": 9.5, "examples_per_s": 608.0},
+              "tasks": {"worker:0": {"state": "running", "relative_score": 0.5, "individual_score": 0.9, "straggler": True}}}  # fmt: skip
+    task, job = sc.status(status)
+    assert task.run == "worker-0" and task.step == 34
+    assert task.values == {"straggler/named": 1.0, "straggler/relative_score": 0.5, "straggler/individual_score": 0.9}
+    assert job.run == "job" and job.step == 34 and job.values["throughput/examples_per_s"] == 608.0 and job.values["tasks/running"] == 1
+    assert [p.run for p in sc.status(status)] == ["job"]  # the same scores are not written again
+
+
+def test_bad_numbers_never_become_scalars():
+    sc = Scalars()
+    assert sc.record("worker:1", {"ts": T0, "cpu_pct": float("nan"), "rss_mb": 10**400, "gpus": [{"index": "x"}], "host": "?"}) == []
+    assert sc.record("worker:2", {"ts": T0, "cpu_pct": 5, "gpus": 7, "progress": "?"})[0].values == {"host/cpu_pct": 5.0}
+    assert run_name("chief:0") == "chief-0"
+
+
+def test_event_files_read_back_with_tensorboards_reader_and_are_private(tmp_path):
+    root = tmp_path / "tb"
+    files = EventFiles(root)
+    for k in range(5):
+        files.add(Point("worker-0", 10 * k, T0 + k, {"throughput/examples_per_s": 640.0 + k, "host/cpu_pct": 99.0}))
+    files.add(Point("job", 40, T0 + 5, {"goodput/goodput_pct": 61.5}))
+    files.close()
+    acc = accumulate(root / "worker-0")
+    assert set(acc.Tags()["scalars"]) == {"throughput/examples_per_s", "host/cpu_pct"}
+    assert scalars(acc, "throughput/examples_per_s") == [(10 * k, T0 + k, pytest.approx(640.0 + k)) for k in range(5)]
+    assert scalars(accumulate(root / "job"), "goodput/goodput_pct")[0][2] == pytest.approx(61.5)
+    for d in (root, root / "worker-0", root / "job"):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    for f in root.rglob("events.out.tfevents.*"):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+
+
+def test_the_sink_only_queues_and_writes_from_its_thread(tmp_path):
+    sink = TensorBoardSink(tmp_path / "tb", ["worker:0", "worker:1"], flush_s=0.05)
+    for k in range(30):
+        for i in range(2):
+            sink.write(f"worker:{i}", beat(10 * k, T0 + k, examples=640 * k))
+        sink.update({"updated": T0 + k, "throughput": {"steps_per_s": 10.0, "examples_per_s": 640.0}, "tasks": {}})
+    sink.close()
+    assert sink.problems == [] and sink.dropped == 0
+    acc = accumulate(tmp_path / "tb" / "worker-1")
+    got = scalars(acc, "throughput/examples_per_s")
+    assert len(got) >= 25 and all(v == pytest.approx(640.0) for _, _, v in got)
+    assert [s for s, _, _ in scalars(accumulate(tmp_path / "tb" / "job"), "throughput/steps_per_s")][-1] == 290
+
+
+def test_a_continued_run_goes_on_from_the_steps_written_before(tmp_path):
+    """A requeued Slurm run's next supervisor: its curves go on from the earlier allocation's steps."""
+    history = tmp_path / "heartbeats.jsonl"
+    history.write_text("".join(json.dumps({**beat(100, T0 + k), "task": "worker:0"}) + "\n" for k in range(3)))
+    sink = TensorBoardSink(tmp_path / "tb", ["worker:0"], history=history)
+    sink.write("worker:0", beat(5, T0 + 100, attempt=1))
+    sink.close()
+    assert [s for s, _, _ in scalars(accumulate(tmp_path / "tb" / "worker-0"), "host/cpu_pct")] == [105]
+
+
+def test_the_launcher_writes_events_without_tensorflow(tmp_path):
+    code = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from orchestrator.sinks.tensorboard import TensorBoardSink\n"
+        "s = TensorBoardSink(Path(sys.argv[1]), ['worker:0'])\n"
+        "s.write('worker:0', {'ts': time.time(), 'cpu_pct': 1.0})\n"
+        "s.close()\n"
+        "assert not s.problems, s.problems\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorboard', 'tensorboardX')))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tb")], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert res.returncode == 0, res.stderr
+    loaded = eval(res.stdout.strip())
+    assert "tensorboardX" in loaded and not any(m.startswith(("tensorflow", "tensorboard.")) or m == "tensorboard" for m in loaded)
+    assert list((tmp_path / "tb" / "worker-0").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.e2e
+def test_a_real_run_writes_tensorboard_scalars_beside_the_users(testbed_factory, tmp_path):
+    """3 workers of keras_synthetic: every worker's step split, rates, scores, CPU and RSS, the job's
+    rates and goodput; and with --tensorboard DIR, under DIR/tfcluster/<run id> beside the user's runs."""
+    tb = testbed_factory(3)
+    cmd = [PY, "-m", "worker_entry.examples.keras_synthetic", "--epochs", "4", "--steps-per-epoch", "60"]
+    spec = tb.write_spec(tmp_path / "spec.yaml", "tboard", cmd, job={"python": repo_python(tmp_path)},
+                         heartbeat={"interval_s": 0.5, "timeout_s": 20, "profile_interval_s": 1})  # fmt: skip
+    own = tmp_path / "logs"
+    (own / "train").mkdir(parents=True)  # the user's own runs (a Keras TensorBoard callback's) stay as they are
+    run_dir = tmp_path / "run"
+    res = run_launch(tb, spec, run_dir, "-q", "--no-gather", "--tensorboard", str(own))
+    assert res.rc == 0, res.stderr[-3000:]
+    launcher = json.loads((run_dir / "launcher.json").read_text())
+    run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
+    root = own / "tfcluster" / run_id
+    assert launcher["tensorboard_dir"] == str(root)
+    assert not (run_dir / "tensorboard").exists() and sorted(p.name for p in own.iterdir()) == ["tfcluster", "train"]
+    for i in range(3):
+        acc = accumulate(root / f"worker-{i}")
+        tags = set(acc.Tags()["scalars"])
+        need = {"step_split/step_ms", "step_split/input_ms", "step_split/compute_ms", "step_split/collective_ms",
+                "step_split/own_work_ms", "throughput/steps_per_s", "throughput/examples_per_s", "host/cpu_pct",
+                "host/rss_mb", "straggler/relative_score", "straggler/individual_score"}  # fmt: skip
+        assert need <= tags, need - tags
+        steps = [s for s, _, _ in scalars(acc, "host/cpu_pct")]
+        assert steps == sorted(steps) and steps[-1] >= 200  # keyed by training step (240 made)
+        walls = [w for _, w, _ in scalars(acc, "host/cpu_pct")]
+        assert walls == sorted(walls) and time.time() - 600 < walls[0] < walls[-1]  # and by wall time
+        ex = scalars(acc, "throughput/examples_per_s")
+        assert ex and max(v for _, _, v in ex) > 0
+    job = accumulate(root / "job")
+    gp = scalars(job, "goodput/goodput_pct")
+    assert len(gp) == 1 and 0 < gp[0][2] < 100
+    report = json.loads(subprocess.run([PY, "-m", "orchestrator", "report", str(run_dir), "--json"], capture_output=True,
+                                       text=True, cwd=REPO, timeout=120).stdout)  # fmt: skip
+    assert gp[0][2] == pytest.approx(report["goodput"]["goodput"] * 100, abs=0.01)  # the goodput report shows
+    assert {"throughput/examples_per_s", "tasks/running", "run/examples_per_s"} <= set(job.Tags()["scalars"])
+    for d in [root, *root.iterdir()]:
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in root.rglob("events.out.tfevents.*"))
+    assert os.stat(own / "train").st_mode  # untouched
+    assert_no_job_processes(tb, 10)
