@@ -112,7 +112,7 @@ def split_of(variant, it, steps: int = 60) -> dict:
     for _ in range(steps):
         variant(next(it)).numpy()
     rows = stampring.drain()
-    reader = stampreader.Reader(1e-9, min_steps=1, take=lambda: list(rows), take_inputs=list, count=lambda n, ex: None)
+    reader = stampreader.Reader(1e-9, min_steps=1, take=lambda: list(rows), take_inputs=list, count=lambda n, ex, at: None)
     reader.poll()
     return reader.last_record or {}
 
@@ -131,7 +131,7 @@ def reader_cost(steps: int) -> float:
     from worker_entry import stampreader, stampring
 
     rows = stampring.drain()
-    reader = stampreader.Reader(1e9, take=lambda: list(rows), take_inputs=list, count=lambda n, ex: None)
+    reader = stampreader.Reader(1e9, take=lambda: list(rows), take_inputs=list, count=lambda n, ex, at: None)
     t0 = time.perf_counter()
     n = reader.poll()
     return (time.perf_counter() - t0) * 1e6 / max(1, n or steps)

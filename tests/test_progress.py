@@ -98,6 +98,21 @@ def test_step_counter_rate_limits_and_accumulates(pipe):
     assert records[1]["step_time_s"] == pytest.approx(0.029, rel=1e-6)
 
 
+def test_step_clock_records_carry_the_last_steps_end_not_the_polls_time(pipe):
+    """The step clock counts steps by polling; a record timed at the poll would put each worker's
+    points at its own poller's phase, and the launcher's interpolated rates of one synchronous job
+    would differ by the pollers' delays. Timed at the last step's end, every worker's points agree."""
+    now = [100.0]
+    c = progress.StepCounter("train", min_interval_s=0.25, clock=lambda: now[0])
+    c.add(1, source="stamps", at=1_700_000_000.0)  # the first poll opens the window: counted, not written
+    now[0] += 1.0
+    assert c.add(5, source="stamps", at=1_700_000_004.5) is True
+    now[0] += 1.0
+    assert c.add(3, source="stamps", at=1_700_000_005.25) is True
+    records = _read_records(pipe)
+    assert [(r["steps"], r["ts"]) for r in records] == [(6, 1_700_000_004.5), (9, 1_700_000_005.25)]
+
+
 def test_report_step_is_cumulative(pipe):
     for _ in range(3):
         progress.report_step(2, examples=10, epoch=4)

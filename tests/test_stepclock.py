@@ -128,7 +128,7 @@ def test_reader_counts_the_examples_of_every_local_replica():
     reader = stampreader.Reader(
         60.0, take=lambda: [rows.pop(0) for _ in range(len(rows))], take_inputs=lambda: [],
         primaries=lambda fn: frozenset({0}), has_runs=lambda fn: True, emit=lambda *a, **k: None,
-        count=lambda n, ex: counted.append((n, ex)),
+        count=lambda n, ex, at: counted.append((n, ex)),
     )  # fmt: skip
     for k in range(3):
         for replica, batch in ((0, 16), (1, 15)):  # an uneven partial batch: 16 + 15
@@ -194,7 +194,7 @@ def test_reader_counts_steps_and_emits_the_slowest_replica_per_window():
         primaries=lambda fn: frozenset({0}),
         has_runs=lambda fn: True,
         emit=lambda kind, **kw: records.append(kw),
-        count=lambda n, ex: counts.append((n, ex)),
+        count=lambda n, ex, at: counts.append((n, ex)),
         clock=lambda: now[0],
         cpu=lambda: 0.0,
     )
@@ -225,7 +225,7 @@ def test_the_last_window_is_written_when_the_process_exits_before_it_is_due():
         primaries=lambda fn: frozenset({0}),
         has_runs=lambda fn: True,
         emit=lambda kind, **kw: records.append(kw),
-        count=lambda n, ex: None,
+        count=lambda n, ex, at: None,
         clock=lambda: 0.0,
         cpu=lambda: 0.0,
     )

@@ -164,6 +164,7 @@ class StepCounter:
         self._emitted = 0  # steps in the last record
         self.owner: str | None = None  # the source whose counts are used (see SOURCES)
         self.examples_per_step: int | None = None  # hint from the Keras callback (global batch size)
+        self._at: float | None = None  # wall time of the last counted step's end, when its source knows it
 
     def claim(self, source: str) -> None:
         """``source`` will count this phase's steps (if it outranks the current owner): claimed by the
@@ -177,10 +178,16 @@ class StepCounter:
             self._window_start = self._clock()
 
     def add(
-        self, steps: int = 1, examples: int | None = None, epoch: int | None = None, source: str = "user"
+        self,
+        steps: int = 1,
+        examples: int | None = None,
+        epoch: int | None = None,
+        source: str = "user",
+        at: float | None = None,
     ) -> bool:
         """Count steps; emit a record when the rate limit allows. True if a record was written.
-        A ``source`` ranked below the current owner only updates the epoch."""
+        A ``source`` ranked below the current owner only updates the epoch. ``at``: the wall time the
+        last of these steps ended (the step clock knows it; a poll comes later), the record's time."""
         if epoch is not None:
             self.epoch = int(epoch)
         rank = SOURCES.get(source, 2)
@@ -197,6 +204,7 @@ class StepCounter:
                     self.examples = (self.examples or 0) + int(examples)
                 return False
         steps = int(steps)
+        self._at = at
         self.steps += steps
         self._window_steps += steps
         if examples is not None:
@@ -217,8 +225,10 @@ class StepCounter:
         self._window_start = now
         self._window_steps = 0
         self._emitted = self.steps
+        when = {"ts": self._at} if self._at is not None else {}
         return emit(
             "progress",
+            **when,
             steps=self.steps,
             epoch=self.epoch,
             examples=self.examples,

@@ -49,7 +49,9 @@ class Reader:
         self._primaries, self._has_runs = primaries, has_runs
         self._examples = 0.0  # examples of closed steps not counted yet (fractions carried over)
         self._emit = emit
-        self._count = count or (lambda n, examples: progress.counter("train").add(n, examples, source="stamps"))
+        self._count = count or (
+            lambda n, examples, at: progress.counter("train").add(n, examples, source="stamps", at=at)
+        )
         self._clock, self._cpu = clock, cpu
         self.stamps = stamps
         self.timelines: dict[int, Timeline] = {}
@@ -88,7 +90,9 @@ class Reader:
             if n:
                 self.steps += n
                 self._window_steps += n
-                self._count(n, examples)
+                # the record's time is the last step's end (its all-reduce's exit, the same moment on every
+                # worker of a synchronous job), not this poll's: the launcher's rates need no guessing
+                self._count(n, examples, closed[counting][-1].end)
             due = self._clock() - self._window_start >= self.interval_s
             if self.interval_s > 0 and self._window_steps >= self.min_steps and (due or final):
                 self._flush()

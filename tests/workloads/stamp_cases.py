@@ -258,7 +258,7 @@ def run(name: str, clock: bool, fail: str | None = None, sync: bool = False) -> 
     records: list[dict] = []
     counted: list[tuple[int, int | None]] = []
     reader = stampreader.Reader(
-        1e-6, min_steps=4, emit=lambda kind, **kw: records.append(kw), count=lambda n, ex: counted.append((n, ex))
+        1e-6, min_steps=4, emit=lambda kind, **kw: records.append(kw), count=lambda n, ex, at: counted.append((n, ex))
     )
     try:
         losses, fns = CASES[name](strategy())
