@@ -236,3 +236,16 @@ def test_progress_lines_show_above_the_table_with_their_prefix_and_fit_the_width
     assert lines[8] == "… and 4 more tasks drawing a progress bar"
     live.progress("worker:0", None)
     assert len(live.progress_lines()) == 9 and "worker:0" not in live.progress_lines()[0].plain
+
+
+def test_an_unfinished_line_that_is_not_redrawn_waits_for_its_newline(tmp_path):
+    pipes, w, r, wfd = _pipes(tmp_path)
+    os.write(wfd, b"loading data ...")
+    pipes.read(r, p.STDOUT)
+    pipes.tick(100.0)
+    assert w.frames == []  # nothing in place: it is sent once complete, as before
+    os.write(wfd, b" done\n")
+    pipes.read(r, p.STDOUT)
+    assert w.frames == [(p.STDOUT, b"loading data ... done\n")]
+    os.close(wfd)
+    os.close(r)

@@ -7,7 +7,8 @@ the child, never loss.
 Progress bars (Keras ``fit``, tqdm) redraw one line with ``\r`` and ``\b``. A complete line is sent
 as what a terminal leaves of it (``redraw``: its final text, not a Keras epoch's hundreds of
 redraws); the unfinished line is kept as its current text only (bounded however long the epoch),
-and sent, at most every ``PROGRESS_EVERY_S`` and only when it changed, as a *progress frame*: a LOG
+and sent, at most every ``PROGRESS_EVERY_S`` and only when it changed, as a *progress frame*
+(an unfinished line that is not being redrawn is only sent once complete): a LOG
 frame of that text ending in ``\r`` instead of ``\n`` — the launcher shows it in place and logs
 nothing of it (the line, once complete, is logged).
 """
@@ -78,6 +79,7 @@ class OutputPipes:
         self.partial = {p.STDOUT: b"", p.STDERR: b""}
         self.shown = {p.STDOUT: b"", p.STDERR: b""}  # the unfinished line's text as last sent
         self.shown_at = {p.STDOUT: 0.0, p.STDERR: 0.0}
+        self.redrawn = {p.STDOUT: False, p.STDERR: False}  # the unfinished line is being redrawn (a bar)
         self.fds: dict[int, int] = {}  # fd -> stream
         self.paused = False
 
@@ -109,7 +111,9 @@ class OutputPipes:
         if cut:
             self.emit(stream, redraw_lines(buf[:cut]))
             self.shown[stream] = b""  # that line is done: its last progress frame is superseded
-        rest = squash(buf[cut:])
+        rest = buf[cut:]
+        self.redrawn[stream] = b"\r" in rest or b"\b" in rest or (self.redrawn[stream] and not cut)
+        rest = squash(rest)
         if len(rest) > MAX_LINE:  # a "line" without end and without redraws: sent in pieces
             self.emit(stream, rest + b"\n")
             rest = b""
@@ -119,7 +123,7 @@ class OutputPipes:
     def tick(self, now: float) -> None:
         """Send each stream's unfinished line (its current text) when it changed, at a bounded rate."""
         for stream, partial in self.partial.items():
-            if not partial or now - self.shown_at[stream] < PROGRESS_EVERY_S:
+            if not partial or not self.redrawn[stream] or now - self.shown_at[stream] < PROGRESS_EVERY_S:
                 continue
             text = redraw(_decoded(partial)).encode("utf-8", "surrogateescape")[:PROGRESS_MAX]
             if text and text != self.shown[stream]:
