@@ -127,6 +127,8 @@ class PodLog(threading.Thread):
                 frames = []
             for fr in frames:
                 if fr.type == p.T_LOG:
+                    if fr.payload.endswith(b"\r"):  # a progress frame: a pod log has no "in place"
+                        continue
                     self._write(encode_output(fr.payload))
                 elif fr.type == p.T_MSG:
                     self._write(encode_message(fr.payload))

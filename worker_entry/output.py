@@ -1,8 +1,16 @@
 """The training process's stdout and stderr: every line to the launcher and to the node's own log.
 
-Lines travel whole (a "line" longer than 1 MiB is cut, for progress bars without newlines); the
-partial last line is sent at the end. When the launcher link falls 4 MiB behind, reading pauses
-until it is under 1 MiB: back-pressure on the child, never loss.
+Lines travel whole (a "line" longer than 1 MiB is cut); the partial last line is sent at the end.
+When the launcher link falls 4 MiB behind, reading pauses until it is under 1 MiB: back-pressure on
+the child, never loss.
+
+Progress bars (Keras ``fit``, tqdm) redraw one line with ``\r`` and ``\b``. A complete line is sent
+as what a terminal leaves of it (``redraw``: its final text, not a Keras epoch's hundreds of
+redraws); the unfinished line is kept as its current text only (bounded however long the epoch),
+and sent, at most every ``PROGRESS_EVERY_S`` and only when it changed, as a *progress frame*
+(an unfinished line that is not being redrawn is only sent once complete): a LOG
+frame of that text ending in ``\r`` instead of ``\n`` — the launcher shows it in place and logs
+nothing of it (the line, once complete, is logged).
 """
 
 from __future__ import annotations
@@ -19,6 +27,48 @@ CHUNK = 256 * 1024
 MAX_LINE = 1024 * 1024
 HIGH_WATER = 4 * 1024 * 1024
 LOW_WATER = 1 * 1024 * 1024
+PROGRESS_EVERY_S = 0.5  # per stream: a bar redrawn 20 times a second costs the link 2 frames a second
+PROGRESS_MAX = 1024  # bytes of an unfinished line shown in place (a terminal shows less)
+
+
+def redraw(line: str) -> str:
+    """What a terminal leaves of one line (the simple way): the text after its last ``\\r`` (a trailing
+    one, from ``\\r\\n``, dropped), each ``\\b`` erasing the character before it. The launcher's
+    ``core.terminal.redraw`` is the same rule; worker_entry imports nothing of the launcher."""
+    line = line.rstrip("\r")
+    if "\r" in line:
+        line = line.rsplit("\r", 1)[1]
+    if "\b" in line:
+        out: list[str] = []
+        for ch in line:
+            if ch != "\b":
+                out.append(ch)
+            elif out:
+                out.pop()
+        line = "".join(out)
+    return line
+
+
+def _decoded(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")  # a \b erases a character, not a byte; bad bytes kept
+
+
+def redraw_lines(data: bytes) -> bytes:
+    """Complete lines, each as ``redraw`` leaves it (untouched when there is nothing to redraw)."""
+    if b"\r" not in data and b"\b" not in data:
+        return data
+    lines = _decoded(data).split("\n")
+    return "\n".join(redraw(ln) if ("\r" in ln or "\b" in ln) else ln for ln in lines).encode(
+        "utf-8", "surrogateescape"
+    )
+
+
+def squash(partial: bytes) -> bytes:
+    """An unfinished line reduced to its current text, a ``\\r`` it ends with kept (the next text
+    replaces the line): what is still to come redraws the same way, and its size stays a bar's."""
+    if b"\r" not in partial and b"\b" not in partial:
+        return partial
+    return redraw(_decoded(partial)).encode("utf-8", "surrogateescape") + (b"\r" if partial.endswith(b"\r") else b"")
 
 
 class OutputPipes:
@@ -27,6 +77,9 @@ class OutputPipes:
         self.writer = writer
         self.log: IO[bytes] | None = open(log_path, "wb", buffering=0)  # noqa: SIM115 - the task's lifetime
         self.partial = {p.STDOUT: b"", p.STDERR: b""}
+        self.shown = {p.STDOUT: b"", p.STDERR: b""}  # the unfinished line's text as last sent
+        self.shown_at = {p.STDOUT: 0.0, p.STDERR: 0.0}
+        self.redrawn = {p.STDOUT: False, p.STDERR: False}  # the unfinished line is being redrawn (a bar)
         self.fds: dict[int, int] = {}  # fd -> stream
         self.paused = False
 
@@ -55,13 +108,28 @@ class OutputPipes:
             return False
         buf = self.partial[stream] + data
         cut = buf.rfind(b"\n") + 1
-        if cut == 0 and len(buf) > MAX_LINE:
-            buf += b"\n"
-            cut = len(buf)
         if cut:
-            self.emit(stream, buf[:cut])
-        self.partial[stream] = buf[cut:]
+            self.emit(stream, redraw_lines(buf[:cut]))
+            self.shown[stream] = b""  # that line is done: its last progress frame is superseded
+        rest = buf[cut:]
+        self.redrawn[stream] = b"\r" in rest or b"\b" in rest or (self.redrawn[stream] and not cut)
+        rest = squash(rest)
+        if len(rest) > MAX_LINE:  # a "line" without end and without redraws: sent in pieces
+            self.emit(stream, rest + b"\n")
+            rest = b""
+        self.partial[stream] = rest
         return True
+
+    def tick(self, now: float) -> None:
+        """Send each stream's unfinished line (its current text) when it changed, at a bounded rate."""
+        for stream, partial in self.partial.items():
+            if not partial or not self.redrawn[stream] or now - self.shown_at[stream] < PROGRESS_EVERY_S:
+                continue
+            text = redraw(_decoded(partial)).encode("utf-8", "surrogateescape")[:PROGRESS_MAX]
+            if text and text != self.shown[stream]:
+                self.writer.send(p.log_frame(stream, text + b"\r"))  # not in the node's log: not a line
+                self.shown[stream] = text
+                self.shown_at[stream] = now
 
     def emit(self, stream: int, data: bytes) -> None:
         if self.log is not None:
@@ -72,7 +140,7 @@ class OutputPipes:
     def flush_partials(self) -> None:
         for stream in (p.STDOUT, p.STDERR):
             if self.partial[stream]:
-                self.emit(stream, self.partial[stream] + b"\n")
+                self.emit(stream, redraw_lines(self.partial[stream] + b"\n"))
                 self.partial[stream] = b""
 
     def backpressure(self) -> None:

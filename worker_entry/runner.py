@@ -197,6 +197,7 @@ class Runner:
                 self._kill_group(signal.SIGKILL)
                 self.kill_at = None
             self.out.backpressure()
+            self.out.tick(now)  # an unfinished line being redrawn (a progress bar): its current text
             if self.child.poll() is not None:
                 return self._finish()
             timeout = max(0.0, min(next_beat - now, 0.5, (self.kill_at - now) if self.kill_at else 0.5))

@@ -14,8 +14,8 @@ record). What is done:
 - any other control character (C0 but tab and newline, DEL, C1) and the Unicode bidi controls that
   reorder what is shown (Trojan source) are shown escaped (``\\x07``, ``\\u202e``);
 - ``\\r`` and ``\\b`` are applied the simple way (``redraw``): a line shows what follows its last
-  ``\\r``, a ``\\b`` erases the character before it. The seam for a console that redraws progress bars
-  in place is ``redraw``.
+  ``\\r``, a ``\\b`` erases the character before it. ``redraw_lines`` does the same to the complete lines
+  of a task's output before they are logged (a Keras epoch's hundreds of redraws become its final bar).
 """
 
 from __future__ import annotations
@@ -68,6 +68,17 @@ def redraw(line: str) -> str:
                 out.append(ch)
         line = "".join(out)
     return line
+
+
+def redraw_lines(data: bytes) -> bytes:
+    """Complete lines as a task printed them, each reduced to what ``redraw`` leaves of it (the final text of
+    a progress bar's redraw sequence); other bytes (escape sequences included) kept as printed."""
+    if b"\r" not in data and b"\b" not in data:
+        return data
+    text = data.decode("utf-8", "surrogateescape")  # \b erases a character, not a byte; bad bytes kept
+    return "\n".join(redraw(line) if ("\r" in line or "\b" in line) else line for line in text.split("\n")).encode(
+        "utf-8", "surrogateescape"
+    )
 
 
 def _safe_line(line: str, keep_sgr: bool) -> str:

@@ -65,6 +65,7 @@ class RunOutputs:
         self.logs = LogRouter(rundir, echo=echo_logs, guard=self.guard)
         if self.live is not None:
             self.logs.console_hook = self.live.print_log
+            self.logs.progress_hook = self.live.progress  # progress bars redrawn in place above the table
         self.heartbeats: Any = HeartbeatFile(rundir.heartbeats_jsonl, self.guard)
         self.figures = Figures.replay(rundir.heartbeats_jsonl)  # a continued run's records count too
         self.status_file = StatusWriter(rundir, plan.job, plan.run_id, self.live, self.figures)
@@ -118,7 +119,7 @@ class RunOutputs:
         if self.hangup.count > self.hangup.handled:
             self.hangup.handled = self.hangup.count
             self.stop_live()
-            self.live = self.status_file.live = self.logs.console_hook = None
+            self.live = self.status_file.live = self.logs.console_hook = self.logs.progress_hook = None
             self.logs.color = False
             for sink in self.bus.sinks:
                 if isinstance(sink, ConsoleSink):

@@ -6,7 +6,7 @@ import sys
 import time
 from typing import IO, Any
 
-from ..core.terminal import safe_bytes
+from ..core.terminal import redraw, redraw_lines, safe_bytes
 from ..runs import RunDir, logline
 from .guard import GuardedFile, WriteGuard
 from .style import PALETTE, use_color
@@ -16,8 +16,13 @@ class LogRouter:
     """Every line of every task: raw per-task file, prefixed combined.log, and the console.
 
     Frames carry whole lines, so prefixing is one bytes.replace per frame, not a loop per line. The
-    files get the bytes as printed; the console gets them through ``core.terminal.safe_bytes`` (a
-    task's escape sequences must not drive the user's terminal).
+    files get the bytes as printed but for ``\\r``/``\\b`` (each line as a terminal leaves it: the final
+    text of a progress bar, ``core.terminal.redraw_lines``); the console gets them through
+    ``core.terminal.safe_bytes`` (a task's escape sequences must not drive the user's terminal).
+
+    A progress frame (text ending in ``\\r``, no newline: a task's unfinished line being redrawn) is
+    logged nowhere: the live display shows it in place (``progress_hook``), and the line, once
+    complete, is logged. One the task never completed (it died mid-bar) is logged when the attempt ends.
     """
 
     def __init__(
@@ -40,12 +45,15 @@ class LogRouter:
         self.console_prefix: dict[str, bytes] = {}
         self.lines_written: dict[str, int] = {}
         self.console_hook: Any = None  # set by the live display to print above its table
+        self.progress_hook: Any = None  # set by the live display: (task, prefixed text or None)
+        self.pending: dict[str, bytes] = {}  # task -> its unfinished line's current text (progress frames)
         self._dirty = False
         self._unflushed: set[GuardedFile] = set()
         self._closed = False
 
     def open_attempt(self, attempt: int, tasks: list[tuple[str, str, str]]) -> None:
         """tasks: (task, slug, host). Opens this attempt's per-task files."""
+        self._settle()
         for f in self.files.values():
             f.close()
         self.files = {}
@@ -60,9 +68,17 @@ class LogRouter:
             self.note(f"=== attempt {attempt} ===")
 
     def write(self, task: str, data: bytes, ts: float | None = None) -> None:
-        """`data` is one or more complete lines (ending in a newline)."""
-        if not data:
-            return
+        """`data` is one or more complete lines (ending in a newline), or a progress frame (``\\r``-ended)."""
+        cut = data.rfind(b"\n") + 1
+        if cut:
+            self._lines(task, data[:cut], ts)
+        if cut < len(data):  # a progress frame (or an unfinished line from elsewhere): shown in place only
+            self._progress(task, data[cut:])
+
+    def _lines(self, task: str, data: bytes, ts: float | None) -> None:
+        if self.pending.pop(task, None) is not None and self.progress_hook is not None:
+            self.progress_hook(task, None)  # its line is complete: printed below like any other
+        data = redraw_lines(data)
         f = self.files.get(task)
         if f is not None:
             f.write(data)
@@ -83,6 +99,21 @@ class LogRouter:
                 except (OSError, ValueError):
                     self.echo = False
         self._dirty = True
+
+    def _progress(self, task: str, data: bytes) -> None:
+        text = redraw(data.decode("utf-8", "replace")).encode()
+        if not text:
+            return
+        self.pending[task] = text
+        if self.echo and self.progress_hook is not None:
+            ctag = self.console_prefix.get(task, f"[{task}] ".encode())
+            self.progress_hook(task, ctag + safe_bytes(text, keep_sgr=self.color))
+
+    def _settle(self) -> None:
+        """Log the unfinished lines of tasks that never completed them (the last text they showed)."""
+        pending, self.pending = self.pending, {}
+        for task, text in pending.items():
+            self.write(task, text + b"\n")
 
     def note(self, text: str) -> None:
         """A launcher line in combined.log (attempt boundaries)."""
@@ -107,6 +138,7 @@ class LogRouter:
         if self._closed:
             return
         self._closed = True
+        self._settle()
         self.flush()
         for f in self.files.values():
             f.close()

@@ -177,7 +177,8 @@ class TaskSession:
             if self.violation is not None:
                 break
             if fr.type == p.T_LOG:
-                self._remember(fr.payload)
+                if not fr.payload.endswith(b"\r"):  # a progress frame is no line of the task's last lines
+                    self._remember(fr.payload)
                 items.append(Output(fr.payload))
             elif fr.type == p.T_MSG:
                 try:

@@ -1,7 +1,12 @@
-"""The pictures of a report and of a sweep, and the HTML page that holds them (``plots`` draws).
+"""The pictures of a report and of a sweep, and the HTML page that holds them (``plots`` draws,
+``htmlpage`` writes the page).
 
 Everything a page shows is taken from the run directory or the sweep's summary; the page is one
-self-contained file (the PNGs inlined) that can be mailed or attached to a ticket.
+self-contained file (the PNGs inlined) that can be mailed or attached to a ticket. The report page is
+made of the report's data, not of its text: a table of the workers, the advice as wrapped text,
+goodput as a bar, plots on zero-based axes with their spread stated. Past ``FULL_UP_TO`` workers it
+shows their distribution (percentiles, a histogram, the step time's bands over the run) and the
+outliers' rows and lines (``outliers.shown``), never a bar or a line per worker.
 """
 
 from __future__ import annotations
@@ -12,9 +17,23 @@ from typing import Any
 
 from ..events.kinds import Straggler
 from ..runs import RunDir, write_bytes_atomic
+from ..supervise.summary import FULL_UP_TO
 from . import plots
+from .control import throughput_lines
+from .htmlpage import Page
+from .outliers import percentiles, shown
+from .pace import pace_lines
 from .records import event_records, heartbeat_records
-from .split import split_workers
+from .split import split_lines, split_workers
+
+#: The workers table: (heading, the worker's field, format); "after" and "step" are derived.
+WORKER_COLUMNS = (
+    ("task", None, ""), ("host", "host", ""), ("steps", "steps", "d"), ("step ms", "step", ".1f"),
+    ("steps/s", "steps_per_s", ".1f"), ("examples/s", "examples_per_s", ",.0f"), ("input ms", "input_ms", ".1f"),
+    ("compute ms", "compute_ms", ".1f"), ("in all-reduce ms", "collective_ms", ".1f"), ("after ms", "after", ".1f"),
+    ("own work ms", "pre_collective_ms", ".1f"), ("rel", "relative_score", ".2f"), ("ind", "individual_score", ".2f"),
+    ("cpu wait %", "wait_pct", ".0f"), ("cpu %", "cpu_pct", ".0f"), ("rss MB", "rss_mb_max", ".0f"),
+)  # fmt: skip
 
 
 def step_series(run: RunDir) -> dict[str, list[tuple[float, float]]]:
@@ -64,22 +83,127 @@ def split_parts(split: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
+def _step_ms(w: Mapping[str, Any]) -> float | None:
+    if w.get("step_ms") is not None:
+        return float(w["step_ms"])
+    return None if w.get("step_time_s") is None else 1000.0 * float(w["step_time_s"])
+
+
+def _cell(w: Mapping[str, Any], key: str | None, fmt: str) -> Any:
+    if key == "step":
+        v: Any = _step_ms(w)
+    elif key == "after":
+        v = None if w.get("update_ms") is None else float(w["update_ms"]) + float(w.get("host_ms") or 0)
+    else:
+        v = w.get(key) if key else None
+    if v is None:
+        return "-"
+    if fmt == "d":
+        return int(v)
+    return format(v, fmt) if fmt and isinstance(v, (int, float)) else str(v)
+
+
+def _workers_section(page: Page, workers: Mapping[str, Mapping[str, Any]], stragglers: set[str]) -> list[str]:
+    """The workers' table (every one, or the distribution and the outliers); the tasks listed."""
+    listed, spread = shown(workers, stragglers)
+    if spread:
+        page.p(spread[0])
+        rows = []
+        for label, key in (("step ms", "step_ms"), ("own work ms", "pre_collective_ms"), ("steps/s", "steps_per_s")):
+            vals = [float(w[key]) for w in workers.values() if isinstance(w.get(key), (int, float))]
+            if vals:
+                rows.append([label, *(f"{v:.1f}" for _, v in percentiles(vals))])
+        if rows:
+            page.table(["of all workers", *(f"p{q}" for q, _ in percentiles([0.0]))], rows)
+    head = [h for h, _, _ in WORKER_COLUMNS]
+    rows = [[t, *(_cell(workers[t], key, fmt) for _, key, fmt in WORKER_COLUMNS[1:])] for t in listed]
+    page.table(head, rows, flagged={i for i, t in enumerate(listed) if t in stragglers})
+    page.p("rel: the worker's own work against the fastest (1.00 = as fast); ind: against its own earlier steps.")
+    return listed
+
+
+def stragglers(rep: Mapping[str, Any]) -> set[str]:
+    return {str(s.get("task")) for s in rep.get("stragglers") or []}
+
+
+def _slowest(means: Mapping[str, float], named: set[str], top: int = 5) -> list[str]:
+    """The workers to mark on a distribution: the stragglers and, of the ``top`` slowest, those 10 %
+    or more slower than the median (the fastest and the crowd are the bands)."""
+    if not means:
+        return []
+    ranked = sorted(means, key=lambda t: means[t])
+    median = means[ranked[len(ranked) // 2]]
+    slow = {t for t in ranked[-top:] if means[t] >= 1.1 * median}
+    return sorted(slow | (named & set(means)), key=lambda t: means[t])
+
+
 def report_page(run: RunDir, rep: Mapping[str, Any], text: str, out: Path | None = None) -> tuple[Path, list[Path]]:
-    """RUN/report/{report.html, step_times.png, time_split.png}: what `report --html` writes."""
+    """RUN/report/{report.html, step_times.png, time_split.png (, step_hist.png)}: what `report --html` writes."""
     out = out or run.path / "report"
     out.mkdir(parents=True, exist_ok=True, mode=0o700)
-    marks = [(float(s["ts"]), str(s.get("task"))) for s in rep.get("stragglers") or [] if isinstance(s.get("ts"), int | float)]
-    images = [("Step time per worker over the run (dashed: a straggler named)", plots.step_times(step_series(run), marks, out / "step_times.png"))]
-    parts = worker_parts(rep.get("workers") or {})
-    if parts:
-        images.append(("Where each worker's step goes (ms, step-clock means)", plots.time_split(parts, out / "time_split.png")))
-    page = plots.html_page(f"tfcluster report: {rep.get('job')}", text, images)
-    write_bytes_atomic(out / "report.html", page.encode(), durable=False)
+    workers = rep.get("workers") or {}
+    named = stragglers(rep)
+    page = Page(f"tfcluster report: {rep.get('job')}")
+    page.p(f"run directory {rep.get('run_dir')}")
+    if rep.get("goodput"):
+        page.h2("Goodput: where the wall time went")
+        page.goodput_bar(rep["goodput"])
+    page.h2("Advice")
+    page.ul(rep.get("advice") or ["nothing to advise"])
+    page.h2(f"Workers ({len(workers)})")
+    listed = _workers_section(page, workers, named)
+    for line in throughput_lines(rep.get("throughput")):
+        page.p(line.strip())
+    split = rep.get("split")
+    if split:
+        page.h2("Where a step goes")
+        over = "step-weighted means of its step-clock windows"
+        if rep.get("window"):
+            over += f" of the last {rep['window']['last_s']:g} s"
+        page.pre("\n".join(split_lines(split, over)))
+        if rep.get("efficiency") is not None:
+            page.p(f"scaling efficiency ≈ {rep['efficiency']:.0%} (time outside the all-reduce and the wait for the "
+                   "slowest worker / step time: N workers give efficiency x N times one worker)")  # fmt: skip
+    if rep.get("stragglers") or rep.get("slowing"):
+        page.h2("Stragglers and slowing workers")
+        page.ul([f"{s['task']} ({s.get('host')}): {s['message']}" for s in [*(rep.get("stragglers") or []), *(rep.get("slowing") or [])]])
+    if rep.get("pace"):
+        page.h2("Pace")
+        page.pre("\n".join(pace_lines(rep["pace"])))
+    gm = rep.get("gpu_models") or {}
+    if gm.get("per_host"):
+        page.h2("GPUs" + (" (mixed models: every step waits for the slowest GPU)" if gm.get("mixed") else ""))
+        page.table(["host", "GPUs"], [[h, ", ".join(m)] for h, m in gm["per_host"].items()])
+    images = _run_images(run, rep, out, workers, listed)
+    page.h2("Pictures")
+    for caption, png in images:
+        page.figure(caption, png)
+    page.details("the text report (tfcluster report)", text)
+    write_bytes_atomic(out / "report.html", page.render().encode(), durable=False)
     return out / "report.html", [p for _, p in images]
 
 
+def _run_images(run: RunDir, rep: Mapping[str, Any], out: Path, workers: Mapping[str, Any], listed: list[str]) -> list[tuple[str, Path]]:
+    marks = [(float(s["ts"]), str(s.get("task"))) for s in rep.get("stragglers") or [] if isinstance(s.get("ts"), int | float)]
+    series = step_series(run)
+    many = len(series) > plots.LINES_UP_TO
+    means = {t: v for t, w in workers.items() if (v := _step_ms(w)) is not None}
+    outliers = _slowest(means, stragglers(rep)) if many else []
+    caption = ("Step time of every worker over the run: median, p10-p90 and min-max bands; the slowest in red"
+               if many else "Step time per worker over the run (dashed: a straggler named)")  # fmt: skip
+    images = [(caption + "; the axis starts at zero", plots.step_times(series, marks, out / "step_times.png", named=outliers))]
+    if len(workers) > FULL_UP_TO:
+        images.append(("How many workers take how long per step (dashed: the slowest and the stragglers)",
+                       plots.histogram(means, out / "step_hist.png", named=_slowest(means, stragglers(rep)))))  # fmt: skip
+    parts = worker_parts({t: workers[t] for t in listed})
+    if parts:
+        which = "each listed worker's (the outliers')" if len(workers) > FULL_UP_TO else "each worker's"
+        images.append((f"Where {which} step goes (ms, step-clock means)", plots.time_split(parts, out / "time_split.png")))
+    return images
+
+
 def sweep_page(summary: Mapping[str, Any], text: str, root: Path) -> tuple[Path, list[Path]]:
-    """SWEEP/{scale.html, scaling.png, split_by_size.png, step_times_N.png}."""
+    """SWEEP/{scale.html, scaling.png, split_by_size.png, step_times_N.png (, step_hist_N.png)}."""
     sizes = summary.get("sizes") or []
     unit = str(summary.get("unit") or "examples/s")
     images = [("Throughput and scaling efficiency against workers (dashed: ideal)", plots.scaling(sizes, unit, root / "scaling.png"))]
@@ -91,10 +215,31 @@ def sweep_page(summary: Mapping[str, Any], text: str, root: Path) -> tuple[Path,
         run = RunDir(Path(largest["run_dir"]))
         marks = [(e.ts, str(e.task)) for e in event_records(run.events_jsonl) if isinstance(e, Straggler)]
         n = largest["workers"]
-        images.append((f"Step time per worker at {n} workers (dashed: a straggler named)", plots.step_times(step_series(run), marks, root / f"step_times_{n}.png")))
-        parts = worker_parts(largest.get("per_worker") or {})
+        per_worker = largest.get("per_worker") or {}
+        listed, _ = shown(per_worker, {t for _, t in marks})
+        series = step_series(run)
+        many = len(series) > plots.LINES_UP_TO
+        means = {t: v for t, w in per_worker.items() if (v := _step_ms(w)) is not None}
+        what = "median, p10-p90 and min-max bands; the slowest in red" if many else "dashed: a straggler named"
+        named = _slowest(means, {t for _, t in marks}) if many else []
+        images.append((f"Step time per worker at {n} workers ({what}); the axis starts at zero",
+                       plots.step_times(series, marks, root / f"step_times_{n}.png", named=named)))  # fmt: skip
+        if len(means) > FULL_UP_TO:
+            images.append((f"How many workers take how long per step at {n} workers",
+                           plots.histogram(means, root / f"step_hist_{n}.png", named=_slowest(means, {t for _, t in marks}))))  # fmt: skip
+        parts = worker_parts({t: per_worker[t] for t in listed})
         if parts:
-            images.append((f"Where each worker's step goes at {n} workers (ms)", plots.time_split(parts, root / f"time_split_{n}.png")))
-    page = plots.html_page("tfcluster scale", text, images)
-    write_bytes_atomic(root / "scale.html", page.encode(), durable=False)
+            which = "each listed worker's (the outliers')" if len(per_worker) > FULL_UP_TO else "each worker's"
+            images.append((f"Where {which} step goes at {n} workers (ms)", plots.time_split(parts, root / f"time_split_{n}.png")))
+    page = Page("tfcluster scale")
+    advice = [a.get("advice") for a in summary.get("advice") or [] if isinstance(a, Mapping) and a.get("advice")]
+    if advice:
+        page.h2("Advice")
+        page.ul(advice)
+    page.h2("The sweep")
+    page.pre(text)
+    page.h2("Pictures")
+    for caption, png in images:
+        page.figure(caption, png)
+    write_bytes_atomic(root / "scale.html", page.render().encode(), durable=False)
     return root / "scale.html", [p for _, p in images]

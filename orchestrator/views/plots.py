@@ -48,26 +48,101 @@ def _pyplot() -> Any:
     return plt
 
 
+#: More workers than this: the step-time picture is their distribution over time, not a line each.
+LINES_UP_TO = 32
+
+
+def _spread_note(values: Sequence[float]) -> str:
+    """The spread of the values as words, so a zero-based axis loses nothing (a 5 % wobble stays 5 %)."""
+    vals = sorted(values)
+    if not vals:
+        return ""
+    mid = vals[len(vals) // 2]
+    pct = 100.0 * (vals[-1] - vals[0]) / mid if mid > 0 else 0.0
+    return f"min {vals[0]:.1f} ms, median {mid:.1f} ms, max {vals[-1]:.1f} ms (spread {pct:.0f}% of the median)"
+
+
 def step_times(
-    series: Mapping[str, Sequence[tuple[float, float]]], marks: Sequence[tuple[float, str]], path: Path
+    series: Mapping[str, Sequence[tuple[float, float]]],
+    marks: Sequence[tuple[float, str]],
+    path: Path,
+    named: Sequence[str] = (),
 ) -> Path:
-    """Per-worker step time (ms) over the run (seconds from its start); stragglers marked."""
+    """Per-worker step time (ms) over the run (seconds from its start); stragglers marked. The axis starts
+    at zero (the spread is stated under the title): a 5 % wobble must not look like a collapse. Past
+    ``LINES_UP_TO`` workers: the median, p10-p90 band and min-max band of every time bin, and the
+    workers named in ``marks`` (the outliers) as lines of their own."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 4), dpi=110)
     t0 = min((t for pts in series.values() for t, _ in pts), default=0.0)
-    for task, pts in sorted(series.items()):
-        if pts:
-            ax.plot([t - t0 for t, _ in pts], [v for _, v in pts], marker=".", linewidth=1.2, label=task)
+    values = [v for pts in series.values() for _, v in pts]
+    if len(series) <= LINES_UP_TO:
+        for task, pts in sorted(series.items()):
+            if pts:
+                ax.plot([t - t0 for t, _ in pts], [v for _, v in pts], marker=".", linewidth=1.2, label=task)
+    else:
+        _distribution(ax, series, t0, {task for _, task in marks} | set(named))
     for ts, task in marks:
         ax.axvline(ts - t0, color="#d62728", linestyle="--", linewidth=1)
         ax.annotate(f"straggler: {task}", (ts - t0, ax.get_ylim()[1]), rotation=90, va="top", ha="right",
                     fontsize=8, color="#d62728")  # fmt: skip
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("seconds into the run")
     ax.set_ylabel("step time (ms)")
-    ax.set_title("Step time per worker")
+    what = "Step time per worker" if len(series) <= LINES_UP_TO else f"Step time of {len(series)} workers"
+    ax.set_title(what + (f"\n{_spread_note(values)}" if values else ""), fontsize=10)
     ax.grid(alpha=0.3)
     if series:
-        ax.legend(fontsize=8, loc="upper left")
+        ax.legend(fontsize=8, loc="lower left", ncol=2)
+    return _save(fig, plt, path)
+
+
+def _distribution(ax: Any, series: Mapping[str, Sequence[tuple[float, float]]], t0: float, named: set[str]) -> None:
+    """Many workers: per time bin the median, the p10-p90 and min-max bands; the named workers' own lines."""
+    span = max((t for pts in series.values() for t, _ in pts), default=t0) - t0
+    nbins = 40
+    width = span / nbins if span > 0 else 1.0
+    bins: list[list[float]] = [[] for _ in range(nbins + 1)]
+    for pts in series.values():
+        for t, v in pts:
+            bins[min(nbins, int((t - t0) / width))].append(v)
+    xs, p0, p10, p50, p90, p100 = [], [], [], [], [], []
+    for i, vals in enumerate(bins):
+        if not vals:
+            continue
+        vals.sort()
+        n = len(vals) - 1
+        xs.append((i + 0.5) * width)
+        p0.append(vals[0])
+        p10.append(vals[round(0.1 * n)])
+        p50.append(vals[round(0.5 * n)])
+        p90.append(vals[round(0.9 * n)])
+        p100.append(vals[-1])
+    ax.fill_between(xs, p0, p100, color="#4e79a7", alpha=0.15, label="min-max")
+    ax.fill_between(xs, p10, p90, color="#4e79a7", alpha=0.35, label="p10-p90")
+    ax.plot(xs, p50, color="#4e79a7", linewidth=1.5, label="median")
+    for task in sorted(named & set(series)):
+        pts = series[task]
+        ax.plot([t - t0 for t, _ in pts], [v for _, v in pts], color="#d62728", linewidth=1, label=task)
+
+
+def histogram(values: Mapping[str, float], path: Path, named: Sequence[str] = (), title: str = "") -> Path:
+    """How many workers take how long per step (their mean step time, ms), from zero; the named
+    workers (the slowest, the stragglers) marked where they fall."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 3.5), dpi=110)
+    vals = list(values.values())
+    if vals:
+        ax.hist(vals, bins=min(60, max(10, len(vals) // 10)), range=(0, max(vals) * 1.05), color="#4e79a7")
+    for task in named:
+        if task in values:
+            ax.axvline(values[task], color="#d62728", linestyle="--", linewidth=1)
+            ax.annotate(task, (values[task], ax.get_ylim()[1]), rotation=90, va="top", ha="right", fontsize=8, color="#d62728")
+    ax.set_xlim(left=0)
+    ax.set_xlabel("mean step time (ms)")
+    ax.set_ylabel("workers")
+    ax.set_title((title or f"Step time of {len(vals)} workers") + (f"\n{_spread_note(vals)}" if vals else ""), fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
     return _save(fig, plt, path)
 
 

@@ -1,7 +1,8 @@
 """Frames on a node's byte stream: a sync marker, then ``!BBI`` (type, stream, length) + payload.
 
 Node → launcher (worker_entry's stdout, or a connect-back socket): a sync ``MARKER`` (anything before
-it is a chatty login shell), then ``LOG`` frames (raw complete lines of the user's stdout/stderr),
+it is a chatty login shell), then ``LOG`` frames (complete lines of the user's stdout/stderr; one whose payload ends in
+``\\r`` instead is a progress frame: the current text of an unfinished line being redrawn),
 ``MSG`` frames (one JSON message each) and ``DATA`` frames (file contents). Launcher → node:
 newline-delimited JSON (the node config, then commands). Every size is bounded.
 """
