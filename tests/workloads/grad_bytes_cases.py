@@ -34,12 +34,16 @@ def solo_fit(steps: int = 30) -> dict:
     s = tf.distribute.MultiWorkerMirroredStrategy()
     records: list[dict] = []
     counted: list[tuple[int, int | None]] = []
-    reader = stampreader.Reader(1e-6, min_steps=4, emit=lambda kind, **kw: records.append(kw), count=lambda n, ex: counted.append((n, ex)))
+    reader = stampreader.Reader(
+        1e-6, min_steps=4, emit=lambda kind, **kw: records.append(kw), count=lambda n, ex: counted.append((n, ex))
+    )
     rng = np.random.default_rng(3)
     x = rng.random((1024, 10), dtype=np.float32)
     ds = tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True))).repeat().batch(32)
     with s.scope():
-        model = tf.keras.Sequential([tf.keras.layers.Input((10,)), tf.keras.layers.Dense(16, activation="relu"), tf.keras.layers.Dense(1)])
+        model = tf.keras.Sequential(
+            [tf.keras.layers.Input((10,)), tf.keras.layers.Dense(16, activation="relu"), tf.keras.layers.Dense(1)]
+        )
         model.compile(optimizer=tf.keras.optimizers.SGD(0.05), loss="mse")
     model.fit(ds, epochs=1, steps_per_epoch=steps, verbose=0)
     reader.poll(final=True)
@@ -94,7 +98,9 @@ def main() -> int:
     out = {}
     for name in ("fit", "loop", "loop embedding", "packed loop"):
         rec = sc.run(name, True)["record"] or {}
-        out[name] = {k: v for k, v in rec.items() if k.startswith("grad_") or k in ("bytes_per_pack", "allreduce_impl", "steps")}
+        out[name] = {
+            k: v for k, v in rec.items() if k.startswith("grad_") or k in ("bytes_per_pack", "allreduce_impl", "steps")
+        }
     print("RESULT " + json.dumps(out), flush=True)
     return 0
 
