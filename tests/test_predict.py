@@ -243,3 +243,17 @@ def test_cli_bad_input_is_a_usage_error_naming_the_option(tmp_path):
     assert out.returncode == 2 and "--workers '2,x'" in out.stderr and "Traceback" not in out.stderr, out.stderr
     out = run_cli("predict", str(tmp_path), "--network", "fast")
     assert out.returncode == 2 and "--network 'fast'" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_the_curve_is_drawn_beside_the_measured_points(tmp_path):
+    pytest.importorskip("matplotlib")
+    from orchestrator.views.predict_plot import page
+
+    inp = Inputs(own_ms=4.0, sigma_ms=0.4, grad_bytes=2_761_732, per_worker_batch=32)
+    net = Network(4e-6, 178.9e6 / 8, "test")
+    sizes = [predict_size(inp, net, n) for n in (1, 2, 3, 8)]
+    sizes[1].update(measured_step_ms=151.8, measured_efficiency=0.03)
+    pred = {"sizes": sizes}
+    html, png = page(pred, "predicted scaling", tmp_path / "predict.html")
+    assert png == tmp_path / "predict.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert html.read_text().count("data:image/png;base64,") == 1
