@@ -89,6 +89,42 @@ def _elements(tensors: list[Any]) -> int:
     return total
 
 
+def _wire(tf: Any, flat: list[Any], cdo: Any, options: Any) -> stampring.Wire:
+    """What this all-reduce puts on the wire, as the strategy sees it: the dense tensors' bytes
+    (elements x dtype size; ``IndexedSlices`` are all-gathered, counted apart), the packs
+    ``cross_device_utils.group_by_size`` makes of them (``bytes_per_pack``; 0: one pack), and the
+    implementation asked for (the strategy's options merged with the call's, as the launcher does)."""
+    dense = [v for v in flat if isinstance(v, tf.Tensor)]
+    sizes = []
+    for t in dense:
+        n = t.shape.num_elements() if t.shape.rank is not None else None
+        sizes.append(None if n is None else int(n) * t.dtype.size)
+    base = getattr(cdo, "_options", None)
+    try:
+        merged = base.merge(options) if base is not None and options is not None else (options or base)
+    except Exception:
+        merged = options or base
+    # _all_reduce packs by the options it is given (the strategy's are merged in only later, by the
+    # launcher: they decide the implementation, not the packs)
+    pack = int(getattr(options, "bytes_per_pack", 0) or 0)
+    impl = getattr(getattr(merged, "implementation", None), "value", None) or "auto"
+    packs = 1
+    if pack > 0 and sizes and None not in sizes:
+        packs, last = 0, None
+        for size in reversed(sizes):  # the order _all_reduce packs them in (reversed gradients)
+            if last is None or last > pack:
+                packs, last = packs + 1, 0
+            last += size
+    return stampring.Wire(
+        nbytes=sum(s or 0 for s in sizes),
+        tensors=len(dense),
+        sparse=sum(1 for v in flat if isinstance(v, tf.IndexedSlices)),
+        packs=packs if dense else 0,
+        bytes_per_pack=pack,
+        implementation=str(impl).lower(),
+    )
+
+
 def _enter(cdo: Any, value: Any, replica_id: int, options: Any) -> tuple[Any, _Pending] | None:
     devices = list(getattr(cdo, "_devices", ()) or ())
     act = _active(int(getattr(cdo, "_group_size", 1) or 1) > max(1, len(devices)))
@@ -104,7 +140,7 @@ def _enter(cdo: Any, value: Any, replica_id: int, options: Any) -> tuple[Any, _P
     call = stampring.next_call(fid, replica_id)
     run = _run_of(graph, replica_id)  # also set inside merge_call, which runs on behalf of the replicas
     in_replica = run is not None or tf.distribute.get_replica_context() is not None
-    stampring.note_call(fid, call, _looks_like_gradients(tf, dense, in_replica), _elements(dense))
+    stampring.note_call(fid, call, _looks_like_gradients(tf, dense, in_replica), _elements(dense), _wire(tf, flat, cdo, options))
     t_enter = _stamp(tf, "tfcluster_t_enter", devsync.ready(tf, dense, device))
     pack = int(getattr(options, "bytes_per_pack", 0) or getattr(getattr(cdo, "_options", None), "bytes_per_pack", 0) or 0)
     # With packs by size the gradients are reduced as they become ready (overlapping the backward
@@ -170,6 +206,45 @@ def wrap_all_reduce(original: Callable[..., Any]) -> Callable[..., Any]:
     return _all_reduce
 
 
+def _note_solo(cdo: Any, pairs: Any, options: Any) -> None:
+    """One replica in all: TF returns a ``batch_reduce``'s values unreduced (no collective, nothing to
+    stamp). Gradients reduced that way still tell what a step would all-reduce with more workers, and
+    that each run of the function is a step (``stampring.note_solo``)."""
+    if getattr(cdo, "_num_between_graph_workers", 0) != 1 or len(getattr(cdo, "_devices", ()) or ()) != 1:
+        return
+    act = _active(False)
+    if act is None:
+        return
+    tf, graph = act
+    flat = []
+    for value, _ in pairs:
+        parts = getattr(value, "values", None)
+        flat.extend(tf.nest.flatten(parts[0] if isinstance(parts, tuple) and len(parts) == 1 else value))
+    if not flat or not all(isinstance(v, (tf.Tensor, tf.IndexedSlices)) for v in flat):
+        return
+    if _looks_like_gradients(tf, _dense(tf, flat), False):
+        stampring.note_solo(stampring.fn_id(_outermost(graph)), _wire(tf, flat, cdo, options))
+
+
+def wrap_batch_reduce(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``CollectiveAllReduce.batch_reduce(self, reduce_op, value_destination_pairs, options)``
+    (the original is called exactly once, with the caller's values)."""
+    if getattr(original, _WRAPPED, False):
+        return original
+
+    @functools.wraps(original)
+    def batch_reduce(self: Any, reduce_op: Any, value_destination_pairs: Any, options: Any = None) -> Any:
+        try:
+            _note_solo(self, value_destination_pairs, options)
+        except Exception as exc:
+            warn_once("stepclock-solo", f"step clock: reading a one-replica reduction failed ({exc!r}); step unchanged")
+        return original(self, reduce_op, value_destination_pairs, options)
+
+    setattr(batch_reduce, _WRAPPED, True)
+    batch_reduce.__wrapped_original__ = original  # type: ignore[attr-defined]
+    return batch_reduce
+
+
 def wrap_get_next(original: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap ``DistributedIteratorBase.get_next``: an eager ``next()`` (input fetched outside the
     ``tf.function``) is timed on the host and counted as input time by the reader."""
@@ -203,7 +278,8 @@ def _executing_eagerly() -> bool:
 
 def patch_cross_device_ops(module: Any) -> bool:
     """Post-import hook for ``tensorflow.python.distribute.cross_device_ops``."""
-    return _patch(module.CollectiveAllReduce, "_all_reduce", wrap_all_reduce)
+    reduce_ok = _patch(module.CollectiveAllReduce, "_all_reduce", wrap_all_reduce)
+    return _patch(module.CollectiveAllReduce, "batch_reduce", wrap_batch_reduce) or reduce_ok
 
 
 def patch_input_lib(module: Any) -> bool:

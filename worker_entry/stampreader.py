@@ -37,6 +37,8 @@ class Reader:
         take_inputs: Callable[[], list[tuple[float, float]]] = stampring.take_inputs,
         primaries: Callable[[int], frozenset[int]] = stampring.primary_calls,
         has_runs: Callable[[int], bool] = stampring.has_runs,
+        wire: Callable[[int], dict[str, Any] | None] = stampring.step_wire,
+        solo: Callable[[int], bool] = stampring.is_solo,
         emit: Callable[..., Any] = progress.emit,
         count: Callable[..., Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -47,6 +49,7 @@ class Reader:
         self.min_steps = max(1, int(min_steps))
         self._take, self._take_inputs = take, take_inputs
         self._primaries, self._has_runs = primaries, has_runs
+        self._wire, self._solo = wire, solo
         self._examples = 0.0  # examples of closed steps not counted yet (fractions carried over)
         self._emit = emit
         self._count = count or (
@@ -78,7 +81,7 @@ class Reader:
             for r in rows:
                 by_replica.setdefault(r.replica, []).append(r)
             for replica in by_replica:
-                self.timelines.setdefault(replica, Timeline(self._primaries, self._has_runs))
+                self.timelines.setdefault(replica, Timeline(self._primaries, self._has_runs, self._solo))
             closed: dict[int, list[StepSplit]] = {}
             for replica, timeline in self.timelines.items():
                 closed[replica] = timeline.feed(by_replica.get(replica, ()), inputs)
@@ -124,7 +127,8 @@ class Reader:
                 continue
             rec = summarize(list(window), cpu_s=cpu, counted=self._window_steps)
             if best is None or rec.get("pre_collective_ms", 0) > best.get("pre_collective_ms", 0):
-                best = rec
+                fns = [s.fn for s in window]
+                best = {**rec, **(self._wire(max(set(fns), key=fns.count)) or {})}  # the window's main function
         for window in self.windows.values():
             window.clear()
         self._window_steps = 0

@@ -172,10 +172,24 @@ def take_inputs() -> list[tuple[float, float]]:
 # ---------------------------------------------------------------------------------- the registry
 
 
+@dataclass(frozen=True)
+class Wire:
+    """What one all-reduce call sends (from its traced tensors): dense bytes, tensors, IndexedSlices
+    (all-gathered instead), packs, ``bytes_per_pack`` and the implementation asked for."""
+
+    nbytes: int = 0
+    tensors: int = 0
+    sparse: int = 0
+    packs: int = 0
+    bytes_per_pack: int = 0
+    implementation: str = "auto"
+
+
 @dataclass
 class CallInfo:
     gradient: bool
     elements: int
+    wire: Wire = field(default_factory=Wire)
 
 
 @dataclass
@@ -184,6 +198,7 @@ class FnInfo:
     calls: dict[int, CallInfo] = field(default_factory=dict)
     next_call: dict[int, int] = field(default_factory=dict)  # per replica: the next call index
     runs: bool = False  # its replica functions are stamped (a RUN row follows their collectives)
+    solo: list[Wire] = field(default_factory=list)  # gradient reductions TF skipped (one replica in all)
 
 
 _fns: dict[int, FnInfo] = {}
@@ -219,9 +234,49 @@ def next_call(fid: int, replica: int) -> int:
         return n
 
 
-def note_call(fid: int, call: int, gradient: bool, elements: int) -> None:
+def note_call(fid: int, call: int, gradient: bool, elements: int, wire: Wire | None = None) -> None:
     with _lock:
-        _fns.setdefault(fid, FnInfo(fid)).calls.setdefault(call, CallInfo(gradient, elements))
+        _fns.setdefault(fid, FnInfo(fid)).calls.setdefault(call, CallInfo(gradient, elements, wire or Wire()))
+
+
+def note_solo(fid: int, wire: Wire) -> None:
+    """One replica in all (one worker, one device): TF returns the gradients of a ``batch_reduce``
+    as they are, without a collective. Each replica-function run of ``fid`` is then one step (its RUN
+    row closes it), and ``wire`` is what the same reduction would send with more workers."""
+    with _lock:
+        info = _fns.setdefault(fid, FnInfo(fid))
+        if len(info.solo) < 64:
+            info.solo.append(wire)
+
+
+def is_solo(fid: int) -> bool:
+    with _lock:
+        info = _fns.get(fid)
+        return bool(info and info.solo)
+
+
+def step_wire(fid: int) -> dict[str, Any] | None:
+    """What one step of ``fid`` all-reduces: its gradient all-reduces' wire figures over its step
+    boundaries (several primaries when a loop unrolled steps: their share each), or the reductions TF
+    skipped with one replica; None without any."""
+    with _lock:
+        info = _fns.get(fid)
+        wires = [i.wire for i in info.calls.values() if i.gradient] if info else []
+        solo = list(info.solo) if info else []
+    steps = len(primary_calls(fid)) if wires else 1
+    if not wires:
+        wires = solo
+    if not wires or not steps:
+        return None
+    impls = sorted({w.implementation for w in wires})
+    return {
+        "grad_bytes": sum(w.nbytes for w in wires) // steps,
+        "grad_tensors": sum(w.tensors for w in wires) // steps,
+        "grad_sparse": sum(w.sparse for w in wires) // steps,
+        "grad_packs": sum(w.packs for w in wires) // steps,
+        "bytes_per_pack": max(w.bytes_per_pack for w in wires),
+        "allreduce_impl": impls[0] if len(impls) == 1 else "mixed",
+    }
 
 
 def note_run(fid: int) -> None:

@@ -85,10 +85,12 @@ class _State:
 @dataclass
 class Timeline:
     """One replica's rows → steps, incrementally. ``primaries(fn)`` names the step-ending calls;
-    ``has_runs(fn)``: a RUN row follows the collectives of a run of ``fn`` (close its steps then)."""
+    ``has_runs(fn)``: a RUN row follows the collectives of a run of ``fn`` (close its steps then);
+    ``solo(fn)``: one replica in all, TF skipped the gradient reduction: each run of ``fn`` is a step."""
 
     primaries: Callable[[int], frozenset[int]]
     has_runs: Callable[[int], bool] = lambda fn: False
+    solo: Callable[[int], bool] = lambda fn: False  # one replica in all: each run of fn is a step
     _events: list[tuple[float, int, int, int]] = field(default_factory=list)  # (t, order, kind, fn)
     _closes: list[tuple[float, int]] = field(default_factory=list)  # primary exits waiting for their run
     _inputs: list[tuple[float, float]] = field(default_factory=list)
@@ -115,6 +117,8 @@ class Timeline:
                 self._push(min(max(r.b, start), r.c), _DATA, r.fn)
                 self._push(r.c, _DONE, r.fn)
                 primaries = self.primaries(r.fn)
+                if not primaries and self.solo(r.fn):
+                    self._closes.append((r.c, r.fn))  # no all-reduce at one replica: the run ends the step
                 for call, t_enter, t_exit in r.inline:
                     self._push(t_enter, _ENTER, r.fn)
                     if call in primaries:

@@ -55,6 +55,11 @@ def cmd_scale(args: argparse.Namespace) -> int:
     if args.steps is None and args.duration is None:
         args.duration = "60s"
     bound = run_bound(args.steps, args.duration, ("--steps", "--duration"))
+    net = None
+    if getattr(args, "check", None) or getattr(args, "network", None):
+        from ..views.predict import network_of
+
+        net = network_of(args.check, args.network)  # before any size runs: a bad value stops here
     root = Path(args.run_dir or os.path.join("runs", f"scale-{loaded.spec.name}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"))
     if check_new_dir(root):
         raise UsageError(f"--run-dir {root}: already exists and is not empty; choose another")
@@ -74,6 +79,11 @@ def cmd_scale(args: argparse.Namespace) -> int:
     summary = sweep_summary([r.to_dict() for r in runs], args.strong)
     summary.update(spec=loaded.path, sweep_dir=str(root), bound=bound.describe(), interrupted=interrupted)
     text = sweep_text(summary)
+    if net is not None:
+        from ..views.predict import sweep_prediction
+
+        summary["prediction"], lines = sweep_prediction(summary, net)
+        text += "\n\n" + "\n".join(lines)
     try:
         page, pngs = sweep_page(summary, text, root)
         summary.update(html=str(page), pngs=[str(p) for p in pngs])

@@ -242,7 +242,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-preflight", action="store_true", help="skip the host checks before each size")
     p.add_argument("--verbose", "-v", action="store_true", help="print the workers' output (it is stored anyway)")
     p.add_argument("--json", action="store_true", help="print scale.json on stdout instead of the table")
+    _network_args(p, "also predict every size from the smallest one and print the prediction's error beside it")
     p.set_defaults(func=a.cmd_scale, quick_exit=True)
+
+    p = _cmd(
+        sub,
+        "predict",
+        "Predict step time, examples/s, speed-up and efficiency at other worker counts from one measured run "
+        "(or a scale sweep) and the network: own work, all-reduce and the wait for stragglers per size.",
+        "tfcluster predict runs/scale-resnet-20261122T101500Z --workers 2,4,8,16,64 --check runs/check/check.json\n"
+        "tfcluster predict resnet-1x8 --workers 2,4,8,16 --network 25Gbit,5us --html predict.html",
+    )
+    p.add_argument("run", metavar="RUN", help="a finished run (name or directory) or a `tfcluster scale` directory")
+    p.add_argument("--workers", default="2,4,8,16,64", metavar="N,N,...", help="worker counts to predict (default 2,4,8,16,64)")
+    _network_args(p, "")
+    p.add_argument("--json", action="store_true", help="print the prediction as JSON (sizes shaped like scale.json's)")
+    p.add_argument("--html", metavar="OUT.html", help="also write a page with the curve (and OUT.png beside it)")
+    p.add_argument("--png", metavar="OUT.png", help="also write the curve as a PNG (matplotlib)")
+    p.add_argument("--runs-dir", default="runs")
+    p.set_defaults(func=_predict)
 
     p = _cmd(
         sub,
@@ -272,3 +290,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=c.cmd_slurm_batch)
     sub._choices_actions = [a for a in sub._choices_actions if a.dest != "slurm-batch"]  # not in --help
     return parser
+
+
+def _network_args(p: argparse.ArgumentParser, purpose: str) -> None:
+    """--check / --network: the network the scaling model assumes (predict; scale's prediction error)."""
+    tail = f" ({purpose})" if purpose else ""
+    p.add_argument("--check", metavar="PATH", help=f"check.json of `tfcluster check`: alpha and B of the slowest link{tail}")
+    p.add_argument("--network", metavar="RATE,LATENCY", help=f"the network as given, like 25Gbit,5us{tail}")
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from .predict import cmd_predict
+
+    return cmd_predict(args)

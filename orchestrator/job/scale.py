@@ -88,6 +88,9 @@ def sized_spec(loaded: LoadedSpec, workers: int, opts: SweepOptions) -> LoadedSp
         Env.SCALE_BASE_WORKERS: str(opts.sizes[0]),
         Env.SCALE_MODE: "strong" if opts.strong else "weak",
     }
+    # the step clock at every size, one worker too (auto mode stamps only multi-worker jobs), unless the
+    # spec says otherwise: its step time and gradient bytes are what `tfcluster predict` starts from
+    env.setdefault(Env.STEPCLOCK, "force")
     window = spec.heartbeat.profile_interval_s or MAX_PROFILE_S
     if opts.bound.seconds:
         window = min(window, max(MIN_PROFILE_S, opts.bound.seconds / 5))

@@ -184,6 +184,14 @@ class Profile(Message):
     other_ms: float | None = field(default=None, metadata=spec(lo=0, hi=MS_MAX))
     step_p50_ms: float | None = field(default=None, metadata=spec(lo=0, hi=MS_MAX))
     stamps: str | None = field(default=None, metadata=spec(max_len=16))  # GPU sync mode of the stamps
+    # what one step all-reduces, as the strategy sees it (its traced gradient tensors): bytes, tensors,
+    # IndexedSlices (all-gathered), packs (bytes_per_pack, 0: one) and the implementation asked for
+    grad_bytes: int | None = field(default=None, metadata=spec(lo=0, hi=COUNT_MAX))
+    grad_tensors: int | None = field(default=None, metadata=spec(lo=0, hi=ID_MAX))
+    grad_sparse: int | None = field(default=None, metadata=spec(lo=0, hi=ID_MAX))
+    grad_packs: int | None = field(default=None, metadata=spec(lo=0, hi=ID_MAX))
+    bytes_per_pack: int | None = field(default=None, metadata=spec(lo=0, hi=COUNT_MAX))
+    allreduce_impl: Literal["auto", "ring", "nccl", "mixed"] | None = None
 
 
 @dataclass

@@ -1,0 +1,49 @@
+"""`tfcluster predict RUN --workers 2,4,8`: the scaling model on a measured run (views.predict)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..core.errors import UsageError
+from ..core.terminal import safe_text
+from .exitcodes import EXIT_OK
+
+
+def parse_workers(text: str) -> list[int]:
+    out = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or not 1 <= int(part) <= 1 << 20:
+            raise UsageError(f"--workers {text!r}: expected worker counts like 2,4,8,16,64 (each 1 to 1048576)")
+        out.add(int(part))
+    return sorted(out)
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    """Predicted step time, examples/s, speed-up and efficiency per size (text, --json, --html/--png)."""
+    from ..runs import resolve_run
+    from ..views.predict import SCALE_JSON, build_prediction, network_of, prediction_text
+
+    sizes = parse_workers(args.workers)
+    if args.network:
+        network_of(None, args.network)  # a bad value is named before anything is read
+    path = Path(args.run)
+    if not (path / SCALE_JSON).is_file():
+        path = resolve_run(args.run, args.runs_dir).path
+    net = network_of(args.check, args.network, near=[path, path.parent])
+    pred = build_prediction(path, sizes, net)
+    text = prediction_text(pred)
+    if args.html or args.png:
+        from ..views.predict_plot import curve, page
+
+        if args.html:
+            html, png = page(pred, text, Path(args.html))
+            pred.update(html=str(html), png=str(png))
+        else:
+            pred["png"] = str(curve(pred, Path(args.png)))
+    print(json.dumps(pred, indent=2) if args.json else safe_text(text))
+    if not args.json and pred.get("png"):
+        print(f"\nwrote {pred.get('html') or pred['png']}")
+    return EXIT_OK
