@@ -35,7 +35,7 @@ def solo_fit(steps: int = 30) -> dict:
     records: list[dict] = []
     counted: list[tuple[int, int | None]] = []
     reader = stampreader.Reader(
-        1e-6, min_steps=4, emit=lambda kind, **kw: records.append(kw), count=lambda n, ex: counted.append((n, ex))
+        1e-6, min_steps=4, emit=lambda kind, **kw: records.append(kw), count=lambda n, ex, at: counted.append((n, ex))
     )
     rng = np.random.default_rng(3)
     x = rng.random((1024, 10), dtype=np.float32)
