@@ -137,8 +137,10 @@ def _writable_cpu_cgroup() -> tuple[str, str] | None:
 
 
 def test_real_cpu_quota_shows_as_throttling_and_run_queue_delay(tmp_path):
-    """A real busy process, moved into a cgroup with a 0.2 CPU quota: its threads' run-queue delay and
-    the cgroup's throttled time jump (cgroup v1 cpu.cfs_quota_us or v2 cpu.max, whichever is here)."""
+    """A real busy process, moved into a cgroup with a 0.1 CPU quota: its threads' run-queue delay and
+    the cgroup's throttled time jump (cgroup v1 cpu.cfs_quota_us or v2 cpu.max, whichever is here).
+    On a loaded machine the process may not even get its quota in every period, so the sampler is read
+    until a window shows the throttling (bounded), and that window is the one asserted on."""
     found = _writable_cpu_cgroup()
     if found is None:
         pytest.skip("no writable CPU cgroup (v1 cpu controller or v2 with cpu) on this machine")
@@ -149,17 +151,21 @@ def test_real_cpu_quota_shows_as_throttling_and_run_queue_delay(tmp_path):
     try:
         if version == "v1":
             Path(cg, "cpu.cfs_period_us").write_text("100000")
-            Path(cg, "cpu.cfs_quota_us").write_text("20000")
+            Path(cg, "cpu.cfs_quota_us").write_text("10000")
         else:
-            Path(cg, "cpu.max").write_text("20000 100000")
+            Path(cg, "cpu.max").write_text("10000 100000")
         h = HostSampler(busy.pid)
         h.sample()
         time.sleep(0.6)
         free = h.sample()
         Path(cg, "cgroup.procs").write_text(str(busy.pid))
         h.sample()
-        time.sleep(0.8)
-        starved = h.sample()
+        deadline = time.monotonic() + 15
+        while True:
+            time.sleep(0.8)
+            starved = h.sample()
+            if _starved(starved) or time.monotonic() > deadline:
+                break
     finally:
         busy.kill()
         busy.wait()
@@ -170,11 +176,16 @@ def test_real_cpu_quota_shows_as_throttling_and_run_queue_delay(tmp_path):
             except OSError:
                 time.sleep(0.05)
     assert not os.path.exists(cg)
-    assert starved["quota_cpus"] == pytest.approx(0.2) and starved["throttled_pct"] > 40, starved
+    assert starved["quota_cpus"] == pytest.approx(0.1) and starved["throttled_pct"] > 40, starved
     # the quota is what throttles it: nothing throttled it before (its run-queue delay before depends on
-    # how busy this machine is, so it is not compared); under 0.2 CPU it waits most of its runnable time
+    # how busy this machine is, so it is not compared); under 0.1 CPU it waits most of its runnable time
     assert not free.get("throttled_pct"), free
     assert starved["wait_pct"] > 60, (free, starved)
+
+
+def _starved(sample: dict) -> bool:
+    """A window in which the quota held the process back: what the test above asserts."""
+    return (sample.get("throttled_pct") or 0) > 40 and (sample.get("wait_pct") or 0) > 60
 
 
 # -------------------------------------------------------------------------------------- fake NVML
