@@ -20,7 +20,7 @@ WORKER_ENTRY_MODULE = "worker_entry"
 
 @dataclass(frozen=True, order=True)
 class TaskId:
-    """A task of the MWMS cluster: ('chief', 0) or ('worker', i)."""
+    """A task of the job: ('chief', 0), ('worker', i), ('ps', i) or ('evaluator', 0)."""
 
     type: str
     index: int
@@ -36,8 +36,8 @@ class TaskId:
     @classmethod
     def parse(cls, text: str) -> TaskId:
         kind, sep, idx = text.replace("-", ":").partition(":")
-        if not sep or kind not in ("chief", "worker") or not idx.isdigit():
-            raise ValueError(f"{text!r} is not a task (expected chief:0 or worker:N)")
+        if not sep or kind not in p.ROLES or not idx.isdigit():
+            raise ValueError(f"{text!r} is not a task (expected chief:0, worker:N, ps:N or evaluator:0)")
         return cls(kind, int(idx))
 
 
@@ -122,7 +122,7 @@ class NodePlan:
             attempt=attempt,
             workdir=self.workdir,
             env=env,
-            tf_port=self.tf_port,
+            tf_port=self.tf_port or None,  # an evaluator has no TF server
             gpus=self.gpus,
             heartbeat_interval_s=rt.heartbeat_interval_s,
             launcher_timeout_s=rt.launcher_timeout_s,
