@@ -83,6 +83,7 @@ class TaskSession:
         self.attempt = attempt
         self.on_terminal = on_terminal  # told once, when the task reaches a terminal state
         self.task = str(node.task)
+        self.key = self.task  # its channel's name in the pump and the queue (TASK#N: the Nth restart in place)
         self.host = node.host
         self.state = TaskState.PENDING
         self.channel: Channel | None = None
