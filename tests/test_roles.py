@@ -137,3 +137,18 @@ def test_role_mistakes_are_named_with_what_is_allowed(text, expected):
 def test_evaluator_gpus_may_differ_from_the_collectives():
     assert errors(MWMS_EVAL.replace("gpus: 0", "gpus: 1")) == []
     assert errors(PS) == []
+
+
+def test_plan_json_and_text_say_what_each_role_means():
+    from orchestrator.plan.render import PlanNotes, plan_text
+
+    plan = plan_of(PS)
+    d = plan.to_dict()
+    assert d["strategy"] == "parameter_server"
+    assert d["roles"]["worker"] == {"on_failure": "restart", "trains": False, "collective": False, "holds_go": True}
+    assert d["roles"]["ps"]["on_failure"] == "teardown" and d["roles"]["chief"]["trains"] is True
+    text = plan_text(plan, PlanNotes(started_by=lambda n: "  remote: -"))
+    assert "  worker     restarted alone, in place, when it fails; stopped when the training ended" in text
+    assert "evaluator:0  10.0.0.3" in text and "- (not in the cluster)" in text
+    plain = plan_of("version: 1\nname: j\nhosts:\n  - {address: a}\njob: {command: [x]}\n").to_dict()
+    assert "roles" not in plain and "strategy" not in plain  # plan.json of plain MWMS jobs as before

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PY, assert_no_job_processes, read_events, repo_python, start_launch, wait_until
+from conftest import PY, assert_no_job_processes, read_events, repo_python, run_cli, start_launch, wait_until
 from testbed_fixtures import requires_netns
 
 pytestmark = [pytest.mark.e2e, requires_netns]
@@ -97,6 +97,8 @@ def test_ps_worker_sigkilled_is_restarted_and_the_job_succeeds(testbed_factory, 
     tasks = result["tasks"]
     assert tasks["chief:0"]["state"] == "succeeded"
     assert {tasks[t]["state"] for t in ("worker:0", "worker:1", "ps:0")} == {"stopped"}
+    status = run_cli("status", str(run_dir))
+    assert status.returncode == 0 and "worker:1 (restarted 1x)" in status.stdout, status.stdout + status.stderr
     assert_no_job_processes(tb, 10)
 
 

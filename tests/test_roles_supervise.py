@@ -1,4 +1,4 @@
-"""Supervision per role (supervise.roles: the table), through the real supervisor and in-process
+"""Supervision per role (plan.roles: the table), through the real supervisor and in-process
 fake nodes: a parameter-server worker is restarted alone and in place, the ps or the chief dying is
 fatal with it as root cause, the job ends when the chief ends (the rest stopped: a success); an MWMS
 sidecar evaluator never holds the go, never fails the training, and is stopped when training ends."""
@@ -12,8 +12,8 @@ from test_supervisor import Recorder
 
 from orchestrator.core.states import JobState, TaskState
 from orchestrator.events import EventBus
+from orchestrator.plan.roles import RULES, rule_of
 from orchestrator.supervise import Interrupt, Supervisor
-from orchestrator.supervise.roles import RULES, rule_of
 from worker_entry import protocol as p
 
 PS_HOSTS = [

@@ -13,6 +13,7 @@ from worker_entry import protocol as p
 
 from .policy import StragglerPolicy
 from .quoting import exec_line
+from .roles import rules_table
 from .secrets import redact_argv, redact_env
 
 WORKER_ENTRY_MODULE = "worker_entry"
@@ -181,6 +182,7 @@ class Plan:
     scheduler: str = "ssh"
     slurm: dict[str, Any] | None = None  # scheduler slurm: allocation, sbatch/srun lines (plan.slurm)
     policy: StragglerPolicy = field(default_factory=StragglerPolicy)  # how stragglers are judged, live and by `report`
+    strategy: str = "multi_worker_mirrored"  # tensorflow.strategy: what each role's failure and end mean (plan.roles)
 
     @property
     def chief(self) -> NodePlan:
@@ -203,7 +205,14 @@ class Plan:
             "nodes": [n.to_dict(show_secrets=show_secrets, cluster=not record) for n in self.nodes],
             "warnings": list(self.warnings),
             "policy": self.policy.to_dict(),
+            # jobs with roles beyond chief and workers: the strategy and what each role's failure does
+            **({"strategy": self.strategy, "roles": rules_table(self.strategy)} if self.has_roles else {}),
         }
+
+    @property
+    def has_roles(self) -> bool:
+        """A parameter-server job, or one with a sidecar evaluator."""
+        return self.strategy != "multi_worker_mirrored" or any(n.task.type == "evaluator" for n in self.nodes)
 
     def to_json(self, *, show_secrets: bool = False) -> str:
         return json.dumps(self.to_dict(show_secrets=show_secrets), indent=2)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from ..core.text import table
 from .model import NodePlan, Plan
+from .roles import role_lines
 from .secrets import redact_argv, redact_env
 
 
@@ -39,6 +40,8 @@ def plan_text(plan: Plan, notes: PlanNotes, *, show_secrets: bool = False) -> st
         "",
         *table(rows),
     ]
+    if plan.has_roles:  # what each role's failure and end mean (plan.roles)
+        out += ["", f"strategy {plan.strategy}:", *role_lines(plan.strategy)]
     for w in plan.warnings:
         out.append(f"warning: {w}")
     if notes.extra:

@@ -58,7 +58,7 @@ class _Watch:
 class Monitor:
     def __init__(self, tasks: list[str], policy: Policy, now: float, members: set[str] | None = None) -> None:
         """``members``: the tasks judged as members of the training (startup, progress, stragglers, GPUs;
-        ``supervise.roles``); every task is watched for silence and SIGSTOP. Default: all."""
+        ``plan.roles``); every task is watched for silence and SIGSTOP. Default: all."""
         self.policy = policy
         self.members = set(tasks) if members is None else set(members)
         self.watch = {t: _Watch(last_seen=now) for t in tasks}

@@ -1,4 +1,4 @@
-"""Roles in the decision loop (``supervise.roles``: the table): a failure that does not take the job
+"""Roles in the decision loop (``plan.roles``: the table): a failure that does not take the job
 down (a parameter-server worker restarted alone, in place; a sidecar evaluator reported), the go a
 late task gets, and the end of the training — the tasks that never end by themselves are stopped then,
 and the attempt is a success. Mixed into the supervisor, like ``teardown``."""
@@ -17,10 +17,10 @@ from ..core.states import JobState, TaskState
 from ..events import EventBus
 from ..events import kinds as ev
 from ..plan import Plan
+from ..plan.roles import RoleRule, rule_of
 from ..spec import ClusterSpec
 from .inputs import ChannelPump
 from .monitor import Monitor
-from .roles import RoleRule, rule_of
 from .session import TaskSession
 
 #: Failures that say the host or the spec is wrong, not the task: never tolerated.
@@ -108,6 +108,7 @@ class RoleCare:
         node = old.node
         new = TaskSession(node, self.attempt, self.monitor.on_terminal)
         new.key = f"{old.task}#{n}"
+        new.restarts = n
         self.sessions[old.task] = new
         self.keys[new.key] = new
         self.monitor.revive(old.task, self.clock())

@@ -55,6 +55,7 @@ def task_status(
         "gpu_problems": list(gpu_problems or []),
         "relative_score": (score or {}).get("relative"),
         "individual_score": (score or {}).get("individual"),
+        **({"restarts": s.restarts} if s.restarts else {}),  # restarted alone, in place (a parameter-server worker)
     }
 
 

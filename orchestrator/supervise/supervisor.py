@@ -67,7 +67,7 @@ class Supervisor(Teardown, RoleCare):
         self.clock = clock
         self.policy = Policy.from_spec(spec, plan.policy)
         self.sessions = {str(n.task): TaskSession(n, attempt) for n in plan.nodes}
-        self._init_roles()  # each task's role rule (supervise.roles), restarts in place
+        self._init_roles()  # each task's role rule (plan.roles), restarts in place
         self.monitor = Monitor(list(self.sessions), self.policy, clock(), self._members())
         for s in self.sessions.values():
             s.on_terminal = self.monitor.on_terminal

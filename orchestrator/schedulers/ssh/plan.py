@@ -76,4 +76,5 @@ def ssh_plan(spec: ClusterSpec, *, run_id: str, local_user: str, ssh_lookup: Ssh
         warnings=tuple(warnings),
         scheduler=spec.scheduler,
         policy=StragglerPolicy.from_spec(spec),
+        strategy=spec.tensorflow.strategy,
     )

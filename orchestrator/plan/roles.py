@@ -57,3 +57,17 @@ def rule_of(strategy: str, task: str) -> RoleRule:
 def rules_table(strategy: str) -> dict[str, dict[str, object]]:
     """The table as plan.json and ``report`` show it."""
     return {role: r.to_dict() for role, r in RULES[strategy].items()}
+
+
+_ON_FAILURE = {"teardown": "its failure tears the job down", "restart": "restarted alone, in place, when it fails",
+               "report": "its failure is reported, training goes on"}  # fmt: skip
+
+
+def role_lines(strategy: str) -> list[str]:
+    """One line per role for ``tfcluster plan``."""
+    out = []
+    for role, r in RULES[strategy].items():
+        end = "trains: the job ends once every training task exited 0" if r.trains else "stopped when the training ended"
+        go = "" if r.holds_go else "; never holds the go"
+        out.append(f"  {role:<10} {_ON_FAILURE[r.on_failure]}; {end}{go}")
+    return out
