@@ -120,6 +120,32 @@ def test_ps_sigkilled_tears_the_job_down_with_the_ps_as_root_cause(testbed_facto
     assert_no_job_processes(tb, 10)
 
 
+def test_mwms_sidecar_evaluator_evaluates_then_ends(testbed_factory, tmp_path):
+    tb = testbed_factory(2, mode="netns")
+    command = [PY, "-m", "worker_entry.examples.sidecar_eval", "--epochs", "3", "--steps-per-epoch", "10",
+               "--epoch-sleep-s", "1"]  # fmt: skip
+    proc, run_dir = _launch(tb, tmp_path, "sidecar-ends", command, [{"worker": 1}, {"worker": 1, "evaluator": 1}],
+                            tensorflow={"communication": "ring"})  # fmt: skip
+    code, err = _finish(proc, 180)
+    assert code == 0, err[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["state"] == "succeeded" and result["root_cause"] is None
+    log = _log(run_dir, "evaluator-0")
+    assert "evaluated the checkpoint of step" in log, log[-3000:]
+    events = read_events(run_dir)
+    assert not [e for e in events if e["event"] == "role_failure"]
+    # it ended: by itself after the last checkpoint (max_evaluations), or stopped once the training ended
+    ended = result["tasks"]["evaluator:0"]["state"]
+    if ended == "succeeded":
+        assert "evaluated the checkpoint of step 30" in log and "[evaluator:0] done" in log
+    else:
+        assert ended == "stopped"
+        (end,) = [e for e in events if e["event"] == "training_ended"]
+        assert end["stopping"] == 1
+    assert {result["tasks"][t]["state"] for t in ("worker:0", "worker:1")} == {"succeeded"}
+    assert_no_job_processes(tb, 10)
+
+
 def test_mwms_sidecar_evaluator_evaluates_and_its_death_does_not_stop_training(testbed_factory, tmp_path):
     tb = testbed_factory(2, mode="netns")
     command = [PY, "-m", "worker_entry.examples.sidecar_eval", "--epochs", "6", "--steps-per-epoch", "10",

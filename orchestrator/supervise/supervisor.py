@@ -328,7 +328,8 @@ class Supervisor(Teardown, RoleCare):
         """A bounded run that had enough stops like `tfcluster stop`, and counts as a success."""
         if self.bound is None or self.stopping_reason:
             return
-        running = {t: self.figures.live(t).steps for t, s in self.sessions.items() if s.state == TaskState.RUNNING}
+        running = {t: self.figures.live(t).steps for t, s in self.sessions.items()
+                   if s.state == TaskState.RUNNING and self.rules[t].collective}  # (a ps or an evaluator has no steps)
         if (why := self.bound.check(running, now, self.went_at)) is not None:
             self.bound_reached = why
             self.bus.emit(ev.BoundReached(message=why, steps=min((n or 0 for n in running.values()), default=0)))
