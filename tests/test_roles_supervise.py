@@ -153,3 +153,15 @@ def test_the_evaluator_is_not_judged_as_a_worker_and_is_stopped_when_training_en
     (end,) = rec.kinds("training_ended")
     assert end.stopping == 1 and "evaluator:0" in end.message
     assert res.tasks["evaluator:0"].state == TaskState.STOPPED
+
+
+def test_a_restarted_worker_has_the_startup_deadline_to_say_hello():
+    def slow_start(n: FakeNode) -> None:
+        time.sleep(1.5)  # past heartbeat.timeout_s (1.0), within job.startup_timeout_s (5)
+        obedient(n)
+
+    res, rec, backend = supervise({"chief:0": healthy(3.0), "worker:1": first_time(killed, then=slow_start)},
+                                  PS_HOSTS, "parameter_server")  # fmt: skip
+    assert res.state == JobState.SUCCEEDED, res.root_cause
+    assert [e.restarts for e in rec.kinds("role_failure")] == [1] and not rec.kinds("worker_lost")
+    assert len([n for n in backend.history if n.task == "worker:1"]) == 2

@@ -180,8 +180,9 @@ class Monitor:
         return out
 
     def revive(self, task: str, now: float) -> None:
-        """The task was started again in place (a parameter-server worker): watched afresh."""
-        self.watch[task] = _Watch(last_seen=now)
+        """The task was started again in place (a parameter-server worker): watched afresh, with the
+        startup deadline (not the heartbeat timeout) to say hello, as at the job's start."""
+        self.watch[task] = _Watch(last_seen=now + max(0.0, self.policy.startup_timeout_s - self.policy.timeout_s))
         if task in self.members:
             self._live.add(task)
             self._unprofiled.add(task)

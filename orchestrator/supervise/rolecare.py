@@ -94,7 +94,9 @@ class RoleCare:
     def _end_incarnation(self, s: TaskSession, reason: str) -> None:
         """Stop what is left of a failed task (a stopped process, a silent node) and close its channel:
         its worker_entry kills the task's process group when the channel goes."""
-        if s.state.is_alive:
+        if s.state == TaskState.PENDING:  # its start is under way: the channel is closed when it comes
+            s.become(TaskState.NOT_STARTED)
+        elif s.state.is_alive:
             s.stop_sent = True
             s.send(p.Stop(grace_s=0, reason=reason))
             s.become(TaskState.STOPPED)
