@@ -99,6 +99,12 @@ def test_ps_worker_sigkilled_is_restarted_and_the_job_succeeds(testbed_factory, 
     assert {tasks[t]["state"] for t in ("worker:0", "worker:1", "ps:0")} == {"stopped"}
     status = run_cli("status", str(run_dir))
     assert status.returncode == 0 and "worker:1 (restarted 1x)" in status.stdout, status.stdout + status.stderr
+    # the coordinator's steps are the job's progress (report_step), every one of them counted
+    assert json.loads((run_dir / "status.json").read_text())["tasks"]["chief:0"]["steps"] == 240
+    report = run_cli("report", str(run_dir))
+    assert report.returncode == 0 and "roles (parameter_server):" in report.stdout, report.stdout + report.stderr
+    assert "killed by SIGKILL; restarted in place (1)" in report.stdout
+    assert "training ended: stopping worker:0, worker:1, ps:0" in report.stdout
     assert_no_job_processes(tb, 10)
 
 

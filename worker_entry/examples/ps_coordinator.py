@@ -48,7 +48,7 @@ def coordinate(args: argparse.Namespace) -> int:
     import numpy as np
     import tensorflow as tf
 
-    from worker_entry.progress import report_step
+    from worker_entry.progress import flush, report_step
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.ParameterServerStrategy(resolver)
@@ -90,6 +90,7 @@ def coordinate(args: argparse.Namespace) -> int:
         done += n
         report_step(n, examples=n * args.batch_size)
         print(f"[chief:0] step {done}/{args.steps} loss {float(results[-1].fetch()):.4f}", flush=True)
+    flush()  # the last steps, before the process exits (records are written ~4 times a second)
     print("[chief:0] training done", flush=True)
     return 0
 
