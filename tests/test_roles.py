@@ -11,6 +11,7 @@ import pytest
 
 from orchestrator.schedulers.ssh import ssh_plan
 from orchestrator.spec import check_spec_text, load_spec_text
+from worker_entry.protocol import NodeConfig, command_line
 
 PS = """\
 version: 1
@@ -69,6 +70,9 @@ def test_ps_plan_ranks_ports_and_tf_config_through_tensorflow(resolver_cls, monk
     evaluator = plan.nodes[-1]
     assert evaluator.tf_port == 0 and evaluator.node_config(0).tf_port is None  # no TF server of its own
     assert evaluator.node_config(0).task.type == "evaluator"
+    for n in plan.nodes:  # what worker_entry validates on receipt: every role is a task it accepts
+        line = command_line(n.node_config(0)).strip()
+        assert NodeConfig.parse_line(line).task == n.node_config(0).task
 
 
 def test_mwms_with_sidecar_evaluator(resolver_cls, monkeypatch):
