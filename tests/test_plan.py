@@ -209,5 +209,6 @@ def test_plan_json_shape():
 def test_task_id_parse():
     assert TaskId.parse("worker:3") == TaskId("worker", 3)
     assert TaskId.parse("chief-0") == TaskId("chief", 0)
+    assert TaskId.parse("ps:1") == TaskId("ps", 1)  # roles (tensorflow.strategy: parameter_server)
     with pytest.raises(ValueError):
-        TaskId.parse("ps:1")
+        TaskId.parse("boss:1")

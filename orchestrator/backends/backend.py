@@ -39,6 +39,9 @@ class Backend(abc.ABC):
     reaches_nodes: bool = True
     #: What the backend's own last-resort teardown had to do (the job reports each as a warning).
     notes: Sequence[str] = ()
+    #: ``start_all`` may be called again during an attempt for one task (a parameter-server worker
+    #: restarted in place). A scheduler that starts all tasks as one step cannot.
+    restarts_tasks: bool = False
 
     def bind_run(self, run_dir: Path) -> None:
         """The run directory, once it exists: where a backend records what it created (scheduler
@@ -77,6 +80,8 @@ class Backend(abc.ABC):
 class PerTaskBackend(Backend):
     """A backend that starts each task on its own (the SSH fleet): ``start_all`` runs ``start`` for every
     task in parallel, so one slow host delays only itself."""
+
+    restarts_tasks = True
 
     @abc.abstractmethod
     def start(self, node: NodePlan, config: NodeConfig) -> Channel:

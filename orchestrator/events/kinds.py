@@ -253,6 +253,31 @@ class TrainingCompleted(BaseEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RoleFailure(BaseEvent):
+    """A task whose role does not take the job down failed (``action`` restart: a parameter-server
+    worker started again alone, in place, ``restarts`` times so far; report: a sidecar evaluator, the
+    training goes on without it). ``kind``: the failure's kind (exit, signal, lost, hung, ...)."""
+
+    KIND: ClassVar[str] = "role_failure"
+    role: str
+    kind: str
+    action: str
+    restarts: int = field(metadata=COUNT)
+    message: str = field(metadata=TEXT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingEnded(BaseEvent):
+    """The tasks that train have all exited 0 (MWMS: chief and workers; parameter_server: the chief);
+    the others, which never end by themselves (ps, workers of a parameter-server job, the evaluator),
+    are stopped now, and the attempt counts as succeeded. ``stopping``: how many."""
+
+    KIND: ClassVar[str] = "training_ended"
+    message: str = field(metadata=TEXT)
+    stopping: int = field(metadata=COUNT)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Restart(BaseEvent):
     """All tasks are relaunched after a failure."""
 
@@ -341,7 +366,8 @@ EVENT_TYPES: dict[str, type[BaseEvent]] = {
         HeterogeneousGpus, ShellNoise, TaskSpawned, TaskStarted, TaskExited, TaskLost, ExitUnconfirmed,
         NodeProtocolError, ConnectionRefused,
         WorkerLost, WorkerHung, JobStalled, StartupTimeout, Straggler, StragglerCleared, WorkerSlowing, GpuProblemFound,
-        Interrupted, Detached, BoundReached, Teardown, AttemptFinished, TrainingCompleted, Restart, GatherStarted,
+        Interrupted, Detached, BoundReached, Teardown, AttemptFinished, TrainingCompleted, RoleFailure, TrainingEnded,
+        Restart, GatherStarted,
         GatherFinished,
         GatherFailed, JobFinished, SlurmAllocation, Requeued,
     )

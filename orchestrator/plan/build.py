@@ -9,6 +9,7 @@ from typing import Any
 
 from worker_entry.protocol import Env
 from worker_entry.protocol.cluster import is_chief, task_order
+from worker_entry.protocol.roles import CLUSTER_ROLES, ROLES
 
 from ..spec import ClusterSpec
 from .model import Runtime, TaskId
@@ -20,10 +21,30 @@ def assign_tasks(n: int, chief: bool) -> list[TaskId]:
     return [TaskId(t, i) for t, i in task_order(n, chief)]
 
 
+def role_slots(host_roles: list[dict[str, int]]) -> list[tuple[int, TaskId, int]]:
+    """(host index, task, port offset on its host) of every task, in rank order: every chief, then every
+    worker, ps and evaluator, each role in host order. A host's cluster tasks take its tf_port, +1, ...
+    in that order; an evaluator takes none (-1). Hosts without roles (one task each) give exactly
+    ``assign_tasks``' order."""
+    used = [0] * len(host_roles)
+    out = []
+    for role in ROLES:
+        index = 0
+        for h, roles in enumerate(host_roles):
+            for _ in range(roles.get(role, 0)):
+                offset = used[h] if role in CLUSTER_ROLES else -1
+                used[h] += role in CLUSTER_ROLES
+                out.append((h, TaskId(role, index), offset))
+                index += 1
+    return out
+
+
 def tf_cluster(tasks: list[TaskId], endpoints: list[str]) -> dict[str, list[str]]:
+    """TF_CONFIG's cluster: every task of a cluster role (an evaluator is left out, as TF's docs do)."""
     cluster: dict[str, list[str]] = {}
     for task, ep in zip(tasks, endpoints, strict=True):
-        cluster.setdefault(task.type, []).append(ep)
+        if task.type in CLUSTER_ROLES:
+            cluster.setdefault(task.type, []).append(ep)
     return cluster
 
 
@@ -76,6 +97,7 @@ def node_env(
 ) -> dict[str, str]:
     """The environment of a task's training command (TF_CONFIG omitted when the node builds it)."""
     hb = spec.heartbeat
+    has_chief = spec.tensorflow.chief or (tf_config is not None and "chief" in tf_config["cluster"])
     env: dict[str, str] = {
         # Lines must reach the launcher as they are printed, not when a 8 KiB buffer fills.
         "PYTHONUNBUFFERED": "1",
@@ -91,7 +113,7 @@ def node_env(
             Env.TASK_TYPE: task.type,
             Env.TASK_INDEX: str(task.index),
             Env.NUM_TASKS: str(num_tasks),
-            Env.IS_CHIEF: "1" if is_chief(task.type, task.index, spec.tensorflow.chief) else "0",
+            Env.IS_CHIEF: "1" if is_chief(task.type, task.index, has_chief) else "0",
             Env.NUM_GPUS: str(gpus),
             Env.COMMUNICATION: communication,
             Env.CHECKPOINT_DIR: checkpoint_dir,

@@ -13,6 +13,7 @@ from worker_entry import protocol as p
 
 from .policy import StragglerPolicy
 from .quoting import exec_line
+from .roles import rules_table
 from .secrets import redact_argv, redact_env
 
 WORKER_ENTRY_MODULE = "worker_entry"
@@ -20,7 +21,7 @@ WORKER_ENTRY_MODULE = "worker_entry"
 
 @dataclass(frozen=True, order=True)
 class TaskId:
-    """A task of the MWMS cluster: ('chief', 0) or ('worker', i)."""
+    """A task of the job: ('chief', 0), ('worker', i), ('ps', i) or ('evaluator', 0)."""
 
     type: str
     index: int
@@ -36,8 +37,8 @@ class TaskId:
     @classmethod
     def parse(cls, text: str) -> TaskId:
         kind, sep, idx = text.replace("-", ":").partition(":")
-        if not sep or kind not in ("chief", "worker") or not idx.isdigit():
-            raise ValueError(f"{text!r} is not a task (expected chief:0 or worker:N)")
+        if not sep or kind not in p.ROLES or not idx.isdigit():
+            raise ValueError(f"{text!r} is not a task (expected chief:0, worker:N, ps:N or evaluator:0)")
         return cls(kind, int(idx))
 
 
@@ -122,7 +123,7 @@ class NodePlan:
             attempt=attempt,
             workdir=self.workdir,
             env=env,
-            tf_port=self.tf_port,
+            tf_port=self.tf_port or None,  # an evaluator has no TF server
             gpus=self.gpus,
             heartbeat_interval_s=rt.heartbeat_interval_s,
             launcher_timeout_s=rt.launcher_timeout_s,
@@ -181,6 +182,7 @@ class Plan:
     scheduler: str = "ssh"
     slurm: dict[str, Any] | None = None  # scheduler slurm: allocation, sbatch/srun lines (plan.slurm)
     policy: StragglerPolicy = field(default_factory=StragglerPolicy)  # how stragglers are judged, live and by `report`
+    strategy: str = "multi_worker_mirrored"  # tensorflow.strategy: what each role's failure and end mean (plan.roles)
 
     @property
     def chief(self) -> NodePlan:
@@ -203,7 +205,14 @@ class Plan:
             "nodes": [n.to_dict(show_secrets=show_secrets, cluster=not record) for n in self.nodes],
             "warnings": list(self.warnings),
             "policy": self.policy.to_dict(),
+            # jobs with roles beyond chief and workers: the strategy and what each role's failure does
+            **({"strategy": self.strategy, "roles": rules_table(self.strategy)} if self.has_roles else {}),
         }
+
+    @property
+    def has_roles(self) -> bool:
+        """A parameter-server job, or one with a sidecar evaluator."""
+        return self.strategy != "multi_worker_mirrored" or any(n.task.type == "evaluator" for n in self.nodes)
 
     def to_json(self, *, show_secrets: bool = False) -> str:
         return json.dumps(self.to_dict(show_secrets=show_secrets), indent=2)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from ..core.text import table
 from .model import NodePlan, Plan
+from .roles import role_lines
 from .secrets import redact_argv, redact_env
 
 
@@ -30,7 +31,7 @@ def plan_text(plan: Plan, notes: PlanNotes, *, show_secrets: bool = False) -> st
                 str(n.task),
                 n.host,
                 f"{n.ssh.user}@{n.ssh.hostname}:{n.ssh.port}" if n.ssh else "-",
-                f"{n.tf_address}:{n.tf_port or '<derived>'}",
+                f"{n.tf_address}:{n.tf_port or '<derived>'}" if n.task.type != "evaluator" else "- (not in the cluster)",
                 str(n.gpus),
             )
         )
@@ -39,6 +40,8 @@ def plan_text(plan: Plan, notes: PlanNotes, *, show_secrets: bool = False) -> st
         "",
         *table(rows),
     ]
+    if plan.has_roles:  # what each role's failure and end mean (plan.roles)
+        out += ["", f"strategy {plan.strategy}:", *role_lines(plan.strategy)]
     for w in plan.warnings:
         out.append(f"warning: {w}")
     if notes.extra:

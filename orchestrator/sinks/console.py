@@ -174,6 +174,17 @@ def _bound_reached(e: k.BoundReached) -> Line:
     return Line(f"bounded run: {e.message}; stopping the job")
 
 
+@renders(k.RoleFailure)
+def _role_failure(e: k.RoleFailure) -> Line:
+    then = f"restarting it in place (restart {e.restarts})" if e.action == "restart" else "training goes on without it"
+    return Line(f"{_who(e)}: {e.message}; its role ({e.role}) does not stop the job: {then}", WARN)
+
+
+@renders(k.TrainingEnded)
+def _training_ended(e: k.TrainingEnded) -> Line:
+    return Line(e.message)
+
+
 @renders(k.Teardown)
 def _teardown(e: k.Teardown) -> Line | None:
     return None if e.bounded else Line(f"tearing down the job: {e.reason}", WARN)  # bound_reached said it

@@ -22,6 +22,8 @@ from pydantic import (
 
 from .scheduler import KubernetesSpec, SlurmSpec
 
+Role = Literal["chief", "worker", "ps", "evaluator"]  # worker_entry.protocol.ROLES
+
 JOB_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SCOPE_ID_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}$")
@@ -178,9 +180,21 @@ class HostSpec(_Model):
         description="Address the other tasks use to reach this one over gRPC, when it differs from the "
         "SSH address (e.g. a private training network). Default: the resolved SSH address.",
     )
+    roles: dict[Role, Annotated[int, Field(strict=True, ge=0, le=64)]] | None = Field(
+        None,
+        description="Tasks this host runs, by role (chief, worker, ps, evaluator), e.g. {worker: 2, ps: 1}: "
+        "each task on it after the first takes the next tf_port. Default: one worker (the chief, for the first "
+        "host with tensorflow.chief). Which roles a strategy allows: tensorflow.strategy.",
+    )
 
 
 class TensorflowSpec(_Model):
+    strategy: Literal["multi_worker_mirrored", "parameter_server"] = Field(
+        "multi_worker_mirrored",
+        description="multi_worker_mirrored: chief (optional) and workers, an optional sidecar evaluator; "
+        "parameter_server: one chief (the coordinator), workers, ps tasks and an optional evaluator. Only with "
+        "scheduler: ssh for now.",
+    )
     port: Port = Field(12345, description="gRPC port of every task (hosts[].tf_port overrides).")
     communication: Literal["auto", "nccl", "ring"] = Field(
         "auto", description="Collective implementation. auto: nccl when the tasks have GPUs, else ring."
@@ -289,6 +303,11 @@ class RestartSpec(_Model):
     max_restarts: Annotated[int, Field(strict=True, ge=0, le=100)] = Field(
         0,
         description="Relaunch all tasks together this many times after a failure (BackupAndRestore resumes).",
+    )
+    max_task_restarts: Annotated[int, Field(strict=True, ge=0, le=100)] = Field(
+        3,
+        description="parameter_server: restart a worker that died, alone and in place, this many times "
+        "(the coordinator reschedules its work and it rejoins); past it the job fails.",
     )
     backup_dir: NonEmptyStr | None = Field(
         None,

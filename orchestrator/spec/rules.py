@@ -7,6 +7,7 @@ from typing import Any
 
 from ..core.diagnostics import Diagnostic, Severity
 from .model import HeartbeatSpec, SshSpec, TensorflowSpec, is_loopback
+from .roles import cluster_tasks, raw_roles, role_problems
 from .yamlpos import Positions
 
 
@@ -43,9 +44,15 @@ def cross_field_problems(data: dict, filename: str, positions: Positions) -> lis
     tf = _get(data, "tensorflow", {})
     default_ssh_port = _int_or(_get(ssh, "port"), SshSpec.model_fields["port"].default or 22)
     default_tf_port = _int_or(_get(tf, "port"), TensorflowSpec.model_fields["port"].default)
+    out.extend(role_problems(data, hosts, filename, positions))
+    chief = _get(tf, "chief") is True and not any(isinstance(h, dict) and "roles" in h for h in hosts)
+    roles = [raw_roles(h, i, chief) for i, h in enumerate(hosts)]
 
     # MWMS runs the same replica count on every task; a different GPU count misbehaves silently.
-    gpu_counts = [(i, _get(h, "gpus", 0)) for i, h in enumerate(hosts) if isinstance(h, dict)]
+    # (Not the sidecar evaluator's, which is outside the collective; ParameterServerStrategy has no such rule.)
+    mwms = _get(tf, "strategy", "multi_worker_mirrored") == "multi_worker_mirrored"
+    gpu_counts = [(i, _get(h, "gpus", 0)) for i, h in enumerate(hosts)
+                  if isinstance(h, dict) and mwms and (roles[i].get("chief") or roles[i].get("worker"))]  # fmt: skip
     gpu_counts = [(i, g) for i, g in gpu_counts if isinstance(g, int) and not isinstance(g, bool) and g >= 0]
     if gpu_counts:
         first_i, first_g = gpu_counts[0]
@@ -73,20 +80,26 @@ def cross_field_problems(data: dict, filename: str, positions: Positions) -> lis
             )
         else:
             seen_ssh[key] = i
-        tf_port = _int_or(_get(h, "tf_port"), default_tf_port)
+        base_port = _int_or(_get(h, "tf_port"), default_tf_port)
         tf_addr = _get(h, "tf_address") if isinstance(_get(h, "tf_address"), str) else address
         machine = "loopback" if is_loopback(tf_addr) else tf_addr.lower()
-        tkey = (machine, tf_port)
-        if tkey in seen_tf:
-            j = seen_tf[tkey]
-            where = "loopback addresses share this machine's network stack" if machine == "loopback" else ""
-            add(
-                ("hosts", i, "tf_port") if "tf_port" in h else ("hosts", i),
-                f"TF port {tf_port} is already used by hosts[{j}] on the same machine; TensorFlow's gRPC "
-                f"server binds every address{' (' + where + ')' if where else ''}, so give each task on one "
-                "machine its own tf_port",
-            )
-        else:
+        n_ports = cluster_tasks(roles[i])  # a host's tasks take tf_port, tf_port+1, ... (an evaluator none)
+        if n_ports > 1 and base_port + n_ports - 1 > 65535:
+            add(("hosts", i, "roles"), f"{n_ports} tasks need TF ports {base_port}..{base_port + n_ports - 1}, past 65535; "
+                "use a lower tf_port")  # fmt: skip
+        for tf_port in range(base_port, min(base_port + n_ports, 65536)):
+            tkey = (machine, tf_port)
+            if tkey in seen_tf:
+                j = seen_tf[tkey]
+                where = "loopback addresses share this machine's network stack" if machine == "loopback" else ""
+                add(
+                    ("hosts", i, "tf_port") if "tf_port" in h else ("hosts", i),
+                    f"TF port {tf_port} is already used by hosts[{j}] on the same machine; TensorFlow's gRPC "
+                    f"server binds every address{' (' + where + ')' if where else ''}, so give each task on one "
+                    "machine its own tf_port"
+                    + (" (a host with several tasks takes one port per task from its tf_port)" if n_ports > 1 else ""),
+                )
+                break
             seen_tf[tkey] = i
 
     hb = _get(data, "heartbeat", {})

@@ -56,8 +56,11 @@ class _Watch:
 
 
 class Monitor:
-    def __init__(self, tasks: list[str], policy: Policy, now: float) -> None:
+    def __init__(self, tasks: list[str], policy: Policy, now: float, members: set[str] | None = None) -> None:
+        """``members``: the tasks judged as members of the training (startup, progress, stragglers, GPUs;
+        ``plan.roles``); every task is watched for silence and SIGSTOP. Default: all."""
         self.policy = policy
+        self.members = set(tasks) if members is None else set(members)
         self.watch = {t: _Watch(last_seen=now) for t in tasks}
         self.armed_at: float | None = None
         self._round = 0
@@ -68,8 +71,8 @@ class Monitor:
         self.scores: dict[str, dict[str, float]] = {}
         self._scores = Scores()
         self.gpus = GpuWatch()  # each task's recent GPU samples and models, and the judgement of them
-        self._live = set(tasks)  # not done
-        self._unprofiled = set(tasks)  # live, without a profile this round
+        self._live = set(self.members)  # members not done
+        self._unprofiled = set(self.members)  # live, without a profile this round
 
     # --- observations ------------------------------------------------------------------------
 
@@ -115,6 +118,8 @@ class Monitor:
         """Store a profile; when every live worker has one for this round, evaluate stragglers."""
         w = self.watch[task]
         w.last_seen = now
+        if task not in self.members:  # not in the collective: no straggler of it
+            return []
         w.profile = record
         w.profile_round = self._round
         self._unprofiled.discard(task)  # (a set, not a scan of every task per profile)
@@ -173,6 +178,14 @@ class Monitor:
             elif s["individual"] >= 0.8:
                 w.reported.discard("slowing")
         return out
+
+    def revive(self, task: str, now: float) -> None:
+        """The task was started again in place (a parameter-server worker): watched afresh, with the
+        startup deadline (not the heartbeat timeout) to say hello, as at the job's start."""
+        self.watch[task] = _Watch(last_seen=now + max(0.0, self.policy.startup_timeout_s - self.policy.timeout_s))
+        if task in self.members:
+            self._live.add(task)
+            self._unprofiled.add(task)
 
     def on_terminal(self, task: str) -> None:
         self.watch[task].done = True
@@ -280,7 +293,7 @@ class Monitor:
                     )
                 )
         if self.armed_at is not None and now - self.armed_at > p.startup_timeout_s:
-            late = [t for t, w in live.items() if not w.started and "startup" not in w.reported]
+            late = [t for t, w in live.items() if not w.started and "startup" not in w.reported and t in self.members]
             if late:
                 for t in late:
                     self.watch[t].reported.add("startup")
@@ -294,7 +307,7 @@ class Monitor:
                         data={"not_started": late},
                     )
                 )
-        out.extend(self._progress_verdicts(now, live))
+        out.extend(self._progress_verdicts(now, {t: w for t, w in live.items() if t in self.members}))
         out.extend(self._gpu_verdicts())
         return out
 

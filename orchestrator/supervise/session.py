@@ -83,6 +83,8 @@ class TaskSession:
         self.attempt = attempt
         self.on_terminal = on_terminal  # told once, when the task reaches a terminal state
         self.task = str(node.task)
+        self.key = self.task  # its channel's name in the pump and the queue (TASK#N: the Nth restart in place)
+        self.restarts = 0  # how many times it was restarted alone, in place, before this incarnation
         self.host = node.host
         self.state = TaskState.PENDING
         self.channel: Channel | None = None

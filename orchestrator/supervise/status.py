@@ -7,7 +7,7 @@ in the final snapshot of a finished run the whole run's, the same ``report`` com
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from typing import Any
 
 from ..core.result import AttemptResult, Failure, TaskResult
@@ -55,6 +55,7 @@ def task_status(
         "gpu_problems": list(gpu_problems or []),
         "relative_score": (score or {}).get("relative"),
         "individual_score": (score or {}).get("individual"),
+        **({"restarts": s.restarts} if s.restarts else {}),  # restarted alone, in place (a parameter-server worker)
     }
 
 
@@ -150,9 +151,13 @@ def attempt_result(
     started_ts: float,
     went: bool = True,
     bounded: bool = False,
+    optional: Set[str] = frozenset(),
 ) -> AttemptResult:
     """The attempt's outcome; ``went``: the go was sent (a failure before it means nothing ran);
-    ``bounded``: a bounded run stopped its tasks on purpose (stopped tasks are a success)."""
+    ``bounded``: a bounded run stopped its tasks on purpose, or the training ended and the tasks that
+    never end by themselves were stopped (stopped tasks are a success); ``optional``: tasks whose end
+    does not decide the outcome (ps, parameter-server workers, the evaluator: their failures that
+    matter are in ``failures``)."""
     done = (TaskState.SUCCEEDED, TaskState.STOPPED) if bounded else (TaskState.SUCCEEDED,)
     tasks = {}
     for s in sessions:
@@ -172,7 +177,7 @@ def attempt_result(
         state = JobState.PREFLIGHT_FAILED
     elif failures and not went and failures[0].kind in ("spawn", "protocol"):
         state = JobState.START_FAILED
-    elif failures or any(t.state not in done for t in tasks.values()):
+    elif failures or any(t.state not in done for t in tasks.values() if t.task not in optional):
         state = JobState.FAILED
     else:
         state = JobState.SUCCEEDED

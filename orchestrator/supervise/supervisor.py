@@ -27,6 +27,7 @@ from .figures import Figures
 from .gate import check_before_go
 from .inputs import QUEUE_ITEMS, ChannelPump, ChannelReady, Interrupt, Received
 from .monitor import Monitor
+from .rolecare import RoleCare
 from .session import PROTOCOL_HINT, Output, ShellNoise, TaskSession, Violation, record_of
 from .status import Snapshots, attempt_result, status_period
 from .teardown import Teardown
@@ -35,7 +36,7 @@ from .verdicts import VERDICT_EVENTS, Policy, Verdict
 TICK_S = 0.1  # the scans of every task (go, verdicts, teardown, flush, status): at most this often
 _NOT_UP = (TaskState.PENDING, TaskState.STARTING)
 
-class Supervisor(Teardown):
+class Supervisor(Teardown, RoleCare):
     def __init__(
         self,
         spec: ClusterSpec,
@@ -65,8 +66,11 @@ class Supervisor(Teardown):
         self.on_status = on_status
         self.clock = clock
         self.policy = Policy.from_spec(spec, plan.policy)
-        self.monitor = Monitor([str(n.task) for n in plan.nodes], self.policy, clock())
-        self.sessions = {str(n.task): TaskSession(n, attempt, self.monitor.on_terminal) for n in plan.nodes}
+        self.sessions = {str(n.task): TaskSession(n, attempt) for n in plan.nodes}
+        self._init_roles()  # each task's role rule (plan.roles), restarts in place
+        self.monitor = Monitor(list(self.sessions), self.policy, clock(), self._members())
+        for s in self.sessions.values():
+            s.on_terminal = self.monitor.on_terminal
         self.q: queue.Queue = queue.Queue(maxsize=QUEUE_ITEMS)
         self.pump = ChannelPump(self.q)
         self.failures: list[Failure] = []
@@ -136,6 +140,10 @@ class Supervisor(Teardown):
             for s in self.sessions.values():
                 if not s.handing_over:
                     s.close()
+            for s in self.keys.values():
+                if self._retired(s):  # replaced by a restart in place: nothing of it is handed over
+                    s.abandoned = True
+                    s.close()
             self.logs.flush()
         return self._result()
 
@@ -159,21 +167,24 @@ class Supervisor(Teardown):
         self.q.put(ChannelReady(task, chan, None) if isinstance(chan, Channel) else ChannelReady(task, None, chan))
 
     def _handle(self, item: ChannelReady | Received) -> None:
-        s = self.sessions[item.task]
+        s = self.keys[item.task]  # (item.task: the channel's key, TASK#N after a restart in place)
         self.snapshots.touch(s.task)  # (its status entry is rebuilt at the next snapshot)
         if isinstance(item, ChannelReady):
             self._on_channel(s, item)
             return
+        retired = self._retired(s)
         for x in s.receive(item.out, item.err):
             if isinstance(x, Output):
                 self.logs.write(s.task, x.data)
+            elif retired:
+                continue  # a replaced incarnation: only its last lines matter
             elif isinstance(x, ShellNoise):
                 self.bus.emit(ev.ShellNoise(task=s.task, host=s.host, text=x.text))
             elif isinstance(x, Violation):
                 self._on_violation(s, x.error)
             else:
                 self._message(s, x)
-        if item.eof:
+        if item.eof and not retired:
             self._on_eof(s)
 
     def _on_channel(self, s: TaskSession, item: ChannelReady) -> None:
@@ -187,7 +198,7 @@ class Supervisor(Teardown):
             item.channel.close()
             return
         s.attach(item.channel)
-        self.pump.add(s.task, item.channel)
+        self.pump.add(s.key, item.channel)
         if self.stopping_reason is not None:  # the job is already being torn down: stop it before the go
             s.stop_sent = True
             s.send(p.Stop(grace_s=0, reason=self.stopping_reason))
@@ -204,6 +215,7 @@ class Supervisor(Teardown):
             gpus = [{"name": g.name, "memory_mb": g.memory_mb} for g in m.facts.gpus]
             self.monitor.gpus.on_models(s.task, [{"index": g.index, "name": g.name} for g in m.facts.gpus])
             self.bus.emit(ev.TaskReady(task=s.task, host=s.host, hostname=hostname, pid=m.pid, gpus=gpus))
+            self._late_go(s)
         elif isinstance(m, p.Spawned):
             self.bus.emit(ev.TaskSpawned(task=s.task, host=s.host, pid=m.pid))
         elif isinstance(m, p.Started):
@@ -228,6 +240,8 @@ class Supervisor(Teardown):
         state = s.finish(m, job_stopping=self.stopping_reason is not None)
         self.bus.emit(ev.TaskExited(task=s.task, host=s.host, code=m.code, signal=m.signal, signal_name=m.signal_name,
                                     stopped=state == TaskState.STOPPED, reason=m.reason))  # fmt: skip
+        if state == TaskState.SUCCEEDED:
+            self._check_training_end()
         if state != TaskState.FAILED:
             return
         if m.signal:
@@ -265,7 +279,7 @@ class Supervisor(Teardown):
         was_alive = s.state.is_alive
         s.send(p.Stop(grace_s=0, reason=msg))
         s.stop_sent = True
-        self.pump.remove(s.task)
+        self.pump.remove(s.key)
         s.close()
         if was_alive:
             s.become(TaskState.FAILED)
@@ -276,9 +290,10 @@ class Supervisor(Teardown):
     def _maybe_go(self, now: float, hello_deadline: float) -> None:
         if self.stopping_reason:
             return
-        if now < hello_deadline and any(s.state in _NOT_UP for s in self.sessions.values()):
+        # the go waits for the tasks whose role holds it (not a sidecar evaluator: it gets its go when it is up)
+        if now < hello_deadline and any(s.state in _NOT_UP and self.rules[t].holds_go for t, s in self.sessions.items()):
             return  # stops at the first task not up yet: no scan of every task per tick while they come
-        waiting = [s for s in self.sessions.values() if s.state in _NOT_UP]
+        waiting = [s for t, s in self.sessions.items() if s.state in _NOT_UP and self.rules[t].holds_go]
         if waiting:
             names = ", ".join(s.task for s in waiting)
             msg = f"worker_entry did not report within {self.policy.startup_timeout_s:g}s on {names}"
@@ -313,7 +328,8 @@ class Supervisor(Teardown):
         """A bounded run that had enough stops like `tfcluster stop`, and counts as a success."""
         if self.bound is None or self.stopping_reason:
             return
-        running = {t: self.figures.live(t).steps for t, s in self.sessions.items() if s.state == TaskState.RUNNING}
+        running = {t: self.figures.live(t).steps for t, s in self.sessions.items()
+                   if s.state == TaskState.RUNNING and self.rules[t].collective}  # (a ps or an evaluator has no steps)
         if (why := self.bound.check(running, now, self.went_at)) is not None:
             self.bound_reached = why
             self.bus.emit(ev.BoundReached(message=why, steps=min((n or 0 for n in running.values()), default=0)))
@@ -321,7 +337,7 @@ class Supervisor(Teardown):
 
     def _blame_suspects(self, failed_task: TaskSession) -> None:
         """A peer that went silent or was stopped *before* this failure is the likelier cause."""
-        if self.failures:
+        if self.failures or self.rules[failed_task.task].on_failure != "teardown":
             return
         for v in self.monitor.suspects(self.clock(), exclude=failed_task.task):
             self._verdict(v)
@@ -334,6 +350,9 @@ class Supervisor(Teardown):
         return Failure(kind, message, time.time(), task, host, attempt=self.attempt, **fields)
 
     def _fail(self, failure: Failure) -> None:
+        if (fatal := self._tolerate(failure)) is None:
+            return  # its role does not take the job down: restarted in place, or reported
+        failure = fatal
         self.failures.append(failure)
         if self.stopping_reason is None:
             where = f"{failure.task} ({failure.host})" if failure.task else "the job"
@@ -365,7 +384,9 @@ class Supervisor(Teardown):
     def _result(self) -> AttemptResult:
         result = attempt_result(self.sessions.values(), attempt=self.attempt, failures=self.failures,
                                 interrupted_by=self.interrupted_by, started_ts=self.started_ts,
-                                went=self.went_at is not None, bounded=self.bound_reached is not None)  # fmt: skip
+                                went=self.went_at is not None,
+                                bounded=self.bound_reached is not None or self.training_ended,
+                                optional={t for t, r in self.rules.items() if not r.trains})  # fmt: skip
         self.state = result.state
         self._publish_status()
         return result

@@ -111,7 +111,8 @@ def status_text(st: dict[str, Any], handle: RunHandle | None = None, *, show_all
         age = t.get("last_heartbeat_age_s")
         rows.append(
             (
-                name + (" *straggler*" if t.get("straggler") else ""),
+                name + (" *straggler*" if t.get("straggler") else "")
+                + (f" (restarted {t['restarts']}x)" if isinstance(t.get("restarts"), int) and t["restarts"] else ""),
                 str(t.get("host", "")),
                 str(t.get("state", "")),
                 exit_text,

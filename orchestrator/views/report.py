@@ -20,7 +20,7 @@ from typing import Any
 
 from ..core.text import table
 from ..events import BaseEvent
-from ..events.kinds import Straggler, TaskReady, WorkerSlowing
+from ..events.kinds import RoleFailure, Straggler, TaskReady, TrainingEnded, WorkerSlowing
 from ..plan.policy import StragglerPolicy
 from ..runs import RunDir
 from ..supervise import GpuJudgement, explain, find_straggler, host_suspect, judge_gpus
@@ -135,9 +135,23 @@ def build_report(
         "pace": paced,
         "stragglers": stragglers,
         "slowing": slowing,
+        **_roles(plan, events),
         **analysis,
         "goodput": _goodput(events, records, run, window),
     }
+
+
+def _roles(plan: dict[str, Any], events: list[BaseEvent]) -> dict[str, Any]:
+    """A job with roles (plan.json ``strategy``): what happened to each role that does not take the job
+    down (restarts in place, a reported evaluator) and the end of the training."""
+    if not plan.get("roles"):
+        return {}
+    happened = [
+        {"ts": ev.ts, "task": ev.task, "host": ev.host, "role": ev.role, "action": ev.action, "restarts": ev.restarts,
+         "message": ev.message} if isinstance(ev, RoleFailure) else {"ts": ev.ts, "message": ev.message}
+        for ev in events if isinstance(ev, RoleFailure | TrainingEnded)
+    ]  # fmt: skip
+    return {"roles": {"strategy": plan.get("strategy"), "events": happened}}
 
 
 def _training(beats: list[dict[str, Any]], end: float) -> list[dict[str, Any]]:
@@ -328,6 +342,12 @@ def report_text(rep: dict[str, Any]) -> str:
             )
     if rep.get("slowing"):
         lines += ["", "slowing workers:"] + [f"  {s['task']} ({s['host']}): {s['message']}" for s in rep["slowing"]]
+    if rep.get("roles"):
+        lines += ["", f"roles ({rep['roles']['strategy']}):"]
+        for e in rep["roles"]["events"] or [{"message": "every task of every role ran to the end"}]:
+            then = {"restart": f"restarted in place ({e.get('restarts')})", "report": "reported, training went on"}
+            lines.append(f"  {e['task']} ({e['host']}): {e['message']}; {then[e['action']]}" if e.get("task")
+                         else f"  {e['message']}")  # fmt: skip
     lines += ["", "advice:"] + [f"  - {a}" for a in rep["advice"]]
     if rep.get("goodput"):
         lines += ["", *goodput_lines(rep["goodput"])]

@@ -32,6 +32,9 @@ _LAZY = {
     "HEADER": "frames",
     "Heartbeat": "messages",
     "is_chief": "cluster",
+    "ROLES": "roles",
+    "CLUSTER_ROLES": "roles",
+    "STRATEGIES": "roles",
     "task_order": "cluster",
     "Hello": "messages",
     "HostSample": "samples",
@@ -93,6 +96,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "CLUSTER_ROLES",
     "COMMANDS",
     "HEADER",
     "MARKER",
@@ -102,8 +106,10 @@ __all__ = [
     "NODE_MESSAGES",
     "OFF_VALUES",
     "PATH_VARS",
+    "ROLES",
     "STDERR",
     "STDOUT",
+    "STRATEGIES",
     "TRANSFER_MESSAGES",
     "T_DATA",
     "T_LOG",

@@ -20,7 +20,7 @@ MTIME_NS = spec(lo=-(1 << 63), hi=(1 << 63) - 1)
 
 @dataclass
 class TaskRef(Record):
-    type: Literal["chief", "worker"]
+    type: Literal["chief", "worker", "ps", "evaluator"]  # protocol.roles.ROLES
     index: int = field(metadata=spec(lo=0, hi=1 << 20))
 
     def __str__(self) -> str:

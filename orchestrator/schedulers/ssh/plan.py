@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from ...plan import NodePlan, Plan
 from ...plan.build import (
-    assign_tasks,
     job_dirs,
     node_env,
     plan_warnings,
     resolve_communication,
+    role_slots,
     runtime_of,
     tf_cluster,
     tf_config_of,
@@ -17,6 +17,7 @@ from ...plan.build import (
 from ...plan.model import WORKER_ENTRY_MODULE, bracket
 from ...plan.policy import StragglerPolicy
 from ...spec import ClusterSpec
+from ...spec.roles import default_roles
 from .targets import SshLookup, ssh_target
 
 
@@ -27,29 +28,34 @@ def ssh_plan(spec: ClusterSpec, *, run_id: str, local_user: str, ssh_lookup: Ssh
     shape: hostname, user, port, identityfile, proxycommand); explicit spec values win over it.
     """
     hosts = spec.hosts or []
-    warnings = plan_warnings(spec, hosts[0].gpus)
+    with_roles = any(h.roles is not None for h in hosts)
+    host_roles = [h.roles if h.roles is not None else default_roles(i, spec.tensorflow.chief and not with_roles)
+                  for i, h in enumerate(hosts)]  # fmt: skip
+    slots = role_slots(host_roles)  # (host, task, port offset), in rank order
+    trainers = [hosts[h].gpus for h, t, _ in slots if t.type in ("chief", "worker")]
+    gpus = trainers[0] if trainers else hosts[0].gpus
+    warnings = plan_warnings(spec, gpus)
     targets = [ssh_target(spec, h, local_user, ssh_lookup, warnings) for h in hosts]
     tf_addrs = [h.tf_address or t.hostname for h, t in zip(hosts, targets, strict=True)]
-    tf_ports = [h.tf_port or spec.tensorflow.port for h in hosts]
-    endpoints = [f"{bracket(a)}:{p}" for a, p in zip(tf_addrs, tf_ports, strict=True)]
-    tasks = assign_tasks(len(hosts), spec.tensorflow.chief)
+    tf_ports = [(hosts[h].tf_port or spec.tensorflow.port) + off if off >= 0 else 0 for h, _, off in slots]
+    tasks = [t for _, t, _ in slots]
+    endpoints = [f"{bracket(tf_addrs[h])}:{port}" for (h, _, _), port in zip(slots, tf_ports, strict=True)]
     cluster = tf_cluster(tasks, endpoints)
-    gpus = hosts[0].gpus
     communication = resolve_communication(spec.tensorflow.communication, gpus)
     job_root, checkpoint_dir, backup_dir = job_dirs(spec, run_id)
     runtime = runtime_of(spec)
     nodes = []
-    for i, host in enumerate(hosts):
-        task = tasks[i]
+    for k, (i, task, _) in enumerate(slots):
+        host = hosts[i]
         tf_config = tf_config_of(cluster, task)
-        env = node_env(spec, task, tf_config, communication, run_id, len(hosts), gpus, checkpoint_dir, backup_dir)
+        env = node_env(spec, task, tf_config, communication, run_id, len(slots), host.gpus, checkpoint_dir, backup_dir)
         nodes.append(
             NodePlan(
                 task=task,
                 host=host.address,
                 ssh=targets[i],
                 tf_address=tf_addrs[i],
-                tf_port=tf_ports[i],
+                tf_port=tf_ports[k],
                 gpus=host.gpus,
                 tf_config=tf_config,
                 env=env,
@@ -70,4 +76,5 @@ def ssh_plan(spec: ClusterSpec, *, run_id: str, local_user: str, ssh_lookup: Ssh
         warnings=tuple(warnings),
         scheduler=spec.scheduler,
         policy=StragglerPolicy.from_spec(spec),
+        strategy=spec.tensorflow.strategy,
     )

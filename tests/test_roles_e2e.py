@@ -1,0 +1,182 @@
+"""Roles end to end on the namespace test bed, with real TensorFlow on CPU and this checkout's
+worker_entry on the nodes:
+
+- ParameterServerStrategy (1 chief running a ClusterCoordinator loop, 2 workers, 1 ps): a worker
+  SIGKILLed mid-run is restarted in place and the job still succeeds when the chief ends (the servers,
+  which never exit by themselves, stopped); the ps SIGKILLed tears the job down with the ps as root cause;
+- MWMS with a sidecar evaluator (tf.keras.utils.SidecarEvaluator on the checkpoint directory): the
+  evaluator evaluates a checkpoint; SIGKILLed, it is reported and the training goes on to succeed.
+
+Few and short on purpose (CI runs on 2 cores): each test is one job of ~4 TensorFlow processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import PY, assert_no_job_processes, read_events, repo_python, run_cli, start_launch, wait_until
+from testbed_fixtures import requires_netns
+
+pytestmark = [pytest.mark.e2e, requires_netns]
+
+
+def _launch(tb, tmp_path: Path, name: str, command: list[str], roles: list[dict], **sections):
+    spec = tb.spec_dict(name, command, job={"python": repo_python(tmp_path), "stop_grace_s": 2},
+                        heartbeat={"interval_s": 0.5, "timeout_s": 5.0}, **sections)  # fmt: skip
+    for i, (host, r) in enumerate(zip(spec["hosts"], roles, strict=True)):
+        host["roles"] = r
+        host["tf_port"] = 24000 + 10 * i  # a host's tasks take consecutive ports from here
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    run_dir = tmp_path / "run"
+    return start_launch(tb, path, run_dir, "--no-gather", "-q"), run_dir
+
+
+def _finish(proc, timeout: float = 120) -> tuple[int, str]:
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    return proc.returncode, err
+
+
+def _pid(run_dir: Path, task: str) -> int | None:
+    """The training process of ``task`` (its latest incarnation), from its task_spawned event."""
+    pids = [e["pid"] for e in read_events(run_dir) if e["event"] == "task_spawned" and e.get("task") == task]
+    return pids[-1] if pids else None
+
+
+def _log(run_dir: Path, slug: str) -> str:
+    path = run_dir / "logs" / f"{slug}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _guarded(proc, fn):
+    try:
+        return fn()
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+
+
+PS_ROLES = [{"chief": 1}, {"worker": 2}, {"ps": 1}]
+PS_LOOP = [PY, "-m", "worker_entry.examples.ps_coordinator", "--log-every", "10"]
+
+
+def test_ps_worker_sigkilled_is_restarted_and_the_job_succeeds(testbed_factory, tmp_path):
+    tb = testbed_factory(3, mode="netns")
+    proc, run_dir = _launch(tb, tmp_path, "ps-kill-worker", [*PS_LOOP, "--steps", "240", "--step-ms", "40"],
+                            PS_ROLES, tensorflow={"strategy": "parameter_server"})  # fmt: skip
+
+    def kill_worker() -> None:
+        wait_until(lambda: "step 20/" in _log(run_dir, "chief-0"), 180, what="the coordinator's first steps")
+        os.kill(_pid(run_dir, "worker:1"), signal.SIGKILL)
+
+    _guarded(proc, kill_worker)
+    code, err = _finish(proc)
+    assert code == 0, err[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["state"] == "succeeded" and result["root_cause"] is None
+    events = read_events(run_dir)
+    (rf,) = [e for e in events if e["event"] == "role_failure"]
+    assert (rf["task"], rf["kind"], rf["action"], rf["restarts"]) == ("worker:1", "signal", "restart", 1)
+    assert len([e for e in events if e["event"] == "task_spawned" and e["task"] == "worker:1"]) == 2
+    assert "step 240/240" in _log(run_dir, "chief-0")
+    assert _log(run_dir, "worker-1").count("server up at") == 2  # it came back on its own port
+    (end,) = [e for e in events if e["event"] == "training_ended"]
+    assert end["stopping"] == 3
+    tasks = result["tasks"]
+    assert tasks["chief:0"]["state"] == "succeeded"
+    assert {tasks[t]["state"] for t in ("worker:0", "worker:1", "ps:0")} == {"stopped"}
+    status = run_cli("status", str(run_dir))
+    assert status.returncode == 0 and "worker:1 (restarted 1x)" in status.stdout, status.stdout + status.stderr
+    # the coordinator's steps are the job's progress (report_step), every one of them counted
+    assert json.loads((run_dir / "status.json").read_text())["tasks"]["chief:0"]["steps"] == 240
+    report = run_cli("report", str(run_dir))
+    assert report.returncode == 0 and "roles (parameter_server):" in report.stdout, report.stdout + report.stderr
+    assert "killed by SIGKILL; restarted in place (1)" in report.stdout
+    assert "training ended: stopping worker:0, worker:1, ps:0" in report.stdout
+    assert_no_job_processes(tb, 10)
+
+
+def test_ps_sigkilled_tears_the_job_down_with_the_ps_as_root_cause(testbed_factory, tmp_path):
+    tb = testbed_factory(3, mode="netns")
+    proc, run_dir = _launch(tb, tmp_path, "ps-kill-ps", [*PS_LOOP, "--steps", "100000", "--step-ms", "20"],
+                            PS_ROLES, tensorflow={"strategy": "parameter_server"})  # fmt: skip
+
+    def kill_ps() -> None:
+        wait_until(lambda: "step 10/" in _log(run_dir, "chief-0"), 180, what="the coordinator's first steps")
+        os.kill(_pid(run_dir, "ps:0"), signal.SIGKILL)
+
+    _guarded(proc, kill_ps)
+    code, err = _finish(proc)
+    assert code == 3, err[-3000:]
+    rc = json.loads((run_dir / "result.json").read_text())["root_cause"]
+    assert (rc["task"], rc["kind"], rc["signal"]) == ("ps:0", "signal", "SIGKILL")
+    assert not [e for e in read_events(run_dir) if e["event"] == "role_failure"]
+    assert_no_job_processes(tb, 10)
+
+
+def test_mwms_sidecar_evaluator_evaluates_then_ends(testbed_factory, tmp_path):
+    tb = testbed_factory(2, mode="netns")
+    command = [PY, "-m", "worker_entry.examples.sidecar_eval", "--epochs", "3", "--steps-per-epoch", "10",
+               "--epoch-sleep-s", "1"]  # fmt: skip
+    proc, run_dir = _launch(tb, tmp_path, "sidecar-ends", command, [{"worker": 1}, {"worker": 1, "evaluator": 1}],
+                            tensorflow={"communication": "ring"})  # fmt: skip
+    code, err = _finish(proc, 180)
+    assert code == 0, err[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["state"] == "succeeded" and result["root_cause"] is None
+    log = _log(run_dir, "evaluator-0")
+    assert "evaluated the checkpoint of step" in log, log[-3000:]
+    events = read_events(run_dir)
+    assert not [e for e in events if e["event"] == "role_failure"]
+    # it ended: by itself after the last checkpoint (max_evaluations), or stopped once the training ended
+    ended = result["tasks"]["evaluator:0"]["state"]
+    if ended == "succeeded":
+        assert "evaluated the checkpoint of step 30" in log and "[evaluator:0] done" in log
+    else:
+        assert ended == "stopped"
+        (end,) = [e for e in events if e["event"] == "training_ended"]
+        assert end["stopping"] == 1
+    assert {result["tasks"][t]["state"] for t in ("worker:0", "worker:1")} == {"succeeded"}
+    assert_no_job_processes(tb, 10)
+
+
+def test_mwms_sidecar_evaluator_evaluates_and_its_death_does_not_stop_training(testbed_factory, tmp_path):
+    tb = testbed_factory(2, mode="netns")
+    command = [PY, "-m", "worker_entry.examples.sidecar_eval", "--epochs", "6", "--steps-per-epoch", "10",
+               "--epoch-sleep-s", "1.5"]  # fmt: skip
+    proc, run_dir = _launch(tb, tmp_path, "sidecar", command, [{"worker": 1}, {"worker": 1, "evaluator": 1}],
+                            tensorflow={"communication": "ring"})  # fmt: skip
+
+    def kill_evaluator() -> int:
+        wait_until(lambda: "evaluated the checkpoint of step" in _log(run_dir, "evaluator-0"), 180,
+                   what="the evaluator's first evaluation")  # fmt: skip
+        pid = _pid(run_dir, "evaluator:0")
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    _guarded(proc, kill_evaluator)
+    killed_at = time.time()
+    code, err = _finish(proc)
+    assert code == 0, err[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["state"] == "succeeded" and result["root_cause"] is None
+    (rf,) = [e for e in read_events(run_dir) if e["event"] == "role_failure"]
+    assert (rf["task"], rf["kind"], rf["action"]) == ("evaluator:0", "signal", "report")
+    assert result["tasks"]["evaluator:0"]["state"] == "failed"
+    assert {result["tasks"][t]["state"] for t in ("worker:0", "worker:1")} == {"succeeded"}
+    # the workers trained on after the evaluator died: their last epoch ended after it
+    done = [e["ts"] for e in read_events(run_dir) if e["event"] == "task_exited" and e["task"].startswith("worker")]
+    assert min(done) > killed_at
+    assert_no_job_processes(tb, 10)

@@ -1,0 +1,167 @@
+"""Supervision per role (plan.roles: the table), through the real supervisor and in-process
+fake nodes: a parameter-server worker is restarted alone and in place, the ps or the chief dying is
+fatal with it as root cause, the job ends when the chief ends (the rest stopped: a success); an MWMS
+sidecar evaluator never holds the go, never fails the training, and is stopped when training ends."""
+
+from __future__ import annotations
+
+import time
+
+from fakenode import FakeBackend, FakeNode, healthy, make_plan, obedient
+from test_supervisor import Recorder
+
+from orchestrator.core.states import JobState, TaskState
+from orchestrator.events import EventBus
+from orchestrator.plan.roles import RULES, rule_of
+from orchestrator.supervise import Interrupt, Supervisor
+from worker_entry import protocol as p
+
+PS_HOSTS = [
+    {"address": "10.0.0.1", "roles": {"chief": 1}},
+    {"address": "10.0.0.2", "roles": {"worker": 2}},
+    {"address": "10.0.0.3", "roles": {"ps": 1}},
+]
+EVAL_HOSTS = [
+    {"address": "10.0.0.1", "roles": {"worker": 1}},
+    {"address": "10.0.0.2", "roles": {"worker": 1}},
+    {"address": "10.0.0.3", "roles": {"evaluator": 1}},
+]
+
+
+def supervise(scripts, hosts, strategy="multi_worker_mirrored", **sections):
+    loaded, plan = make_plan(hosts=hosts, tensorflow={"strategy": strategy}, **sections)
+    backend = FakeBackend(scripts)
+    rec = Recorder()
+    sup = Supervisor(loaded.spec, plan, backend, attempt=0, bus=EventBus([rec]), logs=rec, heartbeats=rec,
+                     interrupt=Interrupt())  # fmt: skip
+    try:
+        res = sup.run()
+    finally:
+        backend.close()
+    return res, rec, backend
+
+
+def killed(n: FakeNode) -> None:
+    """Starts, runs a little, then dies of SIGKILL (not from us)."""
+    n.hello()
+    n.wait_for(p.Go)
+    n.send(p.Spawned(pid=77))
+    n.heartbeat(state="running")
+    time.sleep(0.1)
+    n.exited(None, signal=9, signal_name="SIGKILL")
+
+
+def first_time(script, then=obedient):
+    """``script`` for the first incarnation, ``then`` for every restart."""
+    calls = []
+
+    def run(n: FakeNode) -> None:
+        calls.append(n)
+        (script if len(calls) == 1 else then)(n)
+
+    return run
+
+
+def test_the_table_covers_every_role_each_strategy_allows():
+    from orchestrator.spec.roles import ALLOWED
+
+    assert {s: set(r) for s, r in RULES.items()} == {s: set(r) for s, r in ALLOWED.items()}
+    assert rule_of("parameter_server", "worker:3").on_failure == "restart"
+    assert rule_of("parameter_server", "ps:0").on_failure == "teardown"
+    assert rule_of("multi_worker_mirrored", "evaluator:0").on_failure == "report"
+
+
+def test_ps_worker_killed_is_restarted_in_place_and_the_job_succeeds_when_the_chief_ends():
+    scripts = {"chief:0": healthy(1.0), "worker:1": first_time(killed)}
+    res, rec, backend = supervise(scripts, PS_HOSTS, "parameter_server")
+    assert res.state == JobState.SUCCEEDED and res.root_cause is None
+    (rf,) = rec.kinds("role_failure")
+    assert (rf.task, rf.role, rf.kind, rf.action, rf.restarts) == ("worker:1", "worker", "signal", "restart", 1)
+    again = [n for n in backend.history if n.task == "worker:1"]
+    assert len(again) == 2 and again[1].config.remote_dir.endswith("attempt-0-restart-1")
+    assert any(isinstance(c, p.Go) for c in again[1].received)  # the go as soon as it said hello
+    (end,) = rec.kinds("training_ended")
+    assert end.stopping == 3
+    states = {t: r.state for t, r in res.tasks.items()}
+    assert states == {"chief:0": TaskState.SUCCEEDED, "worker:0": TaskState.STOPPED,
+                      "worker:1": TaskState.STOPPED, "ps:0": TaskState.STOPPED}  # fmt: skip
+
+
+def test_ps_killed_tears_the_job_down_with_the_ps_as_root_cause():
+    res, rec, _ = supervise({"chief:0": obedient, "ps:0": killed}, PS_HOSTS, "parameter_server")
+    assert res.state == JobState.FAILED
+    assert (res.root_cause.task, res.root_cause.kind, res.root_cause.signal) == ("ps:0", "signal", "SIGKILL")
+    assert not rec.kinds("role_failure") and not rec.kinds("training_ended")
+
+
+def test_a_worker_past_its_restart_budget_fails_the_job():
+    res, rec, backend = supervise({"chief:0": obedient, "worker:0": killed}, PS_HOSTS, "parameter_server",
+                                  restart={"max_task_restarts": 1})  # fmt: skip
+    assert res.state == JobState.FAILED and res.root_cause.task == "worker:0"
+    assert "restarted 1 time(s) already: restart.max_task_restarts 1" in res.root_cause.message
+    assert [e.restarts for e in rec.kinds("role_failure")] == [1]
+    assert len([n for n in backend.history if n.task == "worker:0"]) == 2
+
+
+def test_a_stopped_ps_worker_is_stopped_and_restarted():
+    def sigstopped(n: FakeNode) -> None:
+        n.hello()
+        n.wait_for(p.Go)
+        n.send(p.Spawned(pid=5))
+        n.run_until_stopped(state="stopped")
+
+    res, rec, backend = supervise({"chief:0": healthy(1.5), "worker:0": first_time(sigstopped)}, PS_HOSTS,
+                                  "parameter_server")  # fmt: skip
+    assert res.state == JobState.SUCCEEDED
+    (rf,) = rec.kinds("role_failure")
+    assert (rf.task, rf.kind, rf.action) == ("worker:0", "hung", "restart")
+    first = next(n for n in backend.history if n.task == "worker:0")
+    assert any(isinstance(c, p.Stop) for c in first.received) or first.eof  # told to stop, its channel closed
+
+
+def test_the_evaluator_never_holds_the_go_and_its_failure_is_only_reported():
+    def late_and_failing(n: FakeNode) -> None:
+        time.sleep(0.4)
+        n.hello()
+        n.wait_for(p.Go)
+        n.send(p.Spawned(pid=9))
+        n.exited(1, error="evaluator crashed")
+
+    scripts = {"worker:0": healthy(1.0), "worker:1": healthy(1.0), "evaluator:0": late_and_failing}
+    res, rec, _ = supervise(scripts, EVAL_HOSTS)
+    assert res.state == JobState.SUCCEEDED and res.root_cause is None
+    (rf,) = rec.kinds("role_failure")
+    assert (rf.task, rf.kind, rf.action) == ("evaluator:0", "exit", "report")
+    assert res.tasks["evaluator:0"].state == TaskState.FAILED
+    spawned = [e.task for e in rec.kinds("task_spawned")]
+    ready = [e.task for e in rec.kinds("task_ready")]
+    assert ready.index("evaluator:0") == 2 and spawned.index("evaluator:0") == 2  # the workers went first
+
+
+def test_the_evaluator_is_not_judged_as_a_worker_and_is_stopped_when_training_ends():
+    def evaluates(n: FakeNode) -> None:  # never reports a step, a strategy or a TF server
+        n.hello()
+        n.wait_for(p.Go)
+        n.send(p.Spawned(pid=9))
+        n.run_until_stopped()
+        n.exited(None, signal=15, signal_name="SIGTERM", stopped=True)
+
+    scripts = {"worker:0": healthy(1.2), "worker:1": healthy(1.2), "evaluator:0": evaluates}
+    res, rec, _ = supervise(scripts, EVAL_HOSTS, job={"startup_timeout_s": 0.5})
+    assert res.state == JobState.SUCCEEDED, res.root_cause
+    assert not rec.kinds("startup_timeout")
+    (end,) = rec.kinds("training_ended")
+    assert end.stopping == 1 and "evaluator:0" in end.message
+    assert res.tasks["evaluator:0"].state == TaskState.STOPPED
+
+
+def test_a_restarted_worker_has_the_startup_deadline_to_say_hello():
+    def slow_start(n: FakeNode) -> None:
+        time.sleep(1.5)  # past heartbeat.timeout_s (1.0), within job.startup_timeout_s (5)
+        obedient(n)
+
+    res, rec, backend = supervise({"chief:0": healthy(3.0), "worker:1": first_time(killed, then=slow_start)},
+                                  PS_HOSTS, "parameter_server")  # fmt: skip
+    assert res.state == JobState.SUCCEEDED, res.root_cause
+    assert [e.restarts for e in rec.kinds("role_failure")] == [1] and not rec.kinds("worker_lost")
+    assert len([n for n in backend.history if n.task == "worker:1"]) == 2
