@@ -245,7 +245,9 @@ class ProbeServer:
                 if head.get("op") == "probe":
                     _serve_probe(conn)
                 elif head.get("op") == "report" and self.coordinator is not None:
-                    pairs = self.coordinator.report(int(head["rank"]), int(head["round"]), list(head["links"]), self.timeout_s)
+                    pairs = self.coordinator.report(
+                        int(head["rank"]), int(head["round"]), list(head["links"]), self.timeout_s
+                    )
                     _send_line(conn, {"pairs": pairs})
                     _recv_exact(conn, 1)  # the client closes first (its side keeps the TIME_WAIT)
         except (OSError, LinkError, ValueError, KeyError, TypeError) as exc:
@@ -263,7 +265,9 @@ class ProbeServer:
         self._thread.join(timeout=5)
 
 
-def _report(coord: tuple[str, int], rank: int, round_no: int, links: list[dict[str, Any]], timeout_s: float) -> list[tuple[int, int]]:
+def _report(
+    coord: tuple[str, int], rank: int, round_no: int, links: list[dict[str, Any]], timeout_s: float
+) -> list[tuple[int, int]]:
     with socket.create_connection(coord, timeout=timeout_s) as sock:
         _send_line(sock, {"op": "report", "rank": rank, "round": round_no, "links": links})
         answer = _recv_line(sock)
@@ -297,7 +301,9 @@ def link_rounds(peers: Sequence[tuple[str, str, int]], rank: int, deadline: floa
                     figures = _retrying(lambda addr=addr, port=port: probe(addr, port, min(left(), 30.0)), left)
                     links.append({"a": peers[a][0], "b": peers[b][0], "ra": a, "rb": b, "round": round_no, **figures})
             mine += links
-            pairs = _retrying(lambda: _report((peers[0][1], peers[0][2]), rank, round_no, links, left()), left)
+            pairs = _retrying(
+                lambda r=round_no, ls=links: _report((peers[0][1], peers[0][2]), rank, r, ls, left()), left
+            )
             if not pairs:
                 return mine
             round_no += 1

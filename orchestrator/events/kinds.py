@@ -15,6 +15,7 @@ from worker_entry.protocol import spec
 
 from .base import COUNT, MANY, TEXT, BaseEvent, failure_or_none, gpu_models
 from .verdicts import (
+    CheckFinding,
     GpuProblemFound,
     JobStalled,
     StartupTimeout,
@@ -343,7 +344,7 @@ EVENT_TYPES: dict[str, type[BaseEvent]] = {
         WorkerLost, WorkerHung, JobStalled, StartupTimeout, Straggler, StragglerCleared, WorkerSlowing, GpuProblemFound,
         Interrupted, Detached, BoundReached, Teardown, AttemptFinished, TrainingCompleted, Restart, GatherStarted,
         GatherFinished,
-        GatherFailed, JobFinished, SlurmAllocation, Requeued,
+        GatherFailed, JobFinished, SlurmAllocation, Requeued, CheckFinding,
     )
 }  # fmt: skip
 EVENT_KINDS = frozenset(EVENT_TYPES)
