@@ -379,6 +379,22 @@ class Testbed:
             raise TestbedError("cut()/restore() need netns mode (loopback hosts share one stack)")
         _run(["ip", "-n", h.netns, "link", "set", "eth0", state])
 
+    def rate_limit(self, host: TestHost | str | int, rate: str = "50mbit", burst: str = "64kb", latency: str = "50ms") -> None:
+        """Shape what the host sends (netns mode): ``tc qdisc add dev eth0 root tbf`` on the host side of
+        its veth, in its namespace (netem is not available here; tbf is). Undone by ``unlimit`` or stop()."""
+        self._require_running()
+        h = self._host(host)
+        if h.netns is None:
+            raise TestbedError("rate_limit() needs netns mode (loopback hosts share one stack)")
+        _run(["tc", "-n", h.netns, "qdisc", "replace", "dev", "eth0", "root", "tbf",
+              "rate", rate, "burst", burst, "latency", latency])  # fmt: skip
+
+    def unlimit(self, host: TestHost | str | int) -> None:
+        """Remove rate_limit()'s qdisc (the default one comes back)."""
+        h = self._host(host)
+        if h.netns is not None:
+            _run(["tc", "-n", h.netns, "qdisc", "del", "dev", "eth0", "root"])
+
     def exec_on_host(self, host: TestHost | str | int, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess:
         """Run `argv` "on" the host without SSH: inside its namespace with its hostname in netns
         mode, plainly in loopback mode; with the host's env marker either way. Defaults to
