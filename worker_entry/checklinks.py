@@ -106,6 +106,7 @@ def _serve_probe(sock: socket.socket) -> None:
             (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
             _send_payload(sock, min(n, MAX_BYTES))
         elif op == b"q":
+            sock.recv(1)  # the client closes first: the TIME_WAIT stays on its side, not on our TF port
             return
         else:
             raise LinkError(f"unknown probe op {op!r}")
