@@ -83,7 +83,7 @@ def test_rate_limited_link_is_named_slow_link_and_launch_refuses(bed, tmp_path):
         run = tmp_path / "launch"
         launched = run_cli("launch", str(spec), "--check", "--run-dir", str(run), "--no-live", tb=bed, timeout=300)
     finally:
-        bed.unlimit(2)
+        bed.rate_limit(2, None)
     assert launched.returncode == EXIT_CHECK_FINDINGS, (launched.returncode, launched.stderr[-3000:])
     assert "not starting" in launched.stderr and not run.exists()
     events = [e for e in read_events(tmp_path / "launch-check") if e["event"] == "check_finding"]

@@ -30,7 +30,7 @@ from . import base
 from .base import TestbedError, TestHost
 from .hostprocs import _processes_by_host
 from .keys import _generate_keys, _write_known_hosts
-from .net import _create_network, _plan_hosts, _run, netns_available
+from .net import _create_network, _plan_hosts, _run, netns_available, tbf_argv
 from .procs import _alive, _ident
 from .spec import _spec_dict
 from .sshd import _check_prerequisites, _kill_tree, _listener_alive, _split_tree, _Sshd, _Sshds
@@ -379,21 +379,15 @@ class Testbed:
             raise TestbedError("cut()/restore() need netns mode (loopback hosts share one stack)")
         _run(["ip", "-n", h.netns, "link", "set", "eth0", state])
 
-    def rate_limit(self, host: TestHost | str | int, rate: str = "50mbit", burst: str = "64kb", latency: str = "50ms") -> None:
-        """Shape what the host sends (netns mode): ``tc qdisc add dev eth0 root tbf`` on the host side of
-        its veth, in its namespace (netem is not available here; tbf is). Undone by ``unlimit`` or stop()."""
-        self._require_running()
+    def rate_limit(
+        self, host: TestHost | str | int, rate: str | None = "50mbit", burst: str = "64kb", latency: str = "50ms"
+    ) -> None:
+        """Shape what the host sends (netns mode): `tc tbf` on eth0, the host side of its veth, in its
+        namespace (netem is not available here; tbf is). ``rate=None`` removes it."""
         h = self._host(host)
         if h.netns is None:
             raise TestbedError("rate_limit() needs netns mode (loopback hosts share one stack)")
-        _run(["tc", "-n", h.netns, "qdisc", "replace", "dev", "eth0", "root", "tbf",
-              "rate", rate, "burst", burst, "latency", latency])  # fmt: skip
-
-    def unlimit(self, host: TestHost | str | int) -> None:
-        """Remove rate_limit()'s qdisc (the default one comes back)."""
-        h = self._host(host)
-        if h.netns is not None:
-            _run(["tc", "-n", h.netns, "qdisc", "del", "dev", "eth0", "root"])
+        _run(tbf_argv(h.netns, rate, burst, latency))
 
     def exec_on_host(self, host: TestHost | str | int, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess:
         """Run `argv` "on" the host without SSH: inside its namespace with its hostname in netns
