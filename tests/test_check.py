@@ -143,9 +143,11 @@ def test_link_rounds_on_loopback_measure_every_pair_and_free_the_ports():
     links = sorted((x["a"], x["b"]) for ls in found.values() for x in ls)
     assert links == [("worker:0", "worker:1"), ("worker:0", "worker:2"), ("worker:1", "worker:2")]
     assert all(x["bandwidth_Bps"] > 0 and 0 < x["latency_s"] < 1 for ls in found.values() for x in ls)
-    for _, _, port in peers:  # TensorFlow binds the same port next
+    for _, _, port in peers:  # TensorFlow's gRPC server binds the same port next (SO_REUSEADDR, as gRPC does)
         with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("", port))
+            s.listen(1)
 
 
 def test_node_line_and_tf_config():

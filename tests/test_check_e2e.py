@@ -59,13 +59,13 @@ def test_cpu_quota_host_is_named_slow_host(bed, tmp_path):
     if cpu_cgroup() is None:
         pytest.skip("no writable CPU cgroup (v1 cpu.cfs_quota_us or v2 cpu.max) on this machine")
     slow = bed.hosts[1].address
-    with cpu_quota(0.2, "tfcluster-check-e2e") as cg:
+    with cpu_quota(0.1, "tfcluster-check-e2e") as cg:
         (cg / "cgroup.procs").write_text(str(bed.sshd_pid(1)))  # what its sshd starts inherits the quota
         out, check = _check(bed, _spec(bed, tmp_path), tmp_path / "run")
     assert out.returncode == EXIT_CHECK_FINDINGS, (out.returncode, out.stderr[-3000:])
     named = [(f["code"], f["subject"]) for f in check["findings"]]
     assert named == [("slow_host", slow)], check["findings"]
-    assert check["findings"][0]["figure"] < 0.6 * check["findings"][0]["median"]
+    assert check["findings"][0]["figure"] < 0.5 * check["findings"][0]["median"]
     assert_no_job_processes(bed, 10)
 
 

@@ -6,7 +6,8 @@ task's log (``orchestrator.job.check``):
 
 1. the link rounds (``checklinks``: stdlib TCP on this task's TF port, before TensorFlow binds it);
 2. the compute benchmark: a chain of TensorFlow matmuls for ``--matmul-s`` on every local GPU (float16,
-   4096²; one thread per GPU) or, without one, on the CPU (float32, 512²), started on every host at once
+   4096²; one thread per GPU) or, without one, on the CPU (float32, 512², one intra-op thread), started
+   on every host at once
    (after an all-reduce as a barrier): GFLOP/s, 2·n³ per matmul;
 3. an all-reduce of ``--sizes`` bytes per task with the job's own MWMS (``strategy.make_strategy``: the
    spec's communication, RING/AUTO on CPU, NCCL where it resolves): the mean time per operation after
@@ -31,7 +32,7 @@ from .checklinks import LinkError, link_rounds
 
 PREFIX = "TFCLUSTER_CHECK "
 EXIT_DEADLINE = 3
-WINDOWS = 5
+WINDOWS = 6
 _result: dict[str, Any] = {}
 _lock = threading.Lock()
 
@@ -86,7 +87,7 @@ def matmul_gflops(tf: Any, device: str, seconds: float, gpu: bool) -> float:
         chain(a).numpy()  # warm-up: tracing, allocation
         best, t0 = 0.0, time.perf_counter()
         end = t0 + seconds
-        while True:  # the best of ~5 windows: a host's capacity, not a moment another process took
+        while True:  # the best of WINDOWS windows: a host's capacity, not a moment another process took
             calls, w0 = 0, time.perf_counter()
             while True:
                 chain(a).numpy()
@@ -139,10 +140,14 @@ def allreduce_times(tf: Any, strategy: Any, size_bytes: int, budget_s: float, ma
         strategy.experimental_local_results(step())[0].numpy()
         return time.perf_counter() - t0
 
-    once()
-    times: list[float] = []
-    while len(times) < 2 or (len(times) < max_iters and sum(times) < budget_s):
-        times.append(once())
+    once()  # tracing, the collective group's first round
+    warm = once()
+    # every task must run the same number of collectives: the count comes from the tasks' mean warm-up
+    mean = strategy.experimental_local_results(
+        strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, tf.constant(warm)))
+    )[0].numpy()
+    iters = int(min(max_iters, max(2, budget_s // max(float(mean), 1e-6))))
+    times = [once() for _ in range(iters)]
     return {"bytes": elems * 4, "latency_s": sum(times) / len(times), "iterations": len(times)}
 
 
@@ -152,6 +157,10 @@ def _measure(args: argparse.Namespace) -> None:
 
     from .strategy import make_strategy, strategy_record
 
+    if not tf.config.list_physical_devices("GPU"):
+        # one thread per matmul: a host's CPU rate is then its share of a core (a quota, throttling, steal
+        # show), not the outcome of thread pools spinning against each other on shared cores
+        tf.config.threading.set_intra_op_parallelism_threads(1)
     strategy = make_strategy()
     _result["communication"] = strategy_record(strategy)["communication"]
     allreduce_times(tf, strategy, 4, 0.0, 2)  # a barrier: every host starts its matmuls at once
@@ -165,7 +174,7 @@ def _measure(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m worker_entry.check")
     p.add_argument("--deadline-s", type=float, default=60.0)
-    p.add_argument("--matmul-s", type=float, default=1.0)
+    p.add_argument("--matmul-s", type=float, default=1.5)
     p.add_argument("--sizes", default="65536,4194304", help="all-reduce sizes in bytes per task")
     p.add_argument("--allreduce-s", type=float, default=1.0, help="time budget per size")
     args = p.parse_args(argv)

@@ -226,6 +226,7 @@ class ProbeServer:
         self.sock.bind(("", port))
         self.sock.listen(128)
         self.errors: list[str] = []
+        self._handlers: list[threading.Thread] = []
         self._thread = threading.Thread(target=self._accept, name="check-probe", daemon=True)
         self._thread.start()
 
@@ -235,7 +236,9 @@ class ProbeServer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return  # closed
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+            handler = threading.Thread(target=self._handle, args=(conn,), daemon=True)
+            self._handlers.append(handler)
+            handler.start()
 
     def _handle(self, conn: socket.socket) -> None:
         try:
@@ -264,6 +267,9 @@ class ProbeServer:
             pass
         self.sock.close()
         self._thread.join(timeout=5)
+        deadline = time.monotonic() + 2.0  # the accepted connections too: their clients are done and close
+        for handler in self._handlers:
+            handler.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _report(

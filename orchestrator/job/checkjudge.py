@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-HOST_SCORE_MIN = 0.6
+HOST_SCORE_MIN = 0.5
 LINK_RATIO_MIN = 0.5
 
 #: finding codes (docs/events.md, `check_finding`; README "Checking a cluster")
