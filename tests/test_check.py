@@ -187,3 +187,23 @@ def test_spec_check_section(tmp_path):
         load_spec(str(p))
     fields = {d.field for d in exc.value.problems}
     assert {"check.timeout_s", "check.on_finding"} <= fields, fields
+
+
+def test_without_named_hosts_leaves_them_out_or_refuses(tmp_path):
+    from orchestrator.core.errors import UsageError
+    from orchestrator.job.check import without_hosts
+
+    p = tmp_path / "s.yaml"
+    p.write_text("version: 1\nname: c\nhosts: [{address: h1}, {address: h2}, {address: h3}]\njob: {command: [python, t.py]}\n")
+    loaded = load_spec(str(p))
+    rows = [{"task": f"worker:{i}", "host": f"h{i + 1}"} for i in range(3)]
+    said: list[str] = []
+    host = {"code": "slow_link", "task": "worker:1", "subject": "h2"}
+    kept = without_hosts(loaded, {"hosts": rows, "findings": [host]}, said.append)
+    assert [h.address for h in kept.spec.hosts] == ["h1", "h3"] and "without h2" in said[0]
+    pair = {"code": "slow_link", "task": None, "subject": "h1<->h3"}
+    with pytest.raises(UsageError, match="not one host"):
+        without_hosts(loaded, {"hosts": rows, "findings": [pair]}, said.append)
+    every = [{"code": "no_result", "task": r["task"], "subject": r["host"]} for r in rows]
+    with pytest.raises(UsageError, match="every host"):
+        without_hosts(loaded, {"hosts": rows, "findings": every}, said.append)

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 HOST_SCORE_MIN = 0.5
-LINK_RATIO_MIN = 0.5
+LINK_RATIO_MIN = 0.25
 
 #: finding codes (docs/events.md, `check_finding`; README "Checking a cluster")
 SLOW_HOST = "slow_host"
