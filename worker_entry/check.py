@@ -168,7 +168,22 @@ def _measure(args: argparse.Namespace) -> None:
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     _result["allreduce"] = [allreduce_times(tf, strategy, s, args.allreduce_s) for s in sizes]
     _result["workers"] = strategy.num_replicas_in_sync
-    allreduce_times(tf, strategy, 4, 0.0, 2)  # every task is done before any exits
+    allreduce_times(tf, strategy, 4, 0.0, 2)
+    _done_barrier(args.deadline_s)
+
+
+def _done_barrier(timeout_s: float) -> None:
+    """Exit only when every task is done: a peer pulls its share of the last all-reduce from us
+    (RecvBuf) after our own collective returned, so exiting at once can fail it ("Socket closed").
+    The coordination service's barrier (MWMS configures the service); a short wait without one."""
+    try:
+        from tensorflow.python.eager import context
+
+        context.context().wait_at_barrier("tfcluster_check_done", int(timeout_s * 1000))
+        _result["done_barrier"] = "coordination service"
+    except Exception as exc:
+        _result["done_barrier"] = f"1 s wait ({type(exc).__name__})"
+        time.sleep(1.0)
 
 
 def main(argv: list[str] | None = None) -> int:
