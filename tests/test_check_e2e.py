@@ -6,9 +6,10 @@ the finding in events.jsonl). Nothing of the check is left on any host."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
-from conftest import assert_no_job_processes, read_events, repo_python, run_cli
+from conftest import PY, _env, assert_no_job_processes, read_events, repo_python, run_cli, wait_until
 from cpu_quota import cpu_cgroup, cpu_quota
 from testbed_fixtures import requires_netns
 
@@ -17,13 +18,13 @@ pytestmark = [pytest.mark.e2e, requires_netns]
 EXIT_CHECK_FINDINGS = 6
 
 
-def _spec(tb, tmp_path, **check):
+def _spec(tb, tmp_path, heartbeat_timeout_s=30, **check):
     return tb.write_spec(
         tmp_path / "spec.yaml",
         "checked",
         ["true"],
         job={"python": repo_python(tmp_path), "startup_timeout_s": 120},
-        heartbeat={"interval_s": 1.0, "timeout_s": 30},
+        heartbeat={"interval_s": 1.0, "timeout_s": heartbeat_timeout_s},
         **({"check": check} if check else {}),
     )
 
@@ -89,3 +90,25 @@ def test_rate_limited_link_is_named_slow_link_and_launch_refuses(bed, tmp_path):
     events = [e for e in read_events(tmp_path / "launch-check") if e["event"] == "check_finding"]
     assert [(e["code"], e["subject"]) for e in events] == [("slow_link", slow)], events
     assert_no_job_processes(bed, 10)
+
+
+def test_a_host_cut_off_during_the_check_ends_it_and_is_named(bed, tmp_path):
+    """Never hangs: the host's link goes down once every task runs; the nodes' watchdogs and the
+    launcher's heartbeat timeout end the check, every task without figures is named, nothing stays."""
+    run = tmp_path / "run"
+    spec = _spec(bed, tmp_path, heartbeat_timeout_s=6)
+    argv = [PY, "-m", "orchestrator", "check", str(spec), "--json", "-o", str(run), "--timeout", "20"]
+    proc = bed.run_on_controller(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        wait_until(lambda: run.exists() and sum(e["event"] == "task_spawned" for e in read_events(run)) == 3, 120)
+        bed.cut(1)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        bed.restore(1)
+    assert proc.returncode == EXIT_CHECK_FINDINGS, (proc.returncode, err[-3000:])
+    check = json.loads(out)
+    named = {(f["code"], f["subject"]) for f in check["findings"]}
+    assert ("no_result", bed.hosts[1].address) in named, check["findings"]
+    lost = next(f for f in check["findings"] if f["subject"] == bed.hosts[1].address)
+    assert "no heartbeat" in lost["what"], lost
+    assert_no_job_processes(bed, 30)

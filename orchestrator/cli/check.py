@@ -29,7 +29,7 @@ def _run(loaded: Any, scheduler: Any, timeout: float, run_dir: str, verbose: boo
     if check_new_dir(Path(run_dir)):
         raise UsageError(f"--run-dir {run_dir}: already exists and is not empty; choose another")
     print(
-        f"tfcluster check: {len(loaded.spec.hosts or []) or 'every'} host(s), at most {timeout:g} s; run directory {run_dir}",
+        f"tfcluster check: {len(loaded.spec.hosts or []) or 'all'} hosts, at most {timeout:g} s; run directory {run_dir}",
         file=sys.stderr,
     )
     result, outcome = run_check(

@@ -112,6 +112,10 @@ class CheckScheduling(RunScheduling):
                 results[str(n.task)] = found
         if not results and job.result.failures and not any(f.task for f in job.result.failures):
             return  # nothing started (no host reachable): the run's own failure says why
+        failures = [*job.result.failures, *(f for a in job.result.attempts for f in a.failures)]
+        for f in failures:  # a task without its line: the run's reason (lost, hung, exited)
+            if f.task in hosts and f.task not in results:
+                results[f.task] = {"task": f.task, "error": f"{f.kind}: {f.message}"}
         check = judge(results, hosts)
         check["run_dir"] = str(job.rundir.path)
         check["wall_s"] = round(time.time() - job.result.started_ts, 2)
@@ -139,6 +143,11 @@ def run_check(
     from .job import Job
     from .options import LaunchOptions
 
+    if not scheduler.supervises_here():  # a Slurm login node: the supervisor would run in a batch job
+        raise UsageError(
+            f"{loaded.path}: tfcluster check supervises its tasks from this process; under scheduler: "
+            f"{loaded.spec.scheduler} run it inside an allocation (salloc ... tfcluster check SPEC)"
+        )
     checked = check_spec(loaded, timeout_s)
     plan = scheduler.plan(checked, run_id or f"{loaded.spec.name}-check-{int(time.time())}")
     outcome = CheckOutcome()

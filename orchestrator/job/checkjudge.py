@@ -52,7 +52,7 @@ def judge(results: Mapping[str, Mapping[str, Any]], hosts: Mapping[str, str]) ->
     for task, host in hosts.items():
         r = results.get(task)
         if r is None or r.get("error") or r.get("gflops") is None:
-            why = (r or {}).get("error") or "no result from this task (it did not start, or its check failed)"
+            why = (r or {}).get("error") or "no result from this task (it did not start, was stopped with the others, or its check failed)"
             findings.append(_finding(NO_RESULT, f"no figures from {host} ({task}): {why}", host, None, None, task))
     # --- links: every client's measurements, by host ---------------------------------------------
     links = []
