@@ -36,12 +36,12 @@ ORCHESTRATOR_LAYERS = [
 WORKER_ENTRY_LAYERS = [
     ["protocol"],
     ["nvml", "hoststats"],
-    ["progress", "sysinfo", "gpuowner", "files", "writer", "relay", "child", "trace_events", "stampring", "devsync", "hostlist", "sweep"],
+    ["progress", "sysinfo", "gpuowner", "files", "writer", "relay", "child", "trace_events", "stampring", "devsync", "hostlist", "sweep", "checklinks"],
     ["output", "handover", "profiling", "strategy", "stepclock"],
     ["runner", "stampreader"],
     ["stamps", "connect", "kubernetes"],
     ["collectives", "keras_callback", "slurm"],
-    ["instrument", "examples", "_site"],
+    ["instrument", "examples", "_site", "check"],
     ["__main__"],
 ]
 MAX_LINES = 420

@@ -30,7 +30,7 @@ from . import base
 from .base import TestbedError, TestHost
 from .hostprocs import _processes_by_host
 from .keys import _generate_keys, _write_known_hosts
-from .net import _create_network, _plan_hosts, _run, netns_available
+from .net import _create_network, _plan_hosts, _run, netns_available, tbf_argv
 from .procs import _alive, _ident
 from .spec import _spec_dict
 from .sshd import _check_prerequisites, _kill_tree, _listener_alive, _split_tree, _Sshd, _Sshds
@@ -378,6 +378,16 @@ class Testbed:
         if h.netns is None:
             raise TestbedError("cut()/restore() need netns mode (loopback hosts share one stack)")
         _run(["ip", "-n", h.netns, "link", "set", "eth0", state])
+
+    def rate_limit(
+        self, host: TestHost | str | int, rate: str | None = "50mbit", burst: str = "64kb", latency: str = "50ms"
+    ) -> None:
+        """Shape what the host sends (netns mode): `tc tbf` on eth0, the host side of its veth, in its
+        namespace (netem is not available here; tbf is). ``rate=None`` removes it."""
+        h = self._host(host)
+        if h.netns is None:
+            raise TestbedError("rate_limit() needs netns mode (loopback hosts share one stack)")
+        _run(tbf_argv(h.netns, rate, burst, latency))
 
     def exec_on_host(self, host: TestHost | str | int, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess:
         """Run `argv` "on" the host without SSH: inside its namespace with its hostname in netns

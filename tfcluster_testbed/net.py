@@ -48,6 +48,14 @@ def _run(argv: Sequence[str], *, input: str | None = None, timeout: float = 30) 
     return r.stdout
 
 
+def tbf_argv(netns: str, rate: str | None, burst: str, latency: str) -> list[str]:
+    """``tc`` shaping (or, with ``rate`` None, unshaping) what a namespace host sends on its eth0."""
+    if rate is None:
+        return ["tc", "-n", netns, "qdisc", "del", "dev", "eth0", "root"]
+    shape = ["tbf", "rate", rate, "burst", burst, "latency", latency]
+    return ["tc", "-n", netns, "qdisc", "replace", "dev", "eth0", "root", *shape]
+
+
 def _port_free(port: int) -> bool:
     """Whether a server could bind ``*:port`` (IPv4 and, when available, IPv6) right now."""
     families = [(socket.AF_INET, "0.0.0.0")]

@@ -103,6 +103,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
     run_id = args.detached_run_id or _run_id_from_dir(args.run_dir)
     loaded, plan = load_plan(args.spec, run_id, command)
     scheduler = scheduler_for(loaded.spec)
+    if args.check:  # the check first (cli/check.py): refuses (exit 6), or leaves named hosts out
+        from .check import check_before_launch
+
+        checked = check_before_launch(args, loaded, scheduler)
+        if checked is not loaded:
+            loaded, plan = checked, scheduler.plan(checked, plan.run_id)
     opts = LaunchOptions(
         run_dir=args.run_dir,
         preflight=not args.no_preflight,

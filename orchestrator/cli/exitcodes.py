@@ -6,12 +6,13 @@
   3   the job failed (a worker failed, was lost or hung, or did not start in time)
   4   connection, start or preflight failure (nothing ran)
   5   the job succeeded but gathering logs/checkpoints failed verification
+  6   `tfcluster check` named a slow host, GPU or link (or a host without figures); `launch --check` refused
   130 / 143 interrupted by SIGINT (Ctrl-C) / SIGTERM (or `tfcluster stop`); SIGHUP does not stop a job
 """
 
 from __future__ import annotations
 
-from ..core.errors import ConnectError, GatherError, PreflightError, SpecError, TfclusterError, UsageError
+from ..core.errors import CheckRefused, ConnectError, GatherError, PreflightError, SpecError, TfclusterError, UsageError
 from ..core.result import RunResult
 from ..core.states import JobState, interrupted_state
 
@@ -21,6 +22,7 @@ EXIT_USAGE = 2
 EXIT_JOB_FAILED = 3
 EXIT_CONNECT = 4
 EXIT_GATHER = 5
+EXIT_CHECK_FINDINGS = 6
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 
@@ -30,6 +32,7 @@ ERROR_EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (ConnectError, EXIT_CONNECT),
     (PreflightError, EXIT_CONNECT),
     (GatherError, EXIT_GATHER),
+    (CheckRefused, EXIT_CHECK_FINDINGS),
     (TfclusterError, EXIT_USAGE),
 ]
 
@@ -70,3 +73,12 @@ def exit_code_for_sweep(states: list[str], interrupted: bool) -> int:
         if code != EXIT_OK:
             return code
     return EXIT_SIGINT if interrupted or not states else EXIT_OK
+
+
+def exit_code_for_check(state: str, findings: int) -> int:
+    """`tfcluster check`: the check's own run failing (unreachable host, interrupted) wins; then 6 when
+    it named anything, else 0. A task that failed without figures is a finding (``no_result``)."""
+    code = exit_code_for_state(state)
+    if code in (EXIT_CONNECT, EXIT_SIGINT, EXIT_SIGTERM) or (code != EXIT_OK and not findings):
+        return code
+    return EXIT_CHECK_FINDINGS if findings else EXIT_OK

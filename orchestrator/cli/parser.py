@@ -6,6 +6,7 @@ import argparse
 import textwrap
 
 from . import analysis as a
+from . import check as ck
 from . import commands as c
 
 
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
               tfcluster report resnet-4x8 --html     # why it does (not) scale, with pictures
               tfcluster scale cluster.yaml --workers 1,2,4   # measure it at several sizes
             exit codes: 0 ok, 2 bad spec/usage, 3 job failed, 4 connection/preflight failed,
-                        5 gather failed, 130/143 interrupted, 1 internal error"""
+                        5 gather failed, 6 check named a host/link, 130/143 interrupted, 1 internal error"""
         ),
         formatter_class=_Formatter,
     )
@@ -136,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="write tfcluster's TensorBoard scalars under DIR/tfcluster/<run id>/ (your own log dir) instead of "
         "RUN/tensorboard/ (see tensorboard: in the spec)",
     )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="run `tfcluster check` first (in RUN-check); refuse to start when it names a host or link (exit 6), "
+        "or start without them when the spec's check.without_named_hosts allows it",
+    )
     p.add_argument("--detached-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--detached-run-id", help=argparse.SUPPRESS)  # the parent's run id: one plan, one id
     p.set_defaults(func=c.cmd_launch, cmd=[], quick_exit=True)
@@ -204,6 +211,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=c.cmd_preflight)
+
+    p = _cmd(
+        sub,
+        "check",
+        "Check the cluster before training on it: a matmul benchmark per host (vs the median host), link latency "
+        "and bandwidth per host pair, an all-reduce with the job's own MWMS; names slow hosts, GPUs and links.",
+        "tfcluster check cluster.yaml\ntfcluster check cluster.yaml --json --timeout 45 -o runs/check1",
+    )
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--json", action="store_true", help="print check.json on stdout instead of the tables")
+    p.add_argument("--run-dir", "-o", help="run directory (default: ./runs/check-NAME-<UTC timestamp>)")
+    p.add_argument("--timeout", type=float, metavar="S", help="end the check within S seconds (default: check.timeout_s)")
+    p.add_argument("--verbose", "-v", action="store_true", help="print the nodes' output (it is stored anyway)")
+    p.set_defaults(func=ck.cmd_check, quick_exit=True)
 
     p = _cmd(
         sub,

@@ -53,5 +53,9 @@ class GatherError(TfclusterError):
     """Files could not be gathered or did not verify."""
 
 
+class CheckRefused(TfclusterError):
+    """`launch --check`: the check named hosts, GPUs or links and the spec does not allow leaving them out."""
+
+
 class RunNotFound(UsageError):
     """A run directory or job name given to logs/status/stop does not exist."""

@@ -15,6 +15,7 @@ from worker_entry.protocol import spec
 
 from .base import COUNT, MANY, TEXT, BaseEvent, failure_or_none, gpu_models
 from .verdicts import (
+    CheckFinding,
     GpuProblemFound,
     JobStalled,
     StartupTimeout,
@@ -369,7 +370,7 @@ EVENT_TYPES: dict[str, type[BaseEvent]] = {
         Interrupted, Detached, BoundReached, Teardown, AttemptFinished, TrainingCompleted, RoleFailure, TrainingEnded,
         Restart, GatherStarted,
         GatherFinished,
-        GatherFailed, JobFinished, SlurmAllocation, Requeued,
+        GatherFailed, JobFinished, SlurmAllocation, Requeued, CheckFinding,
     )
 }  # fmt: skip
 EVENT_KINDS = frozenset(EVENT_TYPES)

@@ -99,3 +99,16 @@ class GpuProblemFound(BaseEvent):
     problem: str
     model: str | None
     reading: dict[str, Any] = field(metadata=MANY)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckFinding(BaseEvent):
+    """`launch --check` named something before the job starts (``job.checkjudge``): ``code`` ``slow_host``,
+    ``slow_gpu``, ``slow_link`` or ``no_result``; ``figure`` against the ``median`` (GFLOP/s or bytes/s)."""
+
+    KIND: ClassVar[str] = "check_finding"
+    message: str = field(metadata=TEXT)
+    code: str
+    subject: str
+    figure: float | None = field(metadata=COUNT)
+    median: float | None = field(metadata=COUNT)

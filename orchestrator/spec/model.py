@@ -339,6 +339,20 @@ class TensorboardSpec(_Model):
     )
 
 
+class CheckSpec(_Model):
+    """`tfcluster check` and `launch --check`: every host's compute, the links and the all-reduce, measured."""
+
+    timeout_s: PosFloat = Field(
+        60.0, description="The whole check ends within this time (`check --timeout` overrides it); a task "
+        "without figures by then is named (no_result)."
+    )
+    without_named_hosts: bool = Field(
+        False,
+        description="launch --check when the check names hosts: true starts the job on the remaining hosts "
+        "(scheduler ssh only); false refuses to start (exit code 6).",
+    )
+
+
 class ClusterSpec(_Model):
     """A tfcluster cluster spec: where to run, what to run, and how to supervise it."""
 
@@ -382,6 +396,7 @@ class ClusterSpec(_Model):
     restart: RestartSpec = Field(default_factory=RestartSpec)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     tensorboard: TensorboardSpec = Field(default_factory=TensorboardSpec)
+    check: CheckSpec = Field(default_factory=CheckSpec)
 
     @field_validator("name", mode="before")
     @classmethod

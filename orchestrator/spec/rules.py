@@ -129,6 +129,13 @@ def cross_field_problems(data: dict, filename: str, positions: Positions) -> lis
             "warning",
         )
 
+    if _get(_get(data, "check", {}), "without_named_hosts") is True and _get(data, "scheduler", "ssh") != "ssh":
+        add(
+            ("check", "without_named_hosts"),
+            "leaving named hosts out needs a hosts: list (scheduler: ssh); under this scheduler launch --check "
+            "refuses to start instead (set false)",
+        )
+
     comm = _get(tf, "communication", "auto")
     if comm == "nccl" and gpu_counts and all(g == 0 for _, g in gpu_counts):
         add(

@@ -1,0 +1,114 @@
+"""`tfcluster check` end to end on the namespace test bed (3 hosts, real sshd, real TensorFlow): a healthy
+bed names nothing; a host under a CPU quota is named as the slow host; a host whose link is shaped with
+`tc tbf` is named as the slow link, not as a slow host; `launch --check` refuses to start on it (exit 6,
+the finding in events.jsonl). Nothing of the check is left on any host."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from conftest import PY, _env, assert_no_job_processes, read_events, repo_python, run_cli, wait_until
+from cpu_quota import cpu_cgroup, cpu_quota
+from testbed_fixtures import requires_netns
+
+pytestmark = [pytest.mark.e2e, requires_netns]
+
+EXIT_CHECK_FINDINGS = 6
+
+
+def _spec(tb, tmp_path, heartbeat_timeout_s=30, **check):
+    return tb.write_spec(
+        tmp_path / "spec.yaml",
+        "checked",
+        ["true"],
+        job={"python": repo_python(tmp_path), "startup_timeout_s": 120},
+        heartbeat={"interval_s": 1.0, "timeout_s": heartbeat_timeout_s},
+        **({"check": check} if check else {}),
+    )
+
+
+def _check(tb, spec, run_dir, timeout="90"):
+    out = run_cli("check", str(spec), "--json", "-o", str(run_dir), "--timeout", timeout, tb=tb, timeout=300)
+    check = json.loads(out.stdout) if out.stdout.strip() else None
+    return out, check
+
+
+@pytest.fixture(scope="module")
+def bed(session_testbed_factory):
+    return session_testbed_factory(3, mode="netns")
+
+
+def test_healthy_bed_names_nothing(bed, tmp_path):
+    out, check = _check(bed, _spec(bed, tmp_path), tmp_path / "run")
+    assert out.returncode == 0, (out.returncode, out.stderr[-3000:], check and check["findings"])
+    assert check == json.loads((tmp_path / "run" / "check.json").read_text())
+    assert [h["host"] for h in check["hosts"]] == [h.address for h in bed.hosts]
+    assert all(h["gflops"] > 0 and h["device"] == "CPU" for h in check["hosts"]), check["hosts"]
+    assert len(check["links"]) == 3 and all(x["bandwidth_Bps"] > 0 and x["latency_s"] > 0 for x in check["links"])
+    assert [a["bytes"] for a in check["allreduce"]] == [65536, 4194304]
+    for a in check["allreduce"]:
+        assert a["communication"] == "ring" and a["ranks"] == 3
+        assert a["busbw_GBps"] == pytest.approx(a["algbw_GBps"] * 4 / 3)
+    assert check["network"]["bandwidth_Bps"] == min(x["bandwidth_Bps"] for x in check["links"])
+    assert check["findings"] == []
+    assert_no_job_processes(bed, 10)
+
+
+def test_cpu_quota_host_is_named_slow_host(bed, tmp_path):
+    if cpu_cgroup() is None:
+        pytest.skip("no writable CPU cgroup (v1 cpu.cfs_quota_us or v2 cpu.max) on this machine")
+    slow = bed.hosts[1].address
+    with cpu_quota(0.1, "tfcluster-check-e2e") as cg:
+        (cg / "cgroup.procs").write_text(str(bed.sshd_pid(1)))  # what its sshd starts inherits the quota
+        out, check = _check(bed, _spec(bed, tmp_path), tmp_path / "run")
+    assert out.returncode == EXIT_CHECK_FINDINGS, (out.returncode, out.stderr[-3000:])
+    named = [(f["code"], f["subject"]) for f in check["findings"]]
+    assert named == [("slow_host", slow)], check["findings"]
+    assert check["findings"][0]["figure"] < 0.5 * check["findings"][0]["median"]
+    assert_no_job_processes(bed, 10)
+
+
+def test_rate_limited_link_is_named_slow_link_and_launch_refuses(bed, tmp_path):
+    slow = bed.hosts[2].address
+    bed.rate_limit(2, rate="40mbit", burst="32kb", latency="100ms")
+    try:
+        out, check = _check(bed, _spec(bed, tmp_path), tmp_path / "run")
+        assert out.returncode == EXIT_CHECK_FINDINGS, (out.returncode, out.stderr[-3000:])
+        named = [(f["code"], f["subject"]) for f in check["findings"]]
+        assert named == [("slow_link", slow)], check["findings"]  # a slow link, not a slow host
+        assert check["findings"][0]["figure"] < 10e6  # 40 Mbit/s = 5 MB/s, against GB/s on the other links
+        # launch --check: the same finding, as an event, and the job does not start
+        spec = _spec(bed, tmp_path)
+        run = tmp_path / "launch"
+        launched = run_cli("launch", str(spec), "--check", "--run-dir", str(run), "--no-live", tb=bed, timeout=300)
+    finally:
+        bed.rate_limit(2, None)
+    assert launched.returncode == EXIT_CHECK_FINDINGS, (launched.returncode, launched.stderr[-3000:])
+    assert "not starting" in launched.stderr and not run.exists()
+    events = [e for e in read_events(tmp_path / "launch-check") if e["event"] == "check_finding"]
+    assert [(e["code"], e["subject"]) for e in events] == [("slow_link", slow)], events
+    assert_no_job_processes(bed, 10)
+
+
+def test_a_host_cut_off_during_the_check_ends_it_and_is_named(bed, tmp_path):
+    """Never hangs: the host's link goes down once every task runs; the nodes' watchdogs and the
+    launcher's heartbeat timeout end the check, every task without figures is named, nothing stays."""
+    run = tmp_path / "run"
+    spec = _spec(bed, tmp_path, heartbeat_timeout_s=6)
+    argv = [PY, "-m", "orchestrator", "check", str(spec), "--json", "-o", str(run), "--timeout", "20"]
+    proc = bed.run_on_controller(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        wait_until(lambda: run.exists() and sum(e["event"] == "task_spawned" for e in read_events(run)) == 3, 120)
+        bed.cut(1)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        bed.restore(1)
+    assert proc.returncode == EXIT_CHECK_FINDINGS, (proc.returncode, err[-3000:])
+    check = json.loads(out)
+    named = {(f["code"], f["subject"]) for f in check["findings"]}
+    assert ("no_result", bed.hosts[1].address) in named, check["findings"]
+    lost = next(f for f in check["findings"] if f["subject"] == bed.hosts[1].address)
+    assert "no heartbeat" in lost["what"], lost
+    assert_no_job_processes(bed, 30)
