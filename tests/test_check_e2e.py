@@ -1,7 +1,8 @@
 """`tfcluster check` end to end on the namespace test bed (3 hosts, real sshd, real TensorFlow): a healthy
 bed names nothing; a host under a CPU quota is named as the slow host; a host whose link is shaped with
 `tc tbf` is named as the slow link, not as a slow host; `launch --check` refuses to start on it (exit 6,
-the finding in events.jsonl). Nothing of the check is left on any host."""
+the finding in events.jsonl), or starts without the named host where the spec allows it (the finding in
+the launch's own events.jsonl). Nothing of the check is left on any host."""
 
 from __future__ import annotations
 
@@ -63,10 +64,22 @@ def test_cpu_quota_host_is_named_slow_host(bed, tmp_path):
     with cpu_quota(0.1, "tfcluster-check-e2e") as cg:
         (cg / "cgroup.procs").write_text(str(bed.sshd_pid(1)))  # what its sshd starts inherits the quota
         out, check = _check(bed, _spec(bed, tmp_path), tmp_path / "run")
+        # launch --check with check.without_named_hosts: the job starts on the other two hosts, and its
+        # own events.jsonl says what was left out and why
+        run = tmp_path / "launch"
+        spec = _spec(bed, tmp_path, without_named_hosts=True)
+        launched = run_cli("launch", str(spec), "--check", "--run-dir", str(run), "--no-live", "-q", tb=bed, timeout=300)
     assert out.returncode == EXIT_CHECK_FINDINGS, (out.returncode, out.stderr[-3000:])
     named = [(f["code"], f["subject"]) for f in check["findings"]]
     assert named == [("slow_host", slow)], check["findings"]
     assert check["findings"][0]["figure"] < 0.5 * check["findings"][0]["median"]
+    assert launched.returncode == 0, (launched.returncode, launched.stderr[-3000:])
+    plan = json.loads((run / "plan.json").read_text())
+    assert sorted(n["host"] for n in plan["nodes"]) == sorted(h.address for h in bed.hosts if h.address != slow)
+    events = read_events(run)
+    left_out = [e for e in events if e["event"] == "check_finding"]
+    assert [(e["code"], e["host"], e["task"]) for e in left_out] == [("slow_host", slow, None)], left_out
+    assert [e["event"] for e in events].index("job_started") < [e["event"] for e in events].index("check_finding")
     assert_no_job_processes(bed, 10)
 
 

@@ -136,6 +136,7 @@ def test_gathered_checkpoint_verifies_and_nothing_escapes(testbed_factory, tmp_p
         "checkpoints",
         "nodes",
         "gather-state.json",
+        "tensorboard",  # the launcher's own scalars (sinks.tensorboard)
     }
 
 

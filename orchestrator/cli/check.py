@@ -64,9 +64,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     return exit_code_for_check(result.state.value, len(check["findings"]))
 
 
-def check_before_launch(args: argparse.Namespace, loaded: Any, scheduler: Any) -> Any:
+def check_before_launch(args: argparse.Namespace, loaded: Any, scheduler: Any) -> tuple[Any, tuple[Any, ...]]:
     """`launch --check`: run the check in ``RUN-check``; nothing named → the spec as it is; named hosts
-    → the spec without them (``check.without_named_hosts``) or CheckRefused (exit 6)."""
+    → the spec without them (``check.without_named_hosts``) or CheckRefused (exit 6). Also returns what
+    was named, as ``check_finding`` events for the launch's own events.jsonl (by host: the launch's task
+    names are not the check's once hosts are left out)."""
     from ..job.check import without_hosts
     from ..job.checkjudge import check_text
 
@@ -82,7 +84,7 @@ def check_before_launch(args: argparse.Namespace, loaded: Any, scheduler: Any) -
         )
     print(safe_text(check_text(check)), file=sys.stderr)
     if not check["findings"]:
-        return loaded
+        return loaded, ()
     where = os.path.join(run_dir, "check.json")
     if not loaded.spec.check.without_named_hosts:
         raise CheckRefused(
@@ -91,6 +93,20 @@ def check_before_launch(args: argparse.Namespace, loaded: Any, scheduler: Any) -
             "without the named hosts"
         )
     try:
-        return without_hosts(loaded, check, lambda m: print(m, file=sys.stderr))
+        kept = without_hosts(loaded, check, lambda m: print(m, file=sys.stderr))
     except UsageError as exc:
         raise CheckRefused(str(exc)) from None
+    return kept, _finding_events(check)
+
+
+def _finding_events(check: dict[str, Any]) -> tuple[Any, ...]:
+    from ..events.verdicts import CheckFinding
+
+    hosts = {r["task"]: r["host"] for r in check["hosts"]}
+    return tuple(
+        CheckFinding(
+            task=None, host=hosts.get(f["task"]), code=f["code"], subject=f["subject"], figure=f["figure"],
+            median=f["median"], message=f"{f['what']} (launch --check: started without it)",
+        )
+        for f in check["findings"]
+    )  # fmt: skip

@@ -106,9 +106,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.check:  # the check first (cli/check.py): refuses (exit 6), or leaves named hosts out
         from .check import check_before_launch
 
-        checked = check_before_launch(args, loaded, scheduler)
+        checked, findings = check_before_launch(args, loaded, scheduler)
         if checked is not loaded:
             loaded, plan = checked, scheduler.plan(checked, plan.run_id)
+    else:
+        findings = ()
     opts = LaunchOptions(
         run_dir=args.run_dir,
         preflight=not args.no_preflight,
@@ -121,6 +123,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         detach=args.detach,
         command=tuple(command) if command else None,
         tensorboard_dir=_tensorboard_dir(args.tensorboard),
+        check_findings=findings,
     )
     scheduler.check(opts)
     if args.detach and scheduler.supervises_here():

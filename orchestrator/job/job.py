@@ -122,6 +122,8 @@ class Job:
                     attempt_limit=self.spec.restart.max_restarts + 1,
                 )
             )
+            for finding in self.opts.check_findings:
+                self.bus.emit(finding)
         self.scheduling.opened(self)
 
     def _connect(self, attempt: int = 0) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..events.verdicts import CheckFinding
 from ..supervise.bound import RunBound
 
 
@@ -20,3 +21,4 @@ class LaunchOptions:
     detach: bool = False  # run in the background (or, under a scheduler, leave the job to it)
     command: tuple[str, ...] | None = None  # `launch -- COMMAND`: the job's command instead of the spec's
     tensorboard_dir: str | None = None  # `launch --tensorboard DIR`: overrides the spec's tensorboard.dir
+    check_findings: tuple[CheckFinding, ...] = ()  # `launch --check` named these hosts and started without them (events)
