@@ -114,21 +114,35 @@ def test_a_continued_run_goes_on_from_the_steps_written_before(tmp_path):
 
 
 def test_the_launcher_writes_events_without_tensorflow(tmp_path):
+    """tensorboardX, never TensorFlow; and only once training began: a job that trained nothing writes
+    no files and imports nothing (its startup points are held, then written with the first step's)."""
     code = (
         "import sys, time\n"
         "from pathlib import Path\n"
         "from orchestrator.sinks.tensorboard import TensorBoardSink\n"
-        "s = TensorBoardSink(Path(sys.argv[1]), ['worker:0'])\n"
-        "s.write('worker:0', {'ts': time.time(), 'cpu_pct': 1.0})\n"
+        "mods = lambda: sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorboard', 'tensorboardX'))\n"
+        "idle = TensorBoardSink(Path(sys.argv[1]) / 'idle', ['worker:0'])\n"
+        "idle.write('worker:0', {'ts': time.time(), 'cpu_pct': 1.0})\n"
+        "idle.close()\n"
+        "print(mods())\n"
+        "s = TensorBoardSink(Path(sys.argv[1]) / 'trained', ['worker:0'])\n"
+        "s.write('worker:0', {'ts': time.time() - 2, 'cpu_pct': 1.0})\n"
+        "s.write('worker:0', {'ts': time.time(), 'cpu_pct': 2.0, 'progress': {'steps': 5, 'phase': 'train'}})\n"
         "s.close()\n"
-        "assert not s.problems, s.problems\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorboard', 'tensorboardX')))\n"
+        "assert not s.problems and not idle.problems, (s.problems, idle.problems)\n"
+        "print(mods())\n"
     )
     res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tb")], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert res.returncode == 0, res.stderr
-    loaded = eval(res.stdout.strip())
+    before, loaded = (eval(line) for line in res.stdout.strip().splitlines())
+    assert before == [] and not (tmp_path / "tb" / "idle" / "worker-0").exists()
     assert "tensorboardX" in loaded and not any(m.startswith(("tensorflow", "tensorboard.")) or m == "tensorboard" for m in loaded)
-    assert list((tmp_path / "tb" / "worker-0").glob("events.out.tfevents.*"))
+    (events,) = (tmp_path / "tb" / "trained" / "worker-0").glob("events.out.tfevents.*")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(events.parent))
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("host/cpu_pct")] == [1.0, 2.0]  # the startup point too
 
 
 @pytest.mark.e2e

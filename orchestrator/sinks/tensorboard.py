@@ -35,6 +35,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -245,6 +246,7 @@ def private_dirs(path: Path) -> None:
 
 
 _STOP = object()
+PENDING_POINTS = 10_000  # points held before the first training step (startup CPU, RSS), at most
 
 
 class TensorBoardSink:
@@ -292,6 +294,7 @@ class TensorBoardSink:
 
     def _run(self) -> None:
         flushed = time.monotonic()
+        pending: deque[Point] = deque(maxlen=PENDING_POINTS)
         try:
             if self._history is not None:  # already written by an earlier supervisor: only counted
                 for rec in read_jsonl(self._history):
@@ -307,7 +310,14 @@ class TensorBoardSink:
                 if item is not None:
                     fn, *args = item
                     for point in fn(*args):
+                        if self.files is None and self.scalars.job_step() == 0:
+                            # before the first training step: held (a job that trains nothing writes no
+                            # files, and does not pay tensorboardX's import: ~0.2 s of a core)
+                            pending.append(point)
+                            continue
                         self.files = self.files or EventFiles(self.root)
+                        while pending:
+                            self.files.add(pending.popleft())
                         self.files.add(point)
                 if self.files is not None and time.monotonic() - flushed >= self._flush_s:
                     self.files.flush()

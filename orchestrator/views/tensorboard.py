@@ -58,7 +58,9 @@ def write_end(run: RunDir) -> Path | None:
     if not isinstance(root, str) or not root:
         return None
     end = end_scalars(run)
-    if end is None or not end[2]:
+    if end is None or not end[2] or end[0] == 0:
+        # no training step: no curve to end (and no tensorboardX import, ~0.2 s of the launcher's CPU,
+        # for a job that trained nothing: docs/benchmarks.md §1)
         return None
     job_dir = Path(root) / JOB_RUN
     try:
