@@ -72,6 +72,7 @@ class Supervisor(Teardown, RoleCare):
         for s in self.sessions.values():
             s.on_terminal = self.monitor.on_terminal
         self.q: queue.Queue = queue.Queue(maxsize=QUEUE_ITEMS)
+        self._settle = False  # a task became ready or terminal since the loop last looked
         self.pump = ChannelPump(self.q)
         self.failures: list[Failure] = []
         self.state = JobState.STARTING
@@ -109,6 +110,12 @@ class Supervisor(Teardown, RoleCare):
                     pass
                 now = self.clock()
                 self._check_interrupt()
+                if self._settle:  # a task came up or ended (once per batch of inputs, not per task)
+                    self._settle = False
+                    if self.state == JobState.STARTING:
+                        self._maybe_go(now, hello_deadline)
+                    if all(s.state.is_terminal for s in self.sessions.values()):
+                        break
                 if now < next_tick:
                     continue  # inputs decide at once (an exit, a violation); the scans of every task below
                 next_tick = now + TICK_S  # run at most every TICK_S, however fast the inputs come
@@ -168,6 +175,14 @@ class Supervisor(Teardown, RoleCare):
 
     def _handle(self, item: ChannelReady | Received) -> None:
         s = self.keys[item.task]  # (item.task: the channel's key, TASK#N after a restart in place)
+        before = s.state
+        try:
+            self._handle_item(s, item)
+        finally:
+            if s.state is not before and (s.state == TaskState.READY or s.state.is_terminal):
+                self._settle = True  # the go and the attempt's end are decided at once, not at the next tick
+
+    def _handle_item(self, s: TaskSession, item: ChannelReady | Received) -> None:
         self.snapshots.touch(s.task)  # (its status entry is rebuilt at the next snapshot)
         if isinstance(item, ChannelReady):
             self._on_channel(s, item)
