@@ -21,6 +21,7 @@ import selectors
 from typing import IO, Any
 
 from . import protocol as p
+from .protocol.redraw import redraw, redraw_lines
 from .writer import FrameWriter
 
 CHUNK = 256 * 1024
@@ -31,36 +32,8 @@ PROGRESS_EVERY_S = 0.5  # per stream: a bar redrawn 20 times a second costs the 
 PROGRESS_MAX = 1024  # bytes of an unfinished line shown in place (a terminal shows less)
 
 
-def redraw(line: str) -> str:
-    """What a terminal leaves of one line (the simple way): the text after its last ``\\r`` (a trailing
-    one, from ``\\r\\n``, dropped), each ``\\b`` erasing the character before it. The launcher's
-    ``core.terminal.redraw`` is the same rule; worker_entry imports nothing of the launcher."""
-    line = line.rstrip("\r")
-    if "\r" in line:
-        line = line.rsplit("\r", 1)[1]
-    if "\b" in line:
-        out: list[str] = []
-        for ch in line:
-            if ch != "\b":
-                out.append(ch)
-            elif out:
-                out.pop()
-        line = "".join(out)
-    return line
-
-
 def _decoded(data: bytes) -> str:
     return data.decode("utf-8", "surrogateescape")  # a \b erases a character, not a byte; bad bytes kept
-
-
-def redraw_lines(data: bytes) -> bytes:
-    """Complete lines, each as ``redraw`` leaves it (untouched when there is nothing to redraw)."""
-    if b"\r" not in data and b"\b" not in data:
-        return data
-    lines = _decoded(data).split("\n")
-    return "\n".join(redraw(ln) if ("\r" in ln or "\b" in ln) else ln for ln in lines).encode(
-        "utf-8", "surrogateescape"
-    )
 
 
 def squash(partial: bytes) -> bytes:

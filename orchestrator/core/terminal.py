@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import re
 
+from worker_entry.protocol.redraw import redraw
+from worker_entry.protocol.redraw import redraw_lines as redraw_lines  # the one rule, re-exported for the launcher
+
 #: Fast path: bytes that need no work (printable ASCII, tab, newline) are passed through untouched.
 _NEEDS_WORK = re.compile(rb"[^\t\n\x20-\x7e]")
 _NEEDS_WORK_TEXT = re.compile(r"[^\t\n\x20-\x7e]")
@@ -50,35 +53,6 @@ def safe_bytes(data: bytes, *, keep_sgr: bool = False) -> bytes:
     if not _NEEDS_WORK.search(data):
         return data
     return safe_text(data.decode("utf-8", "replace"), keep_sgr=keep_sgr).encode("utf-8")
-
-
-def redraw(line: str) -> str:
-    """What a terminal would leave of ``\\r`` and ``\\b`` in one line, the simple way: the text after the
-    last ``\\r`` (a trailing one, from ``\\r\\n``, is dropped), each ``\\b`` erasing the character before it."""
-    line = line.rstrip("\r")
-    if "\r" in line:
-        line = line.rsplit("\r", 1)[1]
-    if "\b" in line:
-        out: list[str] = []
-        for ch in line:
-            if ch == "\b":
-                if out:
-                    out.pop()
-            else:
-                out.append(ch)
-        line = "".join(out)
-    return line
-
-
-def redraw_lines(data: bytes) -> bytes:
-    """Complete lines as a task printed them, each reduced to what ``redraw`` leaves of it (the final text of
-    a progress bar's redraw sequence); other bytes (escape sequences included) kept as printed."""
-    if b"\r" not in data and b"\b" not in data:
-        return data
-    text = data.decode("utf-8", "surrogateescape")  # \b erases a character, not a byte; bad bytes kept
-    return "\n".join(redraw(line) if ("\r" in line or "\b" in line) else line for line in text.split("\n")).encode(
-        "utf-8", "surrogateescape"
-    )
 
 
 def _safe_line(line: str, keep_sgr: bool) -> str:
