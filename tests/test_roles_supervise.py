@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import time
 
-from fakenode import FakeBackend, FakeNode, healthy, make_plan, obedient
-from test_supervisor import Recorder
+from fakenode import FakeNode, healthy, obedient
+from test_supervisor import supervise as supervise_fakes
 
 from orchestrator.core.states import JobState, TaskState
-from orchestrator.events import EventBus
 from orchestrator.plan.roles import RULES, rule_of
-from orchestrator.supervise import Interrupt, Supervisor
 from worker_entry import protocol as p
 
 PS_HOSTS = [
@@ -29,16 +27,8 @@ EVAL_HOSTS = [
 
 
 def supervise(scripts, hosts, strategy="multi_worker_mirrored", **sections):
-    loaded, plan = make_plan(hosts=hosts, tensorflow={"strategy": strategy}, **sections)
-    backend = FakeBackend(scripts)
-    rec = Recorder()
-    sup = Supervisor(loaded.spec, plan, backend, attempt=0, bus=EventBus([rec]), logs=rec, heartbeats=rec,
-                     interrupt=Interrupt())  # fmt: skip
-    try:
-        res = sup.run()
-    finally:
-        backend.close()
-    return res, rec, backend
+    """test_supervisor's real supervisor over fake nodes, on hosts with roles."""
+    return supervise_fakes(scripts, hosts=hosts, tensorflow={"strategy": strategy}, **sections)
 
 
 def killed(n: FakeNode) -> None:
