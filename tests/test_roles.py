@@ -124,8 +124,25 @@ def test_hosts_without_roles_plan_exactly_as_before():
          "tensorflow.chief"),
         ("version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2}\ntensorflow: {strategy: parameter_server}\n"
          "job: {command: [x]}\n",
-         "s.yaml:5: tensorflow.strategy: parameter_server jobs run with scheduler: ssh only: mapping roles to Slurm "
-         "tasks or Kubernetes pods is not done yet (allowed here: multi_worker_mirrored)"),
+         "s.yaml:5: tensorflow.strategy: parameter_server needs slurm.roles: one chief, at least one worker and one "
+         "ps, e.g. slurm.roles: {chief: 1, worker: 2, ps: 1}"),
+        ("version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, tasks_per_node: 2, roles: {chief: 1, worker: 2, ps: 2}}\n"
+         "tensorflow: {strategy: parameter_server}\njob: {command: [x]}\n",
+         "s.yaml:4: slurm.roles: 5 tasks by role, but slurm.nodes x slurm.tasks_per_node = 2 x 2 = 4 task slots: make "
+         "them equal (Slurm places the tasks in rank order: chief, workers, ps, evaluator)"),
+        ("version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, roles: {worker: 1, ps: 1}}\njob: {command: [x]}\n",
+         "s.yaml:4: slurm.roles.ps: not a role of strategy multi_worker_mirrored (ps tasks hold variables only under "
+         "strategy: parameter_server); allowed: chief, worker, evaluator"),
+        ("version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 3, roles: {chief: 1, worker: 2}}\n"
+         "tensorflow: {strategy: parameter_server}\njob: {command: [x]}\n",
+         "s.yaml:4: slurm.roles: strategy parameter_server needs at least 1 ps task(s) (the variables live on ps tasks: "
+         "at least one); set slurm.roles.ps: 1"),
+        ("version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, roles: {chief: 1, worker: 1}}\n"
+         "tensorflow: {chief: true}\njob: {command: [x]}\n",
+         "s.yaml:5: tensorflow.chief: with slurm.roles, name the chief as a role (roles: {chief: 1}) and remove "
+         "tensorflow.chief"),
+        ("version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, roles: {chief: 1, worker: -1}}\njob: {command: [x]}\n",
+         "s.yaml:4: slurm.roles.worker: must be greater than or equal to 0, got -1 (int)"),
         ("version: 1\nname: j\nhosts:\n  - {address: a, roles: {boss: 1}}\njob: {command: [x]}\n",
          "s.yaml:4: hosts[0].roles.boss: must be 'chief', 'worker', 'ps' or 'evaluator', got 'boss' (str)"),
         ("version: 1\nname: j\nhosts:\n  - {address: a, roles: {worker: 2}}\n  - {address: a, port: 23, tf_port: 12346}\n"

@@ -244,6 +244,40 @@ def test_tf_config_is_what_tensorflows_resolver_reads_on_every_rank(monkeypatch,
     assert sum(ep.startswith("127.0.0.1:") for ep in every) == 4
 
 
+@pytest.mark.parametrize(
+    "roles", [{"chief": 1, "worker": 2, "ps": 1, "evaluator": 1}, {"chief": 1, "worker": 3, "evaluator": 1}, {"worker": 4, "evaluator": 1}]
+)
+def test_with_roles_every_rank_builds_its_roles_tf_config_as_tensorflow_reads_it(monkeypatch, roles):
+    """Ranks by role (chief, workers, ps, evaluator); the evaluator is left out of the cluster and reads
+    as task type evaluator; every other rank sees the same cluster."""
+    from tensorflow.python.distribute.cluster_resolver import TFConfigClusterResolver
+
+    order = ws.tasks_by_rank(5, False, roles)
+    assert order == [(r, i) for r in ("chief", "worker", "ps", "evaluator") for i in range(roles.get(r, 0))]
+    clusters = []
+    for rank in range(5):
+        st = ws.step_from_env(step_env(rank, nodelist="n[1-3]", tpn="2(x2),1", job=7, step=0), run=None)
+        eps, _ = ws.endpoints(st, ["10.0.0.1", "10.0.0.2", "10.0.0.3"])
+        chief = ws.task_of(rank, 5, *order[rank], roles)
+        monkeypatch.setenv("TF_CONFIG", json.dumps(ws.tf_config(eps, rank, chief, roles)))
+        res = TFConfigClusterResolver()
+        assert (res.task_type, res.task_id) == order[rank]
+        clusters.append(res.cluster_spec().as_dict())
+    assert all(c == clusters[0] for c in clusters)
+    assert "evaluator" not in clusters[0] and sum(map(len, clusters[0].values())) == 4
+    assert clusters[0].get("ps", []) == eps[3:4] * ("ps" in roles)  # rank 3, the 2nd task of n2 (block layout)
+
+
+@pytest.mark.parametrize(
+    ("rank", "task", "roles"),
+    [(0, ("worker", 0), {"chief": 1, "worker": 1}), (2, ("worker", 1), {"chief": 1, "worker": 1, "ps": 1}),
+     (1, ("worker", 0), {"chief": 1, "worker": 1, "boss": 1}), (1, ("worker", 0), {"chief": 1, "worker": 1 << 40})],
+)  # fmt: skip
+def test_roles_that_do_not_make_the_step_are_refused(rank, task, roles):
+    with pytest.raises(ws.SlurmEnvError):
+        ws.task_of(rank, 3, *task, roles)
+
+
 def test_tensorflows_slurm_resolver_fails_where_ours_works(monkeypatch):
     """TF 2.21's SlurmClusterResolver: no GPUs → it runs nvidia-smi and fails; with GPUs declared it
     uses node names (which need not resolve: Slurm reaches nodes at their NodeAddr) and the same

@@ -17,7 +17,7 @@ from orchestrator.schedulers.slurm import commands as sc
 from orchestrator.schedulers.slurm import handle as vs
 from orchestrator.schedulers.slurm.commands import JobInfo
 from orchestrator.schedulers.slurm.follow import ask_cancel_or_detach
-from orchestrator.schedulers.slurm.plan import batch_script, sbatch_argv, slurm_plan, srun_argv
+from orchestrator.schedulers.slurm.plan import batch_script, restart_srun_argv, sbatch_argv, slurm_plan, srun_argv
 from orchestrator.schedulers.slurm.state import SlurmState, request_stop, stop_requested
 from orchestrator.schedulers.slurm.step import advertise_address
 from orchestrator.spec import check_spec_text, load_spec_text
@@ -126,6 +126,29 @@ def test_srun_runs_one_block_step_that_slurm_kills_on_a_bad_exit():
     assert argv[:9] == ["srun", "--job-name=sl-a3", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2",
                         "--distribution=block", "--kill-on-bad-exit=1", "--export=ALL", "--input=all"]  # fmt: skip
     assert argv[-4:] == ["python3", "-m", "worker_entry", "slurm"] and "--gpus-per-node=2" in argv
+
+
+def test_roles_are_ranked_by_role_and_a_restartable_role_keeps_the_step_up():
+    """slurm.roles: ranks chief, workers, ps; the nodes get the counts (NodeConfig.roles, checked on
+    receipt); a parameter-server worker may fail alone, so Slurm must not kill the step on a bad exit."""
+    from worker_entry.protocol import NodeConfig, command_line
+
+    text = spec_text("roles: {chief: 1, worker: 2, ps: 1}\n", "tensorflow: {strategy: parameter_server}\n")
+    assert not errors(text)
+    spec = load_spec_text(text).spec
+    plan = slurm_plan(spec, run_id="sl-1")
+    assert [str(n.task) for n in plan.nodes] == ["chief:0", "worker:0", "worker:1", "ps:0"]
+    assert [n.env[Env.IS_CHIEF] for n in plan.nodes] == ["1", "0", "0", "0"]
+    config = NodeConfig.parse_line(command_line(plan.nodes[3].node_config(0)))
+    assert config.roles == {"chief": 1, "worker": 2, "ps": 1} and str(config.task) == "ps:0"
+    assert "--kill-on-bad-exit=0" in srun_argv(spec, plan.nodes[0].argv, attempt=0)
+    mwms = load_spec_text(spec_text("roles: {chief: 1, worker: 3}\n")).spec
+    assert "--kill-on-bad-exit=1" in srun_argv(mwms, plan.nodes[0].argv, attempt=0)  # every failure is fatal
+    with_eval = load_spec_text(spec_text("roles: {worker: 3, evaluator: 1}\n")).spec
+    assert "--kill-on-bad-exit=0" in srun_argv(with_eval, plan.nodes[0].argv, attempt=0)  # the evaluator is only reported
+    restart = restart_srun_argv(spec, "python3", attempt=0, restart=2, node="n2")
+    assert restart == ["srun", "--job-name=sl-a0-r2", "--nodes=1", "--ntasks=1", "--nodelist=n2", "--overlap",
+                       "--kill-on-bad-exit=0", "--export=ALL", "--input=all", "python3", "-m", "worker_entry", "connect"]  # fmt: skip
 
 
 def test_plan_shows_the_sbatch_script_srun_and_how_tf_config_is_built():

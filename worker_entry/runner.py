@@ -30,6 +30,7 @@ from .gpuowner import TaskTree
 from .handover import hand_over
 from .hoststats import HostSampler
 from .output import OutputPipes
+from .protocol.cluster import own_endpoint
 from .sysinfo import GroupSampler, Nvml, listening, node_facts
 from .writer import FrameWriter
 
@@ -98,7 +99,8 @@ class Runner:
         self.nvml = Nvml()
         facts = p.NodeFacts.from_dict(node_facts(self._probe_config(), self.nvml))
         self.nvml.restrict(self.cfg.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")))
-        self.msg(p.Hello(pid=os.getpid(), remote_dir=self.remote_dir, facts=facts, task=self.cfg.task))
+        self.msg(p.Hello(pid=os.getpid(), remote_dir=self.remote_dir, facts=facts, task=self.cfg.task,
+                         tf_endpoint=own_endpoint(self.cfg.env.get(p.Env.TF_CONFIG), self.cfg.task), node_name=os.environ.get("SLURMD_NODENAME") or None))  # fmt: skip
         if self.in_fd is not None:
             os.set_blocking(self.in_fd, False)
             self.sel.register(self.in_fd, selectors.EVENT_READ, "stdin")
@@ -414,3 +416,4 @@ def run(config: p.NodeConfig, stdin_rest: bytes = b"") -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     return Runner(config, out_fd, 0, stdin_rest).main()
+

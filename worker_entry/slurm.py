@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from .hostlist import expand_hostlist, expand_tasks_per_node
 from .protocol.cluster import task_order
 from .protocol.env import Env
+from .protocol.roles import CLUSTER_ROLES, ROLES, role_order
 
 PORT_LO, PORT_HI = 12000, 32000  # below Linux's ephemeral range (32768-60999): no outgoing socket takes them
 SCONTROL_TIMEOUT_S = 20.0
@@ -216,8 +217,14 @@ def task_ports(addrs_by_rank: Sequence[str], job_id: int, step_id: int, base: in
     return [base + off for off in offsets]
 
 
-def tasks_by_rank(ntasks: int, chief: bool) -> list[tuple[str, int]]:
-    """The plan's order: rank 0 is the chief when there is one (the planner uses the same rule)."""
+def tasks_by_rank(ntasks: int, chief: bool, roles: Mapping[str, int] | None = None) -> list[tuple[str, int]]:
+    """The plan's order: by role when the job has roles (chief, workers, ps, evaluator); else rank 0
+    is the chief when there is one (the planner uses the same rules)."""
+    if roles:
+        bad = [r for r, n in roles.items() if r not in ROLES or not isinstance(n, int) or n < 0]
+        if bad or sum(roles.values()) != ntasks:
+            raise SlurmEnvError(f"the plan's roles {dict(roles)} do not make the step's {ntasks} tasks")
+        return role_order(dict(roles))
     return task_order(ntasks, chief)
 
 
@@ -232,14 +239,26 @@ def has_chief(rank: int, task_type: str, task_index: int) -> bool:
     raise SlurmEnvError(f"rank {rank} was given task {task_type}:{task_index}: the step does not match the plan")
 
 
-def tf_config(endpoints: Sequence[str], rank: int, chief: bool) -> dict:
-    """TF_CONFIG for ``rank``: exactly what TFConfigClusterResolver reads."""
-    tasks = tasks_by_rank(len(endpoints), chief)
+def tf_config(endpoints: Sequence[str], rank: int, chief: bool, roles: Mapping[str, int] | None = None) -> dict:
+    """TF_CONFIG for ``rank``: exactly what TFConfigClusterResolver reads. An evaluator is left out of
+    the cluster (as TensorFlow's docs do); its own endpoint is unused."""
+    tasks = tasks_by_rank(len(endpoints), chief, roles)
     cluster: dict[str, list[str]] = {}
     for (kind, _), ep in zip(tasks, endpoints, strict=True):
-        cluster.setdefault(kind, []).append(ep)
+        if kind in CLUSTER_ROLES:
+            cluster.setdefault(kind, []).append(ep)
     kind, index = tasks[rank]
     return {"cluster": cluster, "task": {"type": kind, "index": index}, "rpc_layer": "grpc"}
+
+
+def task_of(rank: int, ntasks: int, task_type: str, task_index: int, roles: Mapping[str, int]) -> bool:
+    """Check the supervisor's task for this rank against the plan's order; returns whether the cluster
+    has a chief (the MWMS rule when the job has no roles)."""
+    if not roles:
+        return has_chief(rank, task_type, task_index)
+    if tasks_by_rank(ntasks, False, roles)[rank] != (task_type, task_index):
+        raise SlurmEnvError(f"rank {rank} was given task {task_type}:{task_index}: the step does not match the plan")
+    return roles.get("chief", 0) > 0
 
 
 def endpoints(step: Step, addrs: Sequence[str], base: int | None = None) -> tuple[list[str], list[int]]:
@@ -282,14 +301,16 @@ def main(env: Mapping[str, str] = os.environ, stdin_fd: int = 0) -> int:
         return 3
     try:
         config = NodeConfig.parse_line(link.config_line)
-        chief = has_chief(step.rank, config.task.type, config.task.index)
+        chief = task_of(step.rank, step.ntasks, config.task.type, config.task.index, config.roles)
         eps, ports = endpoints(step, addrs, config.tf_port)
+        cfg = tf_config(eps, step.rank, chief, config.roles)
     except (ProtocolError, ValueError) as exc:
         print(f"worker_entry slurm: rank {step.rank}: {exc}", file=sys.stderr)
         link.sock.close()
         return 2
-    task_env = {**config.env, Env.TF_CONFIG: json.dumps(tf_config(eps, step.rank, chief), separators=(",", ":"))}
+    task_env = {**config.env, Env.TF_CONFIG: json.dumps(cfg, separators=(",", ":"))}
     share = gpu_slice(env.get("CUDA_VISIBLE_DEVICES", ""), step.local_id, config.gpus, step.tasks_per_node[step.node_index])
     if share is not None:
         task_env["CUDA_VISIBLE_DEVICES"] = share
-    return serve(dataclasses.replace(config, env=task_env, tf_port=ports[step.rank]), link)
+    port = ports[step.rank] if config.task.type in CLUSTER_ROLES else None  # an evaluator runs no TF server
+    return serve(dataclasses.replace(config, env=task_env, tf_port=port), link)

@@ -2,8 +2,8 @@
 channels, the SSH transport and fleet, and the TCP connect-back channel schedulers use. What a
 scheduler adds on top lives in its package under ``orchestrator/schedulers/``."""
 
-from .backend import Backend, Deliver, PerTaskBackend
+from .backend import Backend, Deliver, PerTaskBackend, Placement
 from .base import Channel, ConnectFailure, Connection, OutputTooLarge, wait_readable
 from .diagnose import entry_failure
 
-__all__ = ["Backend", "Channel", "ConnectFailure", "Connection", "Deliver", "OutputTooLarge", "PerTaskBackend", "entry_failure", "wait_readable"]
+__all__ = ["Backend", "Channel", "ConnectFailure", "Connection", "Deliver", "OutputTooLarge", "PerTaskBackend", "Placement", "entry_failure", "wait_readable"]

@@ -13,6 +13,7 @@ import abc
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from worker_entry.protocol import NodeConfig
@@ -24,6 +25,15 @@ from .refusals import Refusals
 
 #: start_all's callback: (task, its channel) or (task, why it could not start).
 Deliver = Callable[[str, "Channel | BaseException"], None]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a task's last incarnation ran, as its node said in its hello: what a scheduler needs to
+    start it again at the same place (its TF server's endpoint, the scheduler's node name)."""
+
+    tf_endpoint: str | None = None
+    node_name: str | None = None
 
 
 class Backend(abc.ABC):
@@ -57,6 +67,11 @@ class Backend(abc.ABC):
     def start_all(self, starts: Sequence[tuple[NodePlan, NodeConfig]], deliver: Deliver) -> threading.Thread:
         """Bring every task up in the background; ``deliver`` gets each task's channel (or why it could
         not start) as soon as it is there. Returns the thread doing it (joined by the caller if it likes)."""
+
+    def restart_task(self, node: NodePlan, config: NodeConfig, deliver: Deliver, placement: Placement) -> None:
+        """Start one task again, alone, in place, during the attempt (``restarts_tasks``); ``config``
+        carries its full TF_CONFIG. Its channel (or why not) goes to ``deliver``."""
+        self.start_all([(node, config)], deliver)
 
     def connection(self, task: str) -> Connection | None:
         """A connection for helper commands on this task's node (transfers), or None."""

@@ -99,6 +99,12 @@ class HandshakeServer:
             self.expected = dict(ranks)
             self.connected = set()
 
+    def expect_again(self, rank: int, task: str, config: NodeConfig) -> None:
+        """Rank ``rank`` may connect once more (a task restarted in place), and gets ``config``."""
+        with self._lock:
+            self.expected[rank] = (task, config)
+            self.connected.discard(rank)
+
     def connected_ranks(self) -> set[int]:
         with self._lock:
             return set(self.connected)

@@ -27,7 +27,7 @@ from worker_entry.protocol.seal import Opener, Sealer, SealError
 
 from ..core.diagnostics import Diagnostic
 from ..plan import NodePlan
-from .backend import Backend, Deliver
+from .backend import Backend, Deliver, Placement
 from .base import Channel
 from .handshakes import HandshakeServer
 from .refusals import Refusals
@@ -133,6 +133,7 @@ class ConnectBackServer:
         self.secret = secret
         self.refusals = Refusals()
         self._deliver: Deliver | None = None
+        self._again: dict[str, Deliver] = {}  # task -> where its restarted incarnation's channel goes
         self._lock = threading.Lock()
         self._proven: queue.SimpleQueue = queue.SimpleQueue()
         self.server = HandshakeServer(secret, bind, self._on_proven, self.refusals)
@@ -161,13 +162,20 @@ class ConnectBackServer:
             self._deliver = deliver
             self.server.expect(ranks)
 
+    def expect_again(self, rank: int, task: str, config: NodeConfig, deliver: Deliver) -> None:
+        """Rank ``rank``'s node may connect once more (its task restarted in place): it gets ``config``
+        and its channel goes to ``deliver``."""
+        with self._lock:
+            self._again[task] = deliver
+            self.server.expect_again(rank, task, config)
+
     def connected_ranks(self) -> set[int]:
         """Ranks that authenticated in the current ``expect`` round."""
         return self.server.connected_ranks()
 
     def _on_proven(self, task: str, sock: socket.socket, peer: str, sealer: Sealer, opener: Opener) -> None:
         with self._lock:
-            deliver = self._deliver
+            deliver = self._again.pop(task, None) or self._deliver
         self._proven.put((deliver, task, SocketChannel(sock, peer, sealer, opener)))
 
     def _deliver_loop(self) -> None:
@@ -198,6 +206,7 @@ class ConnectBackBackend(Backend):
     def __init__(self, bind: tuple[str, int] = ("0.0.0.0", 0), advertise: str | None = None) -> None:
         self.secret = secrets.token_bytes(32)
         self.server = ConnectBackServer(self.secret, bind, advertise)
+        self._ranks: dict[str, int] = {}
 
     def connect_env(self) -> dict[str, str]:
         """Where every node dials back (the secret is not here: ``secret_input``)."""
@@ -213,6 +222,7 @@ class ConnectBackBackend(Backend):
 
     def start_all(self, starts: Sequence[tuple[NodePlan, NodeConfig]], deliver: Deliver) -> threading.Thread:
         self.server.expect({rank: (str(node.task), config) for rank, (node, config) in enumerate(starts)}, deliver)
+        self._ranks = {str(node.task): rank for rank, (node, _) in enumerate(starts)}
 
         def run() -> None:
             try:
@@ -228,6 +238,28 @@ class ConnectBackBackend(Backend):
     @abc.abstractmethod
     def launch(self, starts: Sequence[tuple[NodePlan, NodeConfig]]) -> None:
         """Start worker_entry for every task (rank = position in ``starts``); may block until started."""
+
+    def restart_task(self, node: NodePlan, config: NodeConfig, deliver: Deliver, placement: Placement) -> None:
+        """The task's rank may dial once more, with ``config``; the scheduler starts it again
+        (``relaunch``) in the background."""
+        rank = self.rank_of(str(node.task))
+        self.server.expect_again(rank, str(node.task), config, deliver)
+
+        def run() -> None:
+            try:
+                self.relaunch(rank, node, config, placement)
+            except Exception as exc:  # the scheduler refused: the restart failed, with the reason
+                deliver(str(node.task), exc)
+
+        threading.Thread(target=run, name=f"{self.name}-relaunch", daemon=True).start()
+
+    def rank_of(self, task: str) -> int:
+        """The rank ``start_all`` gave ``task`` (its position in the attempt's starts)."""
+        return self._ranks[task]
+
+    def relaunch(self, rank: int, node: NodePlan, config: NodeConfig, placement: Placement) -> None:
+        """Start worker_entry for one task again, dialing back as ``rank`` (``restarts_tasks``)."""
+        raise OSError(f"{self.name} cannot restart one task")
 
     def close(self) -> None:
         self.server.close()

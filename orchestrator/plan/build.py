@@ -94,10 +94,14 @@ def node_env(
     gpus: int,
     checkpoint_dir: str,
     backup_dir: str,
+    *,
+    has_chief: bool | None = None,
 ) -> dict[str, str]:
-    """The environment of a task's training command (TF_CONFIG omitted when the node builds it)."""
+    """The environment of a task's training command (TF_CONFIG omitted when the node builds it;
+    ``has_chief`` then says whether its cluster has a chief)."""
     hb = spec.heartbeat
-    has_chief = spec.tensorflow.chief or (tf_config is not None and "chief" in tf_config["cluster"])
+    if has_chief is None:
+        has_chief = spec.tensorflow.chief or (tf_config is not None and "chief" in tf_config["cluster"])
     env: dict[str, str] = {
         # Lines must reach the launcher as they are printed, not when a 8 KiB buffer fills.
         "PYTHONUNBUFFERED": "1",

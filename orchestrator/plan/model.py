@@ -100,6 +100,8 @@ class NodePlan:
     checkpoint_dir: str
     backup_dir: str
     runtime: Runtime
+    # the job's tasks by role, for nodes that build their own TF_CONFIG from their rank (Slurm with roles)
+    roles: dict[str, int] = field(default_factory=dict)
 
     @property
     def is_chief(self) -> bool:
@@ -134,6 +136,7 @@ class NodePlan:
             checkpoint_dir=self.checkpoint_dir if self.is_chief and rt.gather_checkpoint else None,
             # MWMS makes every non-chief write a temporary copy of each checkpoint: not worth keeping
             clean_dirs=[] if self.is_chief else [self.checkpoint_dir, self.backup_dir],
+            roles=dict(self.roles),
         )
 
     def to_dict(self, *, show_secrets: bool = False, cluster: bool = True) -> dict[str, Any]:

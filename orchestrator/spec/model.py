@@ -20,9 +20,7 @@ from pydantic import (
     field_validator,
 )
 
-from .scheduler import KubernetesSpec, SlurmSpec
-
-Role = Literal["chief", "worker", "ps", "evaluator"]  # worker_entry.protocol.ROLES
+from .scheduler import KubernetesSpec, Role, SlurmSpec
 
 JOB_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

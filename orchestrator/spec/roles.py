@@ -50,8 +50,19 @@ def raw_roles(host: Any, index: int, chief: bool) -> dict[str, int]:
     return {r: _int(n) or 0 for r, n in roles.items() if r in ROLES and _int(n) is not None}
 
 
+def section_roles(data: dict) -> dict[str, int] | None:
+    """The job-wide role counts of a Slurm or Kubernetes spec (``slurm.roles``/``kubernetes.roles``),
+    valid counts only; None when the section has none (the scheduler's default layout)."""
+    section = data.get(data.get("scheduler", "ssh"))
+    roles = section.get("roles") if isinstance(section, dict) else None
+    if not isinstance(roles, dict):
+        return None
+    return {r: _int(n) or 0 for r, n in roles.items() if r in ROLES and _int(n) is not None}
+
+
 def role_problems(data: dict, hosts: list, filename: str, positions: Positions) -> list[Diagnostic]:
-    """Which roles the strategy allows, how many of each, and where they can run."""
+    """Which roles the strategy allows, how many of each, and where they can run: per host under SSH,
+    one job-wide count under Slurm (``slurm.roles``) and Kubernetes (``kubernetes.roles``)."""
     out: list[Diagnostic] = []
 
     def add(loc: tuple, path: str, message: str, severity: Severity = "error") -> None:
@@ -62,48 +73,85 @@ def role_problems(data: dict, hosts: list, filename: str, positions: Positions) 
     scheduler = data.get("scheduler", "ssh")
     if strategy not in ALLOWED:
         return out  # the field's own check names the allowed values
-    if strategy != "multi_worker_mirrored" and scheduler != "ssh":
-        add(("tensorflow", "strategy"), "tensorflow.strategy",
-            f"{strategy} jobs run with scheduler: ssh only: mapping roles to Slurm tasks or Kubernetes pods is not "
-            "done yet (allowed here: multi_worker_mirrored)")  # fmt: skip
-        return out
-    with_roles = [i for i, h in enumerate(hosts) if isinstance(h, dict) and "roles" in h]
     chief = tf.get("chief") is True
-    if with_roles and chief:
-        add(("tensorflow", "chief"), "tensorflow.chief",
-            "with hosts[].roles, name the chief as a role (roles: {chief: 1}) and remove tensorflow.chief")  # fmt: skip
-        chief = False
-    if strategy == "parameter_server" and not with_roles and hosts:
-        add(("tensorflow", "strategy"), "tensorflow.strategy",
-            "parameter_server needs hosts[].roles: one chief, at least one worker and one ps, e.g. "
-            "roles: {chief: 1} on one host and roles: {worker: 2, ps: 1} on another")  # fmt: skip
+    # where roles are given: (yaml location, field path, raw roles) per holder
+    if scheduler == "ssh":
+        holders = [(("hosts", i, "roles"), f"hosts[{i}].roles", h.get("roles") if isinstance(h, dict) else None)
+                   for i, h in enumerate(hosts)]  # fmt: skip
+        given = [k for k, (_, _, r) in enumerate(holders) if isinstance(hosts[k], dict) and "roles" in hosts[k]]
+        example = "roles: {chief: 1} on one host and roles: {worker: 2, ps: 1} on another"
+        field, scope = "hosts[].roles", "over all hosts"
+    elif scheduler in ("slurm", "kubernetes") and isinstance(data.get(scheduler), dict):
+        section = data[scheduler]
+        holders = [((scheduler, "roles"), f"{scheduler}.roles", section.get("roles"))]
+        given = [0] if "roles" in section else []
+        example = f"{scheduler}.roles: {{chief: 1, worker: 2, ps: 1}}"
+        field, scope = f"{scheduler}.roles", "in the job"
+    else:
+        return out  # the scheduler's own checks report a missing section
+    if scheduler == "kubernetes" and (given or strategy != "multi_worker_mirrored"):
+        add(("kubernetes", "roles") if given else ("tensorflow", "strategy"), "kubernetes.roles" if given else "tensorflow.strategy",
+            "roles and parameter_server are not mapped to Kubernetes pods yet (allowed here: multi_worker_mirrored "
+            "with kubernetes.workers)")  # fmt: skip
         return out
+    if given and chief:
+        add(("tensorflow", "chief"), "tensorflow.chief",
+            f"with {field}, name the chief as a role (roles: {{chief: 1}}) and remove tensorflow.chief")  # fmt: skip
+        chief = False
+    if strategy == "parameter_server" and not given and holders:
+        add(("tensorflow", "strategy"), "tensorflow.strategy",
+            f"parameter_server needs {field}: one chief, at least one worker and one ps, e.g. {example}")  # fmt: skip
+        return out
+    if scheduler != "ssh" and not given:
+        return out  # the scheduler's default layout: chief (tensorflow.chief) and workers only
     allowed = ALLOWED[strategy]
     totals = dict.fromkeys(ROLES, 0)
     where: dict[str, list[int]] = {r: [] for r in ROLES}
-    for i, h in enumerate(hosts):
-        roles = raw_roles(h, i, chief)
-        if i in with_roles and isinstance(h.get("roles"), dict) and not sum(roles.values()) and len(roles) == len(h["roles"]):
-            add(("hosts", i, "roles"), f"hosts[{i}].roles", "runs no task: give a role a count of 1 or more, or remove the host")
+    for k, (loc, path, raw) in enumerate(holders):
+        roles = raw_roles({"roles": raw} if k in given else None, k, chief)
+        if k in given and isinstance(raw, dict) and not sum(roles.values()) and len(roles) == len(raw):
+            add(loc, path, "runs no task: give a role a count of 1 or more" + (", or remove the host" if scheduler == "ssh" else ""))
         for r, n in roles.items():
             totals[r] += n
             if n:
-                where[r].append(i)
+                where[r].append(k)
     names = ", ".join(allowed)
     for r in ROLES:
         if r not in allowed:
-            for i in where[r]:
-                add(("hosts", i, "roles", r), f"hosts[{i}].roles.{r}",
+            for k in where[r]:
+                loc, path, _ = holders[k]
+                add((*loc, r), f"{path}.{r}",
                     f"not a role of strategy {strategy} ({WHY.get((strategy, r), '')}); allowed: {names}")  # fmt: skip
             continue
         lo, hi = allowed[r]
         if hi is not None and totals[r] > hi:
-            i = where[r][-1]
-            add(("hosts", i, "roles", r), f"hosts[{i}].roles.{r}",
-                f"{totals[r]} {r} tasks over all hosts; strategy {strategy} allows at most {hi} ({WHY[(strategy, r)]})")  # fmt: skip
-        if totals[r] < lo and hosts:
-            add(("hosts",), "hosts", f"strategy {strategy} needs at least {lo} {r} task(s) ({WHY[(strategy, r)]}); "
-                f"give a host roles: {{{r}: 1}}")  # fmt: skip
-    if strategy == "multi_worker_mirrored" and hosts and not totals["chief"] + totals["worker"] and not out:
-        add(("hosts",), "hosts", "no chief or worker task: MultiWorkerMirroredStrategy needs at least one to train")
+            loc, path, _ = holders[where[r][-1]]
+            add((*loc, r), f"{path}.{r}",
+                f"{totals[r]} {r} tasks {scope}; strategy {strategy} allows at most {hi} ({WHY[(strategy, r)]})")  # fmt: skip
+        if totals[r] < lo and holders:
+            loc, path, _ = holders[0]
+            where_to = ("hosts",) if scheduler == "ssh" else loc
+            fix = f"give a host roles: {{{r}: 1}}" if scheduler == "ssh" else f"set {path}.{r}: 1"
+            add(where_to, "hosts" if scheduler == "ssh" else path,
+                f"strategy {strategy} needs at least {lo} {r} task(s) ({WHY[(strategy, r)]}); {fix}")  # fmt: skip
+    if strategy == "multi_worker_mirrored" and holders and not totals["chief"] + totals["worker"] and not out:
+        add(("hosts",) if scheduler == "ssh" else holders[0][0], "hosts" if scheduler == "ssh" else holders[0][1],
+            "no chief or worker task: MultiWorkerMirroredStrategy needs at least one to train")  # fmt: skip
+    _layout_problems(data, scheduler, totals, add)
     return out
+
+
+def _layout_problems(data: dict, scheduler: str, totals: dict[str, int], add: Any) -> None:
+    """Slurm: the roles fill the step exactly (nodes x tasks_per_node, block order); Kubernetes: roles
+    replace workers (each role is its own replicated job)."""
+    section = data.get(scheduler) if isinstance(data.get(scheduler), dict) else {}
+    n = sum(totals.values())
+    if scheduler == "slurm":
+        nodes, per_node = _int(section.get("nodes")), _int(section.get("tasks_per_node", 1))
+        if nodes and per_node and n and nodes * per_node != n:
+            add(("slurm", "roles"), "slurm.roles",
+                f"{n} tasks by role, but slurm.nodes x slurm.tasks_per_node = {nodes} x {per_node} = {nodes * per_node} "
+                "task slots: make them equal (Slurm places the tasks in rank order: chief, workers, ps, evaluator)")  # fmt: skip
+    if scheduler == "kubernetes" and "workers" in section:
+        add(("kubernetes", "workers"), "kubernetes.workers",
+            "not used with kubernetes.roles (the worker count is roles.worker); remove one of them")  # fmt: skip

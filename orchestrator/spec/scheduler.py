@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
+Role = Literal["chief", "worker", "ps", "evaluator"]  # worker_entry.protocol.ROLES
+
 #: Slurm's time formats (sbatch --time): M, M:S, H:M:S, D-H, D-H:M, D-H:M:S; or UNLIMITED/INFINITE.
 SLURM_TIME_RE = re.compile(r"^(?:\d+(?::\d{1,2}){0,2}|\d+-\d{1,2}(?::\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
 #: A Slurm name (partition, account, qos): letters, digits and ._- only.
@@ -111,6 +113,12 @@ class SlurmSpec(_Model):
     )
     max_requeues: Annotated[int, Field(strict=True, ge=0, le=1000)] = Field(
         10, description="At most this many requeues after preemptions, and this many after time limits."
+    )
+    roles: dict[Role, Annotated[int, Field(strict=True, ge=0, le=65536)]] | None = Field(
+        None,
+        description="Tasks of the job by role (chief, worker, ps, evaluator), e.g. {chief: 1, worker: 6, ps: 1}: "
+        "as many as nodes x tasks_per_node, placed in that order (block distribution). Default: tensorflow.chief "
+        "and workers. Which roles a strategy allows: tensorflow.strategy.",
     )
 
 

@@ -6,10 +6,13 @@ and the attempt is a success. Mixed into the supervisor, like ``teardown``."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 from worker_entry import protocol as p
+from worker_entry.protocol.roles import CLUSTER_ROLES
 
 from ..backends import Backend, Channel
 from ..core.result import Failure
@@ -17,11 +20,21 @@ from ..core.states import JobState, TaskState
 from ..events import EventBus
 from ..events import kinds as ev
 from ..plan import Plan
+from ..plan.build import tf_cluster, tf_config_of
 from ..plan.roles import RoleRule, rule_of
 from ..spec import ClusterSpec
 from .inputs import ChannelPump
 from .monitor import Monitor
 from .session import TaskSession
+
+#: A TF endpoint a node may report: HOST:PORT or [IPV6]:PORT (anything else is not used).
+_ENDPOINT = re.compile(r"^(?:[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):[0-9]{1,5}$")
+
+
+def _endpoint(text: str | None) -> str:
+    """A reported endpoint when it is one, else ""."""
+    return text if text and _ENDPOINT.match(text) else ""
+
 
 #: Failures that say the host or the spec is wrong, not the task: never tolerated.
 _NEVER_TOLERATED = frozenset({"preflight", "connect"})
@@ -111,6 +124,7 @@ class RoleCare:
         new = TaskSession(node, self.attempt, self.monitor.on_terminal)
         new.key = f"{old.task}#{n}"
         new.restarts = n
+        new.placement = old.placement  # until its hello says where it is
         self.sessions[old.task] = new
         self.keys[new.key] = new
         self.monitor.revive(old.task, self.clock())
@@ -121,7 +135,26 @@ class RoleCare:
         def deliver(_task: str, chan: Channel | BaseException) -> None:
             self._deliver(key, chan)
 
-        self.backend.start_all([(node, config)], deliver)
+        try:
+            if p.Env.TF_CONFIG not in config.env:  # its node built it (Slurm): the same cluster, as the nodes said
+                self._with_tf_config(config, old)
+            self.backend.restart_task(node, config, deliver, old.placement)
+        except (OSError, ValueError) as exc:
+            deliver(old.task, exc)
+
+    def _with_tf_config(self, config: p.NodeConfig, old: TaskSession) -> None:
+        """The restarted task's TF_CONFIG from the endpoints every task's node reported in its hello:
+        where its peers listen, and its own old place (its port is free again)."""
+        order = list(self.sessions.values())
+        endpoints = [_endpoint(s.placement.tf_endpoint) for s in order]
+        tasks = [s.node.task for s in order]
+        missing = [s.task for s, ep in zip(order, endpoints, strict=True) if not ep and s.node.task.type in CLUSTER_ROLES]
+        if missing:
+            raise ValueError(f"cannot rebuild TF_CONFIG: {', '.join(missing[:3])} never said where it listens")
+        config.env[p.Env.TF_CONFIG] = json.dumps(tf_config_of(tf_cluster(tasks, endpoints), config.task), separators=(",", ":"))
+        own = _endpoint(old.placement.tf_endpoint)
+        port = own.rpartition(":")[2]
+        config.tf_port = int(port) if port.isdigit() and 0 < int(port) < 65536 else None
 
     def _deliver(self, task: str, chan: Channel | BaseException) -> None:  # the supervisor's
         raise NotImplementedError

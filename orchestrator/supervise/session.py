@@ -20,7 +20,7 @@ from typing import Any
 
 from worker_entry import protocol as p
 
-from ..backends import Channel
+from ..backends import Channel, Placement
 from ..core.states import TaskState
 from ..plan import NodePlan
 
@@ -85,6 +85,7 @@ class TaskSession:
         self.task = str(node.task)
         self.key = self.task  # its channel's name in the pump and the queue (TASK#N: the Nth restart in place)
         self.restarts = 0  # how many times it was restarted alone, in place, before this incarnation
+        self.placement = Placement()  # where it runs, as its hello says (a restart in place starts it there)
         self.host = node.host
         self.state = TaskState.PENDING
         self.channel: Channel | None = None
@@ -218,6 +219,7 @@ class TaskSession:
             if msg.task is not None and str(msg.task) != self.task:
                 raise p.ProtocolError(f"hello.task: this channel is {self.task}, the node claims {msg.task}")
             self.facts = msg.facts
+            self.placement = Placement(msg.tf_endpoint, msg.node_name)
             if self.config_sent_at is not None and msg.facts.time:
                 self.skew_s = msg.facts.time - (self.config_sent_at + time.time()) / 2
             self.pid = msg.pid

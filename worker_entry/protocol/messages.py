@@ -50,6 +50,9 @@ class NodeConfig(Record):
     wait_for_go: bool = True
     checkpoint_dir: str | None = None  # listed in task_files when set (the chief, with checkpoint.gather)
     clean_dirs: list[str] = field(default_factory=list)  # workertemp_* copies removed at the end (non-chief)
+    # the job's tasks by role (chief, worker, ps, evaluator), for nodes that build their own TF_CONFIG
+    # (Slurm): ranks follow protocol.roles.role_order. Empty: chief (when TF_CONFIG has one) and workers.
+    roles: dict[str, int] = field(default_factory=dict, metadata=spec(lo=0, hi=1 << 20, max_len=4))
 
     @classmethod
     def parse_line(cls, line: bytes) -> NodeConfig:
@@ -114,6 +117,10 @@ class Hello(Message):
     remote_dir: str
     facts: NodeFacts = field(default_factory=NodeFacts)
     task: TaskRef | None = None  # who the node thinks it is (checked against the channel's task)
+    # where this task's TF server listens (its own entry of TF_CONFIG's cluster) and the scheduler's name
+    # for its node (SLURMD_NODENAME): what a restart in place needs to start it again at the same place
+    tf_endpoint: str | None = field(default=None, metadata=spec(max_len=300))
+    node_name: str | None = field(default=None, metadata=spec(max_len=253))
 
 
 @dataclass

@@ -10,3 +10,9 @@ ROLES = ("chief", "worker", "ps", "evaluator")
 #: (``multi_worker_util`` treats a task outside the cluster as the evaluator).
 CLUSTER_ROLES = ("chief", "worker", "ps")
 STRATEGIES = ("multi_worker_mirrored", "parameter_server")
+
+
+def role_order(counts: dict[str, int]) -> list[tuple[str, int]]:
+    """(type, index) of each rank of a job given by role counts: every chief, worker, ps, then the
+    evaluator (the planner's ``role_slots`` numbers tasks the same way)."""
+    return [(role, i) for role in ROLES for i in range(counts.get(role, 0))]

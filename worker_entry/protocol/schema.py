@@ -100,7 +100,7 @@ def _compile(tp: Any, meta: dict[str, Any]) -> Check:
 
         return sequence
     if origin is dict:
-        value_check = _compile(typing.get_args(tp)[1], {"max_len": meta.get("value_len")})
+        value_check = _compile(typing.get_args(tp)[1], {"max_len": meta.get("value_len"), "lo": meta.get("lo"), "hi": meta.get("hi")})
         limit = meta.get("max_len") or 4096
 
         def mapping(v: Any, path: str, depth: int) -> Any:

@@ -24,12 +24,14 @@ from ...plan.build import (
     job_dirs,
     node_env,
     resolve_communication,
+    role_slots,
     runtime_of,
     tf_cluster,
     tf_config_of,
 )
 from ...plan.model import WORKER_ENTRY_MODULE, NodePlan, Plan
 from ...plan.policy import StragglerPolicy
+from ...plan.roles import rule_of
 from ...runs.rundir import SLURM_DIR
 from ...spec import ClusterSpec
 
@@ -41,7 +43,8 @@ def slurm_plan(spec: ClusterSpec, *, run_id: str, node_names: Sequence[str] | No
     s = spec.slurm
     assert s is not None  # the spec rules require the section with scheduler: slurm
     n = s.nodes * s.tasks_per_node
-    tasks = assign_tasks(n, spec.tensorflow.chief)
+    roles = dict(s.roles or {})
+    tasks = [t for _, t, _ in role_slots([roles])] if roles else assign_tasks(n, spec.tensorflow.chief)
     gpus = s.gpus_per_node // s.tasks_per_node
     communication = resolve_communication(spec.tensorflow.communication, gpus)
     job_root, checkpoint_dir, backup_dir = job_dirs(spec, run_id)
@@ -54,7 +57,8 @@ def slurm_plan(spec: ClusterSpec, *, run_id: str, node_names: Sequence[str] | No
     nodes = []
     for rank, task in enumerate(tasks):
         node, _ = layout[rank]
-        env = node_env(spec, task, None, communication, run_id, n, gpus, checkpoint_dir, backup_dir)
+        env = node_env(spec, task, None, communication, run_id, n, gpus, checkpoint_dir, backup_dir,
+                       has_chief="chief" in cluster)  # fmt: skip
         nodes.append(
             NodePlan(
                 task=task,
@@ -72,6 +76,7 @@ def slurm_plan(spec: ClusterSpec, *, run_id: str, node_names: Sequence[str] | No
                 checkpoint_dir=checkpoint_dir,
                 backup_dir=backup_dir,
                 runtime=runtime,
+                roles=roles,
             )
         )
     details = {
@@ -105,6 +110,7 @@ def slurm_plan(spec: ClusterSpec, *, run_id: str, node_names: Sequence[str] | No
         scheduler="slurm",
         policy=StragglerPolicy.from_spec(spec),
         slurm=details,
+        strategy=spec.tensorflow.strategy,
     )
 
 
@@ -175,13 +181,45 @@ def srun_argv(spec: ClusterSpec, entry: Sequence[str], *, attempt: int) -> list[
         f"--ntasks={s.nodes * s.tasks_per_node}",
         f"--ntasks-per-node={s.tasks_per_node}",
         "--distribution=block",
-        "--kill-on-bad-exit=1",
+        # Slurm kills the step when a task exits non-zero: only when every role's failure takes the job
+        # down (a restarted ps worker or a reported evaluator must leave the others running)
+        f"--kill-on-bad-exit={1 if all_fatal(spec) else 0}",
         "--export=ALL",
         "--input=all",  # srun's stdin (the connect-back secret) reaches every task
     ]
     if s.gpus_per_node:
         argv.append(f"--gpus-per-node={s.gpus_per_node}")
     return argv + list(entry)
+
+
+def restart_srun_argv(spec: ClusterSpec, python: str, *, attempt: int, restart: int, node: str) -> list[str]:
+    """One task started again in place, inside the allocation: a one-task step on its node that shares
+    the first step's resources (``--overlap``); it dials back as its old rank (``worker_entry connect``)
+    and gets its TF_CONFIG from the supervisor."""
+    s = spec.slurm
+    assert s is not None
+    argv = [
+        "srun",
+        f"--job-name={spec.name}-a{attempt}-r{restart}",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--nodelist={node}",
+        "--overlap",
+        "--kill-on-bad-exit=0",
+        "--export=ALL",
+        "--input=all",
+    ]
+    if s.gpus_per_node:
+        argv.append(f"--gpus-per-node={s.gpus_per_node}")
+    return [*argv, python, "-m", WORKER_ENTRY_MODULE, "connect"]
+
+
+def all_fatal(spec: ClusterSpec) -> bool:
+    """Whether every task's failure tears the job down (``plan.roles``' table)."""
+    s = spec.slurm
+    assert s is not None
+    roles = s.roles or {"worker": 1}
+    return all(rule_of(spec.tensorflow.strategy, role).on_failure == "teardown" for role, n in roles.items() if n)
 
 
 def describe(plan: Plan) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -24,16 +25,17 @@ from worker_entry.hostlist import expand_hostlist
 from worker_entry.protocol import NodeConfig
 from worker_entry.protocol.env import Env
 
-from ...backends.backend import Deliver
+from ...backends.backend import Deliver, Placement
 from ...backends.tcp import ConnectBackBackend
 from ...plan import NodePlan, Plan
 from ...runs import RunDir
 from ...spec import ClusterSpec
 from . import commands as sc
-from .plan import srun_argv
+from .plan import restart_srun_argv, srun_argv
 
 SRUN_EXIT_WAIT_S = 5.0  # srun ends by itself once its tasks have (our stop, or their own exit)
 SCANCEL_WAIT_S = 10.0
+NODE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,253}$")
 MAX_ADDRS_ENV = 64 << 10  # one env string must stay far below the kernel's 128 KiB limit
 
 
@@ -64,6 +66,7 @@ class SlurmStepBackend(ConnectBackBackend):
     """Tasks of one attempt = one srun step in the current allocation."""
 
     name = "slurm"
+    restarts_tasks = True  # a task restarted in place is a one-task step of its own (--overlap)
 
     def __init__(
         self, spec: ClusterSpec, plan: Plan, *, log_dir: Path | None = None, env: Mapping[str, str] = os.environ
@@ -85,6 +88,7 @@ class SlurmStepBackend(ConnectBackBackend):
         self.srun_log: Path | None = None
         self.notes: list[str] = []  # what the last-resort teardown had to do (the job reports it)
         self._watch: threading.Thread | None = None
+        self.restarts: list[tuple[str, subprocess.Popen]] = []  # (step name, srun) of tasks restarted in place
         self._starts: list[tuple[NodePlan, NodeConfig]] = []
         self._deliver: Deliver = lambda task, chan: None
 
@@ -126,6 +130,30 @@ class SlurmStepBackend(ConnectBackBackend):
         self._watch = threading.Thread(target=self._watch_srun, args=(self.srun,), name="srun-watch", daemon=True)
         self._watch.start()
 
+    def relaunch(self, rank: int, node: NodePlan, config: NodeConfig, placement: Placement) -> None:
+        """A task restarted in place: a one-task step on the node it ran on, dialing back as ``rank``."""
+        name = placement.node_name or ""
+        if not NODE_NAME_RE.match(name):
+            raise OSError(f"{node.task}: its node never said its Slurm node name (SLURMD_NODENAME): cannot start it there again")
+        n = len(self.restarts) + 1
+        argv = restart_srun_argv(self.spec, node.argv[0], attempt=config.attempt, restart=n, node=name)
+        env = {**self.env, **self.connect_env(), Env.RANK: str(rank)}
+        assert self.log_dir is not None  # bound before the first step
+        log = self.log_dir / f"srun-attempt-{config.attempt}-restart-{n}.log"
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=fd, stderr=fd, start_new_session=True)
+        finally:
+            os.close(fd)
+        self.restarts.append((argv[1].split("=", 1)[1], proc))
+        self._give_secret(proc)
+        rc = proc.wait()  # (this thread is the restart's own)
+        time.sleep(0.5)  # a connection accepted just before srun's exit is being delivered
+        if rank not in self.server.connected_ranks():
+            text = log.read_bytes()[-8192:].decode("utf-8", "replace")
+            tail = " | ".join(line.strip() for line in text.splitlines()[-8:] if line.strip())
+            raise OSError(f"srun exited with code {rc} before the restarted task connected back: {tail}")
+
     def _give_secret(self, proc: subprocess.Popen) -> None:
         """The run's secret on srun's stdin, which srun forwards to every task (``--input=all``): never in
         an environment, where /proc/PID/environ of srun, slurmstepd and the tasks would show it."""
@@ -164,18 +192,22 @@ class SlurmStepBackend(ConnectBackBackend):
     def close(self) -> None:
         """Last teardown layer: srun still there after the supervisor is done → scancel the step."""
         self._end_step()
+        for name, proc in self.restarts:  # restarted tasks' steps: over once their task is
+            self._end_proc(proc, name)
         super().close()
 
     def _end_step(self) -> None:
         """The current step's srun ends by itself once its tasks have; if it does not, scancel it."""
-        proc = self.srun
+        self._end_proc(self.srun, self.step_name)
+
+    def _end_proc(self, proc: subprocess.Popen | None, step_name: str) -> None:
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(SRUN_EXIT_WAIT_S)
         if proc is not None and proc.poll() is None:
             steps: list[str] = []
             with contextlib.suppress(sc.SlurmError):
-                steps = sc.steps_named(self.job_id, self.step_name) if self.job_id else []
+                steps = sc.steps_named(self.job_id, step_name) if self.job_id else []
             for step in steps:
                 with contextlib.suppress(sc.SlurmError):
                     sc.cancel(step, signal="KILL")
