@@ -163,3 +163,27 @@ def test_sidecar_evaluator_and_a_custom_evaluate_report_what_keras_returned(tmp_
     assert sidecar["metrics"] == pytest.approx(result["sidecar"][0]) and set(sidecar["metrics"]) == {"loss", "mae"}
     assert custom["metrics"] == pytest.approx(result["custom"]) and "checkpoint" not in custom
     assert tfcluster_lines(err) == []
+
+
+KERAS3_SCRIPT = textwrap.dedent(
+    """
+    import json, os
+    import numpy as np
+    os.environ["TFCLUSTER_TASK_TYPE"] = "evaluator"
+    import keras
+    x = np.random.default_rng(0).random((64, 4), dtype=np.float32); y = x.sum(axis=1, keepdims=True)
+    model = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", metrics=["mae"])
+    model.fit(x, y, epochs=1, batch_size=16, validation_data=(x, y), verbose=0)
+    print(json.dumps(model.evaluate(x, y, verbose=0, return_dict=True)))
+    """
+)
+
+
+def test_keras3_evaluate_in_an_evaluator_task_is_reported_too(tmp_path):
+    env = {**base_env(TFCLUSTER_INSTRUMENT="1"), "TF_USE_LEGACY_KERAS": "0"}
+    rc, out, err, records = run_python(KERAS3_SCRIPT, env, cwd=tmp_path, timeout=300)
+    assert rc == 0, err[-3000:]
+    (e,) = [r for r in records if r["kind"] == "evaluation"]  # fit's validation is not one
+    assert e["metrics"] == pytest.approx(json.loads(out.strip().splitlines()[-1])) and e["step"] == 4
+    assert tfcluster_lines(err) == []
