@@ -5,7 +5,8 @@ worker_entry on the nodes:
   SIGKILLed mid-run is restarted in place and the job still succeeds when the chief ends (the servers,
   which never exit by themselves, stopped); the ps SIGKILLed tears the job down with the ps as root cause;
 - MWMS with a sidecar evaluator (tf.keras.utils.SidecarEvaluator on the checkpoint directory): the
-  evaluator evaluates a checkpoint; SIGKILLed, it is reported and the training goes on to succeed.
+  evaluator evaluates a checkpoint, with the metrics it printed in the launcher's events, status and
+  report; SIGKILLed, it is reported and the training goes on to succeed.
 
 Few and short on purpose (CI runs on 2 cores): each test is one job of ~4 TensorFlow processes.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -149,7 +151,31 @@ def test_mwms_sidecar_evaluator_evaluates_then_ends(testbed_factory, tmp_path):
         (end,) = [e for e in events if e["event"] == "training_ended"]
         assert end["stopping"] == 1
     assert {result["tasks"][t]["state"] for t in ("worker:0", "worker:1")} == {"succeeded"}
+    _assert_evaluations_as_logged(run_dir, log, events)
     assert_no_job_processes(tb, 10)
+
+
+def _assert_evaluations_as_logged(run_dir: Path, log: str, events: list[dict]) -> None:
+    """The evaluations the evaluator printed (step, metrics to 4 decimals) are the launcher's: one
+    ``evaluation`` event each, the last in status.json and `status`, every one in `report`."""
+    said = [re.search(r"evaluated the checkpoint of step (\d+): (.*)$", line) for line in log.splitlines()]
+    printed = [(int(m[1]), dict(zip(m[2].split()[::2], map(float, m[2].split()[1::2]), strict=True))) for m in said if m]
+    evals = [e for e in events if e["event"] == "evaluation"]
+    assert printed and len(evals) == len(printed), (printed, evals)
+    for (step, metrics), e in zip(printed, evals, strict=True):
+        assert e["task"] == "evaluator:0" and e["step"] == step and e["source"] == "sidecar"
+        assert e["checkpoint"].endswith(f"ckpt-{step // 10}") and set(e["metrics"]) == set(metrics) == {"loss", "mae"}
+        assert all(abs(e["metrics"][k] - v) <= 5e-5 for k, v in metrics.items()), (e["metrics"], metrics)
+    entry = json.loads((run_dir / "status.json").read_text())["tasks"]["evaluator:0"]["evaluation"]
+    assert entry["evaluations"] == len(evals) and entry["metrics"] == evals[-1]["metrics"] and entry["step"] == printed[-1][0]
+    status = run_cli("status", str(run_dir))
+    assert f"evaluator:0: {len(evals)} evaluation(s); last: checkpoint ckpt-{printed[-1][0] // 10}" in status.stdout
+    report = run_cli("report", "--json", str(run_dir))
+    assert report.returncode == 0, report.stderr
+    rows = json.loads(report.stdout)["evaluations"]["evaluator:0"]
+    assert [(r["step"], r["metrics"]) for r in rows] == [(e["step"], e["metrics"]) for e in evals]
+    text = run_cli("report", str(run_dir)).stdout
+    assert f"evaluations of evaluator:0 ({len(evals)}, as it reported them):" in text
 
 
 def test_mwms_sidecar_evaluator_evaluates_and_its_death_does_not_stop_training(testbed_factory, tmp_path):

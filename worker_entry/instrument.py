@@ -9,6 +9,8 @@ worker_entry runs the user's command with ``worker_entry/_site`` first on PYTHON
   pre-configured, and a ``strategy`` progress record is emitted once the strategy exists;
 - ``Model.fit`` (tf_keras, Keras 2, Keras 3) gets our ProgressCallback appended unless one is there
   (epochs, examples, the evaluate/predict phases);
+- in an evaluator task, ``Model.evaluate`` gets an EvaluationCallback that reports each evaluation's
+  metrics, step and (under ``SidecarEvaluator``, whose checkpoint listing is hooked) checkpoint;
 - the step clock (``stamps.py``) stamps every MWMS collective and every replica function of
   ``strategy.run`` while a ``tf.function`` is traced: ``CollectiveAllReduce._all_reduce`` of
   ``cross_device_ops``, ``MirroredExtended._call_for_each_replica`` (MWMS's), and eager
@@ -33,7 +35,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .progress import warn_once
+from .progress import note_checkpoint, warn_once
 from .protocol.env import OFF_VALUES, Env
 
 ENV_INSTRUMENT = Env.INSTRUMENT
@@ -162,43 +164,53 @@ def _global_batch_size(x: Any, batch_size: Any) -> int | None:
     return None
 
 
+def _arg(args: tuple, kwargs: dict, pos: int | None, name: str) -> Any:
+    if pos is not None and len(args) > pos:
+        return args[pos]
+    return kwargs.get(name)
+
+
+def _with_callback(args: tuple, kwargs: dict, pos: int | None, marker: str, make: Callable[[list], Any]) -> tuple[tuple, dict] | None:
+    """The call's arguments with ``make(existing callbacks)`` appended to its callbacks (at ``pos`` or
+    ``callbacks=``), unless one with ``marker`` is there; None: nothing to change."""
+    given = _arg(args, kwargs, pos, "callbacks")
+    existing = list(getattr(given, "callbacks", given) or [])
+    if any(getattr(c, marker, False) for c in existing):
+        return None
+    cb = make(existing)
+    if given is not None and hasattr(given, "callbacks") and hasattr(given, "append"):
+        given.append(cb)  # a CallbackList: Keras uses it as is
+        return None
+    new = [*existing, cb]
+    if pos is not None and len(args) > pos:
+        args = (*args[:pos], new, *args[pos + 1 :])
+    else:
+        kwargs = {**kwargs, "callbacks": new}
+    return args, kwargs
+
+
+def _position(signature: inspect.Signature, name: str) -> int | None:
+    names = list(signature.parameters)
+    return names.index(name) - 1 if name in names else None  # position after self
+
+
 def patch_fit(cls: type, keras_package: str) -> bool:
     """Wrap ``cls.fit`` to append a ProgressCallback unless the call already has one."""
     original = cls.fit
     if getattr(original, _WRAPPED, False):
         return False
     signature = inspect.signature(original)
-    names = list(signature.parameters)
-    cb_pos = names.index("callbacks") - 1 if "callbacks" in names else None  # position after self
-    x_pos = names.index("x") - 1 if "x" in names else None
-    bs_pos = names.index("batch_size") - 1 if "batch_size" in names else None
-
-    def _arg(args: tuple, kwargs: dict, pos: int | None, name: str) -> Any:
-        if pos is not None and len(args) > pos:
-            return args[pos]
-        return kwargs.get(name)
+    cb_pos, x_pos, bs_pos = (_position(signature, n) for n in ("callbacks", "x", "batch_size"))
 
     @_guard("fit-hook", "adding the progress callback to fit")
     def add_callback(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         from .keras_callback import callback_class
 
-        given = _arg(args, kwargs, cb_pos, "callbacks")
-        existing = list(getattr(given, "callbacks", given) or [])
-        if any(getattr(c, "_tfcluster_progress", False) for c in existing):
-            return None
-        cb = callback_class(_callback_base(keras_package))(
-            batch_size=_global_batch_size(_arg(args, kwargs, x_pos, "x"), _arg(args, kwargs, bs_pos, "batch_size")),
-            tf_profiler=not _profiling_user_callback(existing),
-        )
-        if given is not None and hasattr(given, "callbacks") and hasattr(given, "append"):
-            given.append(cb)  # a CallbackList: Keras uses it as is
-            return None
-        new = [*existing, cb]
-        if cb_pos is not None and len(args) > cb_pos:
-            args = (*args[:cb_pos], new, *args[cb_pos + 1 :])
-        else:
-            kwargs = {**kwargs, "callbacks": new}
-        return args, kwargs
+        def make(existing: list) -> Any:
+            batch = _global_batch_size(_arg(args, kwargs, x_pos, "x"), _arg(args, kwargs, bs_pos, "batch_size"))
+            return callback_class(_callback_base(keras_package))(batch_size=batch, tf_profiler=not _profiling_user_callback(existing))
+
+        return _with_callback(args, kwargs, cb_pos, "_tfcluster_progress", make)
 
     @functools.wraps(original)
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -209,6 +221,72 @@ def patch_fit(cls: type, keras_package: str) -> bool:
 
     setattr(fit, _WRAPPED, True)
     cls.fit = fit
+    return True
+
+
+# --------------------------------------------------------------------------------- evaluate hook
+
+
+def is_evaluator(env: Any = os.environ) -> bool:
+    """This process is an evaluator task (``TFCLUSTER_TASK_TYPE``, else ``TF_CONFIG``'s task type)."""
+    kind = env.get(Env.TASK_TYPE)
+    if not kind:
+        import json
+
+        try:
+            kind = ((json.loads(env.get(Env.TF_CONFIG) or "{}") or {}).get("task") or {}).get("type")
+        except (ValueError, AttributeError):
+            return False
+    return kind == "evaluator"
+
+
+def patch_evaluate(cls: type, keras_package: str) -> bool:
+    """Wrap ``cls.evaluate``: in an evaluator task, an EvaluationCallback reports each evaluation's
+    metrics (not the validation inside ``fit``, which calls ``evaluate`` with ``_use_cached_eval_dataset``)."""
+    original = cls.evaluate
+    if getattr(original, _WRAPPED, False):
+        return False
+    cb_pos = _position(inspect.signature(original), "callbacks")
+
+    @_guard("evaluate-hook", "adding the evaluation callback to evaluate")
+    def add_callback(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        if kwargs.get("_use_cached_eval_dataset") or not is_evaluator():
+            return None
+        from .keras_callback import evaluation_callback_class
+
+        make = lambda existing: evaluation_callback_class(_callback_base(keras_package))()  # noqa: E731
+        return _with_callback(args, kwargs, cb_pos, "_tfcluster_evaluation", make)
+
+    @functools.wraps(original)
+    def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        changed = add_callback(args, kwargs)
+        if changed is not None:
+            args, kwargs = changed
+        return original(self, *args, **kwargs)
+
+    setattr(evaluate, _WRAPPED, True)
+    cls.evaluate = evaluate
+    return True
+
+
+def patch_sidecar(module: ModuleType) -> bool:
+    """Wrap the sidecar evaluator module's ``list_checkpoint_attributes``: ``SidecarEvaluator.start``
+    calls it with each checkpoint it has just restored, right before evaluating it — so the next
+    evaluation names that checkpoint (``progress.note_checkpoint``)."""
+    original = module.list_checkpoint_attributes
+    if getattr(original, _WRAPPED, False):
+        return False
+
+    @functools.wraps(original)
+    def list_checkpoint_attributes(ckpt_dir_or_file: Any) -> Any:
+        try:
+            note_checkpoint(ckpt_dir_or_file)
+        except Exception as exc:  # pragma: no cover - note_checkpoint only assigns
+            warn_once("sidecar-hook", f"instrumentation: noting the checkpoint failed ({exc!r})")
+        return original(ckpt_dir_or_file)
+
+    setattr(list_checkpoint_attributes, _WRAPPED, True)
+    module.list_checkpoint_attributes = list_checkpoint_attributes
     return True
 
 
@@ -224,16 +302,23 @@ def _stamps(name: str) -> Callable[[ModuleType], Any]:
     return hook
 
 
+def _keras(cls: type, keras_package: str) -> None:
+    patch_fit(cls, keras_package)
+    patch_evaluate(cls, keras_package)
+
+
 # module name -> hook run right after that module has executed
 HOOKS: dict[str, Callable[[ModuleType], Any]] = {
     "tensorflow.python.distribute.collective_all_reduce_strategy": patch_mwms,
     "tensorflow.python.distribute.mirrored_strategy": _stamps("patch_extended"),  # MWMS's base
     "tensorflow.python.distribute.cross_device_ops": _stamps("patch_cross_device_ops"),
     "tensorflow.python.distribute.input_lib": _stamps("patch_input_lib"),
-    "tf_keras.src.engine.training": lambda m: patch_fit(m.Model, "tf_keras"),
-    "keras.src.backend.tensorflow.trainer": lambda m: patch_fit(m.TensorFlowTrainer, "keras"),  # Keras 3
-    "keras.src.engine.training": lambda m: patch_fit(m.Model, "keras"),  # Keras 2.13-2.15
-    "keras.engine.training": lambda m: patch_fit(m.Model, "keras"),  # Keras <= 2.12
+    "tf_keras.src.engine.training": lambda m: _keras(m.Model, "tf_keras"),
+    "keras.src.backend.tensorflow.trainer": lambda m: _keras(m.TensorFlowTrainer, "keras"),  # Keras 3
+    "keras.src.engine.training": lambda m: _keras(m.Model, "keras"),  # Keras 2.13-2.15
+    "keras.engine.training": lambda m: _keras(m.Model, "keras"),  # Keras <= 2.12
+    "tf_keras.src.utils.sidecar_evaluator": patch_sidecar,
+    "keras.src.utils.sidecar_evaluator": patch_sidecar,  # Keras 2.13-2.15 (Keras 3 has no SidecarEvaluator)
 }
 
 

@@ -7,15 +7,21 @@ Under a multi-worker MWMS the step clock's stamps (``stamps.py``) count the trai
 the straggler signals by themselves; the callback then adds what only Keras knows — the epoch and the
 global batch size (examples) — and counts the evaluate/predict phases. Without stamps (one worker, no
 MWMS) it counts the training steps too. With ``TFCLUSTER_PROFILER=1`` it drives the TF-profiler sampler.
+
+The evaluation callback (added to every ``model.evaluate`` of an evaluator task) reports the metrics
+``evaluate`` computed — the very dict it hands its callbacks' ``on_test_end`` and returns with
+``return_dict=True`` — with the training step of the weights it evaluated (the optimizer's iterations,
+restored from the checkpoint).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .progress import counter, flush, get_writer, warn_once
+from .progress import counter, flush, get_writer, report_evaluation, warn_once
 
 _callback_classes: dict[int, type] = {}
+_evaluation_classes: dict[int, type] = {}
 
 
 def _default_callback_base() -> type:
@@ -167,3 +173,33 @@ def _build_callback_class(base: type) -> type:
     ProgressCallback.__qualname__ = "ProgressCallback"
     ProgressCallback.__module__ = __name__
     return ProgressCallback
+
+
+def evaluation_callback_class(base: type | None = None) -> type:
+    """The EvaluationCallback class derived from ``base`` (a Keras ``Callback`` class), built once."""
+    base = base or _default_callback_base()
+    cls = _evaluation_classes.get(id(base))
+    if cls is None:
+
+        class EvaluationCallback(base):  # type: ignore[misc, valid-type]
+            """Reports each evaluation's metrics (``on_test_end``'s logs) and the step it evaluated."""
+
+            _tfcluster_evaluation = True  # marker: the instrumentation adds no second one
+
+            def on_test_end(self, logs=None) -> None:
+                report_evaluation(logs or {}, step=_iterations(getattr(self, "model", None)))
+
+        EvaluationCallback.__qualname__ = "EvaluationCallback"
+        EvaluationCallback.__module__ = __name__
+        cls = _evaluation_classes[id(base)] = EvaluationCallback
+    return cls
+
+
+def _iterations(model: Any) -> int | None:
+    """The optimizer's iterations: the training step of the weights a model holds (restored with them)."""
+    try:
+        iterations = model.optimizer.iterations
+        value = iterations.numpy() if hasattr(iterations, "numpy") else iterations
+        return int(value)
+    except Exception:  # no optimizer (not compiled for training), or not readable: no step
+        return None

@@ -6,13 +6,15 @@ user's code: a full pipe drops the record (counters are cumulative, so nothing i
 closed pipe disables the writer, and without the variable everything is a no-op.
 
 ``report_step`` is for custom training loops; ``keras_callback.progress_callback()`` returns a Keras
-callback built against whichever Keras the program uses.
+callback built against whichever Keras the program uses. ``report_evaluation`` sends one evaluation's
+metrics (the instrumentation calls it for every ``model.evaluate`` of an evaluator task).
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import sys
 import threading
@@ -21,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .protocol.env import Env
+from .protocol.metrics import CHECKPOINT_MAX, METRIC_LIMIT, METRIC_NAME_MAX, METRICS_MAX
 
 ENV_FD = Env.PROGRESS_FD
 # A record no longer than PIPE_BUF is written atomically: whole or not at all (POSIX).
@@ -279,3 +282,68 @@ def flush() -> None:
             c.flush()
     except Exception as exc:
         warn_once("progress-flush", f"progress flush failed: {exc!r}")
+
+
+# ------------------------------------------------------------------------------------ evaluations
+
+
+def _metric(value: Any) -> float | None:
+    """A metric's value as a finite float (a Python or NumPy number, a scalar tensor), else None."""
+    if isinstance(value, (bool, str, bytes)):
+        return None
+    try:
+        value = value.numpy() if hasattr(value, "numpy") else value
+        number = float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return None
+    return number if math.isfinite(number) and abs(number) <= METRIC_LIMIT else None
+
+
+def metric_values(logs: Any) -> tuple[dict[str, float], int]:
+    """The metrics of ``logs`` (name -> value) the protocol carries: at most ``METRICS_MAX``, names of 1 to
+    ``METRIC_NAME_MAX`` characters, finite numbers; and how many were left out."""
+    out: dict[str, float] = {}
+    dropped = 0
+    for name, value in (logs.items() if isinstance(logs, Mapping) else ()):
+        number = _metric(value)
+        if not isinstance(name, str) or not 0 < len(name) <= METRIC_NAME_MAX or number is None or len(out) >= METRICS_MAX:
+            dropped += 1
+            continue
+        out[name] = number
+    return out, dropped
+
+
+_evaluated = {"count": 0, "checkpoint": None}
+
+
+def note_checkpoint(path: Any) -> None:
+    """The checkpoint the next evaluation evaluates (``SidecarEvaluator`` names it as it loads it)."""
+    _evaluated["checkpoint"] = None if path is None else str(path)
+
+
+def report_evaluation(metrics: Any, step: int | None = None, checkpoint: str | None = None, source: str | None = None) -> bool:
+    """Report one evaluation: its metrics (name -> number, e.g. what ``model.evaluate(...,
+    return_dict=True)`` returns), the training step and checkpoint it evaluated, if known (else the one
+    ``note_checkpoint`` named). Metrics beyond the bounds are dropped with one warning. Never raises."""
+    try:
+        values, dropped = metric_values(metrics)
+        if dropped:
+            warn_once("eval-dropped", f"evaluation: {dropped} metric(s) left out of the report (at most {METRICS_MAX}, "
+                      f"names of 1 to {METRIC_NAME_MAX} characters, finite numbers only)")  # fmt: skip
+        noted, _evaluated["checkpoint"] = _evaluated["checkpoint"], None
+        checkpoint = checkpoint if checkpoint is not None else noted
+        _evaluated["count"] += 1
+        fields: dict[str, Any] = {"count": _evaluated["count"], "metrics": values, "dropped": dropped,
+                                  "source": source or ("sidecar" if noted is not None else "evaluate")}  # fmt: skip
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+            fields["step"] = step
+        if checkpoint:
+            fields["checkpoint"] = str(checkpoint)[-CHECKPOINT_MAX:]  # the tail names it
+        if emit("evaluation", **fields):
+            return True
+        if get_writer().enabled:
+            warn_once("eval-unsent", "evaluation: a report could not be sent (too large, or the pipe was full)")
+        return False
+    except Exception as exc:  # never break the evaluation loop
+        warn_once("report-evaluation", f"report_evaluation failed: {exc!r}")
+        return False

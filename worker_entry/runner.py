@@ -310,8 +310,8 @@ class Runner:
             elif kind == "strategy":
                 self._mark_started("strategy")
                 self.msg(p.StrategyInfo.from_dict(rec))
-            elif kind == "profile":
-                self.msg(p.Profile.from_dict(rec))
+            elif kind in ("profile", "evaluation"):
+                self.msg(p.NODE_MESSAGES[kind].from_dict(rec))
         except (ValueError, RecursionError, p.ProtocolError) as exc:
             self.bad_records += 1
             if self.bad_records == 1:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from worker_entry.protocol import spec
+from worker_entry.protocol.metrics import METRICS_MAX
 
 from .base import COUNT, MANY, TEXT, BaseEvent, failure_or_none, gpu_models
 from .verdicts import (
@@ -138,6 +139,21 @@ class TaskStarted(BaseEvent):
 
     KIND: ClassVar[str] = "task_started"
     how: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evaluation(BaseEvent):
+    """An evaluator task evaluated (``model.evaluate``, e.g. ``SidecarEvaluator``'s per checkpoint): the
+    metrics as it reported them, the checkpoint and its training step when known (``evaluations``
+    folds them: live for status, from events.jsonl for ``report``)."""
+
+    KIND: ClassVar[str] = "evaluation"
+    count: int = field(metadata=spec(lo=1))
+    metrics: dict[str, float] = field(metadata=spec(max_len=METRICS_MAX))
+    step: int | None = field(metadata=COUNT)
+    checkpoint: str | None
+    source: str
+    dropped: int = field(default=0, metadata=COUNT)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -364,7 +380,7 @@ EVENT_TYPES: dict[str, type[BaseEvent]] = {
     cls.KIND: cls
     for cls in (
         JobStarted, MetricsServed, JobWarning, Connected, ConnectFailed, AttemptStarted, TaskReady, Preflight,
-        HeterogeneousGpus, ShellNoise, TaskSpawned, TaskStarted, TaskExited, TaskLost, ExitUnconfirmed,
+        HeterogeneousGpus, ShellNoise, TaskSpawned, TaskStarted, Evaluation, TaskExited, TaskLost, ExitUnconfirmed,
         NodeProtocolError, ConnectionRefused,
         WorkerLost, WorkerHung, JobStalled, StartupTimeout, Straggler, StragglerCleared, WorkerSlowing, GpuProblemFound,
         Interrupted, Detached, BoundReached, Teardown, AttemptFinished, TrainingCompleted, RoleFailure, TrainingEnded,

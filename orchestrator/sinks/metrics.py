@@ -159,6 +159,11 @@ def _task_metrics(job: str, tasks: dict[str, Any], profiles: dict[str, dict[str,
         "gpu_mem": family("tfcluster_task_gpu_memory_used_bytes", "GPU memory used", ("gpu",)),
         "gpu_clock": family("tfcluster_task_gpu_sm_clock_hertz", "GPU SM clock", ("gpu",)),
         **_health_families(family),
+        "evaluations": family("tfcluster_task_evaluations", "Evaluations an evaluator task made (this attempt)"),
+        "eval_step": family("tfcluster_task_evaluation_step", "Training step of the weights an evaluator evaluated last"),
+        "eval_metric": family(
+            "tfcluster_task_evaluation_metric", "An evaluator's last evaluation: each metric as it reported it", ("metric",)
+        ),
     }
     for task, t in sorted(tasks.items()):
         base = [job, task, str(t.get("host") or "")]
@@ -197,6 +202,11 @@ def _task_metrics(job: str, tasks: dict[str, Any], profiles: dict[str, dict[str,
                     put("gpu_event", 1, 1.0, (*idx, reason))
         for prob in t.get("gpu_problems") or []:
             put("gpu_problem", 1, 1.0, (str(prob.get("gpu")), str(prob.get("problem"))))
+        if isinstance(e := t.get("evaluation"), dict):  # an evaluator's last evaluation (status: events.evaluations)
+            put("evaluations", e.get("evaluations"))
+            put("eval_step", e.get("step"))
+            for metric, value in (e.get("metrics") if isinstance(e.get("metrics"), dict) else {}).items():
+                put("eval_metric", value, 1.0, (str(metric),))
     yield from fams.values()
 
 

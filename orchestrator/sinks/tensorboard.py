@@ -7,7 +7,9 @@ steps/s and examples/s, straggler scores, CPU, RSS, the host's run-queue delay a
 utilisation, SM clock, power, temperature and memory; for the job its steps/s, examples/s, running
 tasks and, at the end, goodput (``views.tensorboard``). Every point is keyed by the task's training
 step (counted on across restarts, so a curve never goes back) and by its wall time, so
-``tensorboard --logdir RUN`` shows them against steps or time, beside the loss curves.
+``tensorboard --logdir RUN`` shows them against steps or time, beside the loss curves. An evaluator's
+evaluations are ``eval/<metric>`` of its run, at the training step of the weights it evaluated (the
+status's last evaluation, one point per evaluation it sees: two within a second of each other write one).
 
 Fed by the records the figures get (heartbeats.jsonl's heartbeats and step-clock windows: a private
 ``Figures`` turns them into the same rates) and by the live status (scores, the job's rates). The
@@ -101,6 +103,7 @@ class _Task:
     steps: int = 0  # this attempt's
     written: float = -math.inf  # wall time of the last heartbeat event
     scores: tuple[Any, ...] = ()
+    evaluations: Any = None  # the status's count of its evaluations when last written
 
     @property
     def step(self) -> int:
@@ -169,6 +172,7 @@ class Scalars:
         tasks = status.get("tasks") if isinstance(status.get("tasks"), Mapping) else {}
         points = []
         for task, st in tasks.items():
+            points += self._evaluation(task, st, wall)
             if not isinstance(st, Mapping) or st.get("relative_score") is None:
                 continue
             t = self.tasks.setdefault(task, _Task())
@@ -188,6 +192,19 @@ class Scalars:
         if self.tasks:  # from the first record on (a job done before its first heartbeat writes nothing)
             points.append(Point(JOB_RUN, self.job_step(), wall, job))
         return points
+
+    def _evaluation(self, task: str, st: Any, wall: float) -> list[Point]:
+        """An evaluator's last evaluation, once (``eval/<metric>`` at the training step it evaluated)."""
+        e = st.get("evaluation") if isinstance(st, Mapping) else None
+        if not isinstance(e, Mapping) or not isinstance(e.get("metrics"), Mapping):
+            return []
+        t = self.tasks.setdefault(task, _Task())
+        if e.get("evaluations") == t.evaluations:
+            return []
+        t.evaluations = e.get("evaluations")
+        values = {f"eval/{k}": v for k, x in e["metrics"].items() if (v := _finite(x)) is not None}
+        step = e.get("step") if isinstance(e.get("step"), int) and not isinstance(e.get("step"), bool) else self.job_step()
+        return [Point(run_name(task), step, _finite(e.get("ts")) or wall, values)] if values else []
 
     def job_step(self) -> int:
         """The job's training step: its furthest task's (every worker makes every step)."""

@@ -64,9 +64,9 @@ Incoming = Output | ShellNoise | Violation | p.Message
 _ALLOWED: dict[TaskState, frozenset[str]] = {
     TaskState.STARTING: frozenset({"hello"}),
     TaskState.READY: frozenset({"heartbeat", "stopping", "exited", "spawned"}),
-    TaskState.RUNNING: frozenset({"heartbeat", "started", "strategy", "profile", "stopping", "exited"}),
+    TaskState.RUNNING: frozenset({"heartbeat", "started", "strategy", "profile", "evaluation", "stopping", "exited"}),
     TaskState.STOPPING: frozenset(
-        {"hello", "heartbeat", "started", "strategy", "profile", "stopping", "exited", "spawned"}
+        {"hello", "heartbeat", "started", "strategy", "profile", "evaluation", "stopping", "exited", "spawned"}
     ),
 }
 

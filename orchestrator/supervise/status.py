@@ -12,6 +12,8 @@ from typing import Any
 
 from ..core.result import AttemptResult, Failure, TaskResult
 from ..core.states import JobState, TaskState, interrupted_state
+from ..events.evaluations import Evaluations
+from ..events.kinds import Evaluation
 from .figures import FIGURE_KEYS, Figures, TaskFigures, throughput
 from .session import TaskSession
 
@@ -30,11 +32,13 @@ def task_status(
     now_wall: float,
     gpu_problems: list[dict[str, Any]] | None = None,
     score: Mapping[str, Any] | None = None,
+    evaluation: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One task's live status; ``gpu_problems``: its GPUs' problems as the monitor judged them last
     (``supervise.gpus``: the judgement report and the metrics use too), [] when none; ``score``: its
     straggler scores of the monitor's last round (relative: the fastest worker's own work per step / its
-    own; individual: its best / now), when it had one."""
+    own; individual: its best / now), when it had one; ``evaluation``: an evaluator's evaluations
+    (``events.evaluations``: how many, the last one's metrics, checkpoint and step), when it made any."""
     hb = s.heartbeat
     ex = s.exit
     return {
@@ -56,6 +60,7 @@ def task_status(
         "relative_score": (score or {}).get("relative"),
         "individual_score": (score or {}).get("individual"),
         **({"restarts": s.restarts} if s.restarts else {}),  # restarted alone, in place (a parameter-server worker)
+        **({"evaluation": dict(evaluation)} if evaluation else {}),
     }
 
 
@@ -81,6 +86,13 @@ class Snapshots:
         self._dirty: set[str] = set(sessions)
         self._live: dict[str, TaskFigures] = {}  # each task's live figures as of its entry: the job's rates
         self._straggler: str | None = None
+        self.evaluations = Evaluations()  # the attempt's evaluation events, folded (an evaluator's entry)
+
+    def evaluated(self, event: Any) -> None:
+        """An ``evaluation`` event was emitted: its task's entry shows it from the next snapshot on."""
+        if isinstance(event, Evaluation) and event.task is not None:
+            self.evaluations.add(event)
+            self.touch(event.task)
 
     def touch(self, task: str | None = None) -> None:
         """``task`` changed (None: every task, e.g. a teardown changed them all)."""
@@ -113,7 +125,8 @@ class Snapshots:
             s = self.sessions[name]
             self._live[name] = fig = self.figures.live(name)
             self._entries[name] = task_status(s, fig, straggler=straggler == name, now_wall=now,
-                                              gpu_problems=gpu_problems.get(name), score=scores.get(name))  # fmt: skip
+                                              gpu_problems=gpu_problems.get(name), score=scores.get(name),
+                                              evaluation=self.evaluations.last(name))  # fmt: skip
         self._dirty = set()
         for name, entry in self._entries.items():
             wall = self.sessions[name].heartbeat_wall

@@ -243,6 +243,9 @@ class Supervisor(Teardown, RoleCare):
             self._record(s.task, {**record, "kind": "profile", "attempt": self.attempt})
             for v in self.monitor.on_profile(s.task, record, now):
                 self._verdict(v)
+        elif isinstance(m, p.Evaluation):  # an evaluator's metrics: an event, folded into its status entry
+            self.snapshots.evaluated(self.bus.emit(ev.Evaluation(task=s.task, host=s.host, count=m.count, metrics=m.metrics,
+                                     step=m.step, checkpoint=m.checkpoint, source=m.source, dropped=m.dropped)))  # fmt: skip
         elif isinstance(m, p.Exited):
             self._on_exited(s, m)
 

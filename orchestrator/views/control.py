@@ -14,6 +14,7 @@ from typing import Any
 from ..core.text import table
 from ..runs import RunDir
 from ..supervise.summary import FULL_UP_TO, summarize, summary_lines
+from .evaluations import status_lines
 from .handle import RunHandle
 
 
@@ -130,6 +131,7 @@ def status_text(st: dict[str, Any], handle: RunHandle | None = None, *, show_all
     problems = [g.get("message") for _, t in sorted(st.get("tasks", {}).items()) for g in t.get("gpu_problems") or []]
     if problems:  # the live monitor's judgement of the last heartbeats (supervise.gpus)
         lines += ["", "GPU problems:", *(f"  {m}" for m in problems)]
+    lines.extend(status_lines(tasks))  # an evaluator's last evaluation
     lines.extend(handle.detail_lines(st))
     return "\n".join(lines)
 

@@ -20,6 +20,7 @@ from ..runs import RunDir, write_bytes_atomic
 from ..supervise.summary import FULL_UP_TO
 from . import plots
 from .control import throughput_lines
+from .evaluations import evaluation_section
 from .htmlpage import Page
 from .outliers import percentiles, shown
 from .pace import pace_lines
@@ -167,6 +168,7 @@ def report_page(run: RunDir, rep: Mapping[str, Any], text: str, out: Path | None
     if rep.get("stragglers") or rep.get("slowing"):
         page.h2("Stragglers and slowing workers")
         page.ul([f"{s['task']} ({s.get('host')}): {s['message']}" for s in [*(rep.get("stragglers") or []), *(rep.get("slowing") or [])]])
+    evaluation_section(page, rep.get("evaluations"))
     if rep.get("pace"):
         page.h2("Pace")
         page.pre("\n".join(pace_lines(rep["pace"])))

@@ -28,6 +28,7 @@ from ..supervise.figures import Figures, TaskFigures, throughput
 from ..supervise.gpus import WORK_RATIO
 from ..supervise.shared import SharedProblem, inflation_advice, shared_problems
 from .control import throughput_lines
+from .evaluations import evaluation_lines, evaluation_report
 from .goodput import goodput, goodput_lines
 from .outliers import shown
 from .pace import pace, pace_advice, pace_lines
@@ -136,6 +137,7 @@ def build_report(
         "stragglers": stragglers,
         "slowing": slowing,
         **_roles(plan, events),
+        **evaluation_report(events),  # an evaluator's evaluations, per checkpoint
         **analysis,
         "goodput": _goodput(events, records, run, window),
     }
@@ -348,6 +350,7 @@ def report_text(rep: dict[str, Any]) -> str:
             then = {"restart": f"restarted in place ({e.get('restarts')})", "report": "reported, training went on"}
             lines.append(f"  {e['task']} ({e['host']}): {e['message']}; {then[e['action']]}" if e.get("task")
                          else f"  {e['message']}")  # fmt: skip
+    lines += evaluation_lines(rep.get("evaluations"))
     lines += ["", "advice:"] + [f"  - {a}" for a in rep["advice"]]
     if rep.get("goodput"):
         lines += ["", *goodput_lines(rep["goodput"])]

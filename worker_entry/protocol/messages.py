@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from .frames import ProtocolError
+from .metrics import CHECKPOINT_MAX, METRIC_LIMIT, METRICS_MAX, check_metric_names
 from .samples import GpuSample, HostSample
 from .schema import COUNT_MAX, ID_MAX, LONG, MB_MAX, MS_MAX, S_MAX, STR, TS_MAX, Record, spec
 
@@ -202,6 +203,24 @@ class Profile(Message):
 
 
 @dataclass
+class Evaluation(Message):
+    """One evaluation by an evaluator task (``model.evaluate``, e.g. in ``SidecarEvaluator``'s loop): the metrics
+    as Keras returned them, the checkpoint and its training step (the optimizer's iterations) when known."""
+
+    TYPE: ClassVar[str] = "evaluation"
+    count: int = field(metadata=spec(lo=1, hi=COUNT_MAX))  # the how-manieth evaluation of this process
+    metrics: dict[str, float] = field(default_factory=dict, metadata=spec(lo=-METRIC_LIMIT, hi=METRIC_LIMIT, max_len=METRICS_MAX))
+    ts: float = field(default=0.0, metadata=spec(lo=0, hi=TS_MAX))
+    step: int | None = field(default=None, metadata=spec(lo=0, hi=COUNT_MAX))
+    checkpoint: str | None = field(default=None, metadata=spec(max_len=CHECKPOINT_MAX))
+    source: str = field(default="evaluate", metadata=spec(max_len=32))  # sidecar: SidecarEvaluator's loop
+    dropped: int = field(default=0, metadata=spec(lo=0, hi=COUNT_MAX))  # metrics the node left out
+
+    def __post_init__(self) -> None:
+        check_metric_names(self.metrics)
+
+
+@dataclass
 class Stopping(Message):
     TYPE: ClassVar[str] = "stopping"
     reason: str = field(metadata=spec(max_len=LONG))
@@ -352,7 +371,8 @@ class Bye(Message):
 
 #: Messages a running task may send (MSG frames on its channel).
 NODE_MESSAGES: dict[str, type[Message]] = {
-    m.TYPE: m for m in (Hello, Heartbeat, Spawned, Started, StrategyInfo, Profile, Stopping, Exited, TaskFiles)
+    m.TYPE: m for m in (Hello, Heartbeat, Spawned, Started, StrategyInfo, Profile, Evaluation, Stopping, Exited,
+                         TaskFiles)
 }
 #: Commands the launcher sends to a running task.
 COMMANDS: dict[str, type[Message]] = {m.TYPE: m for m in (Go, Ping, Stop, Fetch, Bye)}
