@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -100,6 +101,10 @@ def test_mwms_with_a_sidecar_evaluator_under_slurm(slurm, tmp_path):
     assert res["tasks"]["chief:0"]["state"] == "succeeded"
     ev_log = _log(run_dir, "evaluator-0")
     assert "evaluated the checkpoint of step" in ev_log, ev_log[-2000:]
+    # each evaluation the evaluator printed is an `evaluation` event with its step and metrics
+    printed = [int(m) for m in re.findall(r"evaluated the checkpoint of step (\d+):", ev_log)]
+    evaluations = [e for e in events(run_dir) if e["event"] == "evaluation"]
+    assert [e["step"] for e in evaluations] == printed and all({"loss", "mae"} <= set(e["metrics"]) for e in evaluations)
     assert res["tasks"]["evaluator:0"]["state"] in ("succeeded", "stopped")  # by itself, or once training ended
     assert not [e for e in events(run_dir) if e["event"] == "role_failure"]
     wait_for(lambda: not slurm.processes(), 15, "every task process to be gone")
