@@ -10,6 +10,7 @@ real sshd, processes and TensorFlow.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import threading
@@ -23,6 +24,7 @@ from orchestrator.plan import NodePlan
 from orchestrator.schedulers.ssh import ssh_plan
 from orchestrator.spec import load_spec_text
 from worker_entry import protocol as p
+from worker_entry.protocol.cluster import own_endpoint
 
 
 class FakeChannel(Channel):
@@ -104,6 +106,11 @@ class FakeNode:
     def task(self) -> str:
         return str(self.node.task)
 
+    @property
+    def endpoint(self) -> str | None:
+        """Where its TF server listens, as a real node reports it (its entry of the plan's cluster)."""
+        return own_endpoint(json.dumps(self.node.tf_config), self.node.task)
+
     def _run(self) -> None:
         try:
             self.script(self)
@@ -124,7 +131,8 @@ class FakeNode:
         self.raw(p.MARKER)
         facts.setdefault("hostname", f"host-{self.task}")
         facts.setdefault("time", time.time())
-        self.send(p.Hello(pid=1000 + self.node.task.index, remote_dir="/tmp/x", facts=p.NodeFacts(**facts)))
+        self.send(p.Hello(pid=1000 + self.node.task.index, remote_dir="/tmp/x", facts=p.NodeFacts(**facts),
+                          tf_endpoint=self.endpoint, node_name=f"node-{self.task.replace(':', '')}"))  # fmt: skip
 
     def heartbeat(self, **fields: Any) -> None:
         self.seq += 1

@@ -5,6 +5,7 @@ sidecar evaluator never holds the go, never fails the training, and is stopped w
 
 from __future__ import annotations
 
+import json
 import time
 
 from fakenode import FakeNode, healthy, obedient
@@ -155,3 +156,45 @@ def test_a_restarted_worker_has_the_startup_deadline_to_say_hello():
     assert res.state == JobState.SUCCEEDED, res.root_cause
     assert [e.restarts for e in rec.kinds("role_failure")] == [1] and not rec.kinds("worker_lost")
     assert len([n for n in backend.history if n.task == "worker:1"]) == 2
+
+
+def _node_built_tf_config(scripts, *, lie: str | None = None):
+    """A PS job whose nodes build their own TF_CONFIG (as under Slurm: the plan's env has none) and
+    report their endpoint in their hello; ``lie``: worker:0 reports this instead."""
+    from fakenode import FakeBackend, make_plan
+    from test_supervisor import Recorder
+
+    from orchestrator.events import EventBus
+    from orchestrator.supervise import Interrupt, Supervisor
+
+    loaded, plan = make_plan(hosts=PS_HOSTS, tensorflow={"strategy": "parameter_server"})
+    for node in plan.nodes:
+        node.env.pop(p.Env.TF_CONFIG)
+    if lie is not None:
+        worker0 = next(n for n in plan.nodes if str(n.task) == "worker:0")
+        worker0.tf_config["cluster"] = {"worker": [lie]}  # what its fake node reports
+    backend, rec = FakeBackend(scripts), Recorder()
+    sup = Supervisor(loaded.spec, plan, backend, attempt=0, bus=EventBus([rec]), logs=rec, heartbeats=rec, interrupt=Interrupt())
+    try:
+        return sup.run(), rec, backend, plan
+    finally:
+        backend.close()
+
+
+def test_a_restart_of_a_task_whose_node_built_its_tf_config_gets_the_cluster_the_nodes_reported():
+    scripts = {"chief:0": healthy(1.0), "worker:1": first_time(killed)}
+    res, _rec, backend, plan = _node_built_tf_config(scripts)
+    assert res.state == JobState.SUCCEEDED
+    again = [n for n in backend.history if n.task == "worker:1"][1].config
+    expected = {"cluster": plan.nodes[0].tf_config["cluster"], "task": {"type": "worker", "index": 1}, "rpc_layer": "grpc"}
+    assert json.loads(again.env[p.Env.TF_CONFIG]) == expected
+    assert again.tf_port == int(expected["cluster"]["worker"][1].rsplit(":", 1)[1])  # its old port
+
+
+def test_a_node_that_reported_garbage_as_its_endpoint_makes_the_restart_fail_with_why():
+    scripts = {"chief:0": healthy(3.0), "worker:1": first_time(killed)}
+    res, rec, _backend, _plan = _node_built_tf_config(scripts, lie="10.0.0.2:1; rm -rf /")
+    assert res.state == JobState.FAILED
+    assert "cannot rebuild TF_CONFIG: worker:0 never said where it listens" in res.root_cause.message
+    assert "restart.max_task_restarts 3" in res.root_cause.message  # bounded: the budget, then the job fails
+    assert [e.restarts for e in rec.kinds("role_failure")] == [1, 2, 3]
