@@ -28,7 +28,7 @@ from testbed_fixtures import requires_netns
 pytestmark = [pytest.mark.e2e, requires_netns]
 
 
-def _launch(tb, tmp_path: Path, name: str, command: list[str], roles: list[dict], **sections):
+def _launch(tb, tmp_path: Path, name: str, command: list[str], roles: list[dict], *, gather: bool = False, **sections):
     spec = tb.spec_dict(name, command, job={"python": repo_python(tmp_path), "stop_grace_s": 2},
                         heartbeat={"interval_s": 0.5, "timeout_s": 5.0}, **sections)  # fmt: skip
     for i, (host, r) in enumerate(zip(spec["hosts"], roles, strict=True)):
@@ -37,7 +37,7 @@ def _launch(tb, tmp_path: Path, name: str, command: list[str], roles: list[dict]
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     run_dir = tmp_path / "run"
-    return start_launch(tb, path, run_dir, "--no-gather", "-q"), run_dir
+    return start_launch(tb, path, run_dir, *([] if gather else ["--no-gather"]), "-q"), run_dir
 
 
 def _finish(proc, timeout: float = 120) -> tuple[int, str]:
@@ -77,7 +77,7 @@ PS_LOOP = [PY, "-m", "worker_entry.examples.ps_coordinator", "--log-every", "10"
 def test_ps_worker_sigkilled_is_restarted_and_the_job_succeeds(testbed_factory, tmp_path):
     tb = testbed_factory(3, mode="netns")
     proc, run_dir = _launch(tb, tmp_path, "ps-kill-worker", [*PS_LOOP, "--steps", "240", "--step-ms", "40"],
-                            PS_ROLES, tensorflow={"strategy": "parameter_server"})  # fmt: skip
+                            PS_ROLES, gather=True, tensorflow={"strategy": "parameter_server"})  # fmt: skip
 
     def kill_worker() -> None:
         wait_until(lambda: "step 20/" in _log(run_dir, "chief-0"), 180, what="the coordinator's first steps")
@@ -94,6 +94,11 @@ def test_ps_worker_sigkilled_is_restarted_and_the_job_succeeds(testbed_factory, 
     assert len([e for e in events if e["event"] == "task_spawned" and e["task"] == "worker:1"]) == 2
     assert "step 240/240" in _log(run_dir, "chief-0")
     assert _log(run_dir, "worker-1").count("server up at") == 2  # it came back on its own port
+    # its first incarnation's task directory moved into the restarted one's (earlier/), gathered with it
+    plan = json.loads((run_dir / "plan.json").read_text())
+    remote = Path(next(n["remote_dir"] for n in plan["nodes"] if n["task"] == {"type": "worker", "index": 1})).expanduser()
+    first = remote / "attempt-0-restart-1" / "earlier" / "attempt-0" / "output.log"
+    assert "server up at" in first.read_text() and not (remote / "attempt-0").exists()
     (end,) = [e for e in events if e["event"] == "training_ended"]
     assert end["stopping"] == 3
     tasks = result["tasks"]

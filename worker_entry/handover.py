@@ -21,7 +21,28 @@ HIGH_WATER = 8 << 20  # unsent bytes before a file stream waits for the link
 MAX_LISTING = 512 << 10  # a larger checkpoint listing is left for the launcher to ask for separately
 
 
+def adopt_earlier(remote_dir: str, earlier: list[str]) -> None:
+    """A task restarted in place: move its earlier incarnations' task directories (their output logs,
+    exit.json, what they wrote) into ``earlier/`` of this one, so the gather brings them too. Only
+    siblings of this task's own directory, of the same task and attempt (``X`` for ``X-restart-N``)."""
+    parent, own = os.path.split(os.path.normpath(remote_dir))
+    stem = own.partition("-restart-")[0]
+    for path in earlier:
+        path = os.path.normpath(os.path.expanduser(path))
+        head, name = os.path.split(path)
+        if head != parent or name == own or name.partition("-restart-")[0] != stem or not os.path.isdir(path):
+            continue
+        dest = os.path.join(remote_dir, "earlier")
+        try:
+            os.makedirs(dest, mode=0o700, exist_ok=True)
+            os.rename(path, os.path.join(dest, name))
+        except OSError:
+            continue  # left where it is: the gather of this task does not need it
+
+
 def task_files(config: p.NodeConfig, remote_dir: str, log_bytes: int | None) -> p.TaskFiles:
+    if config.adopt_dirs:
+        adopt_earlier(remote_dir, config.adopt_dirs)
     task_dir = p.Manifest.from_dict(files.manifest(remote_dir))
     checkpoint = None
     listed = True

@@ -129,7 +129,9 @@ class RoleCare:
         self.keys[new.key] = new
         self.monitor.revive(old.task, self.clock())
         config = node.node_config(self.attempt)
-        config.remote_dir = f"{config.remote_dir}-restart-{n}"
+        base = config.remote_dir
+        config.remote_dir = f"{base}-restart-{n}"
+        config.adopt_dirs = [base, *(f"{base}-restart-{k}" for k in range(1, n))]  # gathered with this one
         key = new.key
 
         def deliver(_task: str, chan: Channel | BaseException) -> None:
