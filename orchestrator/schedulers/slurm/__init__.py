@@ -6,6 +6,7 @@ bounded, parsed strictly); ``handle`` is a run seen from outside the allocation.
 
 from __future__ import annotations
 
+import os
 import shlex
 
 from ...backends import Backend
@@ -25,6 +26,12 @@ class SlurmScheduler(Scheduler):
     name = "slurm"
 
     def plan(self, loaded: LoadedSpec, run_id: str) -> Plan:
+        """Inside an allocation the nodes are known: the plan (and what names a host: check's findings,
+        a root cause) uses their Slurm names, as the batch job's supervisor does."""
+        if inside_allocation():
+            from .step import allocation_nodes
+
+            return slurm_plan(loaded.spec, run_id=run_id, node_names=allocation_nodes(os.environ))
         return slurm_plan(loaded.spec, run_id=run_id)
 
     def plan_notes(self, plan: Plan) -> PlanNotes:
