@@ -48,4 +48,5 @@ def test_one_worker_mwms_has_a_step_time_and_its_gradient_bytes():
     got = _run("solo")
     assert got["counted"] == 30 and got["examples"] == 30 * 32, got  # every fit step, each batch of 32
     assert got["step_ms"] > 0 and got["collective_ms"] == 0 and got["pre_collective_ms"] == got["step_ms"], got
-    assert got["grad_bytes"] == DENSE_10_16_1 and got["grad_tensors"] == 4 and got["allreduce_impl"] == "auto", got
+    assert got["grad_bytes"] == DENSE_10_16_1 and got["grad_tensors"] == 4, got
+    assert got["allreduce_impl"] == "ring", got  # AUTO asked for, on CPUs: what TensorFlow runs

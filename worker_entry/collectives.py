@@ -107,7 +107,10 @@ def _wire(tf: Any, flat: list[Any], cdo: Any, options: Any) -> stampring.Wire:
     # _all_reduce packs by the options it is given (the strategy's are merged in only later, by the
     # launcher: they decide the implementation, not the packs)
     pack = int(getattr(options, "bytes_per_pack", 0) or 0)
-    impl = getattr(getattr(merged, "implementation", None), "value", None) or "auto"
+    impl = str(getattr(getattr(merged, "implementation", None), "value", None) or "auto").lower()
+    devices = [str(d).upper() for d in (getattr(cdo, "_devices", ()) or ())]
+    if impl == "auto" and devices and all("CPU" in d.rpartition("/")[2] for d in devices):
+        impl = "ring"  # what AUTO resolves to on CPUs (NCCL needs GPUs); on GPUs TF's runtime decides
     packs = 1
     if pack > 0 and sizes and None not in sizes:
         packs, last = 0, None
@@ -121,7 +124,7 @@ def _wire(tf: Any, flat: list[Any], cdo: Any, options: Any) -> stampring.Wire:
         sparse=sum(1 for v in flat if isinstance(v, tf.IndexedSlices)),
         packs=packs if dense else 0,
         bytes_per_pack=pack,
-        implementation=str(impl).lower(),
+        implementation=impl,
     )
 
 

@@ -236,7 +236,8 @@ def describe(plan: Plan) -> list[str]:
         f"  RUN/{SLURM_DIR}/job.sh:",
         *script,
         f"  inside the allocation: {shlex.join(d.get('srun') or [])}",
-        "  TF_CONFIG: built by each task: rank = SLURM_PROCID (chief first), nodes = SLURM_STEP_NODELIST at their "
+        "  TF_CONFIG: built by each task: rank = SLURM_PROCID (chief first; with roles: chiefs, workers, ps, evaluator), "
+        "nodes = SLURM_STEP_NODELIST at their "
         "NodeAddr, block layout from SLURM_STEP_TASKS_PER_NODE, "
         + (f"ports from {base} up per shared address" if base else "ports derived from the job and step id")
         + " (distinct where tasks share an address)",
