@@ -284,12 +284,15 @@ class Testbed:
 
     def spec_dict(self, name: str, command: Sequence[str], **sections: Any) -> dict:
         """A cluster spec (dict) for these hosts; `sections` (e.g. heartbeat=..., job=...) are
-        deep-merged over the defaults. job.python is this interpreter so worker_entry imports."""
+        deep-merged over the defaults. job.python is this interpreter so worker_entry imports; the
+        tasks' directories (job.remote_dir) live in the bed's own directory, removed by stop(), not in
+        the user's ~/.tfcluster (every host of the bed shares this machine's file system)."""
         if not self.hosts or self._dir is None:  # started once: stopped is fine, the spec is just data
             raise TestbedError("test bed not started")
+        job = {"remote_dir": str(self._dir / "remote"), **sections.get("job", {})}
         return _spec_dict(
             name, command, user=self.user, user_key=self.user_key, known_hosts=self.known_hosts,
-            hosts=self.hosts, sections=sections,
+            hosts=self.hosts, sections={**sections, "job": job},
         )  # fmt: skip
 
     def write_spec(self, path: str | Path, name: str, command: Sequence[str], **sections: Any) -> Path:
