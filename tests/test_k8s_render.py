@@ -48,7 +48,7 @@ def pod_templates(docs: list[dict]) -> dict[str, dict]:
 
 
 def test_the_examples_exist_for_both_flavours():
-    assert {p.name for p in SPECS} == {"k8s-jobset.yaml", "k8s-indexed.yaml"}
+    assert {p.name for p in SPECS} == {"k8s-jobset.yaml", "k8s-indexed.yaml", "k8s-ps.yaml"}
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
