@@ -11,6 +11,7 @@ import json
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -28,6 +29,7 @@ from orchestrator.spec import check_spec_text, load_spec_text
 from worker_entry.kubernetes import pod_node_config
 
 pytestmark = pytest.mark.timeout(120)
+REPO = Path(__file__).resolve().parent.parent
 FLAVORS = ["jobset", "indexed-job"]
 
 
@@ -126,6 +128,20 @@ def test_one_job_per_role_valid_and_every_pods_tf_config_through_tensorflow(flav
     with pytest.raises(ValueError, match="JOB_COMPLETION_INDEX=1 but the job has 1 evaluator task"):
         c = jobs["evaluator"]["template"]["spec"]["containers"][0]
         pod_node_config(c["args"], {e["name"]: e["value"] for e in c["env"] if "value" in e} | {"JOB_COMPLETION_INDEX": "1"})
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_the_cli_renders_the_ps_example_and_both_validators_accept_it(flavor, capsys):
+    pytest.importorskip("kubernetes_validate")
+    from orchestrator.cli.main import main
+    from orchestrator.schedulers.kubernetes.validate import validate_manifests
+
+    assert main(["render", str(REPO / "cluster_specs" / "k8s-ps.yaml"), "--flavor", flavor, "--validate"]) == 0
+    out, err = capsys.readouterr()
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    assert validate_manifests(docs) == [] and "valid for Kubernetes" in err
+    assert out.startswith("# ps-jobset: parameter_server: chief:1 worker:4 ps:2 as ")
+    assert set(templates(docs)) == {"chief", "worker", "ps"}
 
 
 def test_failure_and_success_policies_follow_the_role_table():
