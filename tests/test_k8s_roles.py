@@ -155,6 +155,7 @@ def test_failure_and_success_policies_follow_the_role_table():
     assert js["spec"]["failurePolicy"] == {"maxRestarts": 1}
     assert jobs["chief"]["backoffLimit"] == 0 and jobs["ps"]["backoffLimit"] == 0
     assert (jobs["worker"]["backoffLimitPerIndex"], jobs["worker"]["maxFailedIndexes"]) == (2, 0)
+    assert jobs["worker"]["podReplacementPolicy"] == "Failed"  # one pod per hostname at a time
     assert "backoffLimit" not in jobs["worker"]
     rules = jobs["evaluator"]["podFailurePolicy"]["rules"]
     assert rules[0] == {"action": "Ignore", "onExitCodes": {"containerName": "tensorflow", "operator": "NotIn", "values": [0]}}

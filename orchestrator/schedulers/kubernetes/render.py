@@ -177,7 +177,10 @@ def _failure_limits(spec: ClusterSpec, strategy: str, task_type: str) -> dict[st
     """
     on_failure = rule_of(strategy, task_type).on_failure
     if on_failure == "restart":
-        return {"backoffLimitPerIndex": spec.restart.max_task_restarts, "maxFailedIndexes": 0}
+        # podReplacementPolicy Failed: the new pod only once the old one is gone, never two pods (two DNS
+        # records) for one hostname
+        return {"backoffLimitPerIndex": spec.restart.max_task_restarts, "maxFailedIndexes": 0,
+                "podReplacementPolicy": "Failed"}  # fmt: skip
     if on_failure == "report":
         return {
             "backoffLimit": 0,
