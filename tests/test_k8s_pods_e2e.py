@@ -221,12 +221,8 @@ def test_three_pods_train_mwms_from_the_rendered_jobset(testbed_factory, pod_dns
     assert_no_job_processes(tb)
 
 
-def test_a_ps_job_from_the_rendered_jobset_survives_a_worker_sigkill(testbed_factory, pod_dns, tmp_path):
-    """kubernetes.roles: chief, two workers and a ps, each "pod" running its role's container from the
-    rendered JobSet; a real ClusterCoordinator loop. worker:1's training process is SIGKILLed mid-run:
-    its "pod" fails and a new one with the same completion index (same hostname, same TF_CONFIG entry)
-    replaces it, as its Job's controller does; it rejoins and the chief trains to the end."""
-    tb = testbed_factory(4, mode="netns")
+def _ps_pods(tb, pod_dns, tmp_path, steps: int):
+    """A PS job (chief, two workers, a ps) as "pods" from its rendered JobSet, and its supervisor."""
     spec_doc = {
         "version": 1,
         "name": "psk",
@@ -235,7 +231,7 @@ def test_a_ps_job_from_the_rendered_jobset_survives_a_worker_sigkill(testbed_fac
         "tensorflow": {"port": tb.hosts[0].tf_port, "strategy": "parameter_server"},
         "job": {
             "python": sys.executable,
-            "command": [sys.executable, "-m", "worker_entry.examples.ps_coordinator", *PS_ARGS],
+            "command": [sys.executable, "-m", "worker_entry.examples.ps_coordinator", *PS_ARGS, "--steps", str(steps)],
             "startup_timeout_s": 120,
         },
         "heartbeat": {"interval_s": 0.5, "timeout_s": 30, "profile_interval_s": 0},
@@ -249,30 +245,44 @@ def test_a_ps_job_from_the_rendered_jobset_survives_a_worker_sigkill(testbed_fac
     assert tasks == ["chief:0", "worker:0", "worker:1", "ps:0"]
     for h in tb.hosts:
         pod_dns(h.netns, {name: host.address for name, host in zip(names, tb.hosts, strict=True)})
-
     backend = LocalPods(tb, jobset, names, tmp_path, tasks)
     rec = Recorder()
     sup = Supervisor(
         loaded.spec, plan, backend, attempt=0, bus=EventBus([rec]), logs=rec, heartbeats=rec, interrupt=Interrupt()
     )
-    killed: list[int] = []
+    return tasks, backend, rec, sup
 
-    def kill_worker() -> None:
+
+def _run_and_kill(sup, backend, rec, task: str, killed: list[int]):
+    """Run the attempt; SIGKILL ``task``'s training process once the coordinator did 20 steps."""
+
+    def kill() -> None:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and b"step 20/" not in rec.lines.get("chief:0", b""):
             time.sleep(0.2)
-        pid = next((e.pid for e in list(rec.events) if e.event == "task_spawned" and e.task == "worker:1"), None)
+        pid = next((e.pid for e in list(rec.events) if e.event == "task_spawned" and e.task == task), None)
         if pid is not None and b"step 20/" in rec.lines.get("chief:0", b""):
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 
-    killer = threading.Thread(target=kill_worker, daemon=True)
+    killer = threading.Thread(target=kill, daemon=True)
     killer.start()
     try:
-        res = sup.run()
+        return sup.run()
     finally:
         killer.join(5)
         backend.close()
+
+
+def test_a_ps_job_from_the_rendered_jobset_survives_a_worker_sigkill(testbed_factory, pod_dns, tmp_path):
+    """kubernetes.roles: chief, two workers and a ps, each "pod" running its role's container from the
+    rendered JobSet; a real ClusterCoordinator loop. worker:1's training process is SIGKILLed mid-run:
+    its "pod" fails and a new one with the same completion index (same hostname, same TF_CONFIG entry)
+    replaces it, as its Job's controller does; it rejoins and the chief trains to the end."""
+    tb = testbed_factory(4, mode="netns")
+    tasks, backend, rec, sup = _ps_pods(tb, pod_dns, tmp_path, 240)
+    killed: list[int] = []
+    res = _run_and_kill(sup, backend, rec, "worker:1", killed)
     out = {t: rec.lines.get(t, b"").decode(errors="replace") for t in tasks}
     assert killed, {t: o[-2000:] for t, o in out.items()}
     assert res.state == JobState.SUCCEEDED, (res.root_cause, {t: o[-3000:] for t, o in out.items()})
@@ -285,4 +295,18 @@ def test_a_ps_job_from_the_rendered_jobset_survives_a_worker_sigkill(testbed_fac
     assert "pod-2-r1" in backend.pods  # a new pod, not the old one restarted
     assert res.tasks["chief:0"].state == TaskState.SUCCEEDED
     assert {res.tasks[t].state for t in ("worker:0", "worker:1", "ps:0")} == {TaskState.STOPPED}
+    assert_no_job_processes(tb)
+
+
+def test_a_ps_pod_sigkilled_tears_the_job_down_with_the_ps_as_root_cause(testbed_factory, pod_dns, tmp_path):
+    tb = testbed_factory(4, mode="netns")
+    _, backend, rec, sup = _ps_pods(tb, pod_dns, tmp_path, 100000)
+    killed: list[int] = []
+    res = _run_and_kill(sup, backend, rec, "ps:0", killed)
+    assert killed
+    assert res.state == JobState.FAILED
+    rc = res.root_cause
+    assert (rc.task, rc.kind, rc.signal) == ("ps:0", "signal", "SIGKILL"), rc
+    assert not rec.kinds("role_failure") and list(backend.pods) == ["pod-0", "pod-1", "pod-2", "pod-3"]
+    assert {res.tasks[t].state for t in ("chief:0", "worker:0", "worker:1")} == {TaskState.STOPPED}
     assert_no_job_processes(tb)
