@@ -7,8 +7,10 @@ the real client when it is installed). Bodies come from ``tests/k8s_recorded/`` 
 its README): pods are built from ``pod.json`` and the ``status-*.json`` files, errors carry recorded
 ``Status`` bodies. A tiny controller mimics what the JobSet and Job controllers and the kubelet do
 for tfcluster's renderings: pods per completion index with the labels and annotations the real
-controllers set, a failed pod failing its Job, a JobSet restarting every pod (``maxRestarts``) or
-failing, a deleted pod getting SIGTERM. What a pod prints is scripted by the test in worker_entry's
+controllers set, a failed pod failing its Job — or replaced, same index, when its Job has
+``backoffLimitPerIndex`` left or a ``podFailurePolicy`` Ignore rule matches its exit code — a JobSet
+restarting every pod (``maxRestarts``) or failing, completing by its ``successPolicy`` (the pods still
+running then get SIGTERM), a deleted pod getting SIGTERM. What a pod prints is scripted by the test in worker_entry's
 pod-log format (``worker_entry.protocol.podlog``).
 
 Nothing here proves how a real cluster behaves; it proves how the launcher handles these shapes.
@@ -138,6 +140,8 @@ class FakeCluster:
         self.errors: dict[str, FakeApiException] = {}  # method -> raise this
         self.start_state: dict[str, str] = {}  # task -> recorded status file for a pod that never runs
         self.drop_log_after: dict[str, int] = {}  # pod prefix -> cut the followed stream after N lines, once
+        self.index_failures: dict[tuple[str, str, str], int] = {}  # (job, attempt, index) -> failed pods
+        self.replaced: set[str] = set()  # failed pods their Job started again
         self.cond = threading.Condition(threading.RLock())
         self._ids = itertools.count()
         self.core, self.batch, self.custom = _Core(self), _Batch(self), _Custom(self)
@@ -275,9 +279,12 @@ class FakeCluster:
             attempt = int(labels["jobset.sigs.k8s.io/restart-attempt"])
             if js is None or attempt != js["status"]["restarts"] or js["status"].get("terminalState"):
                 return
+            if failed and self._replace(pod):
+                return
             peers = self.pods_of(
                 **{"jobset.sigs.k8s.io/jobset-name": js_name, "jobset.sigs.k8s.io/restart-attempt": str(attempt)}
             )
+            peers = [peer for peer in peers if peer["metadata"]["name"] not in self.replaced]
             if failed:
                 if js["status"]["restarts"] < js["spec"]["failurePolicy"]["maxRestarts"]:
                     js["status"]["restarts"] += 1  # first: the peers' own ends are then of an old attempt
@@ -289,14 +296,63 @@ class FakeCluster:
                     self.sigterm(peer["metadata"]["name"])
                 if restart:
                     self._jobset_pods(js, js["status"]["restarts"])
-            elif all(peer["status"]["phase"] == "Succeeded" for peer in peers):
-                js["status"]["conditions"] = [{"type": "Completed", "status": "True", "reason": "AllJobsCompleted"}]
+            else:
+                self._success_policy(js, peers)
+            return
+        if failed and self._replace(pod):
             return
         job = self.objects.get(("Job", labels["job-name"]))
         if job is not None and failed:
             job["status"] = recorded("job-status-failed.json")
             for peer in self.pods_of(**{"job-name": labels["job-name"]}):
                 self.sigterm(peer["metadata"]["name"])
+
+    def _success_policy(self, js: dict[str, Any], peers: list[dict[str, Any]]) -> None:
+        """The JobSet completes when every pod of its target replicated jobs (all, without a
+        successPolicy) succeeded; the JobSet controller then deletes the Jobs still running."""
+        policy = js["spec"].get("successPolicy") or {}
+        targets = policy.get("targetReplicatedJobs") or [rj["name"] for rj in js["spec"]["replicatedJobs"]]
+        counted = [p for p in peers if p["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] in targets]
+        expected = sum(rj["template"]["spec"]["completions"] for rj in js["spec"]["replicatedJobs"] if rj["name"] in targets)
+        done = [p for p in counted if p["status"]["phase"] == "Succeeded"]
+        if len(done) < expected:
+            return
+        js["status"]["conditions"] = [{"type": "Completed", "status": "True", "reason": "AllJobsCompleted"}]
+        js["status"]["terminalState"] = "Completed"
+        for peer in peers:
+            self.sigterm(peer["metadata"]["name"])
+
+    def _replace(self, pod: dict[str, Any]) -> bool:
+        """The Job controller starts a failed pod's completion index again: a podFailurePolicy Ignore
+        rule matched its exit code (not counted), or its index has ``backoffLimitPerIndex`` left."""
+        meta, labels = pod["metadata"], pod["metadata"]["labels"]
+        js_name = labels.get("jobset.sigs.k8s.io/jobset-name")
+        if js_name:
+            js = self.objects[("JobSet", js_name)]
+            rj = next(r for r in js["spec"]["replicatedJobs"] if r["name"] == labels["jobset.sigs.k8s.io/replicatedjob-name"])
+            job_spec, extra = rj["template"]["spec"], {k: v for k, v in labels.items() if k.startswith("jobset.sigs.k8s.io/")}
+        else:
+            job = self.objects.get(("Job", labels["job-name"]))
+            if job is None:
+                return False
+            job_spec, extra = job["spec"], {}
+        term = (pod["status"].get("containerStatuses") or [{}])[0].get("state", {}).get("terminated") or {}
+        code = term.get("exitCode")
+        rules = (job_spec.get("podFailurePolicy") or {}).get("rules") or []
+        ignored = any(
+            r["action"] == "Ignore" and "onExitCodes" in r and r["onExitCodes"]["operator"] == "NotIn"
+            and code is not None and code not in r["onExitCodes"]["values"] for r in rules
+        )  # fmt: skip
+        index = labels["batch.kubernetes.io/job-completion-index"]
+        if not ignored:
+            limit = job_spec.get("backoffLimitPerIndex")
+            key = (labels["job-name"], meta["annotations"].get("tfcluster/attempt", labels.get("jobset.sigs.k8s.io/restart-attempt", "")), index)
+            self.index_failures[key] = self.index_failures.get(key, 0) + 1
+            if limit is None or self.index_failures[key] > limit:
+                return False
+        self.replaced.add(meta["name"])
+        self._new_pod(labels["job-name"], job_spec["template"], int(index), extra, pod["spec"]["subdomain"])
+        return True
 
     def delete_owned(self, kind: str, name: str) -> None:
         with self.cond:

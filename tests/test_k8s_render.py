@@ -25,7 +25,8 @@ pytest.importorskip("kubernetes_validate")
 pytest.importorskip("jsonschema")
 
 REPO = Path(__file__).resolve().parent.parent
-SPECS = sorted((REPO / "cluster_specs").glob("k8s-*.yaml"))
+# the MWMS examples (k8s-ps.yaml, with roles: tests/test_k8s_roles.py)
+SPECS = sorted(p for p in (REPO / "cluster_specs").glob("k8s-*.yaml") if p.name != "k8s-ps.yaml")
 FLAVORS = ["jobset", "indexed-job"]
 
 

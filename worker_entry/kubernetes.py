@@ -22,6 +22,7 @@ from collections.abc import Mapping
 
 from . import protocol as p
 from .protocol.podlog import PodConfig, encode_message, encode_output
+from .protocol.roles import CLUSTER_ROLES
 
 USAGE = "usage: python -m worker_entry kubernetes -- COMMAND [ARG...]"
 
@@ -61,11 +62,11 @@ def pod_node_config(command: list[str], env: Mapping[str, str]) -> p.NodeConfig:
     except (ValueError, RecursionError) as exc:  # ProtocolError is a ValueError
         raise ValueError(f"{p.Env.POD}: {exc}") from None
     index = _index(env, p.Env.JOB_COMPLETION_INDEX)
-    peers = pod.cluster.get(pod.task_type) or []
-    if index >= len(peers):
-        raise ValueError(
-            f"{p.Env.JOB_COMPLETION_INDEX}={index} but the cluster has {len(peers)} {pod.task_type} task(s)"
-        )
+    # an evaluator is outside the cluster (as TF's docs do): its count comes on its own
+    count = len(pod.cluster.get(pod.task_type) or []) if pod.task_type in CLUSTER_ROLES else pod.tasks or 0
+    if index >= count:
+        where = "cluster" if pod.task_type in CLUSTER_ROLES else "job"
+        raise ValueError(f"{p.Env.JOB_COMPLETION_INDEX}={index} but the {where} has {count} {pod.task_type} task(s)")
     task = p.TaskRef(pod.task_type, index)
     attempt = _index(env, p.Env.ATTEMPT, default=0)
     slug = f"{task.type}-{task.index}"
@@ -94,6 +95,8 @@ def pod_node_config(command: list[str], env: Mapping[str, str]) -> p.NodeConfig:
 def hostname_warning(config: p.NodeConfig) -> str | None:
     """The pod's hostname should be the first label of its own cluster entry; peers dial that name."""
     cluster = json.loads(config.env[p.Env.TF_CONFIG])["cluster"]
+    if config.task.type not in cluster:
+        return None  # an evaluator: nobody dials it
     expected = cluster[config.task.type][config.task.index].rsplit(":", 1)[0].split(".", 1)[0]
     actual = socket.gethostname().split(".", 1)[0]
     if actual == expected:

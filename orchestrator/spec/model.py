@@ -190,8 +190,8 @@ class TensorflowSpec(_Model):
     strategy: Literal["multi_worker_mirrored", "parameter_server"] = Field(
         "multi_worker_mirrored",
         description="multi_worker_mirrored: chief (optional) and workers, an optional sidecar evaluator; "
-        "parameter_server: one chief (the coordinator), workers, ps tasks and an optional evaluator. Only with "
-        "scheduler: ssh for now.",
+        "parameter_server: one chief (the coordinator), workers, ps tasks and an optional evaluator. Roles are "
+        "given by hosts[].roles, slurm.roles or kubernetes.roles.",
     )
     port: Port = Field(12345, description="gRPC port of every task (hosts[].tf_port overrides).")
     communication: Literal["auto", "nccl", "ring"] = Field(

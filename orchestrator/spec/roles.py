@@ -89,11 +89,9 @@ def role_problems(data: dict, hosts: list, filename: str, positions: Positions) 
         field, scope = f"{scheduler}.roles", "in the job"
     else:
         return out  # the scheduler's own checks report a missing section
-    if scheduler == "kubernetes" and (given or strategy != "multi_worker_mirrored"):
-        add(("kubernetes", "roles") if given else ("tensorflow", "strategy"), "kubernetes.roles" if given else "tensorflow.strategy",
-            "roles and parameter_server are not mapped to Kubernetes pods yet (allowed here: multi_worker_mirrored "
-            "with kubernetes.workers)")  # fmt: skip
-        return out
+    if scheduler == "kubernetes" and not given and "workers" not in data["kubernetes"]:
+        add(("kubernetes",), "kubernetes", "needs kubernetes.workers (the worker pods) or kubernetes.roles "
+            "(pods by role, e.g. roles: {chief: 1, worker: 2, ps: 1})")  # fmt: skip
     if given and chief:
         add(("tensorflow", "chief"), "tensorflow.chief",
             f"with {field}, name the chief as a role (roles: {{chief: 1}}) and remove tensorflow.chief")  # fmt: skip

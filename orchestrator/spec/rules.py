@@ -158,7 +158,7 @@ def _scheduler_problems(data: dict, filename: str, positions: Positions) -> list
     own = SCHEDULER_SECTIONS[scheduler]
     if _get(data, own) is None:
         what = {"hosts": "a list of hosts, each with an address", "slurm": "a slurm: section (at least nodes)",
-                "kubernetes": "a kubernetes: section (at least image and workers)"}[own]
+                "kubernetes": "a kubernetes: section (at least image, and workers or roles)"}[own]
         out.append(
             Diagnostic.at(
                 filename,

@@ -147,7 +147,14 @@ class KubernetesSpec(_Model):
 
     namespace: DnsLabel = Field("default", description="Namespace of the job.")
     image: Image = Field(description="Container image with Python, TensorFlow, tf_keras and tfcluster.")
-    workers: Count = Field(description="Worker pods (MWMS tasks), besides the chief if tensorflow.chief.")
+    workers: Count | None = Field(
+        None, description="Worker pods (MWMS tasks), besides the chief if tensorflow.chief (or kubernetes.roles)."
+    )
+    roles: dict[Role, Annotated[int, Field(strict=True, ge=0, le=100_000)]] | None = Field(
+        None,
+        description="Pods of the job by role (chief, worker, ps, evaluator), e.g. {chief: 1, worker: 4, ps: 2}: "
+        "one replicated job per role, instead of workers. Which roles a strategy allows: tensorflow.strategy.",
+    )
     gpus_per_worker: GpuCount = Field(0, description="nvidia.com/gpu limit per pod.")
     requests: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Resource requests per pod.")
     limits: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Resource limits per pod.")

@@ -55,8 +55,8 @@ class PodConfig(Record):
     """worker_entry's settings in a pod (``TFCLUSTER_POD``); the task index comes from the Job."""
 
     job: str = field(metadata=spec(max_len=253))
-    task_type: Literal["chief", "worker"]
-    cluster: dict[str, list[str]] = field(metadata=spec(max_len=2))
+    task_type: Literal["chief", "worker", "ps", "evaluator"]  # roles.ROLES
+    cluster: dict[str, list[str]] = field(metadata=spec(max_len=3))  # roles.CLUSTER_ROLES
     remote_dir: str = field(metadata=spec(max_len=4096))
     v: int = field(default=POD_CONFIG_VERSION, metadata=spec(lo=1, hi=POD_CONFIG_VERSION))
     tf_port: int | None = field(default=None, metadata=spec(lo=1, hi=65535))
@@ -65,3 +65,5 @@ class PodConfig(Record):
     stop_grace_s: float = field(default=10.0, metadata=spec(lo=0, hi=86400))
     failure_grace_s: float = field(default=1.0, metadata=spec(lo=0, hi=86400))
     instrument: bool = True
+    # tasks of its type when the type is outside the cluster (the evaluator): the valid completion indexes
+    tasks: int | None = field(default=None, metadata=spec(lo=1, hi=100_000))

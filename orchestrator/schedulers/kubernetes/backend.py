@@ -7,6 +7,9 @@
   becomes a ``PodChannel`` as soon as its container runs; a pod that cannot start (image, config)
   or is not running by the startup deadline is a start failure naming the pod's own reason;
 - the supervisor's stop deletes that pod; ``close()`` deletes what the launcher applied;
+- a task restarted alone, in place (a parameter-server worker, ``restart_task``): its Job's controller
+  replaces the failed pod with one of the same completion index (``backoffLimitPerIndex`` in the
+  rendering), so the same hostname and TF_CONFIG entry; the launcher follows that new pod;
 - ``RUN/kubernetes.json`` records the objects and every pod's phase, node and exit (``status``
   shows it; ``stop`` deletes the objects when the launcher is gone).
 """
@@ -22,7 +25,7 @@ from typing import Any
 
 from worker_entry.protocol import NodeConfig
 
-from ...backends.backend import Backend, Deliver
+from ...backends.backend import Backend, Deliver, Placement
 from ...backends.base import Channel
 from ...core.diagnostics import Diagnostic
 from ...plan import NodePlan, Plan
@@ -40,6 +43,7 @@ GONE_WAIT_S = 120.0  # an Indexed Job deleted for a restart: how long its pods m
 class KubernetesBackend(Backend):
     name = "kubernetes"
     transfers = False  # logs arrive whole through the API; checkpoints live on the volume
+    restarts_tasks = True  # a task's Job replaces its failed pod (same index, hostname, TF_CONFIG): restart_task
 
     def __init__(
         self,
@@ -65,6 +69,7 @@ class KubernetesBackend(Backend):
         self._closed = False
         self._connected = False
         self._generation = 0
+        self._followed: set[str] = set()  # every pod ever followed: a restarted task's pod is a new one
 
     # --- the seam --------------------------------------------------------------------------------
 
@@ -100,6 +105,49 @@ class KubernetesBackend(Backend):
         )
         thread.start()
         return thread
+
+    def restart_task(self, node: NodePlan, config: NodeConfig, deliver: Deliver, placement: Placement) -> None:
+        """Follow the pod that replaces this task's failed one. The rendering lets its Job create it
+        (``backoffLimitPerIndex``: same completion index, so the same hostname and TF_CONFIG entry);
+        a pod still running (a task that hung) is deleted first, which its Job counts as a failure too.
+        ``config`` is not used: the new pod builds its settings from its template, as the first did."""
+        task = str(node.task)
+        with self._lock:
+            old = self.channels.get(task)
+        attempt = old.attempt if old is not None else 0
+        if old is not None and not old.closed and old.exit_status() is None:
+            self._delete_pod(old.pod, 0)
+        threading.Thread(
+            target=self._follow_replacement, args=(task, attempt, deliver), name=f"k8s-restart-{task}", daemon=True
+        ).start()
+
+    def _follow_replacement(self, task: str, attempt: int, deliver: Deliver) -> None:
+        assert self.api is not None
+        deadline = self.clock() + max(self.poll_s, self.spec.job.startup_timeout_s)
+        problem = ""
+        try:
+            while not self._closed:
+                views = [pod_view(pod, self.flavor) for pod in self.api.list_pods(self.selector)]
+                with self._lock:
+                    new = [v for v in views if str(v.task) == task and v.attempt == attempt and v.name not in self._followed]
+                for v in new:
+                    if v.started:
+                        deliver(task, self._channel(task, v, attempt))
+                        return
+                    if v.fatal:
+                        deliver(task, OSError(f"pod {v.name} cannot start: {v.problem}"))
+                        return
+                    problem = f"pod {v.name} is {v.phase}: {v.problem}" if v.problem else problem
+                ended = self._failed_state()
+                if ended or self.clock() >= deadline:
+                    why = ended or f"no new pod of {task} running within {self.spec.job.startup_timeout_s:g}s"
+                    deliver(task, OSError(problem or f"{task} cannot be restarted: {why}"))
+                    return
+                self.sleep(self.poll_s)
+        except KubeError as exc:
+            deliver(task, OSError(f"restarting {task}: {exc}"))
+            return
+        deliver(task, OSError(f"{task} not restarted: the launcher is closing"))
 
     def close(self) -> None:
         with self._lock:
@@ -199,7 +247,7 @@ class KubernetesBackend(Backend):
                 current = max(
                     (v.attempt for v in views if v.attempt is not None and v.attempt >= attempt), default=attempt
                 )
-            ours = {str(v.task): v for v in views if v.attempt == current and v.task is not None}
+            ours = self._by_task(views, current)
             self._remember(current, ours)
             for task in sorted(pending):
                 v = ours.get(task)
@@ -230,6 +278,18 @@ class KubernetesBackend(Backend):
                 return
             self.sleep(self.poll_s if pending else 5 * self.poll_s)  # then only the record needs it
 
+    def _by_task(self, views: list[PodView], attempt: int) -> dict[str, PodView]:
+        """Each task's pod of the attempt; of a task restarted in place, the one followed now."""
+        out: dict[str, PodView] = {}
+        with self._lock:
+            followed = {t: c.pod for t, c in self.channels.items()}
+        for v in views:
+            if v.attempt == attempt and v.task is not None:
+                task = str(v.task)
+                if task not in out or followed.get(task) == v.name:
+                    out[task] = v
+        return out
+
     def _settled(self, tasks: set[str], since: float) -> bool:
         """Has the supervisor read these tasks' ends (a moment ago), or have they had ``SETTLE_S``?"""
         waited = self.clock() - since
@@ -244,6 +304,7 @@ class KubernetesBackend(Backend):
         with self._lock:
             old = self.channels.get(task)
             self.channels[task] = chan
+            self._followed.add(v.name)
         if old is not None and not old.closed:
             old.close()
         hb = self.spec.heartbeat

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ...core.errors import UsageError
+from ...plan import Plan
 from ...runs import write_private
 
 
@@ -37,7 +38,7 @@ def render_specs(
         if check:
             _check(path, docs)
         header = (
-            f"{spec.name}: {len(plan.nodes)} MWMS task(s) as {spec.kubernetes.flavor} in namespace "
+            f"{spec.name}: {_tasks(plan)} as {spec.kubernetes.flavor} in namespace "
             f"{spec.kubernetes.namespace}\nrendered by tfcluster {__version__} from {path}; apply with kubectl apply -f"
         )
         texts.append((spec.name, to_yaml(docs, header)))
@@ -70,3 +71,13 @@ def _check(path: str, docs: list[dict]) -> None:
     if problems:
         raise UsageError(f"{path}: the rendering does not validate:\n  " + "\n  ".join(problems))
     print(f"{path}: valid for Kubernetes {KUBE_VERSION} and JobSet {JOBSET_RELEASE} (offline schemas)", file=sys.stderr)
+
+
+def _tasks(plan: Plan) -> str:
+    """``3 MWMS task(s)``, or with roles ``parameter_server: chief:1 worker:2 ps:1``."""
+    if not plan.has_roles:
+        return f"{len(plan.nodes)} MWMS task(s)"
+    counts: dict[str, int] = {}
+    for n in plan.nodes:
+        counts[n.task.type] = counts.get(n.task.type, 0) + 1
+    return f"{plan.strategy}: " + " ".join(f"{t}:{c}" for t, c in counts.items())

@@ -9,7 +9,9 @@ Both flavours give every pod a stable hostname under a headless Service (the pod
   pods are ``<job>-<index>`` under the Service ``<name>``.
 
 So TF_CONFIG is known before anything runs, and a pod finds its own entry by its Job's completion
-index. Pure, like the rest of the plan.
+index. With ``kubernetes.roles`` every role (chief, worker, ps, evaluator) is its own replicated job /
+Indexed Job, in rank order chief, workers, ps, evaluator; the evaluator is outside TF_CONFIG's cluster
+(as TF's docs do) and has no TF server port, a ps gets no GPU. Pure, like the rest of the plan.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ...plan.build import (
     node_env,
     plan_warnings,
     resolve_communication,
+    role_slots,
     runtime_of,
     tf_cluster,
     tf_config_of,
@@ -87,25 +90,25 @@ def kubernetes_plan(spec: ClusterSpec, *, run_id: str) -> Plan:
     if k8s is None:
         raise UsageError("scheduler: kubernetes needs a kubernetes: section")
     names = pod_names(spec)
-    n = k8s.workers + (1 if spec.tensorflow.chief else 0)
-    tasks = assign_tasks(n, spec.tensorflow.chief)
+    tasks = job_tasks(spec)
+    n = len(tasks)
     _check_name_lengths(names, tasks)
     port = spec.tensorflow.port
     cluster = tf_cluster(tasks, [f"{names.address(t)}:{port}" for t in tasks])
-    gpus = k8s.gpus_per_worker
-    communication = resolve_communication(spec.tensorflow.communication, gpus)
+    communication = resolve_communication(spec.tensorflow.communication, k8s.gpus_per_worker)
     checkpoint_dir, backup_dir = checkpoint_dirs(spec)
     runtime = runtime_of(spec)
     nodes = []
     for task in tasks:
         tf_config = tf_config_of(cluster, task)
+        gpus = gpus_of(spec, task.type)
         nodes.append(
             NodePlan(
                 task=task,
                 host=names.address(task),
                 ssh=None,
                 tf_address=names.address(task),
-                tf_port=port,
+                tf_port=0 if task.type == "evaluator" else port,  # an evaluator runs no TF server
                 gpus=gpus,
                 tf_config=tf_config,
                 env=node_env(spec, task, tf_config, communication, run_id, n, gpus, checkpoint_dir, backup_dir),
@@ -123,10 +126,32 @@ def kubernetes_plan(spec: ClusterSpec, *, run_id: str) -> Plan:
         run_id=run_id,
         communication=communication,
         nodes=tuple(nodes),
-        warnings=tuple(plan_warnings(spec, gpus) + kubernetes_warnings(spec, checkpoint_dir, backup_dir)),
+        warnings=tuple(
+            plan_warnings(spec, k8s.gpus_per_worker) + kubernetes_warnings(spec, checkpoint_dir, backup_dir)
+        ),
         scheduler="kubernetes",
         policy=StragglerPolicy.from_spec(spec),
+        strategy=spec.tensorflow.strategy,
     )
+
+
+def job_tasks(spec: ClusterSpec) -> list[TaskId]:
+    """Every task in rank order: by ``kubernetes.roles`` (chief, workers, ps, evaluator), else
+    ``tensorflow.chief`` and ``kubernetes.workers``."""
+    k8s = spec.kubernetes
+    assert k8s is not None
+    if k8s.roles:
+        return [task for _, task, _ in role_slots([dict(k8s.roles)])]
+    if k8s.workers is None:
+        raise UsageError("kubernetes: set kubernetes.workers or kubernetes.roles")
+    return assign_tasks(k8s.workers + (1 if spec.tensorflow.chief else 0), spec.tensorflow.chief)
+
+
+def gpus_of(spec: ClusterSpec, task_type: str) -> int:
+    """``gpus_per_worker`` for the tasks that compute (chief, worker, evaluator); a ps only holds variables."""
+    k8s = spec.kubernetes
+    assert k8s is not None
+    return 0 if task_type == "ps" else k8s.gpus_per_worker
 
 
 def kubernetes_warnings(spec: ClusterSpec, checkpoint_dir: str, backup_dir: str) -> list[str]:
@@ -143,6 +168,12 @@ def kubernetes_warnings(spec: ClusterSpec, checkpoint_dir: str, backup_dir: str)
         for what, path in (("checkpoint.dir", checkpoint_dir), ("restart.backup_dir", backup_dir)):
             if not path.startswith(mount):
                 out.append(f"{what} {path} is not under kubernetes.volume.mount_path {mount}: it is lost with the pod")
+    if k8s.flavor == "indexed-job" and spec.tensorflow.strategy == "parameter_server":
+        out.append(
+            "flavor indexed-job: the worker and ps Jobs never complete by themselves; `tfcluster launch` stops "
+            "them when the chief is done, a manifest applied with kubectl leaves them running (use flavor: jobset, "
+            "whose successPolicy ends the JobSet with the chief)"
+        )
     if k8s.flavor == "indexed-job" and spec.restart.max_restarts:
         out.append(
             "flavor indexed-job: Kubernetes itself does not restart a failed Indexed Job (backoffLimit 0); "

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from worker_entry.protocol.roles import ROLES
+
 from ...plan import TaskId
 from .render import ANNOTATION_ATTEMPT, COMPLETION_INDEX, CONTAINER, JOBSET_RESTART_ATTEMPT, LABEL_TASK_TYPE
 from .stream import ContainerEnd
@@ -67,7 +69,7 @@ def task_of(pod: dict[str, Any]) -> TaskId | None:
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     kind = labels.get(LABEL_TASK_TYPE)
     index = _int(annotations.get(COMPLETION_INDEX, labels.get(COMPLETION_INDEX)))
-    if kind not in ("chief", "worker") or index is None or index < 0:
+    if kind not in ROLES or index is None or index < 0:
         return None
     return TaskId(kind, index)
 

@@ -17,8 +17,10 @@ import yaml
 
 from worker_entry.protocol import Env
 from worker_entry.protocol.podlog import PodConfig
+from worker_entry.protocol.roles import ROLES
 
 from ...plan import NodePlan, Plan
+from ...plan.roles import rule_of
 from ...spec import ClusterSpec
 from .plan import POD_DIR, PodNames, pod_names
 from .secrets import Credentials, container_args, container_env, credentials, env_from, escape, secret_doc
@@ -48,7 +50,7 @@ def render(spec: ClusterSpec, plan: Plan, attempt: int = 0) -> list[dict[str, An
     assert k8s is not None and plan.scheduler == "kubernetes"
     names = pod_names(spec)
     creds = credentials(spec)
-    types = [t for t in ("chief", "worker") if any(n.task.type == t for n in plan.nodes)]
+    types = [t for t in ROLES if any(n.task.type == t for n in plan.nodes)]
     first = [secret_doc(creds, _meta(spec, creds.secret, plan))] if creds else []
     if k8s.flavor == "jobset":
         return [*first, _jobset(spec, plan, names, types, creds)]
@@ -109,14 +111,15 @@ def _job(
 
 
 def _jobset(spec: ClusterSpec, plan: Plan, names: PodNames, types: list[str], creds: Credentials) -> dict[str, Any]:
-    return {
+    js: dict[str, Any] = {
         "apiVersion": JOBSET_API,
         "kind": "JobSet",
         "metadata": _meta(spec, names.name, plan),
         "spec": {
             # Pod hostnames <jobset>-<replicated job>-<job index>-<pod index> under the Service <subdomain>.
             "network": {"enableDNSHostnames": True, "subdomain": names.service, "publishNotReadyAddresses": True},
-            # Any pod's failure fails its Job (backoffLimit 0), which restarts *every* Job: MWMS restarts whole.
+            # A fatal role's pod failing fails its Job (backoffLimit 0), which restarts *every* Job: MWMS and
+            # a PS job's chief/ps restart whole. A PS worker or an evaluator never fails its Job (_failure_limits).
             "failurePolicy": {"maxRestarts": spec.restart.max_restarts},
             "replicatedJobs": [
                 {
@@ -128,6 +131,12 @@ def _jobset(spec: ClusterSpec, plan: Plan, names: PodNames, types: list[str], cr
             ],
         },
     }
+    if plan.has_roles:
+        # The job is done when its training roles completed (PS: the chief; MWMS: chief and workers, not the
+        # evaluator); the JobSet controller then deletes the Jobs still running (ps, workers, the evaluator).
+        trains = [t for t in types if rule_of(plan.strategy, t).trains]
+        js["spec"]["successPolicy"] = {"operator": "All", "targetReplicatedJobs": trains}
+    return js
 
 
 def _job_spec(
@@ -142,7 +151,7 @@ def _job_spec(
         "completionMode": "Indexed",
         "completions": len(nodes),
         "parallelism": len(nodes),
-        "backoffLimit": 0,  # one failed pod fails the whole Job: MWMS cannot go on without a member
+        **_failure_limits(spec, plan.strategy, task_type),
         "template": {
             "metadata": {
                 "labels": {LABEL_JOB: spec.name, LABEL_TASK_TYPE: task_type, **MANAGED_BY},
@@ -155,15 +164,49 @@ def _job_spec(
     }
 
 
+def _failure_limits(spec: ClusterSpec, strategy: str, task_type: str) -> dict[str, Any]:
+    """What one failed pod does to its Job, after ``plan.roles``' table:
+
+    - teardown (MWMS members, a PS chief or ps): backoffLimit 0, the Job fails, the JobSet restarts all;
+    - restart (a PS worker): the Job controller replaces the failed pod with one of the same completion
+      index, so the same hostname and TF_CONFIG entry (``backoffLimitPerIndex``, per task like
+      ``restart.max_task_restarts``); once one index has failed that often the Job fails (``maxFailedIndexes: 0``);
+    - report (the sidecar evaluator): its failures never fail its Job (``podFailurePolicy`` Ignore: the
+      Job controller starts it again, uncounted), so they never restart the training. JobSet's own
+      per-Job restart actions (RestartJob) are alpha, off by default in v0.12, so they are not used.
+    """
+    on_failure = rule_of(strategy, task_type).on_failure
+    if on_failure == "restart":
+        # podReplacementPolicy Failed: the new pod only once the old one is gone, never two pods (two DNS
+        # records) for one hostname
+        return {"backoffLimitPerIndex": spec.restart.max_task_restarts, "maxFailedIndexes": 0,
+                "podReplacementPolicy": "Failed"}  # fmt: skip
+    if on_failure == "report":
+        return {
+            "backoffLimit": 0,
+            "podFailurePolicy": {
+                "rules": [
+                    {"action": "Ignore", "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]}},
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                ]
+            },
+        }
+    return {"backoffLimit": 0}  # one failed pod fails the whole Job: MWMS cannot go on without a member
+
+
 def pod_config(spec: ClusterSpec, node: NodePlan) -> PodConfig:
     """``TFCLUSTER_POD`` of a task type's pods (the same for every pod of the type)."""
+    k8s = spec.kubernetes
+    assert k8s is not None
     rt = node.runtime
     return PodConfig(
         job=rt.job,
         task_type=node.task.type,  # type: ignore[arg-type]
         cluster=node.tf_config["cluster"],
         remote_dir=POD_DIR,
-        tf_port=node.tf_port,
+        tf_port=node.tf_port or None,  # an evaluator runs no TF server
+        # an evaluator is outside the cluster: how many there are says which completion indexes are valid
+        tasks=None if node.task.type in node.tf_config["cluster"] else (k8s.roles or {}).get(node.task.type, 1),
         gpus=node.gpus,
         heartbeat_interval_s=rt.heartbeat_interval_s,
         stop_grace_s=rt.stop_grace_s,
@@ -194,7 +237,6 @@ def _pod_spec(spec: ClusterSpec, node: NodePlan, attempt_source: str, creds: Cre
         "command": [escape(a) for a in (*node.argv, "--")],
         "args": container_args(list(node.command), creds),
         "env": env,
-        "ports": [{"name": PORT_NAME, "containerPort": node.tf_port, "protocol": "TCP"}],
         "resources": _resources(spec, node.gpus),
         "volumeMounts": mounts,
         "securityContext": {
@@ -203,6 +245,8 @@ def _pod_spec(spec: ClusterSpec, node: NodePlan, attempt_source: str, creds: Cre
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
+    if node.tf_port:  # an evaluator runs no TF server
+        container["ports"] = [{"name": PORT_NAME, "containerPort": node.tf_port, "protocol": "TCP"}]
     if k8s.env_secret:
         container["envFrom"] = env_from(spec)
     if node.workdir:
