@@ -151,6 +151,42 @@ def test_a_rank_connects_once(server):
     assert "already connected" in server.rejected[0][1] and len(server.got) == 1
 
 
+def test_a_restarted_rank_connects_once_more_to_its_own_deliver_and_a_given_up_restart_never(server):
+    """expect_again: the restarted task's rank dials again, gets the restart's config, and its channel
+    goes to the restart's deliver; a restart given up on (forget_again) may not connect at all; a new
+    attempt (expect) drops a restart of the previous one that never connected."""
+    first = connect_back(("127.0.0.1", server.port), b"s" * 32, 1)
+    _wait(lambda: server.got)
+    first.sock.close()
+    again: list = []
+    restart = p.NodeConfig(argv=["true"], remote_dir="/tmp/x-restart-1")
+    server.expect_again(1, "worker:1", restart, lambda task, chan: again.append((task, chan)))
+    link = connect_back(("127.0.0.1", server.port), b"s" * 32, 1)
+    assert p.NodeConfig.parse_line(link.config_line).remote_dir == "/tmp/x-restart-1"
+    _wait(lambda: again)
+    assert [t for t, _ in again] == ["worker:1"] and len(server.got) == 1
+    link.sock.close()
+    # given up on: the rank stays closed, nothing reaches the forgotten deliver
+    lost: list = []
+    deliver = lambda task, chan: lost.append(chan)  # noqa: E731
+    server.expect_again(1, "worker:1", restart, deliver)
+    server.forget_again(1, "worker:1", deliver)
+    with pytest.raises(Refused, match="already connected"):
+        connect_back(("127.0.0.1", server.port), b"s" * 32, 1, deadline_s=2)
+    # a new attempt: a restart of the last one that never connected is not this attempt's
+    server.expect_again(0, "worker:0", restart, deliver)
+    fresh: list = []
+    server.expect({0: ("worker:0", p.NodeConfig(argv=["true"], remote_dir="/tmp/y", attempt=1))},
+                  lambda task, chan: fresh.append((task, chan)))  # fmt: skip
+    link = connect_back(("127.0.0.1", server.port), b"s" * 32, 0)
+    assert p.NodeConfig.parse_line(link.config_line).attempt == 1
+    _wait(lambda: fresh)
+    assert [t for t, _ in fresh] == ["worker:0"] and not lost
+    link.sock.close()
+    for _, chan in again + fresh:
+        chan.close()
+
+
 def test_garbage_and_silence_are_refused_without_harm(server):
     with socket.create_connection(("127.0.0.1", server.port)) as s:
         s.recv(4096)

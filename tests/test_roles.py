@@ -155,6 +155,26 @@ def test_role_mistakes_are_named_with_what_is_allowed(text, expected):
     assert expected in errors(text), errors(text)
 
 
+@pytest.mark.parametrize(
+    ("text", "only"),
+    [
+        ("version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, roles: {chief: 1, master: 1}}\njob: {command: [x]}\n",
+         "s.yaml:4: slurm.roles.master: must be 'chief', 'worker', 'ps' or 'evaluator', got 'master' (str)"),
+        ("version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, roles: {worker: \"2\"}}\njob: {command: [x]}\n",
+         "s.yaml:4: slurm.roles.worker: must be a valid integer, got '2' (str)"),
+    ],
+)  # fmt: skip
+def test_a_bad_role_or_count_is_the_only_message(text, only):
+    """Totals over the valid part only would mislead (task slots, no trainer): one message, the real one."""
+    got = errors(text)
+    assert got == [only], got
+
+
+def test_an_explicit_null_is_no_roles():
+    text = "version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, roles: null}\ntensorflow: {chief: true}\njob: {command: [x]}\n"
+    assert errors(text) == []
+
+
 def test_evaluator_gpus_may_differ_from_the_collectives():
     assert errors(MWMS_EVAL.replace("gpus: 0", "gpus: 1")) == []
     assert errors(PS) == []

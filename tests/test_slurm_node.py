@@ -310,3 +310,14 @@ def test_tensorflows_slurm_resolver_fails_where_ours_works(monkeypatch):
 )  # fmt: skip
 def test_each_task_of_a_node_gets_its_own_gpus(visible, local, per_task, here, share):
     assert ws.gpu_slice(visible, local, per_task, here) == share
+
+
+@pytest.mark.parametrize(
+    ("slot", "visible", "per_task", "share"),
+    [("1/2", "0,1,2,3", 2, "2,3"), ("0/2", "0,1,2,3", 2, "0,1"), ("", "0,1,2,3", 2, None), ("x/2", "0,1", 1, None),
+     ("1/1", "0,1", 2, None), ("9999999/2", "0,1", 1, None)],
+)  # fmt: skip
+def test_a_task_restarted_in_place_takes_its_first_incarnations_gpu_share(slot, visible, per_task, share):
+    from worker_entry.connect import gpu_share
+
+    assert gpu_share({Env.GPU_SLOT: slot, "CUDA_VISIBLE_DEVICES": visible}, per_task) == share

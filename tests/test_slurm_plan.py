@@ -146,8 +146,8 @@ def test_roles_are_ranked_by_role_and_a_restartable_role_keeps_the_step_up():
     assert "--kill-on-bad-exit=1" in srun_argv(mwms, plan.nodes[0].argv, attempt=0)  # every failure is fatal
     with_eval = load_spec_text(spec_text("roles: {worker: 3, evaluator: 1}\n")).spec
     assert "--kill-on-bad-exit=0" in srun_argv(with_eval, plan.nodes[0].argv, attempt=0)  # the evaluator is only reported
-    restart = restart_srun_argv(spec, "python3", attempt=0, restart=2, node="n2")
-    assert restart == ["srun", "--job-name=sl-a0-r2", "--nodes=1", "--ntasks=1", "--nodelist=n2", "--overlap",
+    restart = restart_srun_argv(spec, "python3", attempt=0, restart=2, node="n2", slug="worker-1")
+    assert restart == ["srun", "--job-name=sl-a0-worker-1-r2", "--nodes=1", "--ntasks=1", "--nodelist=n2", "--overlap",
                        "--kill-on-bad-exit=0", "--export=ALL", "--input=all", "python3", "-m", "worker_entry", "connect"]  # fmt: skip
 
 

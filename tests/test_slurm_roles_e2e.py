@@ -78,7 +78,7 @@ def test_ps_worker_sigkilled_under_slurm_is_restarted_in_place_and_the_job_succe
     assert _log(run_dir, "worker-1").count("server up at") == 2
     assert res["tasks"]["chief:0"]["state"] == "succeeded"
     assert {res["tasks"][t]["state"] for t in ("worker:0", "worker:1", "ps:0")} == {"stopped"}
-    assert (run_dir / "slurm" / "srun-attempt-0-restart-1.log").exists()
+    assert (run_dir / "slurm" / "srun-attempt-0-worker-1-restart-1.log").exists()
     wait_for(lambda: not slurm.processes(), 15, "every task process to be gone")
 
 

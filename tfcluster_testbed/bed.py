@@ -284,9 +284,8 @@ class Testbed:
 
     def spec_dict(self, name: str, command: Sequence[str], **sections: Any) -> dict:
         """A cluster spec (dict) for these hosts; `sections` (e.g. heartbeat=..., job=...) are
-        deep-merged over the defaults. job.python is this interpreter so worker_entry imports; the
-        tasks' directories (job.remote_dir) live in the bed's own directory, removed by stop(), not in
-        the user's ~/.tfcluster (every host of the bed shares this machine's file system)."""
+        deep-merged over the defaults. job.python is this interpreter; the tasks' directories go in the
+        bed's own directory (removed by stop()), not in ~/.tfcluster: the hosts share this file system."""
         if not self.hosts or self._dir is None:  # started once: stopped is fine, the spec is just data
             raise TestbedError("test bed not started")
         job = {"remote_dir": str(self._dir / "remote"), **sections.get("job", {})}

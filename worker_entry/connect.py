@@ -197,7 +197,21 @@ def main(rank: int | None = None, env: Mapping[str, str] = os.environ, stdin_fd:
         print(f"worker_entry connect: bad configuration from the supervisor: {exc}", file=sys.stderr)
         link.sock.close()
         return 2
+    share = gpu_share(env, config.gpus)
+    if share is not None:
+        config.env["CUDA_VISIBLE_DEVICES"] = share
     return serve(config, link)
+
+
+def gpu_share(env: Mapping[str, str], per_task: int) -> str | None:
+    """A Slurm task restarted in place (``TFCLUSTER_GPU_SLOT`` LOCAL/TASKS_HERE): the same share of the
+    node's GPUs its first incarnation had (``protocol.cluster.gpu_slice``); None: leave them alone."""
+    local, sep, here = env.get(Env.GPU_SLOT, "").partition("/")
+    if not sep or not local.isdigit() or not here.isdigit() or len(local) > 6 or len(here) > 6:
+        return None
+    from .protocol.cluster import gpu_slice
+
+    return gpu_slice(env.get("CUDA_VISIBLE_DEVICES", ""), int(local), per_task, int(here))
 
 
 def serve(config: Any, link: Any) -> int:

@@ -33,6 +33,8 @@ def adopt_earlier(remote_dir: str, earlier: list[str]) -> None:
         if head != parent or name == own or name.partition("-restart-")[0] != stem or not os.path.isdir(path):
             continue
         dest = os.path.join(remote_dir, "earlier")
+        if os.path.islink(path) or os.path.islink(dest):
+            continue  # only real directories, moved only into a real one
         try:
             os.makedirs(dest, mode=0o700, exist_ok=True)
             os.rename(path, os.path.join(dest, name))

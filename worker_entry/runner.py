@@ -30,7 +30,7 @@ from .gpuowner import TaskTree
 from .handover import hand_over
 from .hoststats import HostSampler
 from .output import OutputPipes
-from .protocol.cluster import own_endpoint
+from .protocol.cluster import own_endpoint, slurm_node_name
 from .sysinfo import GroupSampler, Nvml, listening, node_facts
 from .writer import FrameWriter
 
@@ -100,7 +100,7 @@ class Runner:
         facts = p.NodeFacts.from_dict(node_facts(self._probe_config(), self.nvml))
         self.nvml.restrict(self.cfg.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")))
         self.msg(p.Hello(pid=os.getpid(), remote_dir=self.remote_dir, facts=facts, task=self.cfg.task,
-                         tf_endpoint=own_endpoint(self.cfg.env.get(p.Env.TF_CONFIG), self.cfg.task), node_name=os.environ.get("SLURMD_NODENAME") or None))  # fmt: skip
+                         tf_endpoint=own_endpoint(self.cfg.env.get(p.Env.TF_CONFIG), self.cfg.task), node_name=slurm_node_name(os.environ)))  # fmt: skip
         if self.in_fd is not None:
             os.set_blocking(self.in_fd, False)
             self.sel.register(self.in_fd, selectors.EVENT_READ, "stdin")

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .hostlist import expand_hostlist, expand_tasks_per_node
-from .protocol.cluster import task_order
+from .protocol.cluster import gpu_slice, task_order
 from .protocol.env import Env
 from .protocol.roles import CLUSTER_ROLES, ROLES, role_order
 
@@ -266,15 +266,6 @@ def endpoints(step: Step, addrs: Sequence[str], base: int | None = None) -> tupl
     by_rank = [addrs[node] for node, _ in step.layout]
     ports = task_ports(by_rank, step.job_id, step.step_id, base)
     return [f"[{a}]:{p}" if ":" in a else f"{a}:{p}" for a, p in zip(by_rank, ports, strict=True)], ports
-
-
-def gpu_slice(visible: str, local_id: int, per_task: int, tasks_here: int) -> str | None:
-    """This task's share of the node's GPUs: Slurm shows every task of a node all of the step's GPUs
-    (``--gpus-per-node``); MWMS wants each task on its own. None: leave CUDA_VISIBLE_DEVICES alone."""
-    devices = [d for d in visible.split(",") if d.strip()]
-    if per_task <= 0 or tasks_here <= 1 or len(devices) < per_task * tasks_here:
-        return None
-    return ",".join(devices[local_id * per_task : (local_id + 1) * per_task])
 
 
 def main(env: Mapping[str, str] = os.environ, stdin_fd: int = 0) -> int:

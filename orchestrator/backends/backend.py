@@ -73,6 +73,10 @@ class Backend(abc.ABC):
         carries its full TF_CONFIG. Its channel (or why not) goes to ``deliver``."""
         self.start_all([(node, config)], deliver)
 
+    def abandon_restart(self, task: str) -> None:
+        """The supervisor gave up on ``task``'s restart before its channel came (default: nothing)."""
+        return None
+
     def connection(self, task: str) -> Connection | None:
         """A connection for helper commands on this task's node (transfers), or None."""
         return None

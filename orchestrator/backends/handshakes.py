@@ -105,6 +105,11 @@ class HandshakeServer:
             self.expected[rank] = (task, config)
             self.connected.discard(rank)
 
+    def close_rank(self, rank: int) -> None:
+        """Rank ``rank`` may not connect again in this round (a restart given up on)."""
+        with self._lock:
+            self.connected.add(rank)
+
     def connected_ranks(self) -> set[int]:
         with self._lock:
             return set(self.connected)

@@ -160,6 +160,7 @@ class ConnectBackServer:
         """From now on, rank r's node gets ``ranks[r]``'s config and its channel goes to ``deliver``."""
         with self._lock:
             self._deliver = deliver
+            self._again.clear()  # a restart of the last attempt that never connected is not this one's
             self.server.expect(ranks)
 
     def expect_again(self, rank: int, task: str, config: NodeConfig, deliver: Deliver) -> None:
@@ -168,6 +169,14 @@ class ConnectBackServer:
         with self._lock:
             self._again[task] = deliver
             self.server.expect_again(rank, task, config)
+
+    def forget_again(self, rank: int, task: str, deliver: Deliver) -> None:
+        """A restart given up on (it failed to start, or its task was abandoned before it connected):
+        its rank may not connect any more, and nothing goes to its ``deliver``."""
+        with self._lock:
+            if self._again.get(task) is deliver:
+                del self._again[task]
+            self.server.close_rank(rank)
 
     def connected_ranks(self) -> set[int]:
         """Ranks that authenticated in the current ``expect`` round."""
@@ -207,6 +216,7 @@ class ConnectBackBackend(Backend):
         self.secret = secrets.token_bytes(32)
         self.server = ConnectBackServer(self.secret, bind, advertise)
         self._ranks: dict[str, int] = {}
+        self._restarting: dict[str, tuple[int, Deliver]] = {}  # task -> its restart's rank and deliver
 
     def connect_env(self) -> dict[str, str]:
         """Where every node dials back (the secret is not here: ``secret_input``)."""
@@ -223,6 +233,7 @@ class ConnectBackBackend(Backend):
     def start_all(self, starts: Sequence[tuple[NodePlan, NodeConfig]], deliver: Deliver) -> threading.Thread:
         self.server.expect({rank: (str(node.task), config) for rank, (node, config) in enumerate(starts)}, deliver)
         self._ranks = {str(node.task): rank for rank, (node, _) in enumerate(starts)}
+        self._restarting.clear()
 
         def run() -> None:
             try:
@@ -242,16 +253,31 @@ class ConnectBackBackend(Backend):
     def restart_task(self, node: NodePlan, config: NodeConfig, deliver: Deliver, placement: Placement) -> None:
         """The task's rank may dial once more, with ``config``; the scheduler starts it again
         (``relaunch``) in the background."""
-        rank = self.rank_of(str(node.task))
-        self.server.expect_again(rank, str(node.task), config, deliver)
+        task = str(node.task)
+        rank = self.rank_of(task)
+        self._restarting[task] = (rank, deliver)
+        self.server.expect_again(rank, task, config, deliver)
 
         def run() -> None:
             try:
                 self.relaunch(rank, node, config, placement)
             except Exception as exc:  # the scheduler refused: the restart failed, with the reason
-                deliver(str(node.task), exc)
+                self.server.forget_again(rank, task, deliver)
+                deliver(task, exc)
 
         threading.Thread(target=run, name=f"{self.name}-relaunch", daemon=True).start()
+
+    def abandon_restart(self, task: str) -> None:
+        """The supervisor gave up on a restarted task before it connected: it may not connect later
+        (into another restart's or attempt's place); the scheduler ends what it started for it."""
+        rank, deliver = self._restarting.pop(task, (None, None))
+        if rank is not None and deliver is not None:
+            self.server.forget_again(rank, task, deliver)
+            self.end_relaunch(task)
+
+    def end_relaunch(self, task: str) -> None:
+        """End what ``relaunch`` started for ``task`` (default: nothing)."""
+        return None
 
     def rank_of(self, task: str) -> int:
         """The rank ``start_all`` gave ``task`` (its position in the attempt's starts)."""

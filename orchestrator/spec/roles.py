@@ -50,16 +50,6 @@ def raw_roles(host: Any, index: int, chief: bool) -> dict[str, int]:
     return {r: _int(n) or 0 for r, n in roles.items() if r in ROLES and _int(n) is not None}
 
 
-def section_roles(data: dict) -> dict[str, int] | None:
-    """The job-wide role counts of a Slurm or Kubernetes spec (``slurm.roles``/``kubernetes.roles``),
-    valid counts only; None when the section has none (the scheduler's default layout)."""
-    section = data.get(data.get("scheduler", "ssh"))
-    roles = section.get("roles") if isinstance(section, dict) else None
-    if not isinstance(roles, dict):
-        return None
-    return {r: _int(n) or 0 for r, n in roles.items() if r in ROLES and _int(n) is not None}
-
-
 def role_problems(data: dict, hosts: list, filename: str, positions: Positions) -> list[Diagnostic]:
     """Which roles the strategy allows, how many of each, and where they can run: per host under SSH,
     one job-wide count under Slurm (``slurm.roles``) and Kubernetes (``kubernetes.roles``)."""
@@ -84,7 +74,7 @@ def role_problems(data: dict, hosts: list, filename: str, positions: Positions) 
     elif scheduler in ("slurm", "kubernetes") and isinstance(data.get(scheduler), dict):
         section = data[scheduler]
         holders = [((scheduler, "roles"), f"{scheduler}.roles", section.get("roles"))]
-        given = [0] if "roles" in section else []
+        given = [0] if section.get("roles") is not None else []
         example = f"{scheduler}.roles: {{chief: 1, worker: 2, ps: 1}}"
         field, scope = f"{scheduler}.roles", "in the job"
     else:
@@ -132,6 +122,10 @@ def role_problems(data: dict, hosts: list, filename: str, positions: Positions) 
             fix = f"give a host roles: {{{r}: 1}}" if scheduler == "ssh" else f"set {path}.{r}: 1"
             add(where_to, "hosts" if scheduler == "ssh" else path,
                 f"strategy {strategy} needs at least {lo} {r} task(s) ({WHY[(strategy, r)]}); {fix}")  # fmt: skip
+    clean = all(isinstance(raw, dict) and all(r in ROLES and _int(n) is not None for r, n in raw.items())
+                for k, (_, _, raw) in enumerate(holders) if k in given)  # fmt: skip
+    if not clean:
+        return out  # the fields' own checks name the bad role or count: totals from the rest would mislead
     if strategy == "multi_worker_mirrored" and holders and not totals["chief"] + totals["worker"] and not out:
         add(("hosts",) if scheduler == "ssh" else holders[0][0], "hosts" if scheduler == "ssh" else holders[0][1],
             "no chief or worker task: MultiWorkerMirroredStrategy needs at least one to train")  # fmt: skip

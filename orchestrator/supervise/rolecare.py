@@ -109,6 +109,8 @@ class RoleCare:
         its worker_entry kills the task's process group when the channel goes."""
         if s.state == TaskState.PENDING:  # its start is under way: the channel is closed when it comes
             s.become(TaskState.NOT_STARTED)
+            if s.restarts:
+                self.backend.abandon_restart(s.task)  # a restart that never connected may not, later
         elif s.state.is_alive:
             s.stop_sent = True
             s.send(p.Stop(grace_s=0, reason=reason))

@@ -10,6 +10,7 @@ from typing import Any
 
 from worker_entry import protocol as p
 
+from ..backends import Backend
 from ..core.states import JobState, TaskState
 from ..events import EventBus
 from ..events import kinds as ev
@@ -24,6 +25,7 @@ class Teardown:
     """Mixed into the supervisor: the attributes below are its own."""
 
     spec: ClusterSpec
+    backend: Backend
     bus: EventBus
     sessions: dict[str, TaskSession]
     snapshots: Any
@@ -46,6 +48,8 @@ class Teardown:
         for s in self.sessions.values():
             if s.state == TaskState.PENDING:  # its backend start is still under way: never let it run
                 s.become(TaskState.NOT_STARTED)
+                if s.restarts:  # a restart in place under way: the scheduler ends it
+                    self.backend.abandon_restart(s.task)
             elif s.state.is_alive and (not s.stop_sent or grace == 0):
                 s.stop_sent = True
                 if s.state in (TaskState.RUNNING, TaskState.READY, TaskState.STARTING):

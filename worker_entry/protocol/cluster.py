@@ -27,3 +27,18 @@ def own_endpoint(tf_config: str | None, task: Any) -> str | None:
     except (ValueError, AttributeError, IndexError, TypeError):
         return None
     return endpoint if isinstance(endpoint, str) and len(endpoint) <= 300 else None
+
+
+def slurm_node_name(env: Any) -> str | None:
+    """Slurm's name for this node (``SLURMD_NODENAME``), None outside Slurm or when it is no name."""
+    name = env.get("SLURMD_NODENAME") or ""
+    return name if 0 < len(name) <= 253 and name.isprintable() and " " not in name else None
+
+
+def gpu_slice(visible: str, local_id: int, per_task: int, tasks_here: int) -> str | None:
+    """This task's share of the node's GPUs: Slurm shows every task of a node all of the step's GPUs
+    (``--gpus-per-node``); MWMS wants each task on its own. None: leave CUDA_VISIBLE_DEVICES alone."""
+    devices = [d for d in visible.split(",") if d.strip()]
+    if per_task <= 0 or tasks_here <= 1 or len(devices) < per_task * tasks_here:
+        return None
+    return ",".join(devices[local_id * per_task : (local_id + 1) * per_task])

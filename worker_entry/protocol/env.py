@@ -32,6 +32,7 @@ class Env:
     CONNECT = "TFCLUSTER_CONNECT"  # connect-back: the supervisor's HOST:PORT
     RANK = "TFCLUSTER_RANK"  # connect-back: which task this node is (0-based, in plan order)
     SLURM_NODE_ADDRS = "TFCLUSTER_SLURM_NODE_ADDRS"  # slurm: NAME=ADDR,... of the allocation's nodes (NodeAddr)
+    GPU_SLOT = "TFCLUSTER_GPU_SLOT"  # slurm, a task restarted in place: LOCAL/TASKS_HERE, its share of the node's GPUs
     SECRET_ARG = "TFCLUSTER_SECRET_ARG"  # Kubernetes: _<i>: a credential word of the command, from the job's Secret
     POD = "TFCLUSTER_POD"  # Kubernetes: the pod's worker_entry settings (JSON, rendered into the pod spec)
     JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"  # Kubernetes: set by the Job controller (Indexed Jobs)

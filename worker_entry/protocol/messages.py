@@ -54,7 +54,7 @@ class NodeConfig(Record):
     # the job's tasks by role (chief, worker, ps, evaluator), for nodes that build their own TF_CONFIG
     # (Slurm): ranks follow protocol.roles.role_order. Empty: chief (when TF_CONFIG has one) and workers.
     roles: dict[str, int] = field(default_factory=dict, metadata=spec(lo=0, hi=1 << 20, max_len=4))
-    adopt_dirs: list[str] = field(default_factory=list, metadata=spec(max_len=64))  # handover.adopt_earlier
+    adopt_dirs: list[str] = field(default_factory=list, metadata=spec(max_len=128))  # handover.adopt_earlier
 
     @classmethod
     def parse_line(cls, line: bytes) -> NodeConfig:

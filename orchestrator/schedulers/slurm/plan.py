@@ -192,7 +192,7 @@ def srun_argv(spec: ClusterSpec, entry: Sequence[str], *, attempt: int) -> list[
     return argv + list(entry)
 
 
-def restart_srun_argv(spec: ClusterSpec, python: str, *, attempt: int, restart: int, node: str) -> list[str]:
+def restart_srun_argv(spec: ClusterSpec, python: str, *, attempt: int, restart: int, node: str, slug: str) -> list[str]:
     """One task started again in place, inside the allocation: a one-task step on its node that shares
     the first step's resources (``--overlap``); it dials back as its old rank (``worker_entry connect``)
     and gets its TF_CONFIG from the supervisor."""
@@ -200,7 +200,7 @@ def restart_srun_argv(spec: ClusterSpec, python: str, *, attempt: int, restart: 
     assert s is not None
     argv = [
         "srun",
-        f"--job-name={spec.name}-a{attempt}-r{restart}",
+        f"--job-name={spec.name}-a{attempt}-{slug}-r{restart}",
         "--nodes=1",
         "--ntasks=1",
         f"--nodelist={node}",

@@ -89,6 +89,8 @@ class SlurmStepBackend(ConnectBackBackend):
         self.notes: list[str] = []  # what the last-resort teardown had to do (the job reports it)
         self._watch: threading.Thread | None = None
         self.restarts: list[tuple[str, subprocess.Popen]] = []  # (step name, srun) of tasks restarted in place
+        self._relaunched: dict[str, tuple[str, subprocess.Popen]] = {}  # task -> its latest restart's step
+        self._restart_lock = threading.Lock()
         self._starts: list[tuple[NodePlan, NodeConfig]] = []
         self._deliver: Deliver = lambda task, chan: None
 
@@ -106,10 +108,16 @@ class SlurmStepBackend(ConnectBackBackend):
 
     def launch(self, starts: Sequence[tuple[NodePlan, NodeConfig]]) -> None:
         self._end_step()  # a restart: the previous attempt's step may still be winding down
+        for name, proc in self._take_restarts():  # and its tasks restarted in place
+            self._end_proc(proc, name)
         if self.srun is not None and self.srun.poll() is None:
             raise OSError("the previous attempt's srun step is still running")
         attempt = starts[0][1].attempt
         argv = srun_argv(self.spec, starts[0][0].argv, attempt=attempt)
+        nodes = allocation_nodes(self.env)
+        s = self.spec.slurm
+        if s is not None and len(nodes) > s.nodes:  # the plan named these: the step must run there
+            argv.insert(2, f"--nodelist={','.join(nodes[: s.nodes])}")
         self.step_name = argv[1].split("=", 1)[1]
         env = {**self.env, **self.connect_env()}
         if self.node_addrs and len(self.node_addrs) < MAX_ADDRS_ENV:
@@ -131,21 +139,27 @@ class SlurmStepBackend(ConnectBackBackend):
         self._watch.start()
 
     def relaunch(self, rank: int, node: NodePlan, config: NodeConfig, placement: Placement) -> None:
-        """A task restarted in place: a one-task step on the node it ran on, dialing back as ``rank``."""
+        """A task restarted in place: a one-task step on the node it ran on, dialing back as ``rank``,
+        with its share of the node's GPUs (its local slot in the block layout)."""
         name = placement.node_name or ""
-        if not NODE_NAME_RE.match(name):
-            raise OSError(f"{node.task}: its node never said its Slurm node name (SLURMD_NODENAME): cannot start it there again")
-        n = len(self.restarts) + 1
-        argv = restart_srun_argv(self.spec, node.argv[0], attempt=config.attempt, restart=n, node=name)
-        env = {**self.env, **self.connect_env(), Env.RANK: str(rank)}
-        assert self.log_dir is not None  # bound before the first step
-        log = self.log_dir / f"srun-attempt-{config.attempt}-restart-{n}.log"
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=fd, stderr=fd, start_new_session=True)
-        finally:
-            os.close(fd)
-        self.restarts.append((argv[1].split("=", 1)[1], proc))
+        nodes = allocation_nodes(self.env)
+        if not NODE_NAME_RE.match(name) or (nodes and name not in nodes):
+            raise OSError(f"{node.task}: its node said no Slurm node name of this allocation ({name[:60]!r}): cannot start it there again")
+        slug = node.task.slug
+        with self._restart_lock:
+            n = 1 + sum(1 for step, _ in self.restarts if f"-{slug}-r" in step)
+            argv = restart_srun_argv(self.spec, node.argv[0], attempt=config.attempt, restart=n, node=name, slug=slug)
+            per_node = self.spec.slurm.tasks_per_node if self.spec.slurm else 1
+            env = {**self.env, **self.connect_env(), Env.RANK: str(rank), Env.GPU_SLOT: f"{rank % per_node}/{per_node}"}
+            assert self.log_dir is not None  # bound before the first step
+            log = self.log_dir / f"srun-attempt-{config.attempt}-{slug}-restart-{n}.log"
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=fd, stderr=fd, start_new_session=True)
+            finally:
+                os.close(fd)
+            self.restarts.append((argv[1].split("=", 1)[1], proc))
+            self._relaunched[str(node.task)] = (argv[1].split("=", 1)[1], proc)
         self._give_secret(proc)
         rc = proc.wait()  # (this thread is the restart's own)
         time.sleep(0.5)  # a connection accepted just before srun's exit is being delivered
@@ -153,6 +167,18 @@ class SlurmStepBackend(ConnectBackBackend):
             text = log.read_bytes()[-8192:].decode("utf-8", "replace")
             tail = " | ".join(line.strip() for line in text.splitlines()[-8:] if line.strip())
             raise OSError(f"srun exited with code {rc} before the restarted task connected back: {tail}")
+
+    def end_relaunch(self, task: str) -> None:
+        with self._restart_lock:
+            name, proc = self._relaunched.pop(task, ("", None))
+        if proc is not None:
+            threading.Thread(target=self._end_proc, args=(proc, name), name="srun-restart-end", daemon=True).start()
+
+    def _take_restarts(self) -> list[tuple[str, subprocess.Popen]]:
+        with self._restart_lock:
+            taken, self.restarts = self.restarts, []
+            self._relaunched.clear()
+        return taken
 
     def _give_secret(self, proc: subprocess.Popen) -> None:
         """The run's secret on srun's stdin, which srun forwards to every task (``--input=all``): never in
@@ -192,7 +218,7 @@ class SlurmStepBackend(ConnectBackBackend):
     def close(self) -> None:
         """Last teardown layer: srun still there after the supervisor is done → scancel the step."""
         self._end_step()
-        for name, proc in self.restarts:  # restarted tasks' steps: over once their task is
+        for name, proc in self._take_restarts():  # restarted tasks' steps: over once their task is
             self._end_proc(proc, name)
         super().close()
 
