@@ -212,16 +212,7 @@ def patch_fit(cls: type, keras_package: str) -> bool:
 
         return _with_callback(args, kwargs, cb_pos, "_tfcluster_progress", make)
 
-    @functools.wraps(original)
-    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
-        changed = add_callback(args, kwargs)
-        if changed is not None:
-            args, kwargs = changed
-        return original(self, *args, **kwargs)
-
-    setattr(fit, _WRAPPED, True)
-    cls.fit = fit
-    return True
+    return _wrap_method(cls, "fit", original, add_callback)
 
 
 # --------------------------------------------------------------------------------- evaluate hook
@@ -257,15 +248,22 @@ def patch_evaluate(cls: type, keras_package: str) -> bool:
         make = lambda existing: evaluation_callback_class(_callback_base(keras_package))()  # noqa: E731
         return _with_callback(args, kwargs, cb_pos, "_tfcluster_evaluation", make)
 
+    return _wrap_method(cls, "evaluate", original, add_callback)
+
+
+def _wrap_method(cls: type, name: str, original: Callable, add_callback: Callable) -> bool:
+    """``cls.name`` calls ``original`` with the arguments ``add_callback`` gave it a callback in (or
+    unchanged when it returns None), marked so it is never wrapped twice."""
+
     @functools.wraps(original)
-    def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         changed = add_callback(args, kwargs)
         if changed is not None:
             args, kwargs = changed
         return original(self, *args, **kwargs)
 
-    setattr(evaluate, _WRAPPED, True)
-    cls.evaluate = evaluate
+    setattr(wrapper, _WRAPPED, True)
+    setattr(cls, name, wrapper)
     return True
 
 
