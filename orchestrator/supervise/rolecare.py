@@ -37,7 +37,7 @@ def _endpoint(text: str | None) -> str:
 
 
 #: Failures that say the host or the spec is wrong, not the task: never tolerated.
-_NEVER_TOLERATED = frozenset({"preflight", "connect"})
+_NEVER_TOLERATED = frozenset({"preflight", "connect", "restart"})
 
 
 class RoleCare:
@@ -142,8 +142,13 @@ class RoleCare:
         try:
             if p.Env.TF_CONFIG not in config.env:  # its node built it (Slurm): the same cluster, as the nodes said
                 self._with_tf_config(config, old)
+        except ValueError as exc:  # no retry can mend it: the job fails now, saying why
+            new.become(TaskState.NOT_STARTED)
+            self._fail(self._failure("restart", f"cannot restart {old.task} in place: {exc}", new, last_lines=()))
+            return
+        try:
             self.backend.restart_task(node, config, deliver, old.placement)
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             deliver(old.task, exc)
 
     def _with_tf_config(self, config: p.NodeConfig, old: TaskSession) -> None:
@@ -161,6 +166,12 @@ class RoleCare:
         config.tf_port = int(port) if port.isdigit() and 0 < int(port) < 65536 else None
 
     def _deliver(self, task: str, chan: Channel | BaseException) -> None:  # the supervisor's
+        raise NotImplementedError
+
+    def _fail(self, failure: Failure) -> None:  # the supervisor's
+        raise NotImplementedError
+
+    def _failure(self, kind: str, message: str, s: TaskSession | None, **fields: Any) -> Failure:  # the supervisor's
         raise NotImplementedError
 
     def _late_go(self, s: TaskSession) -> None:
