@@ -18,20 +18,10 @@ import signal
 
 import pytest
 from slurm_fixtures import PY, REPO, events, finish, launch_argv, result, start, wait_for, write_spec
+from test_roles_e2e import PS_LOOP, _log, _pid  # the same job's log and pid readers
 
 pytestmark = pytest.mark.e2e
 
-PS_LOOP = [PY, "-m", "worker_entry.examples.ps_coordinator", "--log-every", "10"]
-
-
-def _log(run_dir, slug: str) -> str:
-    path = run_dir / "logs" / f"{slug}.log"
-    return path.read_text(errors="replace") if path.exists() else ""
-
-
-def _pid(run_dir, task: str) -> int | None:
-    pids = [e["pid"] for e in events(run_dir) if e["event"] == "task_spawned" and e.get("task") == task]
-    return pids[-1] if pids else None
 
 
 def _tf_configs(run_dir, task: str) -> list[dict]:

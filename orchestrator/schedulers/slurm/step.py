@@ -88,8 +88,8 @@ class SlurmStepBackend(ConnectBackBackend):
         self.srun_log: Path | None = None
         self.notes: list[str] = []  # what the last-resort teardown had to do (the job reports it)
         self._watch: threading.Thread | None = None
-        self.restarts: list[tuple[str, subprocess.Popen]] = []  # (step name, srun) of tasks restarted in place
-        self._relaunched: dict[str, tuple[str, subprocess.Popen]] = {}  # task -> its latest restart's step
+        # (task, step name, srun) of each restart in place this attempt, oldest first
+        self.restarts: list[tuple[str, str, subprocess.Popen]] = []
         self._restart_lock = threading.Lock()
         self._starts: list[tuple[NodePlan, NodeConfig]] = []
         self._deliver: Deliver = lambda task, chan: None
@@ -108,8 +108,7 @@ class SlurmStepBackend(ConnectBackBackend):
 
     def launch(self, starts: Sequence[tuple[NodePlan, NodeConfig]]) -> None:
         self._end_step()  # a restart: the previous attempt's step may still be winding down
-        for name, proc in self._take_restarts():  # and its tasks restarted in place
-            self._end_proc(proc, name)
+        self._end_restarts()  # and its tasks restarted in place
         if self.srun is not None and self.srun.poll() is None:
             raise OSError("the previous attempt's srun step is still running")
         attempt = starts[0][1].attempt
@@ -145,9 +144,9 @@ class SlurmStepBackend(ConnectBackBackend):
         nodes = allocation_nodes(self.env)
         if not NODE_NAME_RE.match(name) or (nodes and name not in nodes):
             raise OSError(f"{node.task}: its node said no Slurm node name of this allocation ({name[:60]!r}): cannot start it there again")
-        slug = node.task.slug
+        task, slug = str(node.task), node.task.slug
         with self._restart_lock:
-            n = 1 + sum(1 for step, _ in self.restarts if f"-{slug}-r" in step)
+            n = 1 + sum(1 for t, _, _ in self.restarts if t == task)
             argv = restart_srun_argv(self.spec, node.argv[0], attempt=config.attempt, restart=n, node=name, slug=slug)
             per_node = self.spec.slurm.tasks_per_node if self.spec.slurm else 1
             env = {**self.env, **self.connect_env(), Env.RANK: str(rank), Env.GPU_SLOT: f"{rank % per_node}/{per_node}"}
@@ -158,8 +157,7 @@ class SlurmStepBackend(ConnectBackBackend):
                 proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=fd, stderr=fd, start_new_session=True)
             finally:
                 os.close(fd)
-            self.restarts.append((argv[1].split("=", 1)[1], proc))
-            self._relaunched[str(node.task)] = (argv[1].split("=", 1)[1], proc)
+            self.restarts.append((task, argv[1].split("=", 1)[1], proc))
         self._give_secret(proc)
         rc = proc.wait()  # (this thread is the restart's own)
         time.sleep(0.5)  # a connection accepted just before srun's exit is being delivered
@@ -170,15 +168,16 @@ class SlurmStepBackend(ConnectBackBackend):
 
     def end_relaunch(self, task: str) -> None:
         with self._restart_lock:
-            name, proc = self._relaunched.pop(task, ("", None))
-        if proc is not None:
+            latest = [(name, proc) for t, name, proc in self.restarts if t == task][-1:]
+        for name, proc in latest:
             threading.Thread(target=self._end_proc, args=(proc, name), name="srun-restart-end", daemon=True).start()
 
-    def _take_restarts(self) -> list[tuple[str, subprocess.Popen]]:
+    def _end_restarts(self) -> None:
+        """End the steps of this attempt's restarts in place (each is over once its task is)."""
         with self._restart_lock:
             taken, self.restarts = self.restarts, []
-            self._relaunched.clear()
-        return taken
+        for _, name, proc in taken:
+            self._end_proc(proc, name)
 
     def _give_secret(self, proc: subprocess.Popen) -> None:
         """The run's secret on srun's stdin, which srun forwards to every task (``--input=all``): never in
@@ -218,8 +217,7 @@ class SlurmStepBackend(ConnectBackBackend):
     def close(self) -> None:
         """Last teardown layer: srun still there after the supervisor is done → scancel the step."""
         self._end_step()
-        for name, proc in self._take_restarts():  # restarted tasks' steps: over once their task is
-            self._end_proc(proc, name)
+        self._end_restarts()
         super().close()
 
     def _end_step(self) -> None:
