@@ -80,14 +80,18 @@ def test_cpu_quota_mid_run_names_that_worker_alone(testbed_factory, tmp_path):
     with cpu_quota(0.2, "tfcluster-e2e") as cg:
         p = start_launch(tb, spec, run_dir, "-q", "--no-gather")
         try:
-            spawned = wait_until(
-                lambda: {e["task"]: e["pid"] for e in read_events(run_dir) if e["event"] == "task_spawned"} or None,
+            # wait for the very pid starved below: tasks are spawned in parallel, in any order
+            pid = wait_until(
+                lambda: next(
+                    (e["pid"] for e in read_events(run_dir) if e["event"] == "task_spawned" and e["task"] == "worker:1"),
+                    None,
+                ),
                 120,
-                what="task_spawned",
+                what="worker:1 spawned",
             )
             # let it train for a while (a few step-clock windows), then starve worker:1
             wait_until(lambda: len(_records(run_dir, "profile")) >= 9, 150, interval=0.5, what="profile windows")
-            (cg / "cgroup.procs").write_text(str(spawned["worker:1"]))
+            (cg / "cgroup.procs").write_text(str(pid))
             quota_at = time.time()
             ev = wait_until(
                 lambda: next((e for e in read_events(run_dir) if e["event"] == "straggler"), None),
