@@ -13,12 +13,12 @@ from test_roles_supervise import EVAL_HOSTS
 
 from orchestrator.core.states import JobState
 from orchestrator.events import read_events
-from orchestrator.events.evaluations import Evaluations
+from orchestrator.events.evaluations import Evaluations, evaluation_record
 from orchestrator.events.kinds import Evaluation
 from orchestrator.job import Job, LaunchOptions
 from orchestrator.runs import RunDir
 from orchestrator.sinks.metrics import JobMetrics, _Collector
-from orchestrator.sinks.tensorboard import Scalars
+from orchestrator.sinks.tensorboard import Scalars, TensorBoardSink
 from orchestrator.views.control import job_status, status_text
 from orchestrator.views.pages import report_page
 from orchestrator.views.report import build_report, report_text
@@ -110,15 +110,29 @@ def test_the_metrics_export_the_last_evaluation_by_task_and_metric():
     assert {f.name: f for f in _Collector(metrics).collect()}["tfcluster_task_evaluation_metric"].samples == []
 
 
-def test_tensorboard_writes_each_evaluation_once_at_the_step_it_evaluated():
+def test_tensorboard_writes_every_evaluation_at_the_step_it_evaluated(tmp_path):
+    """One point per event, however close together (two in the same second both count); a status
+    snapshot carrying the last evaluation adds none."""
     scalars = Scalars()
-    folded = Evaluations()
     points = []
     for m in EVALS:
-        folded.add(Evaluation(task="evaluator:0", count=m.count, metrics=m.metrics, step=m.step, checkpoint=None,
-                              source="evaluate"))  # fmt: skip
-        status = {"updated": 100.0, "tasks": {"evaluator:0": {"state": "running", "evaluation": folded.last("evaluator:0")}}}
+        e = Evaluation(task="evaluator:0", count=m.count, metrics=m.metrics, step=m.step, checkpoint=None, source="evaluate",
+                       ts=100.0)  # fmt: skip
+        points += scalars.evaluation(e)
+        status = {"updated": 100.0, "tasks": {"evaluator:0": {"state": "running", "evaluation": evaluation_record(e)}}}
         points += [pt for pt in scalars.status(status) if pt.run == "evaluator-0"]
-        points += [pt for pt in scalars.status(status) if pt.run == "evaluator-0"]  # the same snapshot again: nothing
     assert [(pt.step, pt.values) for pt in points] == [
         (10, {"eval/loss": 0.5, "eval/mae": 0.25}), (20, {"eval/loss": 0.125, "eval/mae": 0.0625})]  # fmt: skip
+    # through the live sink on the bus: both land in the evaluator's event file
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sink = TensorBoardSink(tmp_path / "tb", ["worker:0", "evaluator:0"])
+    sink.write("worker:0", {"kind": "heartbeat", "ts": 100.0, "progress": {"steps": 20}})
+    for m in EVALS:
+        sink.handle(Evaluation(task="evaluator:0", count=m.count, metrics=m.metrics, step=m.step, checkpoint=None,
+                               source="evaluate"))  # fmt: skip
+    sink.close()
+    assert sink.problems == []
+    acc = EventAccumulator(str(tmp_path / "tb" / "evaluator-0"))
+    acc.Reload()
+    assert [(s.step, s.value) for s in acc.Scalars("eval/loss")] == [(10, 0.5), (20, 0.125)]

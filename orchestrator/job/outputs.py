@@ -112,6 +112,7 @@ class RunOutputs:
             self.bus.emit(ev.JobWarning(message=f"no TensorBoard files: cannot write under {root}: {exc.strerror or exc}"))
             return {}
         self.heartbeats = _Tee(self.heartbeats, self.tensorboard)
+        self.bus.subscribe(self.tensorboard)  # evaluations: one point each
         return {"tensorboard_dir": str(root.resolve())}
 
     def status(self, status: dict[str, Any]) -> None:

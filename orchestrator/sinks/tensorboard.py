@@ -8,8 +8,8 @@ utilisation, SM clock, power, temperature and memory; for the job its steps/s, e
 tasks and, at the end, goodput (``views.tensorboard``). Every point is keyed by the task's training
 step (counted on across restarts, so a curve never goes back) and by its wall time, so
 ``tensorboard --logdir RUN`` shows them against steps or time, beside the loss curves. An evaluator's
-evaluations are ``eval/<metric>`` of its run, at the training step of the weights it evaluated (the
-status's last evaluation, one point per evaluation it sees: two within a second of each other write one).
+evaluations are ``eval/<metric>`` of its run, at the training step of the weights it evaluated: one
+point per ``evaluation`` event (the sink is on the event bus), however close together they come.
 
 Fed by the records the figures get (heartbeats.jsonl's heartbeats and step-clock windows: a private
 ``Figures`` turns them into the same rates) and by the live status (scores, the job's rates). The
@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..events.base import BaseEvent
+from ..events.kinds import Evaluation
 from ..runs import RunDir, read_jsonl
 from ..supervise.figures import Figures
 
@@ -103,7 +105,6 @@ class _Task:
     steps: int = 0  # this attempt's
     written: float = -math.inf  # wall time of the last heartbeat event
     scores: tuple[Any, ...] = ()
-    evaluations: Any = None  # the status's count of its evaluations when last written
 
     @property
     def step(self) -> int:
@@ -172,7 +173,6 @@ class Scalars:
         tasks = status.get("tasks") if isinstance(status.get("tasks"), Mapping) else {}
         points = []
         for task, st in tasks.items():
-            points += self._evaluation(task, st, wall)
             if not isinstance(st, Mapping) or st.get("relative_score") is None:
                 continue
             t = self.tasks.setdefault(task, _Task())
@@ -193,18 +193,14 @@ class Scalars:
             points.append(Point(JOB_RUN, self.job_step(), wall, job))
         return points
 
-    def _evaluation(self, task: str, st: Any, wall: float) -> list[Point]:
-        """An evaluator's last evaluation, once (``eval/<metric>`` at the training step it evaluated)."""
-        e = st.get("evaluation") if isinstance(st, Mapping) else None
-        if not isinstance(e, Mapping) or not isinstance(e.get("metrics"), Mapping):
+    def evaluation(self, event: Evaluation) -> list[Point]:
+        """An evaluator's evaluation (``eval/<metric>`` at the training step of the weights it evaluated;
+        the job's step when it did not say)."""
+        if event.task is None:
             return []
-        t = self.tasks.setdefault(task, _Task())
-        if e.get("evaluations") == t.evaluations:
-            return []
-        t.evaluations = e.get("evaluations")
-        values = {f"eval/{k}": v for k, x in e["metrics"].items() if (v := _finite(x)) is not None}
-        step = e.get("step") if isinstance(e.get("step"), int) and not isinstance(e.get("step"), bool) else self.job_step()
-        return [Point(run_name(task), step, _finite(e.get("ts")) or wall, values)] if values else []
+        values = {f"eval/{k}": v for k, x in event.metrics.items() if (v := _finite(x)) is not None}
+        step = event.step if isinstance(event.step, int) and not isinstance(event.step, bool) else self.job_step()
+        return [Point(run_name(event.task), step, _finite(event.ts) or time.time(), values)] if values else []
 
     def job_step(self) -> int:
         """The job's training step: its furthest task's (every worker makes every step)."""
@@ -267,8 +263,9 @@ PENDING_POINTS = 10_000  # points held before the first training step (startup C
 
 
 class TensorBoardSink:
-    """The live writer: ``write`` (heartbeats.jsonl's records) and ``update`` (each status snapshot)
-    only queue; a thread turns them into events. ``problems`` says what went wrong (reported at close)."""
+    """The live writer: ``write`` (heartbeats.jsonl's records), ``update`` (each status snapshot) and
+    ``handle`` (the bus's events: evaluations) only queue; a thread turns them into events.
+    ``problems`` says what went wrong (reported at close)."""
 
     def __init__(self, root: Path, tasks: Sequence[str], *, flush_s: float = 5.0, history: Path | None = None) -> None:
         if importlib.util.find_spec("tensorboardX") is None:
@@ -283,6 +280,7 @@ class TensorBoardSink:
         self._queue: queue.Queue[Any] = queue.Queue(QUEUE_SIZE)
         self._flush_s = flush_s
         self._history = history  # heartbeats.jsonl of earlier allocations (a requeued run): steps go on from them
+        self._closing = False
         self._thread = threading.Thread(target=self._run, name="tfcluster-tensorboard", daemon=True)
         self._thread.start()
 
@@ -292,10 +290,16 @@ class TensorBoardSink:
     def update(self, status: dict[str, Any]) -> None:
         self._put((self.scalars.status, status))
 
+    def handle(self, event: BaseEvent) -> None:
+        if isinstance(event, Evaluation):
+            self._put((self.scalars.evaluation, event))
+
     def close(self, timeout_s: float = 10.0) -> None:
-        """Write what is queued (for at most ``timeout_s``), close the files."""
-        if not self._thread.is_alive():
+        """Write what is queued (for at most ``timeout_s``), close the files. Once: the bus closes its
+        sinks and the run's outputs close it again."""
+        if self._closing or not self._thread.is_alive():
             return
+        self._closing = True
         self._queue.put(_STOP)
         self._thread.join(timeout_s)
         if self._thread.is_alive():
