@@ -6,6 +6,7 @@ scalars — and a bad evaluation (huge, non-finite) fails only the evaluator, re
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 from fakenode import FakeBackend, FakeNode, healthy, make_plan, stopped
@@ -30,7 +31,7 @@ EVALS = [
 ]
 
 
-def evaluator(bad: bytes | None = None):
+def evaluator(bad: bytes | None = None, sent: threading.Event | None = None):
     def script(n: FakeNode) -> None:
         n.hello()
         n.wait_for(p.Go)
@@ -38,6 +39,8 @@ def evaluator(bad: bytes | None = None):
         for e in EVALS:
             n.send(e)
             time.sleep(0.15)
+        if sent is not None:
+            sent.set()
         if bad is not None:
             n.raw(p.HEADER.pack(p.T_MSG, 0, len(bad)) + bad)
         stopped(n, n.run_until_stopped())
@@ -45,8 +48,9 @@ def evaluator(bad: bytes | None = None):
     return script
 
 
-def launch(tmp_path, scripts):
-    loaded, plan = make_plan(3, hosts=EVAL_HOSTS, tensorflow={"strategy": "multi_worker_mirrored"}, metrics={"port": 0})
+def launch(tmp_path, scripts, **sections):
+    loaded, plan = make_plan(3, hosts=EVAL_HOSTS, tensorflow={"strategy": "multi_worker_mirrored"}, metrics={"port": 0},
+                             **sections)  # fmt: skip
     backend = FakeBackend(scripts)
     run = tmp_path / "run"
     job = Job(loaded, plan, LaunchOptions(run_dir=str(run), gather=False, live=False, echo_logs=False), backend)
@@ -75,6 +79,30 @@ def test_evaluations_are_events_status_and_report_rows(tmp_path):
         ["CHECKPOINT", "STEP", "loss", "mae"], ["ckpt-1", "10", "0.5", "0.25"], ["ckpt-2", "20", "0.125", "0.0625"]]  # fmt: skip
     html, _ = report_page(RunDir(run), rep, out, tmp_path / "html")
     assert "Evaluations of evaluator:0 (2)" in html.read_text() and "0.0625" in html.read_text()
+
+
+def test_status_counts_the_evaluations_of_every_attempt_as_report_lists_them(tmp_path):
+    """A job restart starts a new evaluator process (its own count from 1): status still counts the
+    run's evaluations, the same as report."""
+    sent = threading.Event()
+
+    def worker0(n: FakeNode) -> None:
+        if n.config.attempt == 0:  # fails once the evaluator sent both evaluations: the job restarts
+            n.hello()
+            n.wait_for(p.Go)
+            n.send(p.Spawned(pid=7))
+            sent.wait(30)
+            n.exited(1)
+        else:
+            healthy(1.5)(n)
+
+    scripts = {"worker:0": worker0, "worker:1": healthy(1.5), "evaluator:0": evaluator(sent=sent)}
+    result, run = launch(tmp_path, scripts, restart={"max_restarts": 1})
+    assert result.state == JobState.SUCCEEDED and len(result.attempts) == 2, result.root_cause
+    entry = json.loads((run / "status.json").read_text())["tasks"]["evaluator:0"]["evaluation"]
+    rows = build_report(RunDir(run))["evaluations"]["evaluator:0"]
+    assert entry["evaluations"] == len(rows) == 4 and entry["step"] == rows[-1]["step"] == 20
+    assert "evaluator:0: 4 evaluation(s)" in status_text(job_status(RunDir(run)))
 
 
 def test_a_bad_evaluation_fails_only_the_evaluator_and_is_reported(tmp_path):

@@ -207,6 +207,7 @@ class Job:
             on_status=self.out.status,
             bound=self.opts.bound,
             figures=self.out.figures,
+            evaluations=self.out.evaluations,
         )
         return sup.run(), sup
 

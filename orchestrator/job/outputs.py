@@ -10,8 +10,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ..events import EventBus
+from ..events import EventBus, read_events
 from ..events import kinds as ev
+from ..events.evaluations import Evaluations
 from ..plan import Plan
 from ..runs import RunDir
 from ..sinks import ConsoleSink, EventFileSink, HeartbeatFile, LogRouter, WriteGuard, use_color
@@ -68,6 +69,8 @@ class RunOutputs:
             self.logs.progress_hook = self.live.progress  # progress bars redrawn in place above the table
         self.heartbeats: Any = HeartbeatFile(rundir.heartbeats_jsonl, self.guard)
         self.figures = Figures.replay(rundir.heartbeats_jsonl)  # a continued run's records count too
+        # an evaluator's evaluations over the run (a continued run's earlier ones too): status counts them all
+        self.evaluations = Evaluations.of(read_events(rundir.events_jsonl))
         self.status_file = StatusWriter(rundir, plan.job, plan.run_id, self.live, self.figures)
         self.hangup = Hangup(rundir.launcher_log)
         self.metrics: Any = None

@@ -159,7 +159,7 @@ def _task_metrics(job: str, tasks: dict[str, Any], profiles: dict[str, dict[str,
         "gpu_mem": family("tfcluster_task_gpu_memory_used_bytes", "GPU memory used", ("gpu",)),
         "gpu_clock": family("tfcluster_task_gpu_sm_clock_hertz", "GPU SM clock", ("gpu",)),
         **_health_families(family),
-        "evaluations": family("tfcluster_task_evaluations", "Evaluations an evaluator task made (this attempt)"),
+        "evaluations": family("tfcluster_task_evaluations", "Evaluations an evaluator task made (this run)"),
         "eval_step": family("tfcluster_task_evaluation_step", "Training step of the weights an evaluator evaluated last"),
         "eval_metric": family(
             "tfcluster_task_evaluation_metric", "An evaluator's last evaluation: each metric as it reported it", ("metric",)

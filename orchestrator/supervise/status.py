@@ -79,14 +79,16 @@ class Snapshots:
     it since the last snapshot (``touch``); the others keep theirs, with only their heartbeat's age
     brought up to date. At a thousand tasks a second's snapshot rebuilds the few that changed, not all."""
 
-    def __init__(self, sessions: Mapping[str, TaskSession], figures: Figures) -> None:
+    def __init__(self, sessions: Mapping[str, TaskSession], figures: Figures, evaluations: Evaluations | None = None) -> None:
         self.sessions = sessions
         self.figures = figures
         self._entries: dict[str, dict[str, Any]] = {name: {} for name in sessions}  # in plan order
         self._dirty: set[str] = set(sessions)
         self._live: dict[str, TaskFigures] = {}  # each task's live figures as of its entry: the job's rates
         self._straggler: str | None = None
-        self.evaluations = Evaluations()  # the attempt's evaluation events, folded (an evaluator's entry)
+        # the run's evaluation events, folded (an evaluator's entry): the job's, across attempts, when it
+        # passes them, so status counts what report lists
+        self.evaluations = evaluations if evaluations is not None else Evaluations()
 
     def evaluated(self, event: Any) -> None:
         """An ``evaluation`` event was emitted: its task's entry shows it from the next snapshot on."""

@@ -20,6 +20,7 @@ from ..core.result import AttemptResult, Failure
 from ..core.states import JobState, TaskState
 from ..events import EventBus, HeartbeatSink, LogSink
 from ..events import kinds as ev
+from ..events.evaluations import Evaluations
 from ..plan import Plan
 from ..spec import ClusterSpec
 from .bound import BoundWatch, RunBound
@@ -53,6 +54,7 @@ class Supervisor(Teardown, RoleCare):
         clock: Callable[[], float] = time.monotonic,
         bound: RunBound | None = None,
         figures: Figures | None = None,
+        evaluations: Evaluations | None = None,
     ) -> None:
         self.spec = spec
         self.plan = plan
@@ -86,7 +88,7 @@ class Supervisor(Teardown, RoleCare):
         self.bound_reached: str | None = None
         # the tasks' figures: the job's (across attempts) when it passes them, fed every record we write
         self.figures = figures if figures is not None else Figures()
-        self.snapshots = Snapshots(self.sessions, self.figures)
+        self.snapshots = Snapshots(self.sessions, self.figures, evaluations)
 
     # --- the loop ----------------------------------------------------------------------------
 
