@@ -10,7 +10,7 @@ import re
 import signal
 
 import pytest
-from conftest import PY, assert_no_job_processes, read_events, start_launch, training_pid, wait_until
+from conftest import PY, assert_no_job_processes, backed_up_epochs, read_events, start_launch, training_pid, wait_until
 
 from orchestrator.backends.ssh import close_all, connect_all
 from orchestrator.events import EventBus
@@ -25,18 +25,6 @@ EPOCH_RE = re.compile(r"\] epoch (\d+)/(\d+) ")
 
 def epochs_in(text: str) -> list[int]:
     return [int(m.group(1)) for m in EPOCH_RE.finditer(text)]
-
-
-def backed_up_epochs(backup_dir) -> int:
-    """How many epochs the chief's BackupAndRestore backup holds: tf_keras saves one checkpoint per
-    epoch (``ckpt-N`` after epoch N of the first attempt) into ``backup_dir/chief`` and names it in the
-    ``checkpoint`` state file, which TensorFlow writes atomically after the checkpoint's files."""
-    try:
-        state = (backup_dir / "chief" / "checkpoint").read_text()
-    except OSError:
-        return 0
-    m = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', state, re.M)
-    return int(m.group(1)) if m else 0
 
 
 def test_killed_worker_restarts_all_tasks_and_resumes_from_backup(testbed_factory, tmp_path):
