@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 
+import psutil
 import pytest
 from conftest import PY, assert_no_job_processes, start_launch, wait_until
 
@@ -37,9 +37,11 @@ def small_fs(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def _drain(stream, into: list[str]) -> None:
-    for line in stream:
-        into.append(line)
+def _open_files(pid: int) -> set[str]:
+    try:
+        return {os.path.realpath(f.path) for f in psutil.Process(pid).open_files()}
+    except psutil.Error:
+        return set()
 
 
 def _free(path) -> int:
@@ -55,23 +57,18 @@ def test_a_full_run_directory_does_not_stop_the_job_and_loses_nothing(testbed_fa
     spec = tb.write_spec(tmp_path / "spec.yaml", "full", NOISY)
     run = small_fs / "run"
     proc = start_launch(tb, spec, run, "-q")
-    said: dict[str, list[str]] = {"out": [], "err": []}  # read as it comes: the warning is waited for
-    readers = [threading.Thread(target=_drain, args=(s, said[k]), daemon=True) for k, s in (("out", proc.stdout), ("err", proc.stderr))]
-    for r in readers:
-        r.start()
     try:
         wait_until(lambda: _free(small_fs) < (64 << 10), 60, what="the run directory's disk full")
-        # full until a write has failed (the warning is printed then), however long the launcher takes to try
-        wait_until(lambda: any("cannot write" in ln for ln in said["err"]), 60, what="the warning of a failed write")
+        # full until each task's log has been refused (the launcher then closes it), however long the
+        # launcher takes to write: both logs must be completed from the nodes' copies
+        logs = {os.path.realpath(run / "logs" / f"worker-{i}.log") for i in range(2)}
+        wait_until(lambda: not logs & _open_files(proc.pid), 60, what="the full disk to refuse both task logs")
         filler.unlink()  # room again: the end of the run (result.json, the completed logs) must land
-        proc.wait(timeout=120)
+        _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
-        for r in readers:
-            r.join(30)
-    err = "".join(said["err"])
+            proc.communicate()
     assert proc.returncode == 0, err[-3000:]
     assert err.count("cannot write") == 1, err[-3000:]  # one warning, not one per line
     result = json.loads((run / "result.json").read_text())
