@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -71,6 +72,18 @@ def training_pid(tb, host) -> int | None:
         except Exception:
             continue
     return None
+
+
+def backed_up_epochs(backup_dir: Path) -> int:
+    """How many epochs the chief's BackupAndRestore backup holds: tf_keras saves one checkpoint per
+    epoch (``ckpt-N`` after epoch N of the first attempt) into ``backup_dir/chief`` and names it in the
+    ``checkpoint`` state file, which TensorFlow writes atomically after the checkpoint's files."""
+    try:
+        state = (backup_dir / "chief" / "checkpoint").read_text()
+    except OSError:
+        return 0
+    m = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', state, re.M)
+    return int(m.group(1)) if m else 0
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import time
@@ -56,8 +57,15 @@ def test_the_pump_stops_reading_when_the_supervisor_falls_behind():
     pump.start()
     pump.add("worker:0", chan)
     try:
-        full = False
         deadline = time.monotonic() + 20
+        # feed the channel until the pump has filled its queue, however late it gets to run: a pipe found
+        # full before then says only that the pump has not read yet
+        while q.qsize() < 2 and time.monotonic() < deadline:
+            with contextlib.suppress(BlockingIOError):
+                os.write(chan._w, b"y" * 65536)
+            time.sleep(0.01)
+        assert q.qsize() == 2, "the pump never filled its queue"
+        full = False
         while not full and time.monotonic() < deadline:
             try:
                 os.write(chan._w, b"y" * 65536)

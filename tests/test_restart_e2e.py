@@ -8,10 +8,9 @@ import json
 import os
 import re
 import signal
-import time
 
 import pytest
-from conftest import PY, assert_no_job_processes, read_events, start_launch, training_pid, wait_until
+from conftest import PY, assert_no_job_processes, backed_up_epochs, read_events, start_launch, training_pid, wait_until
 
 from orchestrator.backends.ssh import close_all, connect_all
 from orchestrator.events import EventBus
@@ -40,21 +39,18 @@ def test_killed_worker_restarts_all_tasks_and_resumes_from_backup(testbed_factor
         "60",
         "--backup",
     ]
-    spec = tb.write_spec(tmp_path / "spec.yaml", "resume", command, restart={"max_restarts": 1})
+    backup = tmp_path / "backup"  # the hosts share this file system: the test reads the chief's backup
+    spec = tb.write_spec(
+        tmp_path / "spec.yaml", "resume", command, restart={"max_restarts": 1, "backup_dir": str(backup)}
+    )
     run_dir = tmp_path / "run"
     proc = start_launch(tb, spec, run_dir, "-q")
     try:
-        # Let two epochs complete (their backups written), then kill worker:1 during the third.
-        wait_until(
-            lambda: (
-                (run_dir / "logs" / "worker-1.log").exists()
-                and 2 in epochs_in((run_dir / "logs" / "worker-1.log").read_text())
-            ),
-            240,
-            what="epoch 2 done",
-        )
-        time.sleep(0.8)
-        pid = wait_until(lambda: training_pid(tb, tb.hosts[1]), 10, what="training pid")
+        # Let two epochs complete with their backups written, then kill worker:1 during the third. Keras
+        # prints an epoch's line before BackupAndRestore saves it: wait for the save itself (the chief's
+        # checkpoint state names the epoch's checkpoint once its files are written), not a guessed pause.
+        wait_until(lambda: backed_up_epochs(backup) >= 2, 240, what="the backup of epoch 2 written")
+        pid = wait_until(lambda: training_pid(tb, tb.hosts[1]), 60, what="training pid")
         os.kill(pid, signal.SIGKILL)
         _, err = proc.communicate(timeout=300)
     finally:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 
+import psutil
 import pytest
 from conftest import PY, assert_no_job_processes, start_launch, wait_until
 
@@ -37,6 +37,13 @@ def small_fs(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+def _open_files(pid: int) -> set[str]:
+    try:
+        return {os.path.realpath(f.path) for f in psutil.Process(pid).open_files()}
+    except psutil.Error:
+        return set()
+
+
 def _free(path) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
@@ -52,7 +59,10 @@ def test_a_full_run_directory_does_not_stop_the_job_and_loses_nothing(testbed_fa
     proc = start_launch(tb, spec, run, "-q")
     try:
         wait_until(lambda: _free(small_fs) < (64 << 10), 60, what="the run directory's disk full")
-        time.sleep(1.0)  # full long enough for every file's next flush to fail
+        # full until each task's log has been refused (the launcher then closes it), however long the
+        # launcher takes to write: both logs must be completed from the nodes' copies
+        logs = {os.path.realpath(run / "logs" / f"worker-{i}.log") for i in range(2)}
+        wait_until(lambda: not logs & _open_files(proc.pid), 60, what="the full disk to refuse both task logs")
         filler.unlink()  # room again: the end of the run (result.json, the completed logs) must land
         _, err = proc.communicate(timeout=120)
     finally:

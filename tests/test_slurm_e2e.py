@@ -13,10 +13,12 @@ import os
 import pty
 import re
 import select
+import shlex
 import signal
 import subprocess
 import termios
 import time
+from pathlib import Path
 
 import pytest
 from slurm_fixtures import PY, cli, env_for, events, finish, launch_argv, result, start, wait_for, write_spec
@@ -28,15 +30,21 @@ pytestmark = pytest.mark.e2e
 MWMS = ["tests/workloads/mwms_job.py"]
 
 
-def mwms(*args: str) -> list[str]:
-    """The MWMS workload, after printing the TF_CONFIG the task built (`TF_CONFIG {...}`)."""
+def mwms(*args: str, hold: Path | None = None) -> list[str]:
+    """The MWMS workload, after printing the TF_CONFIG the task built (`TF_CONFIG {...}`). With ``hold``
+    each task, its training done, waits for that file before it exits with the workload's status: the
+    test looks at the running job for as long as it needs, whatever the training's speed."""
     show = 'echo "TF_CONFIG $TF_CONFIG"; echo "SECRET ${TFCLUSTER_SECRET:-none}"; echo "TOKENLEN ${#API_TOKEN}"'
-    return ["sh", "-c", show + '; exec "$0" "$@"', PY, *MWMS, *args]
+    if hold is None:
+        return ["sh", "-c", show + '; exec "$0" "$@"', PY, *MWMS, *args]
+    wait = f"; rc=$?; until [ -e {shlex.quote(str(hold))} ]; do sleep 0.1; done; exit $rc"
+    return ["sh", "-c", show + '; "$0" "$@"' + wait, PY, *MWMS, *args]
 
 
 def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
     token = "tok-" + os.urandom(6).hex()  # a credential in job.env: the job gets it, the run directory does not
-    spec = write_spec(tmp_path / "spec.yaml", "sl-login", mwms("--epochs", "2", "--steps", "10"),
+    checked = tmp_path / "checked"  # the tasks end once the test has looked at the running job
+    spec = write_spec(tmp_path / "spec.yaml", "sl-login", mwms("--epochs", "2", "--steps", "10", hold=checked),
                       job={"env": {"API_TOKEN": token}})  # fmt: skip
     run_dir = tmp_path / "run"
     proc = start(slurm, launch_argv(spec, run_dir), cwd=_repo())
@@ -44,10 +52,11 @@ def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
         wait_for(lambda: "strategy ready" in _log(run_dir), 120, "the tasks to run")
         # Slurm keeps the job's environment and script (slurmctld's state, slurmd's spool): not the credential
         forms = _encodings(token)
-        in_slurm = [p for p in slurm.dir.rglob("*") if p.is_file() and any(f in p.read_bytes() for f in forms)]
+        in_slurm = [p for p in slurm.dir.rglob("*") if p.is_file() and any(f in _bytes(p) for f in forms)]
         private = run_dir / "slurm" / "private-spec.json"
         private_while_running = (private.stat().st_mode & 0o777, token in private.read_text()) if private.exists() else None
     finally:
+        checked.touch()
         rc, out, err = finish(proc, timeout=150)
     assert in_slurm == [], in_slurm
     assert private_while_running == (0o600, True)
@@ -77,6 +86,14 @@ def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
     for name in ("slurm/job.sh", "slurm/sbatch.json", "slurm.json", "spec.yaml"):
         assert os.stat(run_dir / name).st_mode & 0o077 == 0, name
     assert "TFCLUSTER_SECRET" not in (run_dir / "slurm" / "job.sh").read_text()
+
+
+def _bytes(path: Path) -> bytes:
+    """A file's bytes; none if it went away since it was listed (slurmctld replaces its state files)."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""
 
 
 def _encodings(secret: str) -> list[bytes]:

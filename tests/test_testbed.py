@@ -293,8 +293,8 @@ time.sleep(600)
         assert not flag.exists(), "EOF arrived through a cut link?"
         assert not gone(remote)
         tb.restore(h)  # the client kernel's FIN retransmission now gets through
-    wait_for(flag.exists, timeout=20 if cut else 3, what="EOF on the remote stdin")
-    wait_for(lambda: gone(remote), timeout=5, what="remote reader exit")
+    wait_for(flag.exists, timeout=20, what="EOF on the remote stdin")  # seconds of slack on a loaded machine
+    wait_for(lambda: gone(remote), timeout=20, what="remote reader exit")
 
 
 def test_start_failure_cleans_up(tmp_path, monkeypatch):
