@@ -393,8 +393,12 @@ def test_refusals_are_reported_at_once_then_at_most_once_per_interval():
     later = r.report(10.0)
     assert (later.count, later.peer, later.total) == (500, "6.6.6.6:0", 501)
     assert r.report(30.0) is None
+    r.add("6.6.6.6:500", "handshake not completed in time")
+    assert r.report(12.0) is None  # within the interval of the last report (at 10)
+    last = r.report(12.0, final=True)  # the attempt ends: told at once, not lost
+    assert (last.count, last.total) == (1, 502) and r.report(12.5, final=True) is None
     summary = r.summary()
-    assert summary["count"] == 501 and len(summary["recent"]) == 10 and summary["recent"][-1]["peer"] == "6.6.6.6:499"
+    assert summary["count"] == 502 and len(summary["recent"]) == 10 and summary["recent"][-1]["peer"] == "6.6.6.6:500"
 
 
 def test_refused_connections_reach_events_status_and_the_status_command(tmp_path):
@@ -433,8 +437,9 @@ def test_refused_connections_reach_events_status_and_the_status_command(tmp_path
     lines = (run / "events.jsonl").read_text().splitlines()
     refused = [json.loads(line) for line in lines if '"connection_refused"' in line]
     assert refused[0]["reason"] == "rank 0: wrong secret" and refused[0]["peer"].startswith("127.0.0.1:")
-    assert sum(e["count"] for e in refused) <= refused[-1]["total"]
     st = job_status(RunDir(run))
+    # every refusal is told by an event by the end (the last ones at the attempt's end, whatever the rate)
+    assert sum(e["count"] for e in refused) == refused[-1]["total"] == st["refused_connections"]["count"]
     assert st["refused_connections"]["count"] >= 2
     assert {r["reason"] for r in st["refused_connections"]["recent"]} >= {"rank 0: wrong secret"}
     assert "connect-back port: " in status_text(st) and "connection(s) refused" in status_text(st)

@@ -46,13 +46,14 @@ class Refusals:
             if self._first_unreported is None:
                 self._first_unreported = (peer, reason)
 
-    def report(self, now: float | None = None) -> RefusalReport | None:
-        """What to report now, if anything (the first refusal at once, then once per interval)."""
+    def report(self, now: float | None = None, *, final: bool = False) -> RefusalReport | None:
+        """What to report now, if anything (the first refusal at once, then once per interval; ``final``:
+        the attempt ends, so whatever is unreported, at once — events.jsonl then counts what status does)."""
         now = time.monotonic() if now is None else now
         with self._lock:
             if self._first_unreported is None:
                 return None
-            if self._last_report is not None and now - self._last_report < self.interval_s:
+            if not final and self._last_report is not None and now - self._last_report < self.interval_s:
                 return None
             peer, reason = self._first_unreported
             out = RefusalReport(self.total - self._reported, peer, reason, self.total)

@@ -394,9 +394,9 @@ class Supervisor(Teardown, RoleCare):
             status["refused_connections"] = refusals.summary()
         return status
 
-    def _publish_status(self) -> None:
+    def _publish_status(self, final: bool = False) -> None:
         refusals = self.backend.refusals()
-        if refusals is not None and (r := refusals.report()) is not None:  # rate-limited by the backend
+        if refusals is not None and (r := refusals.report(final=final)) is not None:  # rate-limited, not at the end
             self.bus.emit(ev.ConnectionRefused(peer=r.peer, reason=r.reason, count=r.count, total=r.total))
         if self.on_status is not None:
             self.on_status(self.status())
@@ -408,5 +408,5 @@ class Supervisor(Teardown, RoleCare):
                                 bounded=self.bound_reached is not None or self.training_ended,
                                 optional={t for t, r in self.rules.items() if not r.trains})  # fmt: skip
         self.state = result.state
-        self._publish_status()
+        self._publish_status(final=True)
         return result
