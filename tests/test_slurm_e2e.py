@@ -296,8 +296,11 @@ def test_time_limit_and_preemption_requeue_and_resume_from_the_backup(slurm, tmp
     assert [(e["reason"], e["how"]) for e in requeued] == [("timeout", "scontrol requeue"), ("preempted", "by Slurm")]
     for i in range(2):
         first, second, third = (_epochs(run_dir, a, f"worker-{i}") for a in range(3))
-        assert second[0] == max(first) + 1 > 1, (first, second)  # resumed at the interrupted epoch
-        assert third[0] == max(second) + 1 and third[-1] == 7, (second, third)
+        # resumed at the interrupted epoch, from the backup: Keras prints an epoch's line before
+        # BackupAndRestore saves it, so a stop (SIGKILL after a 1 s grace) that lands between the two
+        # trains that one epoch again — never an earlier one, never from the start
+        assert max(first) <= second[0] <= max(first) + 1 and second[0] > 1, (first, second)
+        assert max(second) <= third[0] <= max(second) + 1 and third[-1] == 7, (second, third)
     assert "requeued (scontrol requeue" in err and "resumes from the backup" in err
     # the last allocation handed the chief's checkpoint over on its connect-back channel, verified
     assert res["gather"]["errors"] == [] and res["gather"]["checkpoints"]["gathered"]
