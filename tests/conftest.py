@@ -86,11 +86,17 @@ def backed_up_epochs(backup_dir: Path) -> int:
     return int(m.group(1)) if m else 0
 
 
-def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "events.jsonl"
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a .jsonl file a live run may be appending to: its complete lines only (the last
+    one may be half-written as we read); a complete line that is not JSON still fails the test."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    return jsonl(run_dir / "events.jsonl")
 
 
 def launch_argv(tb, spec: Path, run_dir: Path, *extra: str) -> list[str]:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import jsonl
 
 from tfcluster_testbed import slurm as ls
 
@@ -117,8 +118,7 @@ def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]
 
 
 def events(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return jsonl(run_dir / "events.jsonl")
 
 
 def result(run_dir: Path) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import pytest
 from conftest import (
     PY,
     assert_no_job_processes,
+    jsonl,
     read_events,
     repo_python,
     run_cli,
@@ -53,12 +54,7 @@ def _line_ts(combined: str, needle: str) -> float | None:
 
 
 def _records(run_dir: Path, kind: str) -> list[dict]:
-    out = []
-    for line in (run_dir / "heartbeats.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if (rec.get("kind") or "heartbeat") == kind:
-            out.append(rec)
-    return out
+    return [rec for rec in jsonl(run_dir / "heartbeats.jsonl") if (rec.get("kind") or "heartbeat") == kind]
 
 
 def _stop(p) -> None:

@@ -17,6 +17,7 @@ import threading
 import time
 
 import pytest
+from conftest import jsonl
 from fakenode import make_plan
 from loadfleet import LoadGenBackend, run_job
 
@@ -52,7 +53,7 @@ def descriptors_above(n: int):
 
 
 def events(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return jsonl(run_dir / "events.jsonl")  # read live too: complete lines only
 
 
 def test_hundreds_of_tasks_over_descriptors_above_1024_and_a_dead_one_tears_the_job_down(tmp_path):
