@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import jsonl
 from k8s_fake import FakeCluster, exited_line, started_lines
 
 from orchestrator.cli.exitcodes import exit_code_for
@@ -172,13 +173,13 @@ def test_failure_and_success_policies_follow_the_role_table():
 
 
 def launch(tmp_path, cluster: FakeCluster, flavor: str = "jobset", roles: str = "roles: {chief: 1, worker: 2, ps: 1}",
-           strategy: str = "parameter_server"):
+           strategy: str = "parameter_server", task_restarts: int = 2):
     text = spec_text(roles, strategy)
     doc = yaml.safe_load(text)
     doc["kubernetes"]["flavor"] = flavor
     doc["job"].update({"startup_timeout_s": 20, "stop_grace_s": 1})
     doc["heartbeat"] = {"interval_s": 0.2, "timeout_s": 30, "progress_timeout_s": None}
-    doc["restart"] = {"max_restarts": 0, "max_task_restarts": 2}
+    doc["restart"] = {"max_restarts": 0, "max_task_restarts": task_restarts}
     loaded = load_spec_text(yaml.safe_dump(doc), "fake.yaml")
     plan = kubernetes_plan(loaded.spec, run_id="fake-1")
     backend = KubernetesBackend(loaded.spec, plan, KubeApi(cluster.core, cluster.batch, cluster.custom, "ml"), poll_s=0.05)
@@ -209,15 +210,17 @@ def when_running(run_dir, task: str, then) -> None:
     threading.Thread(target=wait, daemon=True).start()
 
 
-def when_reported(run_dir, then) -> None:
-    """Call ``then`` once the launcher reported a role's failure."""
+def when_reported(run_dir, then, started: int = 0) -> None:
+    """Call ``then`` once the launcher reported a role's failure (and, with ``started``, once the
+    evaluator started that many times)."""
 
     def wait() -> None:
         events = run_dir / "events.jsonl"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            text = events.read_text() if events.exists() else ""
-            if any(e.get("event") == "role_failure" for e in map(json.loads, text.splitlines())):
+            evs = jsonl(events)
+            starts = sum(e.get("event") == "task_started" and e.get("task") == "evaluator:0" for e in evs)
+            if any(e.get("event") == "role_failure" for e in evs) and starts >= started:
                 then()
                 return
             time.sleep(0.05)
@@ -281,25 +284,39 @@ def test_a_ps_pod_that_dies_ends_the_job_with_the_ps_as_root_cause(tmp_path, fla
     assert not cluster.objects  # close() deleted what it applied
 
 
-def test_a_sidecar_evaluator_that_dies_is_reported_and_the_mwms_training_succeeds(tmp_path):
-    """Its Job ignores its failure (podFailurePolicy), so the JobSet never restarts the training."""
+@pytest.mark.parametrize("task_restarts", [2, 0])
+def test_a_sidecar_evaluator_that_dies_is_followed_to_its_replacement_and_the_mwms_training_succeeds(tmp_path, task_restarts):
+    """Its Job ignores its failure (podFailurePolicy), so the JobSet never restarts the training, and puts
+    a new pod in its place, which the launcher follows as the evaluator's restart (within
+    ``restart.max_task_restarts``; beyond, the failure is only reported)."""
 
     def behaviour(cluster: FakeCluster, pod: dict) -> None:
         task, name = pod["_task"], pod["metadata"]["name"]
-        cluster.append(name, *started_lines(task, f"{task} up\n"))
-        if task == "evaluator:0" and not any(p["_task"] == task for p in cluster.pods.values() if p is not pod):
+        first = not any(p["_task"] == task for p in cluster.pods.values() if p is not pod)
+        cluster.append(name, *started_lines(task, f"{task} up ({'first' if first else 'replacement'})\n"))
+        if task == "evaluator:0" and first:
             when_running(tmp_path / "run", task, lambda: _fail(cluster, pod, "evaluator: no checkpoint dir\n"))
         elif task != "evaluator:0":
-            def done() -> None:  # once the evaluator is gone, the training ends
+            def done() -> None:  # once the evaluator failed (and its replacement runs, when followed), training ends
                 cluster.append(name, exited_line(0))
                 cluster.end_pod(name, "status-succeeded.json")
 
-            when_reported(tmp_path / "run", done)
+            when_reported(tmp_path / "run", done, started=2 if task_restarts else 0)
 
     cluster = FakeCluster(behaviour=behaviour)
-    result, run = launch(tmp_path, cluster, roles="roles: {chief: 1, worker: 1, evaluator: 1}", strategy="multi_worker_mirrored")
+    result, run = launch(tmp_path, cluster, roles="roles: {chief: 1, worker: 1, evaluator: 1}", strategy="multi_worker_mirrored",
+                         task_restarts=task_restarts)  # fmt: skip
     assert result.state == JobState.SUCCEEDED, result.root_cause
     assert len(result.attempts) == 1 and result.tasks["chief:0"].state == TaskState.SUCCEEDED
-    assert result.tasks["evaluator:0"].state == TaskState.FAILED
-    events = [json.loads(line) for line in (run.path / "events.jsonl").read_text().splitlines()]
-    assert [(e["task"], e["action"]) for e in events if e.get("event") == "role_failure"] == [("evaluator:0", "report")]
+    failures = [e for e in jsonl(run.path / "events.jsonl") if e.get("event") == "role_failure"]
+    log = run.task_log("evaluator-0", 0).read_text()
+    if task_restarts:
+        assert [(e["task"], e["action"], e["restarts"]) for e in failures] == [("evaluator:0", "restart", 1)]
+        # its replacement ran until the training ended, then was stopped with the job
+        assert result.tasks["evaluator:0"].state == TaskState.STOPPED
+        assert log.index("evaluator: no checkpoint dir") < log.index("evaluator:0 up (replacement)")
+    else:
+        assert [(e["task"], e["action"]) for e in failures] == [("evaluator:0", "report")]
+        assert "its replacements are not followed" in failures[0]["message"]
+        assert result.tasks["evaluator:0"].state == TaskState.FAILED
+        assert "(replacement)" not in log

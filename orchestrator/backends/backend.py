@@ -52,6 +52,10 @@ class Backend(abc.ABC):
     #: ``start_all`` may be called again during an attempt for one task (a parameter-server worker
     #: restarted in place). A scheduler that starts all tasks as one step cannot.
     restarts_tasks: bool = False
+    #: The scheduler itself starts a failed sidecar (evaluator) again, whatever the launcher does
+    #: (Kubernetes: its Job ignores the failure and puts a new pod in its place); the supervisor then
+    #: follows the new one with ``restart_task``, as a restart, up to ``restart.max_task_restarts``.
+    replaces_sidecars: bool = False
 
     def bind_run(self, run_dir: Path) -> None:
         """The run directory, once it exists: where a backend records what it created (scheduler

@@ -85,8 +85,13 @@ class RoleCare:
             return failure
         s = self.sessions[t]
         done = self.restarts.get(t, 0)
+        limit = self.spec.restart.max_task_restarts
+        # a sidecar its scheduler starts again anyway (Kubernetes) is followed there, within the budget
+        follow = rule.on_failure == "report" and self.backend.replaces_sidecars and done < limit
+        if rule.on_failure == "report" and self.backend.replaces_sidecars and not follow:
+            failure = dataclasses.replace(failure, message=f"{failure.message} (its replacements are not followed: "
+                                                           f"restarted {done} time(s), restart.max_task_restarts {limit})")  # fmt: skip
         if rule.on_failure == "restart":
-            limit = self.spec.restart.max_task_restarts
             if not self.backend.restarts_tasks:
                 return dataclasses.replace(failure, message=f"{failure.message} (this scheduler cannot restart one task)")
             if done >= limit:
@@ -94,7 +99,7 @@ class RoleCare:
                     failure, message=f"{failure.message} (restarted {done} time(s) already: restart.max_task_restarts {limit})")
         self._end_incarnation(s, f"{t} failed: {failure.message}")
         self.tolerated.append(failure)
-        action = "restart" if rule.on_failure == "restart" else "report"
+        action = "restart" if rule.on_failure == "restart" or follow else "report"
         restarts = done + 1 if action == "restart" else done
         self.bus.emit(ev.RoleFailure(task=t, host=s.host, role=t.partition(":")[0], kind=failure.kind, action=action,
                                      restarts=restarts, message=failure.message))  # fmt: skip
