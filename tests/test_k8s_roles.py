@@ -193,39 +193,35 @@ def _fail(cluster: FakeCluster, pod: dict, text: str) -> None:
     cluster.end_pod(name, "status-error.json")
 
 
-def when_running(run_dir, task: str, then) -> None:
-    """Call ``then`` once the launcher says ``task`` runs (its go came): a PS worker failing before the
-    go is a start failure, not one to restart."""
+def when(run_dir, seen, then) -> None:
+    """Call ``then`` once ``seen(events)`` holds for the launcher's events.jsonl."""
 
     def wait() -> None:
-        events = run_dir / "events.jsonl"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            text = events.read_text() if events.exists() else ""
-            if any(e.get("event") == "task_started" and e.get("task") == task for e in map(json.loads, text.splitlines())):
+            if seen(jsonl(run_dir / "events.jsonl")):
                 then()
                 return
             time.sleep(0.05)
 
     threading.Thread(target=wait, daemon=True).start()
+
+
+def starts(events: list[dict], task: str) -> int:
+    return sum(e.get("event") == "task_started" and e.get("task") == task for e in events)
+
+
+def when_running(run_dir, task: str, then) -> None:
+    """Call ``then`` once the launcher says ``task`` runs (its go came): a PS worker failing before the
+    go is a start failure, not one to restart."""
+    when(run_dir, lambda evs: starts(evs, task) >= 1, then)
 
 
 def when_reported(run_dir, then, started: int = 0) -> None:
     """Call ``then`` once the launcher reported a role's failure (and, with ``started``, once the
     evaluator started that many times)."""
-
-    def wait() -> None:
-        events = run_dir / "events.jsonl"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            evs = jsonl(events)
-            starts = sum(e.get("event") == "task_started" and e.get("task") == "evaluator:0" for e in evs)
-            if any(e.get("event") == "role_failure" for e in evs) and starts >= started:
-                then()
-                return
-            time.sleep(0.05)
-
-    threading.Thread(target=wait, daemon=True).start()
+    when(run_dir, lambda evs: any(e.get("event") == "role_failure" for e in evs) and starts(evs, "evaluator:0") >= started,
+         then)  # fmt: skip
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)

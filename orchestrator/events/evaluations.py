@@ -1,8 +1,9 @@
 """The evaluator's evaluations, folded from ``evaluation`` events: one owner for status and report.
 
-The supervisor adds each event it emits (status.json's ``evaluation`` entry of a task: how many, the
-last one's metrics, checkpoint and step; the metrics sink and TensorBoard read that entry); ``report``
-folds the same events read back from events.jsonl and lists every one, per checkpoint."""
+The supervisor adds each event it emits, over the whole run (status.json's ``evaluation`` entry of a
+task: how many, the last one's metrics, checkpoint and step; the metrics sink reads that entry, while
+TensorBoard takes the events themselves); ``report`` folds the same events read back from events.jsonl
+and lists every one, per checkpoint."""
 
 from __future__ import annotations
 

@@ -87,8 +87,9 @@ class RoleCare:
         done = self.restarts.get(t, 0)
         limit = self.spec.restart.max_task_restarts
         # a sidecar its scheduler starts again anyway (Kubernetes) is followed there, within the budget
-        follow = rule.on_failure == "report" and self.backend.replaces_sidecars and done < limit
-        if rule.on_failure == "report" and self.backend.replaces_sidecars and not follow:
+        follow = rule.on_failure == "report" and self.backend.replaces_sidecars
+        if follow and done >= limit:
+            follow = False
             failure = dataclasses.replace(failure, message=f"{failure.message} (its replacements are not followed: "
                                                            f"restarted {done} time(s), restart.max_task_restarts {limit})")  # fmt: skip
         if rule.on_failure == "restart":
@@ -113,9 +114,7 @@ class RoleCare:
         """Stop what is left of a failed task (a stopped process, a silent node) and close its channel:
         its worker_entry kills the task's process group when the channel goes."""
         if s.state == TaskState.PENDING:  # its start is under way: the channel is closed when it comes
-            s.become(TaskState.NOT_STARTED)
-            if s.restarts:
-                self.backend.abandon_restart(s.task)  # a restart that never connected may not, later
+            self._never_start(s)
         elif s.state.is_alive:
             s.stop_sent = True
             s.send(p.Stop(grace_s=0, reason=reason))
@@ -177,6 +176,9 @@ class RoleCare:
         raise NotImplementedError
 
     def _failure(self, kind: str, message: str, s: TaskSession | None, **fields: Any) -> Failure:  # the supervisor's
+        raise NotImplementedError
+
+    def _never_start(self, s: TaskSession) -> None:  # teardown's
         raise NotImplementedError
 
     def _late_go(self, s: TaskSession) -> None:

@@ -47,9 +47,7 @@ class Teardown:
             self.bus.emit(ev.Teardown(reason=reason, grace_s=grace, bounded=bounded))
         for s in self.sessions.values():
             if s.state == TaskState.PENDING:  # its backend start is still under way: never let it run
-                s.become(TaskState.NOT_STARTED)
-                if s.restarts:  # a restart in place under way: the scheduler ends it
-                    self.backend.abandon_restart(s.task)
+                self._never_start(s)
             elif s.state.is_alive and (not s.stop_sent or grace == 0):
                 s.stop_sent = True
                 if s.state in (TaskState.RUNNING, TaskState.READY, TaskState.STARTING):
@@ -57,6 +55,13 @@ class Teardown:
                 s.send(p.Stop(grace_s=grace, reason=reason, signal=int(signum)))
         deadline = self.clock() + grace + TEARDOWN_MARGIN_S
         self.teardown_deadline = min(self.teardown_deadline or deadline, deadline)
+
+    def _never_start(self, s: TaskSession) -> None:
+        """A task whose backend start is still under way never runs (its channel is closed when it
+        comes); a restart in place under way is ended by its scheduler and may not connect later."""
+        s.become(TaskState.NOT_STARTED)
+        if s.restarts:
+            self.backend.abandon_restart(s.task)
 
     def _abandon_all(self, reason: str) -> None:
         """Past the teardown deadline: close the channels; worker_entry kills its group on EOF."""
