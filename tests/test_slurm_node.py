@@ -321,3 +321,18 @@ def test_a_task_restarted_in_place_takes_its_first_incarnations_gpu_share(slot, 
     from worker_entry.connect import gpu_share
 
     assert gpu_share({Env.GPU_SLOT: slot, "CUDA_VISIBLE_DEVICES": visible}, per_task) == share
+
+
+def test_the_local_slurm_beds_daemons_never_take_a_port_tasks_derive():
+    """Every virtual node of the test bed listens on 127.0.0.1: its slurmd ports must stay out of the
+    block the tasks derive their TF ports from (and out of the ephemeral range), or preflight finds a
+    task's port held by slurmd now and then."""
+    from tfcluster_testbed import slurm as bed
+
+    block = range(ws.PORT_LO, ws.PORT_HI + 1)
+    assert not set(bed.DAEMON_PORTS) & set(block) and bed.DAEMON_PORTS.stop <= 32768
+    ports = bed._free_ports(5)
+    assert len(set(ports)) == 5 and all(p in bed.DAEMON_PORTS for p in ports)
+    # every job/step id's block is inside PORT_LO..PORT_HI
+    for job, step in ((1, 0), (4242, 3), (99991, 17)):
+        assert all(p in block for p in ws.task_ports(["127.0.0.1"] * 4, job, step))

@@ -59,14 +59,21 @@ def _sbin(name: str) -> str:
     return shutil.which(name) or f"/usr/sbin/{name}"
 
 
+#: The daemons' ports: below both Linux's ephemeral range (32768-60999) and the block tasks derive their
+#: TF ports from (``worker_entry.slurm.PORT_LO``-``PORT_HI``, 12000-32000): every virtual node shares
+#: 127.0.0.1, so a slurmd there would take a task's port now and then (preflight: "in use by slurmd").
+DAEMON_PORTS = range(10000, 12000)
+
+
 def _free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports outside the ephemeral range (kept bound while choosing)."""
+    """n distinct free TCP ports of ``DAEMON_PORTS`` (kept bound while choosing)."""
     socks, ports = [], []
+    lo, size = DAEMON_PORTS.start, len(DAEMON_PORTS)
     try:
         rng = int.from_bytes(os.urandom(2), "big")
-        candidate = 20000 + rng % 9000
+        candidate = lo + rng % size
         while len(ports) < n:
-            candidate = 20000 + (candidate - 20000 + 7) % 9000
+            candidate = lo + (candidate - lo + 7) % size
             s = socket.socket()
             try:
                 s.bind(("0.0.0.0", candidate))
