@@ -62,7 +62,7 @@ def expected_bytes(n: int, tag: str) -> bytes:
 def node(mode: str) -> int:
     """A node of the bench: `python -m worker_entry connect`, in the given mode."""
     _use_mode(mode)
-    from worker_entry.connect import main
+    from worker_entry.agent.modes.connect import main
 
     return main()
 

@@ -5,7 +5,7 @@ project's machines have no GPU; TensorFlow is not needed).
 
     python bench/gpu_health.py [--seconds 20] [--load torch|none] [--size 8192] [--no-share] [--json]
 
-Samples ``worker_entry.nvml.Nvml().sample()`` — exactly what worker_entry puts in every heartbeat — once
+Samples ``worker_entry.agent.nvml.Nvml().sample()`` — exactly what worker_entry puts in every heartbeat — once
 per second: a few idle samples, ``--seconds`` under a load (``torch``: an fp16 matmul loop on every
 visible GPU, in a child process), idle again, then (unless ``--no-share``) ``--seconds`` with two such
 processes on GPU 0: the first counts as "the task", the second as another program. Prints per GPU the
@@ -93,8 +93,8 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     from orchestrator.supervise.gpus import judge_gpus
-    from worker_entry.gpuowner import TaskTree
-    from worker_entry.nvml import Nvml
+    from worker_entry.agent.gpuowner import TaskTree
+    from worker_entry.agent.nvml import Nvml
 
     nv = Nvml()
     if not nv.available:

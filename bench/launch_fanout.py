@@ -249,11 +249,11 @@ def component_costs(tb) -> list[dict]:
     t_py = ex(f"exec {PY} -c pass")
     t_we = ex(f"exec {PY} -m worker_entry --version")
     facts = ex(
-        f"exec {PY} -c 'import time; t=time.perf_counter(); from worker_entry.sysinfo import node_facts, Nvml; "
+        f"exec {PY} -c 'import time; t=time.perf_counter(); from worker_entry.agent.sysinfo import node_facts, Nvml; "
         f"node_facts({{}}, Nvml()); print(time.perf_counter()-t)'"
     )
     _, out, _ = c.exec_command(
-        f"exec {PY} -c 'import time; t=time.perf_counter(); from worker_entry.sysinfo import node_facts, Nvml; "
+        f"exec {PY} -c 'import time; t=time.perf_counter(); from worker_entry.agent.sysinfo import node_facts, Nvml; "
         f"node_facts({{}}, Nvml()); print(time.perf_counter()-t)'"
     )
     nf = float(out.read().decode().strip() or "nan") * 1000
@@ -264,7 +264,7 @@ def component_costs(tb) -> list[dict]:
         {"what": "exec python -c pass (interpreter start)", "ms": t_py},
         {"what": "exec python -m worker_entry --version", "ms": t_we},
         {"what": "  node_facts() in worker_entry's hello (in-process)", "ms": nf},
-        {"what": "exec python: import worker_entry.sysinfo + node_facts", "ms": facts},
+        {"what": "exec python: import worker_entry.agent.sysinfo + node_facts", "ms": facts},
     ]
     return rows
 

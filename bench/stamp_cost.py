@@ -41,7 +41,7 @@ def build(tf, gpu: bool, width: int):
     from tensorflow.python.distribute import collective_util, cross_device_utils
     from tensorflow.python.distribute import cross_device_ops as cdo
 
-    from worker_entry import instrument
+    from worker_entry.instrument import hooks as instrument
 
     instrument.install()
     devices = [d.name for d in tf.config.list_logical_devices("GPU")][:2] if gpu else ["/cpu:0", "/cpu:1"]
@@ -106,7 +106,8 @@ def paired_added_us(times: dict[str, list[float]], name: str) -> float:
 
 def split_of(variant, it, steps: int = 60) -> dict:
     """The step clock's record over ``steps`` steps of one traced variant (rows read right after)."""
-    from worker_entry import stampreader, stampring
+    from worker_entry.instrument.stepclock import reader as stampreader
+    from worker_entry.instrument.stepclock import ring as stampring
 
     stampring.drain()
     for _ in range(steps):
@@ -128,7 +129,8 @@ def gpu_check(variants, it) -> dict:
 
 def reader_cost(steps: int) -> float:
     """µs of the reader's poll per step (rows → steps → window), on the rows the run left in the rings."""
-    from worker_entry import stampreader, stampring
+    from worker_entry.instrument.stepclock import reader as stampreader
+    from worker_entry.instrument.stepclock import ring as stampring
 
     rows = stampring.drain()
     reader = stampreader.Reader(1e9, take=lambda: list(rows), take_inputs=list, count=lambda n, ex, at: None)

@@ -32,16 +32,15 @@ ORCHESTRATOR_LAYERS = [
     ["cli"],
     ["__main__"],
 ]
-#: worker_entry, lowest first (the protocol at the bottom; the entry point at the top).
+#: worker_entry, lowest first: the protocol at the bottom; the agent and the instrumentation side by side
+#: (a sideways import between them fails: they run in different processes under different rules); the
+#: checks may use the instrumentation's strategy; ``progress`` re-exports the public calls; the entry
+#: points and examples on top.
 WORKER_ENTRY_LAYERS = [
     ["protocol"],
-    ["nvml", "hoststats"],
-    ["progress", "sysinfo", "gpuowner", "files", "writer", "relay", "child", "trace_events", "stampring", "devsync", "hostlist", "sweep", "checklinks"],
-    ["output", "handover", "profiling", "strategy", "stepclock"],
-    ["runner", "stampreader"],
-    ["stamps", "connect", "kubernetes"],
-    ["collectives", "keras_callback", "slurm"],
-    ["instrument", "examples", "_site", "check"],
+    ["agent", "instrument"],
+    ["check", "progress"],
+    ["examples", "_site"],
     ["__main__"],
 ]
 MAX_LINES = 420
@@ -346,3 +345,45 @@ def test_scheduler_packages_do_not_import_each_other():
             if len(dp) >= 3 and dp[1] == "schedulers" and dp[2] in packages and dp[2] != parts[2]:
                 bad.append(f"{mod} imports {dep}")
     assert not bad, "\n".join(bad)
+
+
+#: What the node agent must never import: it runs under the node's system rules (stdlib, no TensorFlow),
+#: and the instrumentation runs in another process (the user's interpreter).
+AGENT_FORBIDDEN = ("tensorflow", "keras", "tf_keras", "tensorboard", "worker_entry.instrument")
+INSTRUMENT_FORBIDDEN = ("worker_entry.agent",)
+
+
+def _node_side_violations(imports: dict[str, set[str]]) -> list[str]:
+    """``imports``: module → every module it imports (raw, also inside functions)."""
+    bad = []
+    for mod, deps in imports.items():
+        if mod.startswith("worker_entry.agent"):
+            forbidden = AGENT_FORBIDDEN
+        elif mod.startswith("worker_entry.instrument"):
+            forbidden = INSTRUMENT_FORBIDDEN
+        else:
+            continue
+        bad += [f"{mod} imports {d}" for d in sorted(deps) if any(d == f or d.startswith(f + ".") for f in forbidden)]
+    return bad
+
+
+def test_the_agent_and_the_instrumentation_stay_apart():
+    """The agent never imports TensorFlow or the instrumentation; the instrumentation never the agent."""
+    raw = {name: _imports(name, path) for name, path in _modules("worker_entry").items()}
+    assert any(m.startswith("worker_entry.agent.") for m in raw) and any(m.startswith("worker_entry.instrument.") for m in raw)
+    bad = _node_side_violations(raw)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_node_side_check_catches_each_violation():
+    imports = {
+        "worker_entry.agent.runner": {"tensorflow", "os"},
+        "worker_entry.agent.modes.slurm": {"worker_entry.instrument.progress"},
+        "worker_entry.instrument.hooks": {"worker_entry.agent.writer", "worker_entry.protocol.env"},
+        "worker_entry.check.main": {"tensorflow"},
+    }
+    assert _node_side_violations(imports) == [
+        "worker_entry.agent.runner imports tensorflow",
+        "worker_entry.agent.modes.slurm imports worker_entry.instrument.progress",
+        "worker_entry.instrument.hooks imports worker_entry.agent.writer",
+    ]

@@ -16,8 +16,8 @@ from orchestrator.events import EVENT_TYPES
 from orchestrator.job.check import parse_line
 from orchestrator.job.checkjudge import busbw_factor, check_text, judge
 from orchestrator.spec import load_spec
-from worker_entry.check import peers_from_tf_config
-from worker_entry.checklinks import first_pairs, link_rounds, next_pairs
+from worker_entry.check.links import first_pairs, link_rounds, next_pairs
+from worker_entry.check.main import peers_from_tf_config
 
 HOSTS = {f"worker:{i}": f"10.0.0.{i + 1}" for i in range(4)}
 GB = 1e9

@@ -23,7 +23,7 @@ from orchestrator.core.states import JobState, TaskState
 from orchestrator.events import EventBus
 from orchestrator.supervise import Interrupt, Supervisor
 from worker_entry import protocol as p
-from worker_entry.connect import HandshakeError, Refused, connect_back, mac
+from worker_entry.agent.modes.connect import HandshakeError, Refused, connect_back, mac
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -38,7 +38,7 @@ from orchestrator.runs import RunDir
 from orchestrator.supervise import Interrupt, Supervisor
 from orchestrator.views.control import job_status, status_text
 from worker_entry import protocol as p
-from worker_entry.connect import connect_back
+from worker_entry.agent.modes.connect import connect_back
 from worker_entry.protocol import seal
 
 SECRET = b"s" * 32

@@ -11,8 +11,9 @@ import textwrap
 import pytest
 from test_instrument import _FakeCallbackBase, base_env, run_python, tfcluster_lines
 
-from worker_entry import instrument, progress
 from worker_entry import protocol as p
+from worker_entry.instrument import hooks as instrument
+from worker_entry.instrument import progress
 
 
 @pytest.fixture
@@ -82,7 +83,7 @@ def test_a_bad_evaluation_is_one_protocol_error_naming_its_field(record, field):
 
 
 def test_the_runner_skips_a_bad_evaluation_record_and_says_so_once():
-    from worker_entry.runner import Runner
+    from worker_entry.agent.runner import Runner
 
     sent: list = []
     said: list[bytes] = []

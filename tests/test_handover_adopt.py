@@ -1,9 +1,9 @@
-"""A task restarted in place adopts its earlier incarnations' task directories (worker_entry.handover):
+"""A task restarted in place adopts its earlier incarnations' task directories (worker_entry.agent.handover):
 only siblings of its own directory, of the same task and attempt; anything else stays where it is."""
 
 from __future__ import annotations
 
-from worker_entry.handover import adopt_earlier
+from worker_entry.agent.handover import adopt_earlier
 
 
 def test_earlier_incarnations_move_into_earlier_and_nothing_else_does(tmp_path):

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from worker_entry import protocol as p
-from worker_entry.gpuowner import TaskTree
-from worker_entry.hoststats import CgroupCpu, HostSampler
-from worker_entry.nvml import PROCS_EVERY, Nvml, reasons
+from worker_entry.agent.gpuowner import TaskTree
+from worker_entry.agent.hoststats import CgroupCpu, HostSampler
+from worker_entry.agent.nvml import PROCS_EVERY, Nvml, reasons
 
 # ------------------------------------------------------------------------------------- fake /proc
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from worker_entry import instrument, keras_callback, progress
+from worker_entry.instrument import hooks as instrument
+from worker_entry.instrument import keras_callback, progress
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / "worker_entry" / "_site"
@@ -371,7 +372,7 @@ def test_two_local_workers_plain_mwms_script(tmp_path):
 def test_module_types():
     # instrument must import with the standard library only (it runs in foreign interpreters)
     assert isinstance(instrument, types.ModuleType)
-    code = "import sys; import worker_entry.instrument, worker_entry.progress, worker_entry.profiling, worker_entry.strategy; print('tensorflow' in sys.modules)"
+    code = "import sys; import worker_entry.instrument.hooks, worker_entry.instrument.progress, worker_entry.instrument.profiler.sampler, worker_entry.instrument.strategy; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr
 
@@ -382,7 +383,7 @@ def test_global_batch_size_of_distributed_datasets():
 import os, json
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 import tensorflow as tf
-from worker_entry.instrument import _global_batch_size
+from worker_entry.instrument.hooks import _global_batch_size
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 s = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])

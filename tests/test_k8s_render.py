@@ -19,7 +19,7 @@ from orchestrator.core.errors import UsageError
 from orchestrator.schedulers.kubernetes import kubernetes_plan, render, with_flavor
 from orchestrator.schedulers.kubernetes.validate import JOBSET_RELEASE, KUBE_VERSION, SCHEMA_PATH, validate_manifests
 from orchestrator.spec import load_spec, load_spec_text
-from worker_entry.kubernetes import pod_node_config
+from worker_entry.agent.modes.kubernetes import pod_node_config
 
 pytest.importorskip("kubernetes_validate")
 pytest.importorskip("jsonschema")

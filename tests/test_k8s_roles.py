@@ -27,7 +27,7 @@ from orchestrator.schedulers.kubernetes import kubernetes_plan, render, with_fla
 from orchestrator.schedulers.kubernetes.api import KubeApi
 from orchestrator.schedulers.kubernetes.backend import KubernetesBackend
 from orchestrator.spec import check_spec_text, load_spec_text
-from worker_entry.kubernetes import pod_node_config
+from worker_entry.agent.modes.kubernetes import pod_node_config
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parent.parent

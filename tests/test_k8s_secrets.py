@@ -16,7 +16,7 @@ from test_k8s_launch import launch, succeed
 from orchestrator.schedulers.kubernetes import kubernetes_plan, render
 from orchestrator.schedulers.kubernetes.validate import validate_manifests
 from orchestrator.spec import check_spec_text, load_spec_text
-from worker_entry.kubernetes import pod_node_config
+from worker_entry.agent.modes.kubernetes import pod_node_config
 
 pytest.importorskip("kubernetes_validate")
 pytest.importorskip("jsonschema")

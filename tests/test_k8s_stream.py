@@ -16,7 +16,7 @@ from orchestrator.schedulers.kubernetes.stream import ContainerEnd, PodStream
 from orchestrator.spec import load_spec_text
 from orchestrator.supervise.session import Output, TaskSession, Violation
 from worker_entry import protocol as p
-from worker_entry.kubernetes import pod_node_config
+from worker_entry.agent.modes.kubernetes import pod_node_config
 from worker_entry.protocol.podlog import decode_line, encode_message, encode_output
 
 SPAWNED = msg_line(p.Spawned(pid=7))

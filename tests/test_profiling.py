@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from worker_entry import keras_callback, profiling, progress
-from worker_entry.profiling import Event, ProfileSampler, find_steps, summarize
+from worker_entry.instrument import keras_callback, progress
+from worker_entry.instrument.profiler import sampler as profiling
+from worker_entry.instrument.profiler.sampler import Event, ProfileSampler, find_steps, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 MS = 1e6  # ns
@@ -153,7 +154,7 @@ def test_sampler_off_by_default_and_only_an_explicit_opt_in():
 def test_progress_callback_never_starts_a_profiler_by_default(monkeypatch):
     """The default ProgressCallback samples nothing (the step clock needs no callback); profiler
     sessions are never created without the opt-in."""
-    from worker_entry import progress
+    from worker_entry.instrument import progress
 
     monkeypatch.setattr(profiling, "_Session", _FailingSession)  # would raise if anyone started one
     monkeypatch.setenv("TFCLUSTER_PROFILE_INTERVAL_S", "0.01")
@@ -202,7 +203,7 @@ def test_sampler_on_a_real_fit_in_memory_and_xspace(tmp_path):
     script = textwrap.dedent(
         """
         import json, os, numpy as np, tensorflow as tf
-        from worker_entry.profiling import ProfileSampler
+        from worker_entry.instrument.profiler.sampler import ProfileSampler
         out = {}
         class Drive(tf.keras.callbacks.Callback):
             def __init__(self, sampler): super().__init__(); self.s = sampler

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from worker_entry import keras_callback, progress
+from worker_entry.instrument import keras_callback, progress
 
 
 def _read_records(fd: int) -> list[dict]:

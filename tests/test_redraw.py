@@ -18,8 +18,8 @@ from orchestrator.core.terminal import redraw_lines, safe_text
 from orchestrator.runs import RunDir
 from orchestrator.sinks.live import LiveTable
 from orchestrator.sinks.logs import LogRouter
-from worker_entry import output
 from worker_entry import protocol as p
+from worker_entry.agent import output
 
 PROGBAR = """
 import sys, time

@@ -25,7 +25,7 @@ from orchestrator.supervise.bound import BoundWatch, RunBound
 from orchestrator.supervise.figures import Figures, job_rate
 from orchestrator.views import scale as sv
 from worker_entry import protocol as p
-from worker_entry.sweep import sweep_batch_size
+from worker_entry.instrument.sweep import sweep_batch_size
 
 
 def stepping(steps_per_beat: int):

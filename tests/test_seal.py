@@ -90,9 +90,9 @@ BLOCK_CRYPTOGRAPHY = "import sys; sys.modules['cryptography'] = None; "
 
 def test_worker_entry_imports_without_cryptography_and_connect_says_what_is_missing():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    code = BLOCK_CRYPTOGRAPHY + "import worker_entry.runner, worker_entry.connect, worker_entry.slurm, worker_entry.protocol.seal"
+    code = BLOCK_CRYPTOGRAPHY + "import worker_entry.agent.runner, worker_entry.agent.modes.connect, worker_entry.agent.modes.slurm, worker_entry.protocol.seal"
     assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
-    code = BLOCK_CRYPTOGRAPHY + "from worker_entry.connect import main; sys.exit(main(0, {'TFCLUSTER_CONNECT': '127.0.0.1:9'}))"
+    code = BLOCK_CRYPTOGRAPHY + "from worker_entry.agent.modes.connect import main; sys.exit(main(0, {'TFCLUSTER_CONNECT': '127.0.0.1:9'}))"
     proc = subprocess.run([sys.executable, "-c", code], env=env, input=b"ab" * 32 + b"\n", capture_output=True)
     assert proc.returncode == 2
     assert b"'cryptography' package, which is missing here: pip install cryptography" in proc.stderr

@@ -431,7 +431,7 @@ def test_a_custom_loop_saves_on_the_stop_request_and_resumes_there(slurm, tmp_pa
     "text", ["n[1-3,5]", "n[01-03]", "n[8-10]", "n[08-12],x", "r[1-2]-n[01-02]", "gpu-[001-003],cpu7", "a,b,c", "[3-4]"]
 )
 def test_the_fallback_expands_host_lists_like_scontrol(slurm, text):
-    from worker_entry.hostlist import expand_hostlist
+    from worker_entry.agent.modes.hostlist import expand_hostlist
 
     assert expand_hostlist(text) == slurm.run(["scontrol", "show", "hostnames", text]).stdout.split()
 

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from worker_entry import slurm as ws
-from worker_entry.hostlist import expand_hostlist, expand_tasks_per_node, split_top_level
+from worker_entry.agent.modes import slurm as ws
+from worker_entry.agent.modes.hostlist import expand_hostlist, expand_tasks_per_node, split_top_level
 from worker_entry.protocol.env import Env
 
 # ----------------------------------------------------------------------------- host lists
@@ -318,7 +318,7 @@ def test_each_task_of_a_node_gets_its_own_gpus(visible, local, per_task, here, s
      ("1/1", "0,1", 2, None), ("9999999/2", "0,1", 1, None)],
 )  # fmt: skip
 def test_a_task_restarted_in_place_takes_its_first_incarnations_gpu_share(slot, visible, per_task, share):
-    from worker_entry.connect import gpu_share
+    from worker_entry.agent.modes.connect import gpu_share
 
     assert gpu_share({Env.GPU_SLOT: slot, "CUDA_VISIBLE_DEVICES": visible}, per_task) == share
 

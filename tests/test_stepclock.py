@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from worker_entry import collectives, devsync, progress, stampreader, stamps, stepclock
-from worker_entry.stampring import COLLECTIVE, RUN, Ring, Row
-from worker_entry.stepclock import Timeline, summarize
+from worker_entry.instrument import progress
+from worker_entry.instrument.stepclock import collectives, devsync, stamps
+from worker_entry.instrument.stepclock import reader as stampreader
+from worker_entry.instrument.stepclock import timeline as stepclock
+from worker_entry.instrument.stepclock.ring import COLLECTIVE, RUN, Ring, Row
+from worker_entry.instrument.stepclock.timeline import Timeline, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_800_000_000.0  # seconds since the epoch, like tf.timestamp()

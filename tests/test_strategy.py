@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from worker_entry import progress, strategy
+from worker_entry.instrument import progress, strategy
 
 tf = pytest.importorskip("tensorflow")
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,7 +122,7 @@ def test_one_worker_tf_config_heartbeat_and_options(tmp_path):
         """
         import json
         from tensorflow.python.eager import context
-        from worker_entry import strategy
+        from worker_entry.instrument import strategy
         s = strategy.make_strategy()
         cfg = context.context().coordination_service
         opts = s.extended._communication_options

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import psutil
+from conftest import _env
 
 from worker_entry import protocol as wire
 
@@ -227,7 +228,7 @@ def test_package_versions_match_importlib_metadata(tmp_path, monkeypatch):
     """The dist-info-name fast path gives what importlib.metadata gives, first on sys.path winning."""
     import importlib.metadata
 
-    from worker_entry import sysinfo
+    from worker_entry.agent import sysinfo
 
     def reference() -> dict:
         out = {}
@@ -307,8 +308,8 @@ def test_the_start_path_imports_nothing_a_short_task_does_not_need():
     """Every host pays worker_entry's imports before its hello (on a 2-core box with 16 test-bed hosts,
     16 times over): psutil, hashlib and platform are imported when first used, not at start."""
     code = (
-        "import sys, worker_entry.runner, worker_entry.__main__; "
+        "import sys, worker_entry.agent.runner, worker_entry.__main__; "
         "print(','.join(m for m in ('psutil', 'hashlib', 'platform', 'importlib.metadata') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/", env=_env())
     assert out.stdout.strip() == ""

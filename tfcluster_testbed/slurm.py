@@ -60,7 +60,7 @@ def _sbin(name: str) -> str:
 
 
 #: The daemons' ports: below both Linux's ephemeral range (32768-60999) and the block tasks derive their
-#: TF ports from (``worker_entry.slurm.PORT_LO``-``PORT_HI``, 12000-32000): every virtual node shares
+#: TF ports from (``worker_entry.agent.modes.slurm.PORT_LO``-``PORT_HI``, 12000-32000): every virtual node shares
 #: 127.0.0.1, so a slurmd there would take a task's port now and then (preflight: "in use by slurmd").
 DAEMON_PORTS = range(10000, 12000)
 

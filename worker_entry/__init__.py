@@ -1,4 +1,14 @@
-"""tfcluster node side. Importing this package is instant and never imports TensorFlow."""
+"""tfcluster's node side. Importing this package is instant and never imports TensorFlow.
+
+Three parts that share only ``protocol/`` (the contract with the launcher), each in its own process:
+
+- ``agent/``: the node agent, ``python -m worker_entry`` (stdlib only, never TensorFlow);
+- ``instrument/``: inside the user's training process (step clock, Keras callbacks, ``make_strategy``);
+- ``check/``: ``python -m worker_entry.check``, what ``tfcluster check`` runs on every node;
+
+and ``examples/``, training scripts written as a user would write them. The public API below (and
+``worker_entry.progress``) re-exports what training scripts call.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +16,13 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# Lazy public API (worker_entry.strategy / .progress import TensorFlow only when called).
+# Lazy public API (the instrument modules import TensorFlow only when called).
 _LAZY = {
-    "make_strategy": ("strategy", "make_strategy"),
-    "report_step": ("progress", "report_step"),
-    "progress_callback": ("keras_callback", "progress_callback"),
-    "sweep_batch_size": ("sweep", "sweep_batch_size"),
+    "make_strategy": ("instrument.strategy", "make_strategy"),
+    "report_step": ("instrument.progress", "report_step"),
+    "report_evaluation": ("instrument.progress", "report_evaluation"),
+    "progress_callback": ("instrument.keras_callback", "progress_callback"),
+    "sweep_batch_size": ("instrument.sweep", "sweep_batch_size"),
 }
 
 

@@ -6,7 +6,7 @@ deadline for its whole handshake (``HANDSHAKE_TIMEOUT_S`` from its accept, howev
 bytes), at most ``MAX_LINE`` bytes of state, and no thread. There is no slot to exhaust: beyond
 ``MAX_PENDING`` unproven connections — or when the process runs out of descriptors — the oldest is
 dropped to make room for the newest, so a node that dials in always gets its turn, and a node that
-lost it anyway dials again (``worker_entry.connect`` retries until its own deadline). When no
+lost it anyway dials again (``worker_entry.agent.modes.connect`` retries until its own deadline). When no
 descriptor can be freed, accepting pauses with a backoff instead of spinning.
 
 A node that proves itself gets the supervisor's proof and its ``NodeConfig`` — the first sealed

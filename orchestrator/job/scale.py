@@ -2,7 +2,7 @@
 
 Each size is an ordinary launch (same supervision, teardown, logs and run directory) of the spec cut
 to its first N hosts, bounded by the step clock's counters (``RunBound``), in ``SWEEP/workers-N``.
-The scripts learn the size and the mode from ``TFCLUSTER_SCALE_*`` (``worker_entry.sweep``); what
+The scripts learn the size and the mode from ``TFCLUSTER_SCALE_*`` (``worker_entry.instrument.sweep``); what
 each size really did is measured afterwards from its run directory (``views.scale``).
 """
 

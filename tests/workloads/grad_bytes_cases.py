@@ -28,7 +28,8 @@ def solo_fit(steps: int = 30) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from worker_entry import instrument, stampreader
+    from worker_entry.instrument import hooks as instrument
+    from worker_entry.instrument.stepclock import reader as stampreader
 
     instrument.install()
     s = tf.distribute.MultiWorkerMirroredStrategy()

@@ -27,7 +27,10 @@ tf.config.set_logical_device_configuration(
 from tensorflow.python.distribute import collective_util, cross_device_utils  # noqa: E402
 from tensorflow.python.distribute import cross_device_ops as cdo  # noqa: E402
 
-from worker_entry import collectives, instrument, stampreader, stampring, stamps  # noqa: E402
+from worker_entry.instrument import hooks as instrument  # noqa: E402
+from worker_entry.instrument.stepclock import collectives, stamps  # noqa: E402
+from worker_entry.instrument.stepclock import reader as stampreader  # noqa: E402
+from worker_entry.instrument.stepclock import ring as stampring  # noqa: E402
 
 instrument.install()  # the hooks (TensorFlow's distribute modules are imported already: patched at once)
 keras = tf.keras

@@ -9,7 +9,7 @@ moment it took effect: the start of a detection-latency measurement), ``done``.
 
 Many nodes per thread: each loop owns a selector over its nodes' sockets and a heap of when each node
 next has something to say, so 4,096 nodes cost a handful of threads and descriptors only for the
-sockets. The handshake is ``dial`` alone (through ``worker_entry.connect``): a change of the
+sockets. The handshake is ``dial`` alone (through ``worker_entry.agent.modes.connect``): a change of the
 connect-back handshake is one edit here.
 """
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from worker_entry import protocol as p
-from worker_entry.connect import connect_back, parse_address
+from worker_entry.agent.modes.connect import connect_back, parse_address
 
 from .node import LoadNode
 
@@ -62,7 +62,7 @@ class Dialed:
 
 
 def dial(address: tuple[str, int], secret: bytes, rank: int, timeout: float = 60.0) -> Dialed:
-    """The connect-back handshake, exactly a node's (``worker_entry.connect.connect_back``: both proofs,
+    """The connect-back handshake, exactly a node's (``worker_entry.agent.modes.connect.connect_back``: both proofs,
     the channel's keys, the sealed configuration line), then the link's records sealed out and opened in."""
     link = connect_back(address, secret, rank, deadline_s=timeout)
     link.sock.setblocking(False)

@@ -5,7 +5,7 @@ user's program exactly as it would be without us, so this file:
 
 1. imports the ``sitecustomize`` that would have been imported without ours (our directory removed from
    ``sys.path`` for that import only, errors reported the way ``site`` reports them);
-2. unless ``TFCLUSTER_INSTRUMENT=0``, loads ``worker_entry/instrument.py`` by file path — the
+2. unless ``TFCLUSTER_INSTRUMENT=0``, imports ``worker_entry/instrument/hooks.py`` from our directory — the
    interpreter may be another Python/venv without our package, and we add nothing to ``sys.path`` —
    and calls ``install()``, which only registers post-import hooks (nothing heavy is imported here);
 3. turns any failure of ours into one ``tfcluster:`` warning line on stderr.
@@ -50,7 +50,8 @@ def _tfcluster_chain(here: str) -> object:
 
 
 def _tfcluster_load_instrument(package_dir: str):
-    """Load ``<package_dir>/instrument.py`` by path as a submodule of our package (real or private)."""
+    """Import ``<package_dir>/instrument/hooks.py`` as a submodule of our package (real or private)."""
+    import importlib
     import importlib.machinery
     import importlib.util
     import os
@@ -58,36 +59,25 @@ def _tfcluster_load_instrument(package_dir: str):
     import types
 
     # If this interpreter has our very package as ``worker_entry``, share its modules (one set of
-    # progress counters); otherwise register a private package pointing at our directory.
+    # progress counters); otherwise register a private package pointing at our directory, and import
+    # the instrumentation through it (its modules reach each other and the protocol by relative imports).
     try:
         spec = importlib.util.find_spec("worker_entry")
     except Exception:
         spec = None
     locations = list(getattr(spec, "submodule_search_locations", None) or [])
     if locations and os.path.realpath(locations[0]) == package_dir:
-        return importlib.import_module("worker_entry.instrument")
+        return importlib.import_module("worker_entry.instrument.hooks")
 
     name = "_tfcluster_worker_entry"
-    package = sys.modules.get(name)
-    if package is None:
+    if name not in sys.modules:
         package = types.ModuleType(name, "tfcluster worker_entry, loaded by path for instrumentation")
         package.__path__ = [package_dir]
         package.__package__ = name
         package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
         package.__spec__.submodule_search_locations = [package_dir]
         sys.modules[name] = package
-    full = name + ".instrument"
-    if full in sys.modules:
-        return sys.modules[full]
-    spec = importlib.util.spec_from_file_location(full, os.path.join(package_dir, "instrument.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[full] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(full, None)
-        raise
-    return module
+    return importlib.import_module(name + ".instrument.hooks")
 
 
 def _tfcluster_bootstrap() -> None:

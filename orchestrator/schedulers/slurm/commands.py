@@ -238,7 +238,7 @@ def steps_named(job_id: str, name: str) -> list[str]:
 
 def node_addrs(nodelist: str) -> str:
     """``NAME=ADDR,...`` for the nodes of ``nodelist`` (one ``scontrol show node`` for the whole step)."""
-    from worker_entry.slurm import parse_node_addrs
+    from worker_entry.agent.modes.slurm import parse_node_addrs
 
     addrs = parse_node_addrs(run(["scontrol", "show", "node", "-o", nodelist], timeout=20.0))
     return ",".join(f"{k}={v}" for k, v in addrs.items())

@@ -1,7 +1,7 @@
 """The plan under Slurm: the same tasks and environment as over SSH, plus the sbatch and srun lines. Pure.
 
 Slurm chooses the nodes, so each task builds its own TF_CONFIG when it starts
-(``worker_entry.slurm``): its rank is ``SLURM_PROCID`` (plan order: chief first when there is one),
+(``worker_entry.agent.modes.slurm``): its rank is ``SLURM_PROCID`` (plan order: chief first when there is one),
 its peers are the step's nodes at their ``NodeAddr``, and every task computes the same port table.
 The plan therefore carries the environment without TF_CONFIG, a TF_CONFIG *template* for display
 (``<node 0>:<port 0>``), and the exact command lines tfcluster will run:

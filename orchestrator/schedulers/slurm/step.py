@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from worker_entry.hostlist import expand_hostlist
+from worker_entry.agent.modes.hostlist import expand_hostlist
 from worker_entry.protocol import NodeConfig
 from worker_entry.protocol.env import Env
 

@@ -33,10 +33,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import devsync, progress, stampreader, stampring
-from .progress import warn_once
-from .protocol.env import OFF_VALUES, Env
-from .stampring import RUN
+from ...protocol.env import OFF_VALUES, Env
+from .. import progress
+from ..progress import warn_once
+from . import devsync
+from . import reader as stampreader
+from . import ring as stampring
+from .ring import RUN
 
 _ON = ("1", "true", "yes", "on", "force")
 _WRAPPED = "_tfcluster_stepclock"

@@ -26,10 +26,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .protocol import handshake as hs
-from .protocol import seal
-from .protocol.env import Env
-from .protocol.frames import MAX_COMMAND_LINE
+from ...protocol import handshake as hs
+from ...protocol import seal
+from ...protocol.env import Env
+from ...protocol.frames import MAX_COMMAND_LINE
 from .relay import Link
 
 HandshakeError = hs.HandshakeError
@@ -176,7 +176,7 @@ def read_secret(fd: int = 0, timeout: float = SECRET_TIMEOUT_S) -> bytes:
 
 def main(rank: int | None = None, env: Mapping[str, str] = os.environ, stdin_fd: int = 0) -> int:
     """``python -m worker_entry connect``: rank from ``TFCLUSTER_RANK`` unless given; secret on stdin."""
-    from .protocol import NodeConfig, ProtocolError
+    from ...protocol import NodeConfig, ProtocolError
 
     try:
         address = parse_address(env.get(Env.CONNECT, ""))
@@ -209,7 +209,7 @@ def gpu_share(env: Mapping[str, str], per_task: int) -> str | None:
     local, sep, here = env.get(Env.GPU_SLOT, "").partition("/")
     if not sep or not local.isdigit() or not here.isdigit() or len(local) > 6 or len(here) > 6:
         return None
-    from .protocol.cluster import gpu_slice
+    from ...protocol.cluster import gpu_slice
 
     return gpu_slice(env.get("CUDA_VISIBLE_DEVICES", ""), int(local), per_task, int(here))
 
@@ -217,8 +217,8 @@ def gpu_share(env: Mapping[str, str], per_task: int) -> str | None:
 def serve(config: Any, link: Any) -> int:
     """Run one task over a proven connect-back link: the same protocol as over stdin/stdout, sealed
     (the relay — and the hashing and cipher it needs — is imported here: an SSH task never pays for it)."""
+    from ..runner import Runner
     from .relay import SealedRelay
-    from .runner import Runner
 
     relay = SealedRelay(link)
     out_fd = os.dup(relay.fd)

@@ -35,8 +35,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from ..protocol.env import OFF_VALUES, Env
 from .progress import note_checkpoint, warn_once
-from .protocol.env import OFF_VALUES, Env
 
 ENV_INSTRUMENT = Env.INSTRUMENT
 _WRAPPED = "_tfcluster_wrapped"
@@ -293,7 +293,7 @@ def patch_sidecar(module: ModuleType) -> bool:
 
 def _stamps(name: str) -> Callable[[ModuleType], Any]:
     def hook(module: ModuleType) -> Any:
-        from . import collectives, stamps
+        from .stepclock import collectives, stamps
 
         return getattr(stamps if hasattr(stamps, name) else collectives, name)(module)
 

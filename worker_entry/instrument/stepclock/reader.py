@@ -19,9 +19,10 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import progress, stampring
-from .progress import warn_once
-from .stepclock import DEFAULT_MIN_STEPS, MAX_WINDOW, StepSplit, Timeline, summarize
+from .. import progress
+from ..progress import warn_once
+from . import ring as stampring
+from .timeline import DEFAULT_MIN_STEPS, MAX_WINDOW, StepSplit, Timeline, summarize
 
 POLL_S = 0.5
 

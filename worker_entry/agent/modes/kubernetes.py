@@ -20,9 +20,9 @@ import sys
 import threading
 from collections.abc import Mapping
 
-from . import protocol as p
-from .protocol.podlog import PodConfig, encode_message, encode_output
-from .protocol.roles import CLUSTER_ROLES
+from ... import protocol as p
+from ...protocol.podlog import PodConfig, encode_message, encode_output
+from ...protocol.roles import CLUSTER_ROLES
 
 USAGE = "usage: python -m worker_entry kubernetes -- COMMAND [ARG...]"
 
@@ -151,7 +151,7 @@ class PodLog(threading.Thread):
 
 def serve_pod(config: p.NodeConfig, out_fd: int = 1) -> int:
     """Run the task; frames go through a pipe to ``PodLog``, which writes the pod log."""
-    from .runner import Runner
+    from ..runner import Runner
 
     warning = hostname_warning(config)
     if warning:

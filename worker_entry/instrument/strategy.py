@@ -13,8 +13,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ..protocol.env import Env
 from .progress import emit, warn_once
-from .protocol.env import Env
 
 ENV_COMMUNICATION = Env.COMMUNICATION
 ENV_COLLECTIVE_TIMEOUT = Env.COLLECTIVE_TIMEOUT_S

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from .protocol.env import Env
+from ..protocol.env import Env
 
 
 def sweep_batch_size(per_worker: int, env: Mapping[str, str] = os.environ) -> int:

@@ -24,13 +24,13 @@ import sys
 import time
 from typing import Any
 
-from . import protocol as p
+from .. import protocol as p
+from ..protocol.cluster import own_endpoint, slurm_node_name
 from .child import kill_escaped, kill_group, signal_name, spawn, spawn_error, wait_gone
 from .gpuowner import TaskTree
 from .handover import hand_over
 from .hoststats import HostSampler
 from .output import OutputPipes
-from .protocol.cluster import own_endpoint, slurm_node_name
 from .sysinfo import GroupSampler, Nvml, listening, node_facts
 from .writer import FrameWriter
 

@@ -18,8 +18,8 @@ import sys
 import time
 from typing import Any
 
+from ..protocol.env import Env
 from .nvml import Nvml
-from .protocol.env import Env
 
 
 def load_psutil() -> Any:

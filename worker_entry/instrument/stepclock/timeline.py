@@ -32,7 +32,7 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .stampring import COLLECTIVE, IN_RUN, RUN, Row
+from .ring import COLLECTIVE, IN_RUN, RUN, Row
 
 CATEGORIES = ("input", "compute", "collective", "update", "host", "other")
 DEFAULT_MIN_STEPS = 5

@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .protocol.env import OFF_VALUES, Env
+from ...protocol.env import OFF_VALUES, Env
 
 _ON = ("1", "true", "yes", "on", "force")
 _ACCELERATORS = ("GPU", "TPU")

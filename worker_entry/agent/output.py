@@ -20,8 +20,8 @@ import os
 import selectors
 from typing import IO, Any
 
-from . import protocol as p
-from .protocol.redraw import redraw, redraw_lines
+from .. import protocol as p
+from ..protocol.redraw import redraw, redraw_lines
 from .writer import FrameWriter
 
 CHUNK = 256 * 1024

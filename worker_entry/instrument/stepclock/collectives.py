@@ -28,9 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import devsync, stampreader, stampring
-from .progress import warn_once
-from .stampring import COLLECTIVE, IN_RUN
+from ..progress import warn_once
+from . import devsync
+from . import reader as stampreader
+from . import ring as stampring
+from .ring import COLLECTIVE, IN_RUN
 from .stamps import _WRAPPED, _active, _dense, _outermost, _patch, _Run, _run_of, _stamp, mode
 
 _GRADIENT_SCOPES = ("gradient_tape/", "gradients/")

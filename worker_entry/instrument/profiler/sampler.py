@@ -39,9 +39,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import progress
-from .progress import warn_once
-from .protocol.env import Env
+from ...protocol.env import Env
+from .. import progress
+from ..progress import warn_once
 from .trace_events import (  # noqa: F401 - re-exported: the sampler's parsing API
     COLLECTIVE_ENTER,
     COLLECTIVE_OPS,

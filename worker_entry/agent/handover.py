@@ -13,8 +13,8 @@ import os
 import select
 import time
 
+from .. import protocol as p
 from . import files
-from . import protocol as p
 from .writer import FrameWriter
 
 HIGH_WATER = 8 << 20  # unsent bytes before a file stream waits for the link

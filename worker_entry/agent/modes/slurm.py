@@ -33,10 +33,10 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ...protocol.cluster import gpu_slice, task_order
+from ...protocol.env import Env
+from ...protocol.roles import CLUSTER_ROLES, ROLES, role_order
 from .hostlist import expand_hostlist, expand_tasks_per_node
-from .protocol.cluster import gpu_slice, task_order
-from .protocol.env import Env
-from .protocol.roles import CLUSTER_ROLES, ROLES, role_order
 
 PORT_LO, PORT_HI = 12000, 32000  # below Linux's ephemeral range (32768-60999): no outgoing socket takes them
 SCONTROL_TIMEOUT_S = 20.0
@@ -271,9 +271,9 @@ def endpoints(step: Step, addrs: Sequence[str], base: int | None = None) -> tupl
 def main(env: Mapping[str, str] = os.environ, stdin_fd: int = 0) -> int:
     """Build this task's cluster from Slurm, connect back (the secret on stdin: srun forwards the
     supervisor's to every task), run the task."""
+    from ...protocol import NodeConfig, ProtocolError
+    from ...protocol.seal import CryptoUnavailable, check_available
     from .connect import connect_back, parse_address, read_secret, serve
-    from .protocol import NodeConfig, ProtocolError
-    from .protocol.seal import CryptoUnavailable, check_available
 
     try:
         step = step_from_env(env)

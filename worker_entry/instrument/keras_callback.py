@@ -92,7 +92,7 @@ def _build_callback_class(base: type) -> type:
                 if self.batch_size:
                     counter("train").examples_per_step = int(self.batch_size)
                 if self.profile and self.tf_profiler and self._sampler is None and get_writer().enabled:
-                    from .profiling import ProfileSampler
+                    from .profiler.sampler import ProfileSampler
 
                     sampler = ProfileSampler.from_env()  # only with TFCLUSTER_PROFILER=1
                     self._sampler = sampler if sampler.enabled else None

@@ -16,9 +16,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from . import protocol as p
+from .. import protocol as p
 
-SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
+#: The instrumentation's bootstrap (``worker_entry/_site/sitecustomize.py``), first on the training
+#: process's PYTHONPATH. A path, not an import: the agent never imports the instrumentation.
+SITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_site")
 
 
 def _pdeathsig_preexec() -> Any:

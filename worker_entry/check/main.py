@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any
 
-from .checklinks import LinkError, link_rounds
+from .links import LinkError, link_rounds
 
 PREFIX = "TFCLUSTER_CHECK "
 EXIT_DEADLINE = 3
@@ -155,7 +155,7 @@ def _measure(args: argparse.Namespace) -> None:
     """The TensorFlow part: the strategy, the compute benchmark, the all-reduces."""
     import tensorflow as tf
 
-    from .strategy import make_strategy, strategy_record
+    from ..instrument.strategy import make_strategy, strategy_record
 
     if not tf.config.list_physical_devices("GPU"):
         # one thread per matmul: a host's CPU rate is then its share of a core (a quota, throttling, steal
@@ -214,6 +214,3 @@ def main(argv: list[str] | None = None) -> int:
     sys.stderr.flush()
     os._exit(0)  # TensorFlow's own teardown adds seconds and, at times, coordination-service noise
 
-
-if __name__ == "__main__":
-    sys.exit(main())

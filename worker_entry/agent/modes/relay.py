@@ -15,7 +15,7 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from .protocol.seal import Opener, Sealer, SealError
+from ...protocol.seal import Opener, Sealer, SealError
 
 CHUNK = 256 << 10
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import protocol as p
+from .. import protocol as p
 
 CHUNK = 1024 * 1024
 TEMP_PREFIX = "workertemp_"

@@ -1,0 +1,8 @@
+"""``python -m worker_entry.check``."""
+
+import sys
+
+from .main import main
+
+if __name__ == "__main__":
+    sys.exit(main())
