@@ -68,8 +68,10 @@ def main() -> int:
     else:
         for n, r in results.items():
             for run in r["runs"]:
-                print(f"{n} hosts: rc {run['rc']} wall {run['wall_s']} s (nodes {run['node_s']} s, links {run['links_s']} s) "
-                      f"gflops {run['gflops']} all-reduce {run['allreduce_ms']} ms findings {run['findings']}")  # fmt: skip
+                print(
+                    f"{n} hosts: rc {run['rc']} wall {run['wall_s']} s (nodes {run['node_s']} s, links {run['links_s']} s) "
+                    f"gflops {run['gflops']} all-reduce {run['allreduce_ms']} ms findings {run['findings']}"
+                )
     return 0
 
 

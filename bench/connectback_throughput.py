@@ -83,7 +83,11 @@ def one(mode: str, lines: int, work: Path) -> dict:
         "version": 1,
         "name": "cb-bench",
         "hosts": [{"address": f"10.0.0.{i + 1}"} for i in range(TASKS)],
-        "job": {"command": ["sh", "-c", f"exec cat {src}"], "startup_timeout_s": 60, "remote_dir": str(work / "remote")},
+        "job": {
+            "command": ["sh", "-c", f"exec cat {src}"],
+            "startup_timeout_s": 60,
+            "remote_dir": str(work / "remote"),
+        },
         "heartbeat": {"profile_interval_s": 0},
     }
     loaded = load_spec_text(yaml.safe_dump(doc), "bench.yaml")
@@ -110,13 +114,16 @@ def one(mode: str, lines: int, work: Path) -> dict:
                 proc.wait()
 
     run = work / f"run-{mode}-{lines}-{os.getpid()}"
-    result = Job(loaded, plan, LaunchOptions(run_dir=str(run), gather=False, live=False, echo_logs=False),
-                 LocalNodes()).run()  # fmt: skip
+    result = Job(
+        loaded, plan, LaunchOptions(run_dir=str(run), gather=False, live=False, echo_logs=False), LocalNodes()
+    ).run()
     lost = 0
     for i in range(TASKS):
         data = (run / "logs" / f"worker-{i}.log").read_bytes() if lines else b""
         want = expected_bytes(lines, f"w{i}") if lines else b""
-        lost += 0 if hashlib.sha256(data).digest() == hashlib.sha256(want).digest() else max(1, lines - data.count(b"\n"))
+        lost += (
+            0 if hashlib.sha256(data).digest() == hashlib.sha256(want).digest() else max(1, lines - data.count(b"\n"))
+        )
     return {"state": result.state.value, "lost": lost}
 
 
@@ -159,37 +166,60 @@ def main() -> int:
         for rep in range(reps):
             for mode, lines in configs if rep % 2 == 0 else list(reversed(configs)):
                 res[(mode, lines)].append(measure(mode, lines, work))
-            say(f"repetition {rep + 1}/{reps}: sealed {res[('sealed', n)][-1]['wall_s']:.2f}s, "
-                f"plain {res[('plain', n)][-1]['wall_s']:.2f}s")  # fmt: skip
+            say(
+                f"repetition {rep + 1}/{reps}: sealed {res[('sealed', n)][-1]['wall_s']:.2f}s, "
+                f"plain {res[('plain', n)][-1]['wall_s']:.2f}s"
+            )
     total = TASKS * n
     mb = total * LINE_BYTES / 1e6
     rows = []
     for mode in ("sealed", "plain"):
         full = median([r["wall_s"] for r in res[(mode, n)]])
         empty = median([r["wall_s"] for r in res[(mode, 0)]])
-        rows.append({
-            "mode": mode, "lines": total, "wall_s": full, "empty_s": empty, "lines_per_s": total / full,
-            "marginal_lines_per_s": total / (full - empty) if full > empty else None,
-            "marginal_mb_per_s": mb / (full - empty) if full > empty else None,
-            "cpu_s": median([r["cpu_s"] for r in res[(mode, n)]]),
-            "cpu_empty_s": median([r["cpu_s"] for r in res[(mode, 0)]]),
-            "lost": sum(r["lost"] for r in res[(mode, n)]),
-        })  # fmt: skip
+        rows.append(
+            {
+                "mode": mode,
+                "lines": total,
+                "wall_s": full,
+                "empty_s": empty,
+                "lines_per_s": total / full,
+                "marginal_lines_per_s": total / (full - empty) if full > empty else None,
+                "marginal_mb_per_s": mb / (full - empty) if full > empty else None,
+                "cpu_s": median([r["cpu_s"] for r in res[(mode, n)]]),
+                "cpu_empty_s": median([r["cpu_s"] for r in res[(mode, 0)]]),
+                "lost": sum(r["lost"] for r in res[(mode, n)]),
+            }
+        )
     columns = [
-        ("mode", "channel"), ("lines", "lines"), ("wall_s", "wall s"), ("empty_s", "empty run s"),
-        ("lines_per_s", "lines/s end-to-end"), ("marginal_lines_per_s", "lines/s marginal"),
-        ("marginal_mb_per_s", "MB/s marginal"), ("cpu_s", "CPU s"), ("cpu_empty_s", "CPU s empty"), ("lost", "lines lost"),
-    ]  # fmt: skip
+        ("mode", "channel"),
+        ("lines", "lines"),
+        ("wall_s", "wall s"),
+        ("empty_s", "empty run s"),
+        ("lines_per_s", "lines/s end-to-end"),
+        ("marginal_lines_per_s", "lines/s marginal"),
+        ("marginal_mb_per_s", "MB/s marginal"),
+        ("cpu_s", "CPU s"),
+        ("cpu_empty_s", "CPU s empty"),
+        ("lost", "lines lost"),
+    ]
     title = f"connect-back log throughput: {TASKS} local nodes x {n:,} lines of {LINE_BYTES} B ({mb:.0f} MB), loopback"
     report = Report(title, columns, rows=rows)
-    report.notes.append(f"median of {reps}, ABBA order; each launch one process (Python start, handshakes, streaming, teardown)")
-    report.notes.append("CPU: the launcher process and its 3 nodes (os.wait4 rusage); plain = the same code, null cipher")
+    report.notes.append(
+        f"median of {reps}, ABBA order; each launch one process (Python start, handshakes, streaming, teardown)"
+    )
+    report.notes.append(
+        "CPU: the launcher process and its 3 nodes (os.wait4 rusage); plain = the same code, null cipher"
+    )
     report.data = {"raw": {f"{m} {lines}": v for (m, lines), v in res.items()}, "lines_per_task": n}
     sealed, plain = rows[0]["marginal_lines_per_s"], rows[1]["marginal_lines_per_s"]
     ratio = sealed / plain if sealed and plain else None
     lost = rows[0]["lost"] + rows[1]["lost"]
-    report.set_ratio("sealed / plain lines/s (marginal)", ratio, ">= 0.8, with 0 lines lost",
-                     ratio is not None and ratio >= 0.8 and lost == 0)  # fmt: skip
+    report.set_ratio(
+        "sealed / plain lines/s (marginal)",
+        ratio,
+        ">= 0.8, with 0 lines lost",
+        ratio is not None and ratio >= 0.8 and lost == 0,
+    )
     report.emit(args.json)
     return 0
 

@@ -309,8 +309,12 @@ def main() -> int:
         spec = write_spec(tb, work, "plan-only", work)
         plan = subprocess.run(
             [PY, "-m", "orchestrator", "plan", str(spec), "--json"],
-            capture_output=True, text=True, env=launcher_env(), cwd=str(REPO), check=True,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            env=launcher_env(),
+            cwd=str(REPO),
+            check=True,
+        )
         tf_configs = [n["tf_config"] for n in json.loads(plan.stdout)["nodes"]]
         for fault in faults:
             for method in ("tfcluster", "hand"):

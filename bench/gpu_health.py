@@ -109,7 +109,9 @@ def main() -> int:
         gpus = nv.sample(TaskTree(*task))
         cost_ms = (time.perf_counter() - t0) * 1000
         named = [p.text() for p in judge_gpus({"this host": [gpus]}).problems]
-        samples.append({"phase": phase, "t": round(time.time(), 1), "gpus": gpus, "named": named, "ms": round(cost_ms, 2)})
+        samples.append(
+            {"phase": phase, "t": round(time.time(), 1), "gpus": gpus, "named": named, "ms": round(cost_ms, 2)}
+        )
         if not args.json:
             for g in gpus:
                 print(phase, " ".join(f"{k}={g.get(k)}" for k in ("index", *FIELDS) if k in g), flush=True)
@@ -140,7 +142,10 @@ def main() -> int:
     summary = {
         "rates": rates,
         "sample_ms_median": costs[len(costs) // 2] if costs else None,
-        "named": {p: sorted({d for s in samples if s["phase"] == p for d in s["named"]}) for p in ("idle", "load", "after", "shared")},
+        "named": {
+            p: sorted({d for s in samples if s["phase"] == p for d in s["named"]})
+            for p in ("idle", "load", "after", "shared")
+        },
     }
     if args.json:
         print(json.dumps({"samples": samples, **summary}))
@@ -149,7 +154,9 @@ def main() -> int:
     if rates.get("alone") is not None:
         print(f"one load process alone: {rates['alone']} matmuls/s")
     if rates.get("shared"):
-        print(f"two load processes on GPU 0: {rates['shared']} matmuls/s (the second, PID {rates['other_pid']}, is 'another program')")
+        print(
+            f"two load processes on GPU 0: {rates['shared']} matmuls/s (the second, PID {rates['other_pid']}, is 'another program')"
+        )
     for name, named in summary["named"].items():
         print(f"{name}: tfcluster would name:", "; ".join(named) or "nothing")
     return 0

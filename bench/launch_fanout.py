@@ -117,7 +117,16 @@ def run_tfcluster(tb, hosts, work: Path, tag: str, profile: Path | None = None, 
 
     spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
     run_dir = work / f"run-{tag}"
-    args = ["launch", str(spec_path), "--run-dir", str(run_dir), "-q", *([] if gather else ["--no-gather"]), "--", "true"]
+    args = [
+        "launch",
+        str(spec_path),
+        "--run-dir",
+        str(run_dir),
+        "-q",
+        *([] if gather else ["--no-gather"]),
+        "--",
+        "true",
+    ]
     if profile is not None:
         argv = tb.launcher_argv([PY, "-m", "cProfile", "-o", str(profile), "-m", "orchestrator", *args])
     else:
@@ -401,7 +410,9 @@ def main() -> int:
     whole_runs = results[("tfcluster whole command", N)]
     whole = median([r["wall_s"] for r in whole_runs])
     ours_cpu_marg = next(
-        r["marginal_cpu_ms_per_host"] for r in report.rows if r["method"] == "tfcluster whole command" and r["hosts"] == N
+        r["marginal_cpu_ms_per_host"]
+        for r in report.rows
+        if r["method"] == "tfcluster whole command" and r["hosts"] == N
     )
     report.notes.append(
         f"median of {reps} repetition(s), order rotated; fastest peer at {N} hosts: {best_peer} ({peer_wall:.2f}s); "
@@ -425,9 +436,7 @@ def main() -> int:
     report.notes.append(f"launch to all running vs {best_peer}: {peer_wall / ours:.3f}")
     target = 1.0 if N <= 16 else 1.2
     ratio = whole / peer_wall
-    report.set_ratio(
-        f"tfcluster whole command / {best_peer} wall at {N} hosts", ratio, f"<= {target}", ratio <= target
-    )
+    report.set_ratio(f"tfcluster whole command / {best_peer} wall at {N} hosts", ratio, f"<= {target}", ratio <= target)
     report.emit(args.json)
     return 0
 

@@ -92,8 +92,12 @@ def chief_rate(texts: list[str], steps: int) -> dict | None:
             r = json.loads(m.group(1))
             if r["task"] == "worker:0":
                 return {"steps_per_s": r["steps_per_s"], "epochs": r["steps"] // steps, "complete": True}
-    rates = [float(m.group(3)) for t in texts for m in EPOCH_RE.finditer(t)
-             if m.group(1) == "worker:0" and int(m.group(2)) >= WARMUP]  # fmt: skip
+    rates = [
+        float(m.group(3))
+        for t in texts
+        for m in EPOCH_RE.finditer(t)
+        if m.group(1) == "worker:0" and int(m.group(2)) >= WARMUP
+    ]
     if not rates:
         return None
     return {"steps_per_s": len(rates) / sum(1 / r for r in rates), "epochs": len(rates), "complete": False}
@@ -241,7 +245,10 @@ def main() -> int:
     ap.add_argument("--diagnose", action="store_true", help="add by-hand variants applying one tfcluster option each")
     ap.add_argument("--only", default="", help="comma-separated names or substrings: run only those variants")
     ap.add_argument(
-        "--ab", type=int, default=0, help="also: the loop under tfcluster, stamps on/off alternating in one job (rounds)"
+        "--ab",
+        type=int,
+        default=0,
+        help="also: the loop under tfcluster, stamps on/off alternating in one job (rounds)",
     )
     args = ap.parse_args()
     set_verbose(args.verbose)
@@ -263,8 +270,12 @@ def main() -> int:
         spec = tb.write_spec(work / "plan.yaml", "overhead", job)
         plan = subprocess.run(
             [PY, "-m", "orchestrator", "plan", str(spec), "--json"],
-            capture_output=True, text=True, env=launcher_env(), cwd=str(REPO), check=True,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            env=launcher_env(),
+            cwd=str(REPO),
+            check=True,
+        )
         tf_configs = [n["tf_config"] for n in json.loads(plan.stdout)["nodes"]]
         order = []
         for rep in range(reps):

@@ -63,12 +63,20 @@ print(int(sys.argv[3]) * len(chunk) / (time.perf_counter() - t))
 
 
 def _between(tb, a: int, b: int, server: str, client: str, *extra: str) -> str:
-    srv = subprocess.Popen(["ip", "netns", "exec", tb.hosts[b].netns, PY, "-c", server, tb.hosts[b].address],
-                           stdout=subprocess.PIPE, text=True)  # fmt: skip
+    srv = subprocess.Popen(
+        ["ip", "netns", "exec", tb.hosts[b].netns, PY, "-c", server, tb.hosts[b].address],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         port = srv.stdout.readline().strip()
-        return subprocess.run(["ip", "netns", "exec", tb.hosts[a].netns, PY, "-c", client, tb.hosts[b].address, port, *extra],
-                              capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
+        return subprocess.run(
+            ["ip", "netns", "exec", tb.hosts[a].netns, PY, "-c", client, tb.hosts[b].address, port, *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
     finally:
         srv.wait(timeout=10)
 
@@ -82,12 +90,20 @@ def tcp_bandwidth_Bps(tb, a: int, b: int, mib: int = 20) -> float:
 def tcp_latency_s(tb, a: int, b: int) -> float:
     """Half the round trip of one byte over TCP from host ``a`` to host ``b`` (mean of the faster half
     of 200; no ping on this machine): what one ring hop waits at least."""
-    server = subprocess.Popen(["ip", "netns", "exec", tb.hosts[b].netns, PY, "-c", _ECHO, tb.hosts[b].address],
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", tb.hosts[b].netns, PY, "-c", _ECHO, tb.hosts[b].address],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         port = server.stdout.readline().strip()
-        out = subprocess.run(["ip", "netns", "exec", tb.hosts[a].netns, PY, "-c", _PING, tb.hosts[b].address, port],
-                             capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
+        out = subprocess.run(
+            ["ip", "netns", "exec", tb.hosts[a].netns, PY, "-c", _PING, tb.hosts[b].address, port],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
         return float(out) / 2
     finally:
         server.wait(timeout=10)
@@ -123,8 +139,28 @@ def main() -> int:
     )
     with testbed(3, mode="netns") as tb:
         for h in tb.hosts:
-            subprocess.run(["ip", "netns", "exec", h.netns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
-                            "rate", args.rate, "burst", "64kb", "latency", "50ms"], check=True)  # fmt: skip
+            subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    h.netns,
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    "eth0",
+                    "root",
+                    "tbf",
+                    "rate",
+                    args.rate,
+                    "burst",
+                    "64kb",
+                    "latency",
+                    "50ms",
+                ],
+                check=True,
+            )
         lat = tcp_latency_s(tb, 0, 1)
         bw = tcp_bandwidth_Bps(tb, 0, 1)
         nominal = f"{args.rate},{lat * 1e6:.0f}us"
@@ -133,12 +169,29 @@ def main() -> int:
             f"network: {network} measured (one TCP stream's payload rate; half a one-byte TCP round trip); tbf {args.rate}"
         )
         train = [PY, str(REPO / "bench" / "workloads" / "predict_model.py"), "--width", str(args.width)]
-        spec = tb.write_spec(work / "spec.yaml", "predict", train,
-                             job={"python": str(wrapper), "startup_timeout_s": 180},
-                             heartbeat={"interval_s": 1.0, "timeout_s": 30})  # fmt: skip
+        spec = tb.write_spec(
+            work / "spec.yaml",
+            "predict",
+            train,
+            job={"python": str(wrapper), "startup_timeout_s": 180},
+            heartbeat={"interval_s": 1.0, "timeout_s": 30},
+        )
         sweep = work / "sweep"
-        cmd = [PY, "-m", "orchestrator", "scale", str(spec), "--workers", "1,2,3", "--duration", duration,
-               "--run-dir", str(sweep), "--network", network]  # fmt: skip
+        cmd = [
+            PY,
+            "-m",
+            "orchestrator",
+            "scale",
+            str(spec),
+            "--workers",
+            "1,2,3",
+            "--duration",
+            duration,
+            "--run-dir",
+            str(sweep),
+            "--network",
+            network,
+        ]
         say(" ".join(cmd))
         out = subprocess.run(
             tb.launcher_argv(cmd), capture_output=True, text=True, timeout=1200, env=launcher_env(), cwd=REPO
@@ -170,32 +223,54 @@ def main() -> int:
     )
     check_cmd = [*pred_cmd[:-2], "--check", str(check_dir / "check.json")]
     by_check = json.loads(
-        subprocess.run([*check_cmd, "--json"], capture_output=True, text=True, env=launcher_env(), cwd=REPO, check=True).stdout
+        subprocess.run(
+            [*check_cmd, "--json"], capture_output=True, text=True, env=launcher_env(), cwd=REPO, check=True
+        ).stdout
     )
     worst = 0.0
     for source, result in (("check.json", by_check), ("bench TCP", pred)):
         for s in result["sizes"]:
             if s.get("measured_step_ms") is None:
                 continue
-            report.rows.append({"workers": s["workers"], "source": source, "pred_ar": s["allreduce_ms"],
-                                "meas_ar": s["measured_allreduce_ms"], "ar_err": s["allreduce_error_pct"],
-                                "pred_step": s["step_ms"], "meas_step": s["measured_step_ms"],
-                                "step_err": s["step_error_pct"]})  # fmt: skip
+            report.rows.append(
+                {
+                    "workers": s["workers"],
+                    "source": source,
+                    "pred_ar": s["allreduce_ms"],
+                    "meas_ar": s["measured_allreduce_ms"],
+                    "ar_err": s["allreduce_error_pct"],
+                    "pred_step": s["step_ms"],
+                    "meas_step": s["measured_step_ms"],
+                    "step_err": s["step_error_pct"],
+                }
+            )
             if s["workers"] in (2, 3) and source == "check.json":
                 worst = max(worst, abs(s["allreduce_error_pct"] or 0) / 100, abs(s["step_error_pct"] or 0) / 100)
-    nominal_pred = json.loads(subprocess.run([*pred_cmd[:-1], nominal, "--json"], capture_output=True, text=True,
-                                             env=launcher_env(), cwd=REPO, check=True).stdout)  # fmt: skip
+    nominal_pred = json.loads(
+        subprocess.run(
+            [*pred_cmd[:-1], nominal, "--json"],
+            capture_output=True,
+            text=True,
+            env=launcher_env(),
+            cwd=REPO,
+            check=True,
+        ).stdout
+    )
     for s in nominal_pred["sizes"]:
         if s.get("measured_step_ms") is not None and s["workers"] > 1:
-            report.notes.append(f"with the nominal tbf rate ({nominal}) at {s['workers']} workers: all-reduce "
-                                f"{s['allreduce_ms']} ms ({s['allreduce_error_pct']:+}%), step {s['step_ms']} ms ({s['step_error_pct']:+}%)")  # fmt: skip
+            report.notes.append(
+                f"with the nominal tbf rate ({nominal}) at {s['workers']} workers: all-reduce "
+                f"{s['allreduce_ms']} ms ({s['allreduce_error_pct']:+}%), step {s['step_ms']} ms ({s['step_error_pct']:+}%)"
+            )
     report.notes += [
         f"network given: {network} (measured)",
         f"inputs: {json.dumps(by_check['inputs'])}",
         " ".join(check_cmd),
         " ".join(pred_cmd),
     ]
-    report.set_ratio("worst |error| at 2 and 3 workers with check.json (all-reduce and step)", round(worst, 3), "< 0.2", worst < 0.2)
+    report.set_ratio(
+        "worst |error| at 2 and 3 workers with check.json (all-reduce and step)", round(worst, 3), "< 0.2", worst < 0.2
+    )
     report.emit(args.json)
     return 0
 

@@ -33,8 +33,10 @@ def main() -> None:
             pages.append(time.perf_counter() - t1)
             builds.append(t1 - t0)
         size = page.stat().st_size
-    print(f"{n} tasks: build_report median {statistics.median(builds):.2f} s, report page (3 PNGs + HTML) median "
-          f"{statistics.median(pages):.2f} s, page {size / 1e3:.0f} kB, {len(pngs)} pictures ({repeats} runs)")  # fmt: skip
+    print(
+        f"{n} tasks: build_report median {statistics.median(builds):.2f} s, report page (3 PNGs + HTML) median "
+        f"{statistics.median(pages):.2f} s, page {size / 1e3:.0f} kB, {len(pngs)} pictures ({repeats} runs)"
+    )
 
 
 if __name__ == "__main__":

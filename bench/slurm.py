@@ -122,15 +122,23 @@ def phases(run_dir: Path, t_fork: float) -> dict[str, float]:
         ts = [e["ts"] for e in evs if e["event"] == kind]
         return (max(ts) if last else min(ts)) - t_fork if ts else None
 
-    sub = json.loads((run_dir / "slurm" / "submitted.json").read_text())["ts"] - t_fork if (run_dir / "slurm" / "submitted.json").exists() else None
-    return {k: v for k, v in {
-        "sbatch returned": sub,
-        "supervisor up (slurm_allocation)": at("slurm_allocation"),
-        "srun started (attempt_started)": at("attempt_started"),
-        "first task hello": at("task_ready"),
-        "last task hello": at("task_ready", last=True),
-        "last task running (spawned)": at("task_spawned", last=True),
-    }.items() if v is not None}  # fmt: skip
+    sub = (
+        json.loads((run_dir / "slurm" / "submitted.json").read_text())["ts"] - t_fork
+        if (run_dir / "slurm" / "submitted.json").exists()
+        else None
+    )
+    return {
+        k: v
+        for k, v in {
+            "sbatch returned": sub,
+            "supervisor up (slurm_allocation)": at("slurm_allocation"),
+            "srun started (attempt_started)": at("attempt_started"),
+            "first task hello": at("task_ready"),
+            "last task hello": at("task_ready", last=True),
+            "last task running (spawned)": at("task_spawned", last=True),
+        }.items()
+        if v is not None
+    }
 
 
 # ------------------------------------------------------------------------------ SIGKILL → gone
@@ -211,8 +219,13 @@ def main() -> int:
     repeat = args.repeat or (1 if args.quick else 3)
     report = Report(
         "tfcluster under Slurm vs plain srun (3 tasks on slurmd n1..n3 of this machine)",
-        [("method", "method"), ("to_running", "launch→running s"), ("launch_wall", "client wall s"),
-         ("gone", "SIGKILL→all gone s"), ("client_exit", "SIGKILL→client exit s")],
+        [
+            ("method", "method"),
+            ("to_running", "launch→running s"),
+            ("launch_wall", "client wall s"),
+            ("gone", "SIGKILL→all gone s"),
+            ("client_exit", "SIGKILL→client exit s"),
+        ],
     )
     with tempfile.TemporaryDirectory(prefix="tfcluster-bench-slurm-") as tmp, LocalSlurm() as cluster:
         work = Path(tmp)
@@ -245,7 +258,9 @@ def main() -> int:
         for m in ("tfcluster in salloc", "tfcluster from login node"):
             names = list(dict.fromkeys(k for r in launch[m] for k in r["phases"]))
             rows = [{"phase": k, "s": median([r["phases"][k] for r in launch[m] if k in r["phases"]])} for k in names]
-            report.extra_tables.append((f"{m}: launch phases (s since the client's fork, median)", [("phase", "phase"), ("s", "s")], rows))
+            report.extra_tables.append(
+                (f"{m}: launch phases (s since the client's fork, median)", [("phase", "phase"), ("s", "s")], rows)
+            )
     rows = {r["method"]: r for r in report.rows}
     capped = [m for m, rs in kills.items() if any(r["capped"] for r in rs)]
     report.notes.append(f"median of {repeat}; SIGKILL of worker:1's training process after every task's first epoch")

@@ -31,11 +31,13 @@ def slurm_258(work: Path, seconds: float) -> dict:
     d = work / "slurm"
     d.mkdir()
     spec = {
-        "version": 1, "name": "slurm258", "scheduler": "slurm",
+        "version": 1,
+        "name": "slurm258",
+        "scheduler": "slurm",
         "slurm": {"nodes": NODES, "tasks_per_node": PER_NODE},
         "job": {"command": ["sleep", "30"], "startup_timeout_s": 300, "remote_dir": str(d / "remote")},
         "heartbeat": {"interval_s": 1, "timeout_s": 30, "profile_interval_s": 0},
-    }  # fmt: skip
+    }
     (d / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     n = NODES * PER_NODE
     with LocalSlurm(cpus=PER_NODE) as cluster:
@@ -43,8 +45,13 @@ def slurm_258(work: Path, seconds: float) -> dict:
         env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env["NO_COLOR"] = "1"
         fork = time.time()
-        client = subprocess.Popen([PY, "-m", "orchestrator", "launch", str(d / "spec.yaml"), "--run-dir", str(d / "run"),
-                                   "-q"], env=env, cwd=str(d), stdout=subprocess.DEVNULL, stderr=open(d / "client.err", "wb"))  # fmt: skip  # noqa: SIM115
+        client = subprocess.Popen(
+            [PY, "-m", "orchestrator", "launch", str(d / "spec.yaml"), "--run-dir", str(d / "run"), "-q"],
+            env=env,
+            cwd=str(d),
+            stdout=subprocess.DEVNULL,
+            stderr=open(d / "client.err", "wb"),
+        )  # noqa: SIM115
         row: dict = {"tasks": n}
         try:
             launcher = d / "run" / "launcher.json"

@@ -113,7 +113,9 @@ def split_of(variant, it, steps: int = 60) -> dict:
     for _ in range(steps):
         variant(next(it)).numpy()
     rows = stampring.drain()
-    reader = stampreader.Reader(1e-9, min_steps=1, take=lambda: list(rows), take_inputs=list, count=lambda n, ex, at: None)
+    reader = stampreader.Reader(
+        1e-9, min_steps=1, take=lambda: list(rows), take_inputs=list, count=lambda n, ex, at: None
+    )
     reader.poll()
     return reader.last_record or {}
 
@@ -192,7 +194,9 @@ def main() -> int:
     else:
         print(f"added per step, measured on a {out['tiny_step_ms']:.2f} ms step ({out['device']}, {rounds} rounds):")
         for n, us in out["added_us"].items():
-            print(f"  {n:<14} {us:+8.1f} µs/step  = {out['added_pct_of_target'][n]:+.2f} % of a {args.target_ms:g} ms step")
+            print(
+                f"  {n:<14} {us:+8.1f} µs/step  = {out['added_pct_of_target'][n]:+.2f} % of a {args.target_ms:g} ms step"
+            )
         print(f"at a {base:.1f} ms step (Dense width {width}, {out['steps_per_variant']} steps each, noisier):")
         for n, us in out["added_us_at_target"].items():
             print(f"  {n:<14} {out['median_ms'][n]:8.3f} ms (off {out['median_ms']['off']:.3f})  {us:+8.1f} µs/step")

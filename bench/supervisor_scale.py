@@ -137,9 +137,26 @@ def one_size(n: int, seconds: float, work: Path) -> dict:
     os.mkfifo(d / "cues")
     gen_file = d / "gen.jsonl"
     run_dir = d / "run"
-    argv = [PY, str(REPO / "tests" / "loadfleet.py"), "--tasks", str(n), "--run-dir", str(run_dir),
-            "--cues", str(d / "cues"), "--gen-events", str(gen_file), "--interval", "1", "--timeout", "10",
-            "--profile-s", "5", "--log-rate", "0.1"]  # fmt: skip
+    argv = [
+        PY,
+        str(REPO / "tests" / "loadfleet.py"),
+        "--tasks",
+        str(n),
+        "--run-dir",
+        str(run_dir),
+        "--cues",
+        str(d / "cues"),
+        "--gen-events",
+        str(gen_file),
+        "--interval",
+        "1",
+        "--timeout",
+        "10",
+        "--profile-s",
+        "5",
+        "--log-rate",
+        "0.1",
+    ]
     fork = time.time()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(d / "launcher.err", "wb"))  # noqa: SIM115
     cues = open(d / "cues", "w")  # noqa: SIM115 - blocks until the generator opens it
@@ -201,17 +218,31 @@ def main() -> int:
             rows.append({"method": "Slurm, real worker_entry", **slurm_258(Path(tmp), seconds)})
     for r in rows:
         r["hb_to_status"] = f"{r.get('hb_to_status_s')} / {r.get('hb_to_status_max_s')}"
-    columns = [("method", "method"), ("tasks", "tasks"), ("to_running_s", "to running s"),
-               ("cpu_pct", "CPU % of a core"), ("rss_mb", "RSS MB"), ("hb_to_status", "hb→status s (median / max)"),
-               ("death_to_teardown_s", "death→teardown s"), ("launcher_wall_s", "launcher wall s"), ("state", "state")]  # fmt: skip
+    columns = [
+        ("method", "method"),
+        ("tasks", "tasks"),
+        ("to_running_s", "to running s"),
+        ("cpu_pct", "CPU % of a core"),
+        ("rss_mb", "RSS MB"),
+        ("hb_to_status", "hb→status s (median / max)"),
+        ("death_to_teardown_s", "death→teardown s"),
+        ("launcher_wall_s", "launcher wall s"),
+        ("state", "state"),
+    ]
     report = Report("supervisor scale: one launcher, N tasks, 1 Hz heartbeats", columns, rows)
     big = next((r for r in rows if r["tasks"] == 1024), None)
     if big is not None:
-        report.notes.append(f"at 1,024 tasks: {big.get('cpu_pct')} % of a core (target <= 25), {big.get('rss_mb')} MB "
-                            f"(<= 1024), death -> teardown {big.get('death_to_teardown_s')} s (<= 2)")  # fmt: skip
+        report.notes.append(
+            f"at 1,024 tasks: {big.get('cpu_pct')} % of a core (target <= 25), {big.get('rss_mb')} MB "
+            f"(<= 1024), death -> teardown {big.get('death_to_teardown_s')} s (<= 2)"
+        )
         cpu = big.get("cpu_pct")
-        report.set_ratio("launcher CPU at 1,024 tasks, fraction of a core", cpu / 100 if cpu is not None else None,
-                         "<= 0.25", cpu is not None and cpu <= 25)  # fmt: skip
+        report.set_ratio(
+            "launcher CPU at 1,024 tasks, fraction of a core",
+            cpu / 100 if cpu is not None else None,
+            "<= 0.25",
+            cpu is not None and cpu <= 25,
+        )
     report.emit(args.json)
     return 0
 

@@ -47,10 +47,22 @@ def big_run(dest: Path, n: int = 1000) -> Path:
     events = [json.loads(x) for x in (RECORDED / "events.jsonl").read_text().splitlines()]
     events[0]["tasks"] = n
     mid = events[-4]["ts"] - 10
-    events.insert(-3, {"ts": mid, "event": "straggler", "task": STRAGGLER, "host": "10.1.1.168",
-                       "message": f"{STRAGGLER} is 3.0x slower than the median worker", "wait_ms": 5.0,
-                       "step_ms": 27.9, "share": 0.2, "cause": "compute", "pre_collective_ms": {STRAGGLER: 7.5},
-                       "relative_score": 0.2})  # fmt: skip
+    events.insert(
+        -3,
+        {
+            "ts": mid,
+            "event": "straggler",
+            "task": STRAGGLER,
+            "host": "10.1.1.168",
+            "message": f"{STRAGGLER} is 3.0x slower than the median worker",
+            "wait_ms": 5.0,
+            "step_ms": 27.9,
+            "share": 0.2,
+            "cause": "compute",
+            "pre_collective_ms": {STRAGGLER: 7.5},
+            "relative_score": 0.2,
+        },
+    )
     (dest / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     result = json.loads((RECORDED / "result.json").read_text())
     result["tasks"] = {f"worker:{i}": {**result["tasks"]["worker:0"], "task": f"worker:{i}"} for i in range(n)}

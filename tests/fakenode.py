@@ -131,8 +131,15 @@ class FakeNode:
         self.raw(p.MARKER)
         facts.setdefault("hostname", f"host-{self.task}")
         facts.setdefault("time", time.time())
-        self.send(p.Hello(pid=1000 + self.node.task.index, remote_dir="/tmp/x", facts=p.NodeFacts(**facts),
-                          tf_endpoint=self.endpoint, node_name=f"node-{self.task.replace(':', '')}"))  # fmt: skip
+        self.send(
+            p.Hello(
+                pid=1000 + self.node.task.index,
+                remote_dir="/tmp/x",
+                facts=p.NodeFacts(**facts),
+                tf_endpoint=self.endpoint,
+                node_name=f"node-{self.task.replace(':', '')}",
+            )
+        )
 
     def heartbeat(self, **fields: Any) -> None:
         self.seq += 1

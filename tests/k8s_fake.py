@@ -205,9 +205,8 @@ class FakeCluster:
 
     def pods_of(self, **labels: str) -> list[dict[str, Any]]:
         return [
-            pod for pod in self.pods.values()
-            if all(pod["metadata"]["labels"].get(k) == v for k, v in labels.items())
-        ]  # fmt: skip
+            pod for pod in self.pods.values() if all(pod["metadata"]["labels"].get(k) == v for k, v in labels.items())
+        ]
 
     def _new_pod(self, job: str, template: dict[str, Any], index: int, extra: dict[str, str], subdomain: str) -> None:
         pod = recorded("pod.json")
@@ -313,7 +312,9 @@ class FakeCluster:
         policy = js["spec"].get("successPolicy") or {}
         targets = policy.get("targetReplicatedJobs") or [rj["name"] for rj in js["spec"]["replicatedJobs"]]
         counted = [p for p in peers if p["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] in targets]
-        expected = sum(rj["template"]["spec"]["completions"] for rj in js["spec"]["replicatedJobs"] if rj["name"] in targets)
+        expected = sum(
+            rj["template"]["spec"]["completions"] for rj in js["spec"]["replicatedJobs"] if rj["name"] in targets
+        )
         done = [p for p in counted if p["status"]["phase"] == "Succeeded"]
         if len(done) < expected:
             return
@@ -329,8 +330,13 @@ class FakeCluster:
         js_name = labels.get("jobset.sigs.k8s.io/jobset-name")
         if js_name:
             js = self.objects[("JobSet", js_name)]
-            rj = next(r for r in js["spec"]["replicatedJobs"] if r["name"] == labels["jobset.sigs.k8s.io/replicatedjob-name"])
-            job_spec, extra = rj["template"]["spec"], {k: v for k, v in labels.items() if k.startswith("jobset.sigs.k8s.io/")}
+            rj = next(
+                r for r in js["spec"]["replicatedJobs"] if r["name"] == labels["jobset.sigs.k8s.io/replicatedjob-name"]
+            )
+            job_spec, extra = (
+                rj["template"]["spec"],
+                {k: v for k, v in labels.items() if k.startswith("jobset.sigs.k8s.io/")},
+            )
         else:
             job = self.objects.get(("Job", labels["job-name"]))
             if job is None:
@@ -340,13 +346,21 @@ class FakeCluster:
         code = term.get("exitCode")
         rules = (job_spec.get("podFailurePolicy") or {}).get("rules") or []
         ignored = any(
-            r["action"] == "Ignore" and "onExitCodes" in r and r["onExitCodes"]["operator"] == "NotIn"
-            and code is not None and code not in r["onExitCodes"]["values"] for r in rules
-        )  # fmt: skip
+            r["action"] == "Ignore"
+            and "onExitCodes" in r
+            and r["onExitCodes"]["operator"] == "NotIn"
+            and code is not None
+            and code not in r["onExitCodes"]["values"]
+            for r in rules
+        )
         index = labels["batch.kubernetes.io/job-completion-index"]
         if not ignored:
             limit = job_spec.get("backoffLimitPerIndex")
-            key = (labels["job-name"], meta["annotations"].get("tfcluster/attempt", labels.get("jobset.sigs.k8s.io/restart-attempt", "")), index)
+            key = (
+                labels["job-name"],
+                meta["annotations"].get("tfcluster/attempt", labels.get("jobset.sigs.k8s.io/restart-attempt", "")),
+                index,
+            )
             self.index_failures[key] = self.index_failures.get(key, 0) + 1
             if limit is None or self.index_failures[key] > limit:
                 return False

@@ -34,8 +34,9 @@ class LoadGenBackend(ConnectBackBackend):
 
     name = "loadgen"
 
-    def __init__(self, *, threads: int = 2, log_rate: float = 0.0, cues: str | None = None,
-                 events: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, *, threads: int = 2, log_rate: float = 0.0, cues: str | None = None, events: str | None = None
+    ) -> None:
         super().__init__(bind=("127.0.0.1", 0))
         self.options: dict[str, Any] = {"threads": threads, "log_rate": log_rate, "cues": cues, "events": events}
         self.generators: list[LoadGenerator] = []
@@ -64,8 +65,12 @@ def load_plan(n: int, *, interval: float = 1.0, timeout: float = 10.0, profile_s
         "name": f"load{n}",
         "hosts": [{"address": f"node{i}"} for i in range(n)],
         "job": {"command": ["train"], "startup_timeout_s": 120, "failure_grace_s": 1, "stop_grace_s": 2},
-        "heartbeat": {"interval_s": interval, "timeout_s": timeout, "progress_timeout_s": None,
-                      "profile_interval_s": profile_s},
+        "heartbeat": {
+            "interval_s": interval,
+            "timeout_s": timeout,
+            "progress_timeout_s": None,
+            "profile_interval_s": profile_s,
+        },
     }
     for key, value in sections.items():
         doc[key] = {**doc.get(key, {}), **value} if isinstance(value, dict) else value
@@ -92,9 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-events")
     args = ap.parse_args(argv)
     backend = LoadGenBackend(threads=args.threads, log_rate=args.log_rate, cues=args.cues, events=args.gen_events)
-    result = run_job(args.tasks, Path(args.run_dir), backend, interval=args.interval, timeout=args.timeout,
-                     profile_s=args.profile_s)  # fmt: skip
-    print(json.dumps({"state": result.state.value, "root_cause": result.root_cause.to_dict() if result.root_cause else None}))
+    result = run_job(
+        args.tasks, Path(args.run_dir), backend, interval=args.interval, timeout=args.timeout, profile_s=args.profile_s
+    )
+    print(
+        json.dumps(
+            {"state": result.state.value, "root_cause": result.root_cause.to_dict() if result.root_cause else None}
+        )
+    )
     return 0 if result.state.value == "succeeded" else 1
 
 

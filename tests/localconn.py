@@ -74,8 +74,12 @@ class LocalConnection(Connection):
         env = {**os.environ, "HOME": str(self.home), "PYTHONPATH": str(REPO)}
         proc = subprocess.Popen(
             [sys.executable if a == "python3" else a for a in argv],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, bufsize=0,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            bufsize=0,
+        )
         return LocalChannel(proc)
 
     def is_alive(self) -> bool:

@@ -95,8 +95,9 @@ def write_spec(path: Path, name: str, command: list[str], slurm: dict[str, Any] 
 
 
 def start(cluster: ls.LocalSlurm, argv: list[str], cwd: Path, **extra: str) -> subprocess.Popen:
-    return subprocess.Popen(argv, env=env_for(cluster, **extra), cwd=str(cwd), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        argv, env=env_for(cluster, **extra), cwd=str(cwd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def launch_argv(spec: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -113,7 +114,9 @@ def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate()
-        raise AssertionError(f"launcher did not finish within {timeout}s\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}") from None
+        raise AssertionError(
+            f"launcher did not finish within {timeout}s\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
+        ) from None
     return proc.returncode, out, err
 
 
@@ -126,8 +129,14 @@ def result(run_dir: Path) -> dict[str, Any]:
 
 
 def cli(cluster: ls.LocalSlurm, cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "orchestrator", *args], env=env_for(cluster), cwd=str(cwd), capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [PY, "-m", "orchestrator", *args],
+        env=env_for(cluster),
+        cwd=str(cwd),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def wait_for(pred: Any, timeout: float, what: str, interval: float = 0.2) -> Any:

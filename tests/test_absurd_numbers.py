@@ -31,8 +31,13 @@ ABSURD = [HUGE, -HUGE, float("inf")]
 
 def _records() -> list[type[Record]]:
     """Every record the protocol carries, nested ones included."""
-    roots: list[type] = [p.NodeConfig, p.ManifestReply, *p.NODE_MESSAGES.values(), *p.COMMANDS.values(),
-                         *p.TRANSFER_MESSAGES.values()]  # fmt: skip
+    roots: list[type] = [
+        p.NodeConfig,
+        p.ManifestReply,
+        *p.NODE_MESSAGES.values(),
+        *p.COMMANDS.values(),
+        *p.TRANSFER_MESSAGES.values(),
+    ]
     seen: list[type[Record]] = []
     while roots:
         cls = roots.pop()
@@ -71,7 +76,12 @@ def test_every_numeric_field_of_the_protocol_has_a_range():
 
 #: A valid instance of each node message, to put one absurd value into.
 NODE_EXAMPLES = {
-    "hello": {"type": "hello", "pid": 5, "remote_dir": "/x", "facts": {"gpus": [{"index": 0}], "disk": {"path": "/", "free_bytes": 1}}},
+    "hello": {
+        "type": "hello",
+        "pid": 5,
+        "remote_dir": "/x",
+        "facts": {"gpus": [{"index": 0}], "disk": {"path": "/", "free_bytes": 1}},
+    },
     "heartbeat": {"type": "heartbeat", "seq": 1, "progress": {"steps": 1}, "gpus": [{"index": 0}], "host": {}},
     "spawned": {"type": "spawned", "pid": 5},
     "strategy": {"type": "strategy"},
@@ -114,8 +124,14 @@ def _payload(changed: dict, kind: str, value: object) -> bytes:
 
 def test_the_examples_reach_every_numeric_field_of_every_node_message():
     assert len(CASES) > 70
-    assert {"heartbeat.cpu_pct", "heartbeat.progress.steps", "heartbeat.gpus.mem_used_mb", "hello.facts.disk.free_bytes",
-            "task_files.task_dir.files.size", "exited.code"} <= {c[0] for c in CASES}  # fmt: skip
+    assert {
+        "heartbeat.cpu_pct",
+        "heartbeat.progress.steps",
+        "heartbeat.gpus.mem_used_mb",
+        "hello.facts.disk.free_bytes",
+        "task_files.task_dir.files.size",
+        "exited.code",
+    } <= {c[0] for c in CASES}
 
 
 @pytest.mark.parametrize("value", ABSURD, ids=["huge", "-huge", "inf"])
@@ -173,13 +189,30 @@ def test_a_401_digit_number_fails_that_task_and_the_job_still_writes_its_result(
 
 def test_a_scrape_never_fails_on_a_figure_that_is_not_a_number():
     m = JobMetrics("j", "r")
-    m.update({"state": "running", "attempt": HUGE, "tasks": {"worker:0": {
-        "host": "h", "state": "running", "steps": HUGE, "cpu_pct": float("nan"), "rss_mb": -HUGE,
-        "gpus": [{"index": 0, "util": float("inf"), "mem_used_mb": HUGE}], "step_time_s": 0.5}}})  # fmt: skip
+    m.update(
+        {
+            "state": "running",
+            "attempt": HUGE,
+            "tasks": {
+                "worker:0": {
+                    "host": "h",
+                    "state": "running",
+                    "steps": HUGE,
+                    "cpu_pct": float("nan"),
+                    "rss_mb": -HUGE,
+                    "gpus": [{"index": 0, "util": float("inf"), "mem_used_mb": HUGE}],
+                    "step_time_s": 0.5,
+                }
+            },
+        }
+    )
     m.profile("worker:0", {"step_ms": HUGE, "input_ms": 2.0})
     families = {f.name: f for f in _Collector(m).collect()}
     assert [s.value for s in families["tfcluster_task_step_seconds"].samples] == [0.5]
-    assert families["tfcluster_task_steps"].samples == [] and families["tfcluster_task_gpu_utilization_ratio"].samples == []
+    assert (
+        families["tfcluster_task_steps"].samples == []
+        and families["tfcluster_task_gpu_utilization_ratio"].samples == []
+    )
     assert [s.labels["part"] for s in families["tfcluster_task_step_part_seconds"].samples] == ["input"]
 
 

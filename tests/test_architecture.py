@@ -311,7 +311,9 @@ def test_the_scheduler_is_compared_only_in_the_scheduler_packages_and_the_spec()
     allowed = (ROOT / "orchestrator" / "schedulers", ROOT / "orchestrator" / "spec")
     paths = [p for p in (ROOT / "orchestrator").rglob("*.py") if not any(p.is_relative_to(a) for a in allowed)]
     bad = _scheduler_comparisons(paths)
-    assert not bad, "scheduler names compared outside orchestrator/schedulers and orchestrator/spec:\n  " + "\n  ".join(bad)
+    assert not bad, "scheduler names compared outside orchestrator/schedulers and orchestrator/spec:\n  " + "\n  ".join(
+        bad
+    )
 
 
 def test_the_scheduler_check_catches_every_form():
@@ -370,7 +372,9 @@ def _node_side_violations(imports: dict[str, set[str]]) -> list[str]:
 def test_the_agent_and_the_instrumentation_stay_apart():
     """The agent never imports TensorFlow or the instrumentation; the instrumentation never the agent."""
     raw = {name: _imports(name, path) for name, path in _modules("worker_entry").items()}
-    assert any(m.startswith("worker_entry.agent.") for m in raw) and any(m.startswith("worker_entry.instrument.") for m in raw)
+    assert any(m.startswith("worker_entry.agent.") for m in raw) and any(
+        m.startswith("worker_entry.instrument.") for m in raw
+    )
     bad = _node_side_violations(raw)
     assert not bad, "\n".join(bad)
 

@@ -28,9 +28,12 @@ K8S_SPEC = REPO / "cluster_specs" / "k8s-jobset.yaml"
 def cli(*args: str, stdin: int | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "orchestrator", *args],
-        capture_output=True, text=True, cwd=REPO, stdin=stdin,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        stdin=stdin,
         timeout=60,  # a guard against a hang (validate /dev/zero used to read forever), not a measurement
-    )  # fmt: skip
+    )
 
 
 def clean(r: subprocess.CompletedProcess) -> None:
@@ -112,8 +115,11 @@ def test_validate_of_a_pipe_still_works():
         proc = subprocess.run(["cat"], stdin=f, capture_output=True, timeout=30)
     r = subprocess.run(
         [sys.executable, "-m", "orchestrator", "validate", "/dev/stdin"],
-        input=proc.stdout, capture_output=True, cwd=REPO, timeout=60,
-    )  # fmt: skip
+        input=proc.stdout,
+        capture_output=True,
+        cwd=REPO,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
 
 

@@ -25,17 +25,27 @@ GB = 1e9
 
 def _node(task: str, gflops: float, links: list[tuple[str, float]] = (), **extra):
     return {
-        "task": task, "gflops": gflops, "device": "CPU", "gpus": [], "workers": 4, "communication": "ring",
+        "task": task,
+        "gflops": gflops,
+        "device": "CPU",
+        "gpus": [],
+        "workers": 4,
+        "communication": "ring",
         "links": [{"a": task, "b": b, "round": 1, "latency_s": 20e-6, "bandwidth_Bps": bw} for b, bw in links],
-        "allreduce": [{"bytes": 1 << 20, "latency_s": 0.01}], **extra,
-    }  # fmt: skip
+        "allreduce": [{"bytes": 1 << 20, "latency_s": 0.01}],
+        **extra,
+    }
 
 
 def _four(gflops=(100, 100, 100, 100), bw=None):
     """Four hosts; links of rounds 1 and 2: 0-1, 2-3, 0-3, 1-2 (bandwidth by pair)."""
     bw = {"01": GB, "23": GB, "03": GB, "12": GB, **(bw or {})}
-    links = {"worker:0": [("worker:1", bw["01"]), ("worker:3", bw["03"])], "worker:1": [("worker:2", bw["12"])],
-             "worker:2": [("worker:3", bw["23"])], "worker:3": []}  # fmt: skip
+    links = {
+        "worker:0": [("worker:1", bw["01"]), ("worker:3", bw["03"])],
+        "worker:1": [("worker:2", bw["12"])],
+        "worker:2": [("worker:3", bw["23"])],
+        "worker:3": [],
+    }
     return {t: _node(t, g, links[t]) for t, g in zip(HOSTS, gflops, strict=True)}
 
 
@@ -154,8 +164,14 @@ def test_node_line_and_tf_config():
     text = "noise\nTFCLUSTER_CHECK " + json.dumps({"task": "worker:1", "gflops": 3.0}) + "\nmore noise\n"
     assert parse_line(text) == {"task": "worker:1", "gflops": 3.0}
     assert parse_line("TFCLUSTER_CHECK [1]\n") is None and parse_line("TFCLUSTER_CHECK {bad\n") is None
-    env = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["h1:2000", "h2:2000"], "chief": ["h0:2000"]},
-                                    "task": {"type": "worker", "index": 1}})}  # fmt: skip
+    env = {
+        "TF_CONFIG": json.dumps(
+            {
+                "cluster": {"worker": ["h1:2000", "h2:2000"], "chief": ["h0:2000"]},
+                "task": {"type": "worker", "index": 1},
+            }
+        )
+    }
     peers, rank = peers_from_tf_config(env)
     assert peers == [("chief:0", "h0", 2000), ("worker:0", "h1", 2000), ("worker:1", "h2", 2000)] and rank == 2
 
@@ -194,7 +210,9 @@ def test_without_named_hosts_leaves_them_out_or_refuses(tmp_path):
     from orchestrator.job.check import without_hosts
 
     p = tmp_path / "s.yaml"
-    p.write_text("version: 1\nname: c\nhosts: [{address: h1}, {address: h2}, {address: h3}]\njob: {command: [python, t.py]}\n")
+    p.write_text(
+        "version: 1\nname: c\nhosts: [{address: h1}, {address: h2}, {address: h3}]\njob: {command: [python, t.py]}\n"
+    )
     loaded = load_spec(str(p))
     rows = [{"task": f"worker:{i}", "host": f"h{i + 1}"} for i in range(3)]
     said: list[str] = []

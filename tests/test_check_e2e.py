@@ -68,7 +68,9 @@ def test_cpu_quota_host_is_named_slow_host(bed, tmp_path):
         # own events.jsonl says what was left out and why
         run = tmp_path / "launch"
         spec = _spec(bed, tmp_path, without_named_hosts=True)
-        launched = run_cli("launch", str(spec), "--check", "--run-dir", str(run), "--no-live", "-q", tb=bed, timeout=300)
+        launched = run_cli(
+            "launch", str(spec), "--check", "--run-dir", str(run), "--no-live", "-q", tb=bed, timeout=300
+        )
     assert out.returncode == EXIT_CHECK_FINDINGS, (out.returncode, out.stderr[-3000:])
     named = [(f["code"], f["subject"]) for f in check["findings"]]
     assert named == [("slow_host", slow)], check["findings"]

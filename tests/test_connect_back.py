@@ -40,8 +40,12 @@ class LocalNodes(ConnectBackBackend):
     def launch(self, starts) -> None:
         for rank, _ in enumerate(starts):
             env = {**os.environ, **self.connect_env(), p.Env.RANK: str(rank), "PYTHONPATH": str(REPO)}
-            proc = subprocess.Popen([sys.executable, "-m", "worker_entry", "connect"], env=env, stdin=subprocess.PIPE,
-                                    stderr=subprocess.PIPE)  # fmt: skip
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "worker_entry", "connect"],
+                env=env,
+                stdin=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
             proc.stdin.write(self.secret_input())
             proc.stdin.close()
             self.procs.append(proc)
@@ -176,8 +180,10 @@ def test_a_restarted_rank_connects_once_more_to_its_own_deliver_and_a_given_up_r
     # a new attempt: a restart of the last one that never connected is not this attempt's
     server.expect_again(0, "worker:0", restart, deliver)
     fresh: list = []
-    server.expect({0: ("worker:0", p.NodeConfig(argv=["true"], remote_dir="/tmp/y", attempt=1))},
-                  lambda task, chan: fresh.append((task, chan)))  # fmt: skip
+    server.expect(
+        {0: ("worker:0", p.NodeConfig(argv=["true"], remote_dir="/tmp/y", attempt=1))},
+        lambda task, chan: fresh.append((task, chan)),
+    )
     link = connect_back(("127.0.0.1", server.port), b"s" * 32, 0)
     assert p.NodeConfig.parse_line(link.config_line).attempt == 1
     _wait(lambda: fresh)
@@ -196,7 +202,11 @@ def test_garbage_and_silence_are_refused_without_harm(server):
         except ConnectionResetError:
             pass  # closed with unread data: a reset, also closed on us
     _wait_rejected(server, 1)
-    assert server.rejected[0][1] in ("not a tfcluster handshake line", "handshake line too long", "not a tfcluster node (data after its answer)")
+    assert server.rejected[0][1] in (
+        "not a tfcluster handshake line",
+        "handshake line too long",
+        "not a tfcluster node (data after its answer)",
+    )
     assert server.got == []
 
 

@@ -183,8 +183,12 @@ class FdLimitedServer:
     """A ConnectBackServer in its own process with a small descriptor limit, driven over stdin."""
 
     def __init__(self, nofile: int) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT, str(REPO), str(nofile)], text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SERVER_SCRIPT, str(REPO), str(nofile)],
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         self.port = json.loads(self.proc.stdout.readline())["port"]
 
     def ask(self, command: str = "stats") -> dict:
@@ -247,8 +251,9 @@ def test_a_node_keeps_dialing_until_the_supervisor_takes_it():
     probe = socket.create_server(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     env = {**os.environ, p.Env.CONNECT: f"127.0.0.1:{port}", p.Env.RANK: "0", "PYTHONPATH": str(REPO)}
-    node = subprocess.Popen([sys.executable, "-m", "worker_entry", "connect"], env=env, stdin=subprocess.PIPE,
-                            stderr=subprocess.PIPE)  # fmt: skip
+    node = subprocess.Popen(
+        [sys.executable, "-m", "worker_entry", "connect"], env=env, stdin=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     node.stdin.write(SECRET.hex().encode() + b"\n")
     node.stdin.close()
     got: list = []
@@ -284,8 +289,12 @@ class RelayedNodes(LocalNodes):
         for rank, _ in enumerate(starts):
             port = self.relay.port if rank == 0 else self.server.port
             env = {**os.environ, p.Env.CONNECT: f"127.0.0.1:{port}", p.Env.RANK: str(rank), "PYTHONPATH": str(REPO)}
-            proc = subprocess.Popen([sys.executable, "-m", "worker_entry", "connect"], env=env, stdin=subprocess.PIPE,
-                                    stderr=subprocess.PIPE)  # fmt: skip
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "worker_entry", "connect"],
+                env=env,
+                stdin=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
             proc.stdin.write(self.secret_input())
             proc.stdin.close()
             self.procs.append(proc)
@@ -302,8 +311,9 @@ def run_through_relay(tmp_path: Path, direction: str | None, forge) -> tuple:
     if direction is not None:  # once worker:0's sealed hello (a few hundred bytes) is through
         relay.inject(direction, forge, lambda r: len(r.seen[Relay.TO_SUPERVISOR]) > 200)
     rec = Recorder()
-    sup = Supervisor(loaded.spec, plan, backend, attempt=0, bus=EventBus([rec]), logs=rec, heartbeats=rec,
-                     interrupt=Interrupt())  # fmt: skip
+    sup = Supervisor(
+        loaded.spec, plan, backend, attempt=0, bus=EventBus([rec]), logs=rec, heartbeats=rec, interrupt=Interrupt()
+    )
     try:
         res = sup.run()
     finally:
@@ -360,15 +370,19 @@ def test_a_relay_sees_no_configuration_and_a_clean_run_through_it_succeeds(tmp_p
 
 def test_the_secret_is_in_no_process_environment(tmp_path):
     """worker_entry reads the secret on stdin: neither its /proc/PID/environ nor the task's holds it."""
-    code = ("import os, pathlib; d = pathlib.Path(os.environ['OUT']); i = os.environ['TFCLUSTER_TASK_INDEX']; "
-            "(d / f'parent{i}').write_bytes(open(f'/proc/{os.getppid()}/environ', 'rb').read()); "
-            "(d / f'self{i}').write_bytes(open('/proc/self/environ', 'rb').read())")  # fmt: skip
-    loaded, plan = make_plan(2, job={"command": [sys.executable, "-c", code], "startup_timeout_s": 60,
-                                     "env": {"OUT": str(tmp_path)}})  # fmt: skip
+    code = (
+        "import os, pathlib; d = pathlib.Path(os.environ['OUT']); i = os.environ['TFCLUSTER_TASK_INDEX']; "
+        "(d / f'parent{i}').write_bytes(open(f'/proc/{os.getppid()}/environ', 'rb').read()); "
+        "(d / f'self{i}').write_bytes(open('/proc/self/environ', 'rb').read())"
+    )
+    loaded, plan = make_plan(
+        2, job={"command": [sys.executable, "-c", code], "startup_timeout_s": 60, "env": {"OUT": str(tmp_path)}}
+    )
     backend = LocalNodes()
     rec = Recorder()
-    sup = Supervisor(loaded.spec, plan, backend, attempt=0, bus=EventBus([rec]), logs=rec, heartbeats=rec,
-                     interrupt=Interrupt())  # fmt: skip
+    sup = Supervisor(
+        loaded.spec, plan, backend, attempt=0, bus=EventBus([rec]), logs=rec, heartbeats=rec, interrupt=Interrupt()
+    )
     try:
         res = sup.run()
     finally:
@@ -425,7 +439,9 @@ def test_refused_connections_reach_events_status_and_the_status_command(tmp_path
             return {}
 
         deadline = time.monotonic() + 60
-        while (refused().get("count", 0) < 2 or "connection_refused" not in _events(run)) and time.monotonic() < deadline:
+        while (
+            refused().get("count", 0) < 2 or "connection_refused" not in _events(run)
+        ) and time.monotonic() < deadline:
             time.sleep(0.05)
         flag.touch()
 

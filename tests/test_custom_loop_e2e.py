@@ -79,7 +79,11 @@ def test_cpu_quota_mid_run_names_that_worker_alone(testbed_factory, tmp_path):
             # wait for the very pid starved below: tasks are spawned in parallel, in any order
             pid = wait_until(
                 lambda: next(
-                    (e["pid"] for e in read_events(run_dir) if e["event"] == "task_spawned" and e["task"] == "worker:1"),
+                    (
+                        e["pid"]
+                        for e in read_events(run_dir)
+                        if e["event"] == "task_spawned" and e["task"] == "worker:1"
+                    ),
                     None,
                 ),
                 120,
@@ -155,7 +159,9 @@ def test_custom_loop_reports_steps_and_raises_nothing(testbed_factory, tmp_path,
     quiet = {"straggler", "worker_slowing", "worker_hung", "job_stalled"}
     assert [e for e in r.events if e["event"] in quiet] == []
     for task in ("worker:0", "worker:1", "worker:2"):
-        done = [b["progress"]["steps"] for b in _records(r.run_dir, "heartbeat") if b["task"] == task and b.get("progress")]
+        done = [
+            b["progress"]["steps"] for b in _records(r.run_dir, "heartbeat") if b["task"] == task and b.get("progress")
+        ]
         assert done and max(done) == steps, (task, done[-5:])  # one step per gradient all-reduce
     profiles = _records(r.run_dir, "profile")
     # every worker's windows, its last one written as it exits (a window's count depends on speed)

@@ -51,6 +51,7 @@ def test_a_detached_job_stops_like_any_other(testbed_factory, tmp_path):
     run = tmp_path / "run"
     r = run_cli("launch", str(_spec(tb, tmp_path, n=3000)), "--run-dir", str(run), "--detach", tb=tb)
     assert r.returncode == 0, r.stderr
+
     def status():
         return json.loads(run_cli("status", str(run), "--json", tb=tb).stdout)
 

@@ -27,7 +27,9 @@ from worker_entry import protocol as p
 
 EVALS = [
     p.Evaluation(count=1, metrics={"loss": 0.5, "mae": 0.25}, step=10, checkpoint="/ckpt/ckpt-1", source="sidecar"),
-    p.Evaluation(count=2, metrics={"loss": 0.125, "mae": 0.0625}, step=20, checkpoint="/ckpt/ckpt-2", source="sidecar", dropped=1),
+    p.Evaluation(
+        count=2, metrics={"loss": 0.125, "mae": 0.0625}, step=20, checkpoint="/ckpt/ckpt-2", source="sidecar", dropped=1
+    ),
 ]
 
 
@@ -49,8 +51,9 @@ def evaluator(bad: bytes | None = None, sent: threading.Event | None = None):
 
 
 def launch(tmp_path, scripts, **sections):
-    loaded, plan = make_plan(3, hosts=EVAL_HOSTS, tensorflow={"strategy": "multi_worker_mirrored"}, metrics={"port": 0},
-                             **sections)  # fmt: skip
+    loaded, plan = make_plan(
+        3, hosts=EVAL_HOSTS, tensorflow={"strategy": "multi_worker_mirrored"}, metrics={"port": 0}, **sections
+    )
     backend = FakeBackend(scripts)
     run = tmp_path / "run"
     job = Job(loaded, plan, LaunchOptions(run_dir=str(run), gather=False, live=False, echo_logs=False), backend)
@@ -72,11 +75,16 @@ def test_evaluations_are_events_status_and_report_rows(tmp_path):
     assert "evaluator:0: 2 evaluation(s); last: checkpoint ckpt-2 (step 20): loss 0.125 mae 0.0625" in text
     rep = build_report(RunDir(run))
     rows = rep["evaluations"]["evaluator:0"]
-    assert [(r["checkpoint"], r["step"], r["metrics"]) for r in rows] == [(m.checkpoint, m.step, m.metrics) for m in EVALS]
+    assert [(r["checkpoint"], r["step"], r["metrics"]) for r in rows] == [
+        (m.checkpoint, m.step, m.metrics) for m in EVALS
+    ]
     out = report_text(rep)
     assert "evaluations of evaluator:0 (2, as it reported them):" in out
     assert [line.split() for line in out.splitlines() if line.strip().startswith(("CHECKPOINT", "ckpt-"))] == [
-        ["CHECKPOINT", "STEP", "loss", "mae"], ["ckpt-1", "10", "0.5", "0.25"], ["ckpt-2", "20", "0.125", "0.0625"]]  # fmt: skip
+        ["CHECKPOINT", "STEP", "loss", "mae"],
+        ["ckpt-1", "10", "0.5", "0.25"],
+        ["ckpt-2", "20", "0.125", "0.0625"],
+    ]
     html, _ = report_page(RunDir(run), rep, out, tmp_path / "html")
     assert "Evaluations of evaluator:0 (2)" in html.read_text() and "0.0625" in html.read_text()
 
@@ -121,16 +129,34 @@ def test_a_bad_evaluation_fails_only_the_evaluator_and_is_reported(tmp_path):
 def test_the_metrics_export_the_last_evaluation_by_task_and_metric():
     folded = Evaluations()
     for m in EVALS:
-        folded.add(Evaluation(task="evaluator:0", host="h", count=m.count, metrics=m.metrics, step=m.step,
-                              checkpoint=m.checkpoint, source=m.source))  # fmt: skip
+        folded.add(
+            Evaluation(
+                task="evaluator:0",
+                host="h",
+                count=m.count,
+                metrics=m.metrics,
+                step=m.step,
+                checkpoint=m.checkpoint,
+                source=m.source,
+            )
+        )
     metrics = JobMetrics("j", "r")
     last = folded.last("evaluator:0")
-    metrics.update({"state": "running", "tasks": {"evaluator:0": {"host": "h", "state": "running", "evaluation": last},
-                                                  "worker:0": {"host": "g", "state": "running"}}})  # fmt: skip
+    metrics.update(
+        {
+            "state": "running",
+            "tasks": {
+                "evaluator:0": {"host": "h", "state": "running", "evaluation": last},
+                "worker:0": {"host": "g", "state": "running"},
+            },
+        }
+    )
     families = {f.name: f for f in _Collector(metrics).collect()}
     samples = families["tfcluster_task_evaluation_metric"].samples
     assert {(s.labels["task"], s.labels["metric"], s.value) for s in samples} == {
-        ("evaluator:0", "loss", 0.125), ("evaluator:0", "mae", 0.0625)}  # fmt: skip
+        ("evaluator:0", "loss", 0.125),
+        ("evaluator:0", "mae", 0.0625),
+    }
     assert [s.value for s in families["tfcluster_task_evaluations"].samples] == [2]
     assert [s.value for s in families["tfcluster_task_evaluation_step"].samples] == [20]
     # a damaged entry (a hand-edited status, a newer launcher) never fails a scrape
@@ -144,21 +170,33 @@ def test_tensorboard_writes_every_evaluation_at_the_step_it_evaluated(tmp_path):
     scalars = Scalars()
     points = []
     for m in EVALS:
-        e = Evaluation(task="evaluator:0", count=m.count, metrics=m.metrics, step=m.step, checkpoint=None, source="evaluate",
-                       ts=100.0)  # fmt: skip
+        e = Evaluation(
+            task="evaluator:0",
+            count=m.count,
+            metrics=m.metrics,
+            step=m.step,
+            checkpoint=None,
+            source="evaluate",
+            ts=100.0,
+        )
         points += scalars.evaluation(e)
         status = {"updated": 100.0, "tasks": {"evaluator:0": {"state": "running", "evaluation": evaluation_record(e)}}}
         points += [pt for pt in scalars.status(status) if pt.run == "evaluator-0"]
     assert [(pt.step, pt.values) for pt in points] == [
-        (10, {"eval/loss": 0.5, "eval/mae": 0.25}), (20, {"eval/loss": 0.125, "eval/mae": 0.0625})]  # fmt: skip
+        (10, {"eval/loss": 0.5, "eval/mae": 0.25}),
+        (20, {"eval/loss": 0.125, "eval/mae": 0.0625}),
+    ]
     # through the live sink on the bus: both land in the evaluator's event file
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     sink = TensorBoardSink(tmp_path / "tb", ["worker:0", "evaluator:0"])
     sink.write("worker:0", {"kind": "heartbeat", "ts": 100.0, "progress": {"steps": 20}})
     for m in EVALS:
-        sink.handle(Evaluation(task="evaluator:0", count=m.count, metrics=m.metrics, step=m.step, checkpoint=None,
-                               source="evaluate"))  # fmt: skip
+        sink.handle(
+            Evaluation(
+                task="evaluator:0", count=m.count, metrics=m.metrics, step=m.step, checkpoint=None, source="evaluate"
+            )
+        )
     sink.close()
     assert sink.problems == []
     acc = EventAccumulator(str(tmp_path / "tb" / "evaluator-0"))

@@ -40,8 +40,18 @@ def records(monkeypatch):
 
 
 def test_metrics_are_bounded_and_what_is_left_out_is_counted():
-    logs = {"loss": 0.5, "nan": float("nan"), "inf": float("inf"), "x" * 65: 1.0, "": 2.0, "text": "0.5",
-            "flag": True, "huge": 10**400, "count": 3, **{f"m{i}": float(i) for i in range(40)}}  # fmt: skip
+    logs = {
+        "loss": 0.5,
+        "nan": float("nan"),
+        "inf": float("inf"),
+        "x" * 65: 1.0,
+        "": 2.0,
+        "text": "0.5",
+        "flag": True,
+        "huge": 10**400,
+        "count": 3,
+        **{f"m{i}": float(i) for i in range(40)},
+    }
     values, dropped = progress.metric_values(logs)
     assert len(values) == 32
     assert values["loss"] == 0.5 and values["count"] == 3.0 and "nan" not in values and "text" not in values
@@ -117,7 +127,9 @@ def test_evaluate_gets_the_evaluation_callback_only_in_an_evaluator_task(monkeyp
     assert len(got) == 2 and got[0] is mine[0] and got[1]._tfcluster_evaluation and len(mine) == 1
     assert Model().evaluate([1.0], _use_cached_eval_dataset=True) is None  # fit's validation: not an evaluation
     monkeypatch.delenv("TFCLUSTER_TASK_TYPE")
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "evaluator", "index": 0}}))
+    monkeypatch.setenv(
+        "TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "evaluator", "index": 0}})
+    )
     assert len(Model().evaluate([1.0])) == 1
 
 

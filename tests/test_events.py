@@ -44,7 +44,10 @@ def _value(tp: Any, name: str, variant: int) -> Any:
     if origin is dict:
         if name == "root_cause":
             return {"kind": "exit", "message": "exited with code 3", "ts": TS, "task": "worker:1"}
-        return {"worker:0": _value(typing.get_args(tp)[1], name, variant), "worker:1": _value(typing.get_args(tp)[1], name, 0)}
+        return {
+            "worker:0": _value(typing.get_args(tp)[1], name, variant),
+            "worker:1": _value(typing.get_args(tp)[1], name, 0),
+        }
     if tp is Any:
         return "anything"
     return {bool: True, int: 3, float: 2.5, str: f"{name} text"}[tp]
@@ -84,19 +87,40 @@ def test_every_kind_round_trips_through_its_line(cls, variant):
 
 def test_the_line_keeps_the_format_readers_know():
     """The keys and values events.jsonl always had; task_exited has one field set, nulls included."""
-    ev = k.TaskExited(ts=TS, task="worker:1", host="10.0.0.2", code=None, signal=None, signal_name=None,
-                      stopped=True, reason="no exit confirmation before the teardown deadline")  # fmt: skip
+    ev = k.TaskExited(
+        ts=TS,
+        task="worker:1",
+        host="10.0.0.2",
+        code=None,
+        signal=None,
+        signal_name=None,
+        stopped=True,
+        reason="no exit confirmation before the teardown deadline",
+    )
     assert ev.to_dict() == {
-        "ts": TS, "event": "task_exited", "task": "worker:1", "host": "10.0.0.2", "code": None, "signal": None,
-        "signal_name": None, "stopped": True, "reason": "no exit confirmation before the teardown deadline",
-    }  # fmt: skip
+        "ts": TS,
+        "event": "task_exited",
+        "task": "worker:1",
+        "host": "10.0.0.2",
+        "code": None,
+        "signal": None,
+        "signal_name": None,
+        "stopped": True,
+        "reason": "no exit confirmation before the teardown deadline",
+    }
     assert k.JobWarning(ts=1.23456, message="m").to_dict() == {"ts": 1.235, "event": "warning", "message": "m"}
     # worker_hung and worker_lost write only what applies, as before
     assert k.WorkerHung(ts=TS, task="worker:0", message="m", steps=7).to_dict() == {
-        "ts": TS, "event": "worker_hung", "task": "worker:0", "message": "m", "steps": 7,
-    }  # fmt: skip
+        "ts": TS,
+        "event": "worker_hung",
+        "task": "worker:0",
+        "message": "m",
+        "steps": 7,
+    }
     lost = k.WorkerLost(ts=TS, message="m", silent_s=3.0, suspect=True)
-    assert lost.to_dict()["suspect"] is True and "suspect" not in k.WorkerLost(ts=TS, message="m", silent_s=3.0).to_dict()
+    assert (
+        lost.to_dict()["suspect"] is True and "suspect" not in k.WorkerLost(ts=TS, message="m", silent_s=3.0).to_dict()
+    )
 
 
 def _wrong(value: Any) -> Any:
@@ -121,8 +145,16 @@ def test_a_damaged_field_is_refused_naming_it(cls):
 
 
 def test_numbers_must_be_finite_and_in_range():
-    good = k.Straggler(ts=TS, message="m", wait_ms=4.0, step_ms=20.0, share=0.2, cause="compute",
-                       pre_collective_ms={"worker:0": 10.0}, relative_score=None).to_dict()  # fmt: skip
+    good = k.Straggler(
+        ts=TS,
+        message="m",
+        wait_ms=4.0,
+        step_ms=20.0,
+        share=0.2,
+        cause="compute",
+        pre_collective_ms={"worker:0": 10.0},
+        relative_score=None,
+    ).to_dict()
     for name, value in (("wait_ms", math.nan), ("step_ms", math.inf), ("share", -0.1), ("ts", -1.0), ("wait_ms", True)):
         with pytest.raises(ValueError, match=rf"^straggler\.{name}:"):
             k.Straggler.from_dict({**good, name: value})
@@ -158,11 +190,32 @@ def test_damaged_detail_is_dropped_rather_than_the_event():
     """Today's tolerance: goodput needs attempt_finished even when its root cause is damaged."""
     rc = event_from_dict({"ts": TS, "event": "attempt_finished", "attempt": 0, "state": "failed", "root_cause": "x"})
     assert rc.root_cause is None
-    rc = event_from_dict({"ts": TS, "event": "job_finished", "state": "failed", "wall_time_s": 1, "run_dir": "r",
-                          "root_cause": {"kind": "exit", "ts": "yesterday"}})  # fmt: skip
+    rc = event_from_dict(
+        {
+            "ts": TS,
+            "event": "job_finished",
+            "state": "failed",
+            "wall_time_s": 1,
+            "run_dir": "r",
+            "root_cause": {"kind": "exit", "ts": "yesterday"},
+        }
+    )
     assert rc.root_cause is None
-    ready = event_from_dict({"ts": TS, "event": "task_ready", "hostname": "h", "pid": 9, "gpus": [
-        {"name": "A100", "memory_mb": 81920}, {"name": "V100", "memory_mb": "16 GB"}, 7, {"name": ["x"]}, {"name": "T4"}]})  # fmt: skip
+    ready = event_from_dict(
+        {
+            "ts": TS,
+            "event": "task_ready",
+            "hostname": "h",
+            "pid": 9,
+            "gpus": [
+                {"name": "A100", "memory_mb": 81920},
+                {"name": "V100", "memory_mb": "16 GB"},
+                7,
+                {"name": ["x"]},
+                {"name": "T4"},
+            ],
+        }
+    )
     assert ready.gpus == [{"name": "A100", "memory_mb": 81920}, {"name": "T4"}]
     assert event_from_dict({"ts": TS, "event": "task_ready", "hostname": "h", "pid": 9, "gpus": "x"}).gpus == []
 

@@ -65,8 +65,16 @@ def test_a_gpu_slower_than_its_peers_is_attributed_to_its_worker_alone():
 
 
 def profile(pre, step=60.0, **kw):
-    return {"pre_collective_ms": pre, "step_ms": step, "input_ms": 1.0, "compute_ms": pre - 1.0,
-            "collective_ms": step - pre, "update_ms": 0.0, "host_ms": 0.0, **kw}  # fmt: skip
+    return {
+        "pre_collective_ms": pre,
+        "step_ms": step,
+        "input_ms": 1.0,
+        "compute_ms": pre - 1.0,
+        "collective_ms": step - pre,
+        "update_ms": 0.0,
+        "host_ms": 0.0,
+        **kw,
+    }
 
 
 def test_explain_puts_the_gpu_or_host_cause_on_the_step_clocks_finding():

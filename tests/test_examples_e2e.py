@@ -29,7 +29,9 @@ TASKS = [f"worker:{i}" for i in range(WORKERS)]
 
 def scrape_on_controller(tb, url: str) -> dict[str, list]:
     """/metrics as the test bed's controller sees it (the launcher runs in its network namespace)."""
-    fetch = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+    fetch = (
+        "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+    )
     res = subprocess.run(tb.launcher_argv([PY, "-c", fetch, url]), capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr[-2000:]
     out: dict[str, list] = {}
@@ -77,7 +79,9 @@ def test_tutorials_show_examples_per_second_everywhere(testbed_factory, tmp_path
         live = wait_until(lambda: _live_with_examples(run_dir), 240, interval=0.5, what="examples/s in status --json")
         for t in TASKS:
             task = live["tasks"][t]
-            assert _per_step(task["examples_per_s"], task["steps_per_s"]) == pytest.approx(EXAMPLES_PER_STEP, rel=0.05), task
+            assert _per_step(task["examples_per_s"], task["steps_per_s"]) == pytest.approx(
+                EXAMPLES_PER_STEP, rel=0.05
+            ), task
         assert live["throughput"]["examples_per_s"] > 0
         # live: /metrics, per worker and the job's
         url = json.loads((run_dir / "launcher.json").read_text())["metrics_url"]
@@ -89,9 +93,15 @@ def test_tutorials_show_examples_per_second_everywhere(testbed_factory, tmp_path
 
         got = wait_until(scraped, 60, interval=0.5, what="examples/s in /metrics")
         for t in TASKS:
-            ex, steps = value(got, "tfcluster_task_examples_per_second", task=t), value(got, "tfcluster_task_steps_per_second", task=t)
+            ex, steps = (
+                value(got, "tfcluster_task_examples_per_second", task=t),
+                value(got, "tfcluster_task_steps_per_second", task=t),
+            )
             assert _per_step(ex, steps) == pytest.approx(EXAMPLES_PER_STEP, rel=0.05), (t, ex, steps)
-        job_ex, job_steps = value(got, "tfcluster_job_examples_per_second"), value(got, "tfcluster_job_steps_per_second")
+        job_ex, job_steps = (
+            value(got, "tfcluster_job_examples_per_second"),
+            value(got, "tfcluster_job_steps_per_second"),
+        )
         assert _per_step(job_ex, job_steps) == pytest.approx(EXAMPLES_PER_STEP, rel=0.05)
         stop = run_cli("stop", str(run_dir), timeout=180)
         assert stop.returncode == 0, stop.stderr
@@ -113,6 +123,8 @@ def test_tutorials_show_examples_per_second_everywhere(testbed_factory, tmp_path
     assert _per_step(rates["examples_per_s"], rates["steps_per_s"]) == pytest.approx(EXAMPLES_PER_STEP, rel=0.05)
     text = run_cli("report", str(run_dir)).stdout
     assert "EX/s" in text and "examples/s" in text, text
-    print(json.dumps({"script": script, "live": {t: live["tasks"][t]["examples_per_s"] for t in TASKS},
-                      "final": rates}), file=sys.stderr)  # fmt: skip
+    print(
+        json.dumps({"script": script, "live": {t: live["tasks"][t]["examples_per_s"] for t in TASKS}, "final": rates}),
+        file=sys.stderr,
+    )
     assert_no_job_processes(tb, 10)

@@ -121,8 +121,13 @@ def test_a_long_run_keeps_bounded_memory_and_the_same_rate():
 def test_damaged_values_are_left_out_not_raised():
     figs = Figures()
     figs.add("worker:0", beat(0, 1.0, 5))
-    for bad in ({"seq": "x", "progress": {"steps": "7"}}, {"progress": [1]}, {"cpu_pct": float("nan")},
-                {"seq": 2, "ts": 3.0, "progress": {"steps": -1, "ts": 3.0}}, {"kind": "profile", "steps": "1"}):  # fmt: skip
+    for bad in (
+        {"seq": "x", "progress": {"steps": "7"}},
+        {"progress": [1]},
+        {"cpu_pct": float("nan")},
+        {"seq": 2, "ts": 3.0, "progress": {"steps": -1, "ts": 3.0}},
+        {"kind": "profile", "steps": "1"},
+    ):
         figs.add("worker:0", bad)
     figs.add("worker:0", beat(3, 4.0, 35))
     f = figs.final()["worker:0"]

@@ -93,8 +93,9 @@ def monitor_events(sample: Sample) -> tuple[list[Any], Monitor]:
 def status_and_metrics(m: Monitor) -> tuple[dict[str, Any], set[tuple[str, str, str]]]:
     _, plan = make_plan(3)
     sessions = {str(n.task): TaskSession(n) for n in plan.nodes}
-    status = Snapshots(sessions, Figures()).build(state=JobState.RUNNING, attempt=0, stopping_reason=None, straggler=None,
-                                                  gpu_problems=m.gpus.judgement.by_task())  # fmt: skip
+    status = Snapshots(sessions, Figures()).build(
+        state=JobState.RUNNING, attempt=0, stopping_reason=None, straggler=None, gpu_problems=m.gpus.judgement.by_task()
+    )
     metrics = JobMetrics("job", "run")
     metrics.update(status)
     found = set()
@@ -107,21 +108,55 @@ def status_and_metrics(m: Monitor) -> tuple[dict[str, Any], set[tuple[str, str, 
 def report_of(tmp_path: Path, sample: Sample) -> dict[str, Any]:
     """A finished run's directory with these heartbeats (training, equal step-clock windows on every
     worker: only the GPUs differ), reported."""
-    plan = {"job": "gpus", "nodes": [{"host": f"10.0.0.{i + 1}", "task": {"type": "worker", "index": i}} for i in range(3)]}
+    plan = {
+        "job": "gpus",
+        "nodes": [{"host": f"10.0.0.{i + 1}", "task": {"type": "worker", "index": i}} for i in range(3)],
+    }
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    events = [{"ts": T0, "event": "task_ready", "task": t, "host": f"10.0.0.{i + 1}", "hostname": f"node{i}",
-               "pid": 100 + i, "gpus": [{"name": MODEL, "memory_mb": 81559}]} for i, t in enumerate(TASKS)]  # fmt: skip
+    events = [
+        {
+            "ts": T0,
+            "event": "task_ready",
+            "task": t,
+            "host": f"10.0.0.{i + 1}",
+            "hostname": f"node{i}",
+            "pid": 100 + i,
+            "gpus": [{"name": MODEL, "memory_mb": 81559}],
+        }
+        for i, t in enumerate(TASKS)
+    ]
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     lines = []
     for b in range(BEATS):
         for t in TASKS:
-            lines.append({"task": t, "kind": "heartbeat", "ts": T0 + b, "seq": b + 1, "gpus": [sample(t, b)],
-                          "host": {"interval_s": 1.0, "run_ms": 800.0, "wait_ms": 50.0},
-                          "progress": {"steps": 20 * (b + 1), "ts": T0 + b}})  # fmt: skip
+            lines.append(
+                {
+                    "task": t,
+                    "kind": "heartbeat",
+                    "ts": T0 + b,
+                    "seq": b + 1,
+                    "gpus": [sample(t, b)],
+                    "host": {"interval_s": 1.0, "run_ms": 800.0, "wait_ms": 50.0},
+                    "progress": {"steps": 20 * (b + 1), "ts": T0 + b},
+                }
+            )
             if b % 2:
-                lines.append({"task": t, "kind": "profile", "ts": T0 + b, "steps": 40, "step_ms": 50.0, "input_ms": 1.0,
-                              "compute_ms": 30.0, "collective_ms": 15.0, "update_ms": 2.0, "host_ms": 2.0,
-                              "other_ms": 0.0, "pre_collective_ms": 35.0})  # fmt: skip
+                lines.append(
+                    {
+                        "task": t,
+                        "kind": "profile",
+                        "ts": T0 + b,
+                        "steps": 40,
+                        "step_ms": 50.0,
+                        "input_ms": 1.0,
+                        "compute_ms": 30.0,
+                        "collective_ms": 15.0,
+                        "update_ms": 2.0,
+                        "host_ms": 2.0,
+                        "other_ms": 0.0,
+                        "pre_collective_ms": 35.0,
+                    }
+                )
     (tmp_path / "heartbeats.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return build_report(RunDir(tmp_path))
 
@@ -131,7 +166,9 @@ def named_everywhere(tmp_path: Path, sample: Sample) -> dict[str, Any]:
     events, m = monitor_events(sample)
     status, metrics = status_and_metrics(m)
     rep = report_of(tmp_path, sample)
-    text = status_text({"job": "gpus", "state": "running", "run_dir": str(tmp_path), **status}, RunHandle(RunDir(tmp_path)))
+    text = status_text(
+        {"job": "gpus", "state": "running", "run_dir": str(tmp_path), **status}, RunHandle(RunDir(tmp_path))
+    )
     return {
         "events": {(e.task, e.problem) for e in events},
         "status": {(t, g["problem"]) for t, s in status["tasks"].items() for g in s["gpu_problems"]},
@@ -234,7 +271,10 @@ def test_thermal_and_errors_are_faults_one_odd_sample_is_not():
     assert judge(thermal, beats=10).problems == ()  # one sample in ten: a blip
     ecc = on("worker:0", lambda g: {**g, "ecc_uncorrected": 2, "xid_errors": 1, "last_xid": 79})
     (got,) = judge(ecc).problems
-    assert got.problem == "fault" and got.detail == "2 uncorrected ECC errors (volatile count); 1 critical XID event (last: XID 79)"
+    assert (
+        got.problem == "fault"
+        and got.detail == "2 uncorrected ECC errors (volatile count); 1 critical XID event (last: XID 79)"
+    )
 
 
 def test_processes_in_another_pid_namespace_are_named_only_when_one_cannot_be_the_tasks_own():
@@ -242,7 +282,10 @@ def test_processes_in_another_pid_namespace_are_named_only_when_one_cannot_be_th
     procs = POWER["procs_while_shared"]
     one = on("worker:1", lambda g: {**g, "others": [{"pid": procs[0]["pid"], "used_mb": 1002, "visible": False}]})
     assert judge(one).problems == ()
-    two = on("worker:1", lambda g: {**g, "others": [{"pid": x["pid"], "used_mb": x["used_mb"], "visible": False} for x in procs]})
+    two = on(
+        "worker:1",
+        lambda g: {**g, "others": [{"pid": x["pid"], "used_mb": x["used_mb"], "visible": False} for x in procs]},
+    )
     (got,) = judge(two).problems
     assert got.problem == "shared" and "cannot place (PIDs 460 (1002 MB), 461 (1002 MB)" in got.detail
 
@@ -278,8 +321,11 @@ def test_through_a_running_job_one_judgement_reaches_every_view(tmp_path):
         deadline = time.monotonic() + 60
         b = 0
         while not done.is_set() and time.monotonic() < deadline:
-            n.heartbeat(state="running", gpus=[p.GpuSample.from_dict(sample(n.task, b))],
-                        progress=p.Progress(steps=10 * (b + 1), ts=time.time()))  # fmt: skip
+            n.heartbeat(
+                state="running",
+                gpus=[p.GpuSample.from_dict(sample(n.task, b))],
+                progress=p.Progress(steps=10 * (b + 1), ts=time.time()),
+            )
             b += 1
             cmd = n.next_command(0.05)
             if isinstance(cmd, p.Stop) or n.eof:
@@ -292,14 +338,19 @@ def test_through_a_running_job_one_judgement_reaches_every_view(tmp_path):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not done.is_set():
             status = json.loads((run / "status.json").read_text()) if (run / "status.json").exists() else {}
-            named = {(t, g["problem"]) for t, s in (status.get("tasks") or {}).items() for g in s.get("gpu_problems") or []}
+            named = {
+                (t, g["problem"]) for t, s in (status.get("tasks") or {}).items() for g in s.get("gpu_problems") or []
+            }
             info = json.loads((run / "launcher.json").read_text()) if (run / "launcher.json").exists() else {}
             scraped = set()
             if named and info.get("metrics_url"):
                 with urllib.request.urlopen(info["metrics_url"], timeout=5) as r:
                     for fam in text_string_to_metric_families(r.read().decode()):
-                        scraped |= {(s.labels["task"], s.labels["problem"]) for s in fam.samples
-                                    if fam.name == "tfcluster_task_gpu_problem"}  # fmt: skip
+                        scraped |= {
+                            (s.labels["task"], s.labels["problem"])
+                            for s in fam.samples
+                            if fam.name == "tfcluster_task_gpu_problem"
+                        }
             if named and scraped:
                 seen.update(status=named, metrics=scraped)
                 done.set()
@@ -327,8 +378,13 @@ def test_through_a_running_job_one_judgement_reaches_every_view(tmp_path):
 
 def test_damaged_samples_are_skipped_not_raised():
     """A hand-edited or torn heartbeats.jsonl reaches report: odd shapes are left out, never a traceback."""
-    odd = [[{"index": 0, "throttle": "power cap", "others": {"pid": 1}}], ["not a gpu"], None,
-           [{"index": "0"}], [{"index": 1, "others": [{"pid": "7"}, 5, {"pid": 9, "used_mb": "x", "name": 3}]}]]  # fmt: skip
+    odd = [
+        [{"index": 0, "throttle": "power cap", "others": {"pid": 1}}],
+        ["not a gpu"],
+        None,
+        [{"index": "0"}],
+        [{"index": 1, "others": [{"pid": "7"}, 5, {"pid": 9, "used_mb": "x", "name": 3}]}],
+    ]
     got = judge_gpus({"worker:0": odd}, models={"worker:0": ["bad", {"name": MODEL}]})
     assert [(p.gpu, p.problem, p.detail) for p in got.problems] == [
         (1, "shared", "shared with a process outside the task: PID 9 (unreadable)")

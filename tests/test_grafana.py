@@ -11,7 +11,21 @@ from conftest import PY, REPO, assert_no_job_processes, repo_python, run_cli, st
 
 DASHBOARD = REPO / "docs" / "grafana" / "tfcluster.json"
 #: PromQL words that are not metric names (functions are told by the "(" after them)
-KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "inf", "nan"}
+KEYWORDS = {
+    "and",
+    "or",
+    "unless",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "offset",
+    "inf",
+    "nan",
+}
 #: metrics without a sample on this machine (no GPU; a detection latency needs a lost/hung worker): declared only
 NO_SAMPLE_HERE = re.compile(r"^tfcluster_task_gpu_|^tfcluster_job_detection_latency_seconds$")
 
@@ -35,7 +49,11 @@ def metric_names(expr: str) -> set[str]:
 
 def test_metric_names_are_parsed_out_of_promql():
     assert metric_names('sum by (state) (tfcluster_job_tasks{job=~"$job", state!="x"})') == {"tfcluster_job_tasks"}
-    assert metric_names('rate(a_total{x="b{c}"}[5m]) / on (task) group_left(host) b_info > 0 and c') == {"a_total", "b_info", "c"}
+    assert metric_names('rate(a_total{x="b{c}"}[5m]) / on (task) group_left(host) b_info > 0 and c') == {
+        "a_total",
+        "b_info",
+        "c",
+    }
     assert metric_names("tfcluster_a / tfcluster_b > 0.5 offset 5m") == {"tfcluster_a", "tfcluster_b"}
 
 
@@ -68,12 +86,22 @@ def dashboard_metrics() -> dict[str, set[str]]:
 def test_the_dashboard_is_an_importable_grafana_model():
     dash = json.loads(DASHBOARD.read_text())
     assert dash["uid"] and dash["title"] == "tfcluster" and dash["schemaVersion"] >= 36
-    assert [i["name"] for i in dash["__inputs"]] == ["DS_PROMETHEUS"] and dash["__inputs"][0]["pluginId"] == "prometheus"
+    assert [i["name"] for i in dash["__inputs"]] == ["DS_PROMETHEUS"] and dash["__inputs"][0][
+        "pluginId"
+    ] == "prometheus"
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
     titles = {p["title"] for p in dash["panels"]}
-    for want in ("State", "Tasks by state", "Examples/s per worker", "Steps/s per worker", "Restarts",
-                 "Straggler scores: relative", "GPU utilisation", "GPU temperature"):  # fmt: skip
+    for want in (
+        "State",
+        "Tasks by state",
+        "Examples/s per worker",
+        "Steps/s per worker",
+        "Restarts",
+        "Straggler scores: relative",
+        "GPU utilisation",
+        "GPU temperature",
+    ):
         assert want in titles, want
     for p in dash["panels"]:
         if p["type"] == "row":
@@ -90,14 +118,26 @@ def test_the_dashboard_is_an_importable_grafana_model():
 def test_every_metric_the_dashboard_queries_is_in_a_real_scrape(testbed_factory, tmp_path):
     tb = testbed_factory(3)
     cmd = [PY, "-m", "worker_entry.examples.keras_synthetic", "--epochs", "1000", "--steps-per-epoch", "50"]
-    spec = tb.write_spec(tmp_path / "spec.yaml", "grafana", cmd, job={"python": repo_python(tmp_path)},
-                         heartbeat={"interval_s": 0.5, "timeout_s": 20, "profile_interval_s": 1})  # fmt: skip
+    spec = tb.write_spec(
+        tmp_path / "spec.yaml",
+        "grafana",
+        cmd,
+        job={"python": repo_python(tmp_path)},
+        heartbeat={"interval_s": 0.5, "timeout_s": 20, "profile_interval_s": 1},
+    )
     run_dir = tmp_path / "run"
     used = dashboard_metrics()
     p = start_launch(tb, spec, run_dir, "-q", "--no-gather", "--metrics-port", "0")
     try:
-        url = wait_until(lambda: json.loads((run_dir / "launcher.json").read_text()).get("metrics_url")
-                         if (run_dir / "launcher.json").exists() else None, 60, what="the metrics URL")  # fmt: skip
+        url = wait_until(
+            lambda: (
+                json.loads((run_dir / "launcher.json").read_text()).get("metrics_url")
+                if (run_dir / "launcher.json").exists()
+                else None
+            ),
+            60,
+            what="the metrics URL",
+        )
 
         def complete() -> tuple[dict, set[str]] | None:
             """The scrape once every metric the dashboard queries has a sample (but those no CPU job has)."""

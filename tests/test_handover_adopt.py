@@ -14,8 +14,18 @@ def test_earlier_incarnations_move_into_earlier_and_nothing_else_does(tmp_path):
     other = tmp_path / "ps-0" / "attempt-0"
     other.mkdir(parents=True)
     own = task / "attempt-0-restart-2"
-    adopt_earlier(str(own), [str(task / "attempt-0"), str(task / "attempt-0-restart-1"), str(task / "attempt-1"),
-                             str(other), str(own), str(task / "attempt-0-restart-9"), "/etc"])  # fmt: skip
+    adopt_earlier(
+        str(own),
+        [
+            str(task / "attempt-0"),
+            str(task / "attempt-0-restart-1"),
+            str(task / "attempt-1"),
+            str(other),
+            str(own),
+            str(task / "attempt-0-restart-9"),
+            "/etc",
+        ],
+    )
     assert sorted(p.name for p in (own / "earlier").iterdir()) == ["attempt-0", "attempt-0-restart-1"]
     assert (own / "earlier" / "attempt-0" / "output.log").read_text() == "attempt-0"
     assert (task / "attempt-1").is_dir() and other.is_dir() and not (task / "attempt-0").exists()

@@ -36,7 +36,7 @@ def validate(tmp_path: Path, text: str, *extra: str) -> subprocess.CompletedProc
 
 
 def bomb(levels: int = 9, width: int = 9) -> str:
-    out = ["x-anchors:", '  a0: &a0 [' + ",".join(['"lol"'] * width) + "]"]
+    out = ["x-anchors:", "  a0: &a0 [" + ",".join(['"lol"'] * width) + "]"]
     out += [f"  a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * width) + "]" for i in range(1, levels)]
     return "\n".join(out) + "\n"
 
@@ -98,7 +98,9 @@ def test_deep_nesting_is_refused_at_its_line(tmp_path, text):
 def test_control_characters_are_refused_in_every_string_field(tmp_path, edit, field):
     r = validate(tmp_path, BASE.replace(*edit, 1))
     assert r.returncode == 2, r.stdout + r.stderr
-    assert f": {field}: " in r.stderr and ("control characters" in r.stderr or "NUL" in r.stderr or "not a valid" in r.stderr)
+    assert f": {field}: " in r.stderr and (
+        "control characters" in r.stderr or "NUL" in r.stderr or "not a valid" in r.stderr
+    )
 
 
 def test_tabs_and_newlines_are_fine_in_a_command_argument(tmp_path):
@@ -110,7 +112,10 @@ def test_tabs_and_newlines_are_fine_in_a_command_argument(tmp_path):
     ("edit", "message"),
     [
         (("name: x", 'name: "x\\n"'), "is not a valid job name"),
-        (("command: [python, t.py]", 'command: [python, t.py]\n  env: {"A\\n": "1"}'), "is not a valid environment variable name"),
+        (
+            ("command: [python, t.py]", 'command: [python, t.py]\n  env: {"A\\n": "1"}'),
+            "is not a valid environment variable name",
+        ),
         (("command: [python, t.py]", "command: [python, t.py]\n  python: -c"), "starts with '-'"),
         (("address: a", "address: 'fe80::1%a;touch${IFS}x'"), "IPv6 scope id"),
         (("address: a", "address: 'fe80::1%$(id)'"), "IPv6 scope id"),
@@ -141,7 +146,11 @@ def test_a_huge_file_is_refused_without_reading_it(tmp_path):
         f.truncate(11_000_000)
     r = subprocess.run(
         [sys.executable, "-m", "orchestrator", "validate", str(spec)],
-        capture_output=True, text=True, timeout=120, cwd=REPO, preexec_fn=_limit,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        preexec_fn=_limit,
     )
     assert r.returncode == 2 and "a cluster spec is at most 10 MB" in r.stderr
 
@@ -150,8 +159,12 @@ def test_the_launch_override_and_run_dir_are_checked_too(tmp_path):
     spec = tmp_path / "s.yaml"
     spec.write_text(BASE)
     run = [sys.executable, "-m", "orchestrator", "launch", str(spec)]
-    r = subprocess.run([*run, "--run-dir", str(tmp_path / "r"), "--", "python", "-c\x01"], capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(
+        [*run, "--run-dir", str(tmp_path / "r"), "--", "python", "-c\x01"], capture_output=True, text=True, cwd=REPO
+    )
     assert r.returncode == 2 and "launch -- COMMAND: job.command[1]: must not contain control characters" in r.stderr
-    r = subprocess.run([*run, "--run-dir", str(tmp_path / "r\x1b[2J"), "--", "true"], capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(
+        [*run, "--run-dir", str(tmp_path / "r\x1b[2J"), "--", "true"], capture_output=True, text=True, cwd=REPO
+    )
     assert r.returncode == 2 and "--run-dir" in r.stderr and "control characters" in r.stderr
     assert not (tmp_path / "r").exists()

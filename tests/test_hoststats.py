@@ -296,9 +296,11 @@ def test_nvml_reads_the_static_limit_once_and_the_process_list_every_few_samples
     """The board's default power limit is read once; the process list every PROCS_EVERY samples, each
     PID placed by the owner: the task's own are left out, another program's reported with its memory."""
     calls = {"default": 0, "procs": 0}
-    procs = [types.SimpleNamespace(pid=4242, usedGpuMemory=1002 * 1024 * 1024),
-             types.SimpleNamespace(pid=4711, usedGpuMemory=1002 * 1024 * 1024),
-             types.SimpleNamespace(pid=9999, usedGpuMemory=None)]  # fmt: skip
+    procs = [
+        types.SimpleNamespace(pid=4242, usedGpuMemory=1002 * 1024 * 1024),
+        types.SimpleNamespace(pid=4711, usedGpuMemory=1002 * 1024 * 1024),
+        types.SimpleNamespace(pid=9999, usedGpuMemory=None),
+    ]
 
     def default_mw():
         calls["default"] += 1
@@ -308,16 +310,25 @@ def test_nvml_reads_the_static_limit_once_and_the_process_list_every_few_samples
         calls["procs"] += 1
         return procs
 
-    gpu = {"name": "H100", "mem_total": 80 * GIB, "mem_used": GIB, "util": 97, "limit_mw": 400_000,
-           "default_mw": default_mw, "procs": listed}  # fmt: skip
+    gpu = {
+        "name": "H100",
+        "mem_total": 80 * GIB,
+        "mem_used": GIB,
+        "util": 97,
+        "limit_mw": 400_000,
+        "default_mw": default_mw,
+        "procs": listed,
+    }
     owners = {4242: ("task", "python3"), 4711: ("other", "python3"), 9999: ("elsewhere", None)}
     nv = Nvml(module=fake_pynvml([gpu]))
     samples = [nv.sample(lambda pid: owners[pid])[0] for _ in range(PROCS_EVERY + 1)]
     assert calls == {"default": 1, "procs": 2}  # the first sample, then PROCS_EVERY samples later
     g = samples[-1]
     assert g["power_limit_w"] == 400.0 and g["power_default_limit_w"] == 700.0 and g["processes"] == 3
-    assert g["others"] == [{"pid": 4711, "visible": True, "used_mb": 1002, "name": "python3"},
-                           {"pid": 9999, "visible": False}]  # fmt: skip
+    assert g["others"] == [
+        {"pid": 4711, "visible": True, "used_mb": 1002, "name": "python3"},
+        {"pid": 9999, "visible": False},
+    ]
     back = p.GpuSample.from_dict(g)  # a valid heartbeat record
     assert back.others[0].pid == 4711 and back.others[1].visible is False
     assert "others" not in nv.sample()[0]  # no owner (no task yet): no process list

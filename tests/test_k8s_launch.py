@@ -141,8 +141,10 @@ def test_an_oom_killed_pod_is_the_root_cause_and_its_peers_are_stopped_not_blame
     assert "OOMKilled" in rc.message and "exit code 137" in rc.message and "memory limit" in rc.message
     last = TaskState.NOT_STARTED if when == "at_once" else TaskState.STOPPED
     assert {t: r.state for t, r in result.tasks.items()} == {
-        "worker:0": TaskState.STOPPED, "worker:1": TaskState.FAILED, "worker:2": last
-    }  # fmt: skip
+        "worker:0": TaskState.STOPPED,
+        "worker:1": TaskState.FAILED,
+        "worker:2": last,
+    }
     record = json.loads((run.path / "kubernetes.json").read_text())
     assert record["pods"]["0/worker:1"]["reason"] == "OOMKilled" and record["pods"]["0/worker:1"]["exit_code"] == 137
     assert "OOMKilled" in log(run, "worker-1")
@@ -312,8 +314,14 @@ def _gone_launcher_run(tmp_path, monkeypatch, cluster, objects, namespace="ml"):
 
 
 def _ours(name: str, run_id: str = "fake-1", job: str = "fake-run") -> dict:
-    return {"metadata": {"name": name, "namespace": "ml", "annotations": {"tfcluster/run-id": run_id},
-                         "labels": {"tfcluster/job": job, "app.kubernetes.io/managed-by": "tfcluster"}}}  # fmt: skip
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "annotations": {"tfcluster/run-id": run_id},
+            "labels": {"tfcluster/job": job, "app.kubernetes.io/managed-by": "tfcluster"},
+        }
+    }
 
 
 def test_stop_without_a_launcher_deletes_what_it_applied(tmp_path, monkeypatch):
@@ -322,11 +330,17 @@ def test_stop_without_a_launcher_deletes_what_it_applied(tmp_path, monkeypatch):
     cluster = FakeCluster()
     cluster.objects[("JobSet", "fake-run")] = _ours("fake-run")
     cluster.objects[("Secret", "fake-run-credentials")] = _ours("fake-run-credentials")
-    run = _gone_launcher_run(tmp_path, monkeypatch, cluster, [{"kind": "Secret", "name": "fake-run-credentials"},
-                                                              {"kind": "JobSet", "name": "fake-run"}])  # fmt: skip
+    run = _gone_launcher_run(
+        tmp_path,
+        monkeypatch,
+        cluster,
+        [{"kind": "Secret", "name": "fake-run-credentials"}, {"kind": "JobSet", "name": "fake-run"}],
+    )
     message = stop_job(run, KubernetesHandle(run))
     assert "JobSet fake-run: deleted; Secret fake-run-credentials: deleted" in message and not cluster.objects
-    assert "keep running without it" not in status_text(job_status(run, KubernetesHandle(run)), KubernetesHandle(run))  # nothing left running is claimed
+    assert "keep running without it" not in status_text(
+        job_status(run, KubernetesHandle(run)), KubernetesHandle(run)
+    )  # nothing left running is claimed
 
 
 def test_stop_deletes_nothing_a_forged_record_names_that_is_not_this_runs(tmp_path, monkeypatch):
@@ -341,8 +355,12 @@ def test_stop_deletes_nothing_a_forged_record_names_that_is_not_this_runs(tmp_pa
         ("Job", "older-run"): _ours("older-run", run_id="fake-0"),
     }
     cluster.objects.update(others)
-    forged = [{"kind": "Service", "name": "kube-dns"}, {"kind": "JobSet", "name": "their-run"},
-              {"kind": "Job", "name": "older-run"}, {"kind": "ClusterRole", "name": "admin"}]  # fmt: skip
+    forged = [
+        {"kind": "Service", "name": "kube-dns"},
+        {"kind": "JobSet", "name": "their-run"},
+        {"kind": "Job", "name": "older-run"},
+        {"kind": "ClusterRole", "name": "admin"},
+    ]
     run = _gone_launcher_run(tmp_path, monkeypatch, cluster, forged)
     message = stop_job(run, KubernetesHandle(run))
     assert set(cluster.objects) == set(others), message

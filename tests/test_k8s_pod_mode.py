@@ -23,8 +23,14 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def pod(tmp_path: Path, *command: str, **env: str) -> subprocess.Popen:
-    cfg = {"job": "j", "task_type": "worker", "cluster": {"worker": ["localhost:1", "x:1"]}, "remote_dir": str(tmp_path),
-           "heartbeat_interval_s": 0.2, "stop_grace_s": 2.0}  # fmt: skip
+    cfg = {
+        "job": "j",
+        "task_type": "worker",
+        "cluster": {"worker": ["localhost:1", "x:1"]},
+        "remote_dir": str(tmp_path),
+        "heartbeat_interval_s": 0.2,
+        "stop_grace_s": 2.0,
+    }
     full_env = {
         "PATH": os.environ["PATH"],
         "PYTHONPATH": str(REPO),
@@ -34,8 +40,10 @@ def pod(tmp_path: Path, *command: str, **env: str) -> subprocess.Popen:
     full_env.update(env)
     return subprocess.Popen(
         [sys.executable, "-m", "worker_entry", "kubernetes", "--", *command],
-        env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def messages(log: bytes) -> list[p.Message]:

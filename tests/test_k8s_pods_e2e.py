@@ -106,11 +106,23 @@ class LocalPods(Backend):
         self.envs[str(node.task)] = env
         pod_hostname = self.names[k].split(".")[0]
         argv = [
-            "ip", "netns", "exec", host.netns, "unshare", "--uts", "--",
-            "sh", "-c", 'hostname "$0" && exec "$@"', pod_hostname,
-            *container["command"], *container["args"],
-        ]  # fmt: skip
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            "ip",
+            "netns",
+            "exec",
+            host.netns,
+            "unshare",
+            "--uts",
+            "--",
+            "sh",
+            "-c",
+            'hostname "$0" && exec "$@"',
+            pod_hostname,
+            *container["command"],
+            *container["args"],
+        ]
+        proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
         self.procs[str(node.task)] = self.pods[pod] = proc
         chan = PodChannel(str(node.task), pod, self._kubelet_stop, 5.0)
         threading.Thread(target=self._follow, args=(proc, chan), daemon=True).start()

@@ -91,8 +91,11 @@ def test_the_jobset_restarts_all_pods_together_under_stable_dns_names(path):
     assert worker["replicas"] == 1
     job = worker["template"]["spec"]
     assert (job["completionMode"], job["completions"], job["parallelism"], job["backoffLimit"]) == (
-        "Indexed", spec.kubernetes.workers, spec.kubernetes.workers, 0,
-    )  # fmt: skip
+        "Indexed",
+        spec.kubernetes.workers,
+        spec.kubernetes.workers,
+        0,
+    )
     # the plan's TF_CONFIG names exactly the hostnames the JobSet controller gives the pods
     assert plan.nodes[-1].tf_config["cluster"]["worker"][-1] == (
         f"{spec.name}-worker-0-{spec.kubernetes.workers - 1}.{spec.name}:{spec.tensorflow.port}"
@@ -163,8 +166,11 @@ def test_a_pod_computes_exactly_the_plans_tf_config_and_environment(path, flavor
         assert {k: env[k] for k in static} == static
         assert json.loads(config.env["TF_CONFIG"]) == node.tf_config
         assert (config.task.type, config.task.index, config.tf_port, config.gpus) == (
-            node.task.type, node.task.index, node.tf_port, node.gpus,
-        )  # fmt: skip
+            node.task.type,
+            node.task.index,
+            node.tf_port,
+            node.gpus,
+        )
         assert config.wait_for_go is False
 
 

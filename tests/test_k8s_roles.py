@@ -38,7 +38,13 @@ def spec_text(section: str, strategy: str = "parameter_server", **extra) -> str:
     head = "version: 1\nname: psk\nscheduler: kubernetes\nkubernetes:\n  namespace: ml\n"
     head += "  image: registry.example.com/ml/tf:2.21\n  gpus_per_worker: 1\n"
     tail = f"tensorflow: {{strategy: {strategy}, port: 2222}}\njob: {{command: [python, train.py]}}\n"
-    return head + textwrap.indent(section, "  ") + "\n" + tail + "".join(f"{k}: {json.dumps(v)}\n" for k, v in extra.items())
+    return (
+        head
+        + textwrap.indent(section, "  ")
+        + "\n"
+        + tail
+        + "".join(f"{k}: {json.dumps(v)}\n" for k, v in extra.items())
+    )
 
 
 PS = "roles: {chief: 1, worker: 2, ps: 2, evaluator: 1}"
@@ -51,18 +57,30 @@ def errors(text: str) -> list[str]:
 @pytest.mark.parametrize(
     ("section", "strategy", "expected"),
     [
-        ("namespace: ml", "multi_worker_mirrored",
-         "s.yaml:5: kubernetes: needs kubernetes.workers (the worker pods) or kubernetes.roles"),
-        ("workers: 2\nroles: {worker: 2}", "multi_worker_mirrored",
-         "s.yaml:8: kubernetes.workers: not used with kubernetes.roles"),
+        (
+            "namespace: ml",
+            "multi_worker_mirrored",
+            "s.yaml:5: kubernetes: needs kubernetes.workers (the worker pods) or kubernetes.roles",
+        ),
+        (
+            "workers: 2\nroles: {worker: 2}",
+            "multi_worker_mirrored",
+            "s.yaml:8: kubernetes.workers: not used with kubernetes.roles",
+        ),
         ("workers: 2", "parameter_server", "tensorflow.strategy: parameter_server needs kubernetes.roles"),
-        ("roles: {worker: 2, ps: 1}", "multi_worker_mirrored",
-         "s.yaml:8: kubernetes.roles.ps: not a role of strategy multi_worker_mirrored"),
-        ("roles: {chief: 1, worker: 2}", "parameter_server",
-         "kubernetes.roles: strategy parameter_server needs at least 1 ps task(s)"),
+        (
+            "roles: {worker: 2, ps: 1}",
+            "multi_worker_mirrored",
+            "s.yaml:8: kubernetes.roles.ps: not a role of strategy multi_worker_mirrored",
+        ),
+        (
+            "roles: {chief: 1, worker: 2}",
+            "parameter_server",
+            "kubernetes.roles: strategy parameter_server needs at least 1 ps task(s)",
+        ),
         ("roles: {chief: 2, worker: 1, ps: 1}", "parameter_server", "kubernetes.roles.chief: 2 chief tasks in the job"),
     ],
-)  # fmt: skip
+)
 def test_role_mistakes_are_named_at_their_field(section, strategy, expected):
     assert any(expected in e for e in errors(spec_text(section, strategy))), errors(spec_text(section, strategy))
 
@@ -97,15 +115,16 @@ def test_one_job_per_role_valid_and_every_pods_tf_config_through_tensorflow(flav
 
     spec = with_flavor(load_spec_text(spec_text(PS), "s.yaml").spec, flavor)
     plan = kubernetes_plan(spec, run_id="r1")
-    assert [str(n.task) for n in plan.nodes] == [
-        "chief:0", "worker:0", "worker:1", "ps:0", "ps:1", "evaluator:0"]  # fmt: skip
+    assert [str(n.task) for n in plan.nodes] == ["chief:0", "worker:0", "worker:1", "ps:0", "ps:1", "evaluator:0"]
     docs = render(spec, plan)
     assert validate_manifests(docs) == []
     jobs = templates(docs)
     assert list(jobs) == ["chief", "worker", "ps", "evaluator"]
     assert {r: j["completions"] for r, j in jobs.items()} == {"chief": 1, "worker": 2, "ps": 2, "evaluator": 1}
-    gpus = {r: j["template"]["spec"]["containers"][0]["resources"].get("limits", {}).get("nvidia.com/gpu")
-            for r, j in jobs.items()}  # fmt: skip
+    gpus = {
+        r: j["template"]["spec"]["containers"][0]["resources"].get("limits", {}).get("nvidia.com/gpu")
+        for r, j in jobs.items()
+    }
     assert gpus == {"chief": "1", "worker": "1", "ps": None, "evaluator": "1"}
     assert "ports" not in jobs["evaluator"]["template"]["spec"]["containers"][0]  # no TF server
     job_of = (lambda r: f"psk-{r}-0") if flavor == "jobset" else (lambda r: f"psk-{r}")
@@ -120,7 +139,11 @@ def test_one_job_per_role_valid_and_every_pods_tf_config_through_tensorflow(flav
         env |= {"JOB_COMPLETION_INDEX": str(node.task.index), "TFCLUSTER_ATTEMPT": "0"}
         config = pod_node_config(c["args"], env)  # what worker_entry computes in that pod
         assert config.env["TF_CONFIG"] == node.env["TF_CONFIG"]
-        assert (config.task.type, config.task.index, config.tf_port) == (node.task.type, node.task.index, node.tf_port or None)
+        assert (config.task.type, config.task.index, config.tf_port) == (
+            node.task.type,
+            node.task.index,
+            node.tf_port or None,
+        )
         monkeypatch.setenv("TF_CONFIG", config.env["TF_CONFIG"])
         r = resolver_cls()
         assert r.cluster_spec().as_dict() == cluster  # the evaluator is in no list
@@ -128,7 +151,9 @@ def test_one_job_per_role_valid_and_every_pods_tf_config_through_tensorflow(flav
         assert config.env["TFCLUSTER_IS_CHIEF"] == ("1" if node.task.type == "chief" else "0")
     with pytest.raises(ValueError, match="JOB_COMPLETION_INDEX=1 but the job has 1 evaluator task"):
         c = jobs["evaluator"]["template"]["spec"]["containers"][0]
-        pod_node_config(c["args"], {e["name"]: e["value"] for e in c["env"] if "value" in e} | {"JOB_COMPLETION_INDEX": "1"})
+        pod_node_config(
+            c["args"], {e["name"]: e["value"] for e in c["env"] if "value" in e} | {"JOB_COMPLETION_INDEX": "1"}
+        )
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
@@ -159,8 +184,13 @@ def test_failure_and_success_policies_follow_the_role_table():
     assert jobs["worker"]["podReplacementPolicy"] == "Failed"  # one pod per hostname at a time
     assert "backoffLimit" not in jobs["worker"]
     rules = jobs["evaluator"]["podFailurePolicy"]["rules"]
-    assert rules[0] == {"action": "Ignore", "onExitCodes": {"containerName": "tensorflow", "operator": "NotIn", "values": [0]}}
-    mwms = load_spec_text(spec_text("roles: {chief: 1, worker: 2, evaluator: 1}", "multi_worker_mirrored"), "s.yaml").spec
+    assert rules[0] == {
+        "action": "Ignore",
+        "onExitCodes": {"containerName": "tensorflow", "operator": "NotIn", "values": [0]},
+    }
+    mwms = load_spec_text(
+        spec_text("roles: {chief: 1, worker: 2, evaluator: 1}", "multi_worker_mirrored"), "s.yaml"
+    ).spec
     (js,) = render(mwms, kubernetes_plan(mwms, run_id="r1"))
     assert js["spec"]["successPolicy"]["targetReplicatedJobs"] == ["chief", "worker"]
     assert [j["backoffLimit"] for j in templates([js]).values()] == [0, 0, 0]
@@ -172,8 +202,14 @@ def test_failure_and_success_policies_follow_the_role_table():
 # --- FAKE TIER: launch ----------------------------------------------------------------------------
 
 
-def launch(tmp_path, cluster: FakeCluster, flavor: str = "jobset", roles: str = "roles: {chief: 1, worker: 2, ps: 1}",
-           strategy: str = "parameter_server", task_restarts: int = 2):
+def launch(
+    tmp_path,
+    cluster: FakeCluster,
+    flavor: str = "jobset",
+    roles: str = "roles: {chief: 1, worker: 2, ps: 1}",
+    strategy: str = "parameter_server",
+    task_restarts: int = 2,
+):
     text = spec_text(roles, strategy)
     doc = yaml.safe_load(text)
     doc["kubernetes"]["flavor"] = flavor
@@ -182,7 +218,9 @@ def launch(tmp_path, cluster: FakeCluster, flavor: str = "jobset", roles: str = 
     doc["restart"] = {"max_restarts": 0, "max_task_restarts": task_restarts}
     loaded = load_spec_text(yaml.safe_dump(doc), "fake.yaml")
     plan = kubernetes_plan(loaded.spec, run_id="fake-1")
-    backend = KubernetesBackend(loaded.spec, plan, KubeApi(cluster.core, cluster.batch, cluster.custom, "ml"), poll_s=0.05)
+    backend = KubernetesBackend(
+        loaded.spec, plan, KubeApi(cluster.core, cluster.batch, cluster.custom, "ml"), poll_s=0.05
+    )
     opts = LaunchOptions(run_dir=str(tmp_path / "run"), live=False, echo_logs=False)
     return Job(loaded, plan, opts, backend).run(), RunDir(tmp_path / "run")
 
@@ -220,8 +258,11 @@ def when_running(run_dir, task: str, then) -> None:
 def when_reported(run_dir, then, started: int = 0) -> None:
     """Call ``then`` once the launcher reported a role's failure (and, with ``started``, once the
     evaluator started that many times)."""
-    when(run_dir, lambda evs: any(e.get("event") == "role_failure" for e in evs) and starts(evs, "evaluator:0") >= started,
-         then)  # fmt: skip
+    when(
+        run_dir,
+        lambda evs: any(e.get("event") == "role_failure" for e in evs) and starts(evs, "evaluator:0") >= started,
+        then,
+    )
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
@@ -281,7 +322,9 @@ def test_a_ps_pod_that_dies_ends_the_job_with_the_ps_as_root_cause(tmp_path, fla
 
 
 @pytest.mark.parametrize("task_restarts", [2, 0])
-def test_a_sidecar_evaluator_that_dies_is_followed_to_its_replacement_and_the_mwms_training_succeeds(tmp_path, task_restarts):
+def test_a_sidecar_evaluator_that_dies_is_followed_to_its_replacement_and_the_mwms_training_succeeds(
+    tmp_path, task_restarts
+):
     """Its Job ignores its failure (podFailurePolicy), so the JobSet never restarts the training, and puts
     a new pod in its place, which the launcher follows as the evaluator's restart (within
     ``restart.max_task_restarts``; beyond, the failure is only reported)."""
@@ -293,6 +336,7 @@ def test_a_sidecar_evaluator_that_dies_is_followed_to_its_replacement_and_the_mw
         if task == "evaluator:0" and first:
             when_running(tmp_path / "run", task, lambda: _fail(cluster, pod, "evaluator: no checkpoint dir\n"))
         elif task != "evaluator:0":
+
             def done() -> None:  # once the evaluator failed (and its replacement runs, when followed), training ends
                 cluster.append(name, exited_line(0))
                 cluster.end_pod(name, "status-succeeded.json")
@@ -300,8 +344,13 @@ def test_a_sidecar_evaluator_that_dies_is_followed_to_its_replacement_and_the_mw
             when_reported(tmp_path / "run", done, started=2 if task_restarts else 0)
 
     cluster = FakeCluster(behaviour=behaviour)
-    result, run = launch(tmp_path, cluster, roles="roles: {chief: 1, worker: 1, evaluator: 1}", strategy="multi_worker_mirrored",
-                         task_restarts=task_restarts)  # fmt: skip
+    result, run = launch(
+        tmp_path,
+        cluster,
+        roles="roles: {chief: 1, worker: 1, evaluator: 1}",
+        strategy="multi_worker_mirrored",
+        task_restarts=task_restarts,
+    )
     assert result.state == JobState.SUCCEEDED, result.root_cause
     assert len(result.attempts) == 1 and result.tasks["chief:0"].state == TaskState.SUCCEEDED
     failures = [e for e in jsonl(run.path / "events.jsonl") if e.get("event") == "role_failure"]

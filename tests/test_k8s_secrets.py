@@ -36,7 +36,13 @@ def spec_text(flavor: str, command=COMMAND, **kube) -> str:
         "version": 1,
         "name": "secret-run",
         "scheduler": "kubernetes",
-        "kubernetes": {"namespace": "ml", "image": "registry.example.com/tf:2.21", "workers": 2, "flavor": flavor, **kube},
+        "kubernetes": {
+            "namespace": "ml",
+            "image": "registry.example.com/tf:2.21",
+            "workers": 2,
+            "flavor": flavor,
+            **kube,
+        },
         "job": {"command": command, "env": {**SECRETS, "NCCL_DEBUG": "WARN", "COST": "$(NOT_EXPANDED)"}},
         "tensorflow": {"chief": True},
     }
@@ -103,7 +109,11 @@ def test_credentials_are_in_a_secret_and_nowhere_else(flavor, command):
         assert secret not in others, secret
         assert base64.b64encode(secret.encode()).decode()[:12] not in others
     for c in containers(docs):
-        refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]}
+        refs = {
+            e["name"]: e["valueFrom"]["secretKeyRef"]
+            for e in c["env"]
+            if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]
+        }
         assert set(SECRETS) <= set(refs)
         assert all(r["name"] == "secret-run-credentials" and r["key"] in data for r in refs.values())
 
@@ -134,8 +144,13 @@ def test_the_kubelets_expansion_gives_the_pod_exactly_the_plans_command_and_envi
 
 
 def test_a_spec_without_credentials_renders_no_secret():
-    spec = load_spec_text(spec_text("jobset", ["python", "t.py"]).replace("WANDB_API_KEY", "X1").replace(
-        "DB_PASSWORD", "X2").replace("GITHUB_PAT", "X3").replace("tok-0a1b2c3d@", "")).spec  # fmt: skip
+    spec = load_spec_text(
+        spec_text("jobset", ["python", "t.py"])
+        .replace("WANDB_API_KEY", "X1")
+        .replace("DB_PASSWORD", "X2")
+        .replace("GITHUB_PAT", "X3")
+        .replace("tok-0a1b2c3d@", "")
+    ).spec
     docs = render(spec, kubernetes_plan(spec, run_id="r1"))
     assert [d["kind"] for d in docs] == ["JobSet"]
 
@@ -170,4 +185,6 @@ def test_launch_applies_the_secret_first_and_deletes_it_with_the_rest(tmp_path):
     assert [o["kind"] for o in record["objects"]] == ["Secret", "JobSet"]
     stored = "".join(p.read_text(errors="replace") for p in run.path.rglob("*") if p.is_file())
     for secret in SECRETS.values():
-        assert secret not in stored and not re.search(re.escape(base64.b64encode(secret.encode()).decode()[:12]), stored)
+        assert secret not in stored and not re.search(
+            re.escape(base64.b64encode(secret.encode()).decode()[:12]), stored
+        )

@@ -199,7 +199,10 @@ def test_a_pod_finds_its_task_from_its_completion_index():
         ({"TFCLUSTER_POD": "[1]"}, "not a JSON object"),
         ({"TFCLUSTER_POD": '{"job":"j","task_type":"boss","cluster":{},"remote_dir":"/x"}'}, "task_type"),
         ({"TFCLUSTER_POD": '{"job":"j","task_type":"ps","cluster":{},"remote_dir":"/x"}'}, "the cluster has 0 ps task"),
-        ({"TFCLUSTER_POD": '{"job":"j","task_type":"evaluator","cluster":{},"remote_dir":"/x"}'}, "the job has 0 evaluator"),
+        (
+            {"TFCLUSTER_POD": '{"job":"j","task_type":"evaluator","cluster":{},"remote_dir":"/x"}'},
+            "the job has 0 evaluator",
+        ),
     ],
 )
 def test_a_badly_configured_pod_says_what_is_wrong(change, message):

@@ -42,7 +42,9 @@ def test_a_running_job_is_scraped_with_per_task_and_job_metrics(tmp_path):
 
     loaded, plan = make_plan(2, metrics={"port": 0})
     backend = FakeBackend({"worker:0": trains, "worker:1": trains})
-    job = Job(loaded, plan, LaunchOptions(run_dir=str(tmp_path / "run"), gather=False, live=False, echo_logs=False), backend)
+    job = Job(
+        loaded, plan, LaunchOptions(run_dir=str(tmp_path / "run"), gather=False, live=False, echo_logs=False), backend
+    )
     seen: dict = {}
 
     def complete(got: dict) -> bool:
@@ -51,13 +53,23 @@ def test_a_running_job_is_scraped_with_per_task_and_job_metrics(tmp_path):
         return all(
             (value(got, name, task=task) or 0) > 0
             for task in ("worker:0", "worker:1")
-            for name in ("tfcluster_task_steps", "tfcluster_task_steps_per_second", "tfcluster_task_examples_per_second")
-        ) and all(value(got, "tfcluster_task_step_part_seconds", task=t, part="collective") for t in ("worker:0", "worker:1"))
+            for name in (
+                "tfcluster_task_steps",
+                "tfcluster_task_steps_per_second",
+                "tfcluster_task_examples_per_second",
+            )
+        ) and all(
+            value(got, "tfcluster_task_step_part_seconds", task=t, part="collective") for t in ("worker:0", "worker:1")
+        )
 
     def scrape_then_stop() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            info = json.loads((tmp_path / "run" / "launcher.json").read_text()) if (tmp_path / "run" / "launcher.json").exists() else {}
+            info = (
+                json.loads((tmp_path / "run" / "launcher.json").read_text())
+                if (tmp_path / "run" / "launcher.json").exists()
+                else {}
+            )
             if "metrics_url" in info:
                 got = scrape(info["metrics_url"])
                 if complete(got):
@@ -103,7 +115,9 @@ def test_a_real_training_job_is_scraped_while_it_trains(testbed_factory, tmp_pat
     proc = start_launch(tb, spec, run, "--metrics-port", "0", "-q")
     try:
         url = wait_until(
-            lambda: (run / "launcher.json").exists() and json.loads((run / "launcher.json").read_text()).get("metrics_url"),
+            lambda: (
+                (run / "launcher.json").exists() and json.loads((run / "launcher.json").read_text()).get("metrics_url")
+            ),
             60,
             what="the metrics URL",
         )

@@ -156,9 +156,7 @@ def profile(pre, step=100.0, inp=1.0, cpu=20.0, coll=None):
 
 
 def test_find_straggler_input_bound():
-    f = find_straggler(
-        {"worker:0": profile(2.5), "worker:1": profile(47.0, inp=44.0), "worker:2": profile(3.0)}
-    )
+    f = find_straggler({"worker:0": profile(2.5), "worker:1": profile(47.0, inp=44.0), "worker:2": profile(3.0)})
     assert f is not None and f.task == "worker:1"
     assert f.cause == "input pipeline"
     assert round(f.wait_ms, 2) == 44.25
@@ -173,25 +171,16 @@ def test_find_straggler_compute_bound():
 
 
 def test_find_straggler_other_cause():
-    f = find_straggler(
-        {"worker:0": profile(3.0), "worker:1": profile(3.0), "worker:2": profile(30.0)}
-    )
+    f = find_straggler({"worker:0": profile(3.0), "worker:1": profile(3.0), "worker:2": profile(30.0)})
     assert f is not None and f.cause == "other"
 
 
 def test_homogeneous_noise_is_not_a_straggler():
-    assert (
-        find_straggler({"worker:0": profile(3.0), "worker:1": profile(4.0), "worker:2": profile(3.5)}) is None
-    )
+    assert find_straggler({"worker:0": profile(3.0), "worker:1": profile(4.0), "worker:2": profile(3.5)}) is None
     # ratio high but absolute excess tiny
-    assert (
-        find_straggler({"worker:0": profile(0.5), "worker:1": profile(0.5), "worker:2": profile(3.0)}) is None
-    )
+    assert find_straggler({"worker:0": profile(0.5), "worker:1": profile(0.5), "worker:2": profile(3.0)}) is None
     # absolute excess large but ratio below threshold
-    assert (
-        find_straggler({"worker:0": profile(40.0), "worker:1": profile(42.0), "worker:2": profile(55.0)})
-        is None
-    )
+    assert find_straggler({"worker:0": profile(40.0), "worker:1": profile(42.0), "worker:2": profile(55.0)}) is None
 
 
 def test_single_worker_has_no_straggler():

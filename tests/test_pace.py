@@ -28,9 +28,14 @@ def test_two_slow_hosts_set_the_pace_and_the_what_if_is_computed():
     models = {t: [{"name": A100 if i < 2 else H100}] for i, t in enumerate(workers)}
     got = pace(workers, models)
     assert got["pace_model"] == A100 and got["pace_workers"] == 2 and got["workers"] == 8
-    assert got["models"][H100] == {"workers": 6, "tasks": [f"worker:{i}" for i in range(2, 8)],
-                                   "hosts": [f"node{i}" for i in range(2, 8)], "own_work_ms": 40.0,
-                                   "wait_ms": 50.0, "wait_share": 0.5}  # fmt: skip
+    assert got["models"][H100] == {
+        "workers": 6,
+        "tasks": [f"worker:{i}" for i in range(2, 8)],
+        "hosts": [f"node{i}" for i in range(2, 8)],
+        "own_work_ms": 40.0,
+        "wait_ms": 50.0,
+        "wait_share": 0.5,
+    }
     assert got["models"][A100]["wait_ms"] == 0.0 and got["allreduce_ms"] == 10.0
     assert got["step_without_ms"] == 50.0
     assert got["speedup_per_step"] == pytest.approx(2.0) and got["speedup_per_example"] == pytest.approx(1.5)
@@ -48,8 +53,10 @@ def test_when_the_slow_hosts_still_add_throughput_the_advice_says_so():
     models = {t: [{"name": A100 if i < 2 else H100}] for i, t in enumerate(workers)}
     got = pace(workers, models)
     assert got["speedup_per_step"] == pytest.approx(1.4) and got["speedup_per_example"] == pytest.approx(0.7)
-    assert pace_advice(got).endswith("but with the same per-worker batch it would process only 0.70x the examples "
-                                     "per second: they still add throughput")  # fmt: skip
+    assert pace_advice(got).endswith(
+        "but with the same per-worker batch it would process only 0.70x the examples "
+        "per second: they still add throughput"
+    )
 
 
 def test_an_even_pace_or_one_model_gives_no_what_if():
@@ -65,22 +72,53 @@ def test_report_shows_each_models_wait_and_the_what_if(tmp_path):
     task_ready events: report's figures, its section per model and its advice."""
     plan = {"job": "mixed", "nodes": [{"host": f"node{i}", "task": {"type": "worker", "index": i}} for i in range(8)]}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    events = [{"ts": T0, "event": "task_ready", "task": f"worker:{i}", "host": f"node{i}", "hostname": f"node{i}",
-               "pid": 100 + i, "gpus": [{"name": A100 if i < 2 else H100, "memory_mb": 81920}]} for i in range(8)]  # fmt: skip
+    events = [
+        {
+            "ts": T0,
+            "event": "task_ready",
+            "task": f"worker:{i}",
+            "host": f"node{i}",
+            "hostname": f"node{i}",
+            "pid": 100 + i,
+            "gpus": [{"name": A100 if i < 2 else H100, "memory_mb": 81920}],
+        }
+        for i in range(8)
+    ]
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     lines = []
     for w in range(6):
         for i in range(8):
             own = 90.0 if i < 2 else 40.0
-            lines.append({"task": f"worker:{i}", "kind": "profile", "ts": T0 + w, "steps": 10, "step_ms": 100.0,
-                          "input_ms": 1.0, "compute_ms": own - 3.0, "collective_ms": 100.0 - own, "update_ms": 1.0,
-                          "host_ms": 1.0, "other_ms": 0.0, "pre_collective_ms": own})  # fmt: skip
+            lines.append(
+                {
+                    "task": f"worker:{i}",
+                    "kind": "profile",
+                    "ts": T0 + w,
+                    "steps": 10,
+                    "step_ms": 100.0,
+                    "input_ms": 1.0,
+                    "compute_ms": own - 3.0,
+                    "collective_ms": 100.0 - own,
+                    "update_ms": 1.0,
+                    "host_ms": 1.0,
+                    "other_ms": 0.0,
+                    "pre_collective_ms": own,
+                }
+            )
     (tmp_path / "heartbeats.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     rep = build_report(RunDir(tmp_path))
     assert rep["pace"]["speedup_per_example"] == pytest.approx(1.5)
-    assert any(a.startswith(f"mixed GPU models: the 2 hosts with {A100} set the pace") for a in rep["advice"]), rep["advice"]
+    assert any(a.startswith(f"mixed GPU models: the 2 hosts with {A100} set the pace") for a in rep["advice"]), rep[
+        "advice"
+    ]
     # the step clock's straggler (one of the two A100 hosts) is its model's pace, not its own fault
-    assert any(a.startswith("worker:0 is a straggler") and f"cause: GPU model — {A100}, on 2 host(s)" in a for a in rep["advice"])
+    assert any(
+        a.startswith("worker:0 is a straggler") and f"cause: GPU model — {A100}, on 2 host(s)" in a
+        for a in rep["advice"]
+    )
     text = report_text(rep)
     assert f"  {H100}: 6 worker(s), own work 40.0 ms/step, waiting for the slowest 50.0 ms/step (50% of a step)" in text
-    assert f"  {A100}: 2 worker(s), own work 90.0 ms/step, waiting for the slowest 0.0 ms/step (0% of a step)  <- sets the pace" in text
+    assert (
+        f"  {A100}: 2 worker(s), own work 90.0 ms/step, waiting for the slowest 0.0 ms/step (0% of a step)  <- sets the pace"
+        in text
+    )

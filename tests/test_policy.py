@@ -17,8 +17,14 @@ TASKS = ["worker:0", "worker:1", "worker:2"]
 
 
 def _profile(pre: float, step: float = 100.0) -> dict:
-    return {"pre_collective_ms": pre, "step_ms": step, "input_ms": 1.0, "compute_ms": pre - 1.0,
-            "collective_ms": step - pre, "steps": 20}  # fmt: skip
+    return {
+        "pre_collective_ms": pre,
+        "step_ms": step,
+        "input_ms": 1.0,
+        "compute_ms": pre - 1.0,
+        "collective_ms": step - pre,
+        "steps": 20,
+    }
 
 
 def _run_dir(tmp_path, plan: dict, pres: list[float], rounds: int = 4) -> RunDir:
@@ -84,7 +90,13 @@ def test_a_stricter_persisted_policy_holds_for_report_too(tmp_path):
         ({}, StragglerPolicy.profile_interval_s),  # nothing known: the spec's default
         ({"nodes": [{"env": {"TFCLUSTER_PROFILE_INTERVAL_S": "2"}}]}, 2.0),  # an older plan.json
         ({"nodes": [{"env": {"TFCLUSTER_PROFILE_INTERVAL_S": "0"}}]}, StragglerPolicy.profile_interval_s),  # off
-        ({"policy": {"profile_interval_s": 3, "ratio": "x"}, "nodes": [{"env": {"TFCLUSTER_PROFILE_INTERVAL_S": "2"}}]}, 3.0),
+        (
+            {
+                "policy": {"profile_interval_s": 3, "ratio": "x"},
+                "nodes": [{"env": {"TFCLUSTER_PROFILE_INTERVAL_S": "2"}}],
+            },
+            3.0,
+        ),
     ],
 )
 def test_an_older_or_damaged_plan_json_gets_the_defaults_from_the_same_place(plan, window):

@@ -89,8 +89,10 @@ def test_advice_is_computed_from_the_model():
     ar = 2 * 15 * 5e-3 + 2 * 15 / 16 * 16e6 / 1.25e9 * 1e3  # ms
     assert s16["allreduce_ms"] == pytest.approx(ar, abs=1e-3)
     k = next(k for k in (2, 4, 8, 16) if 20 * k / (20 * k + ar) >= 0.8)
-    want = (f"at 16 workers the all-reduce is {ar / (20 + ar):.0%} of a step: a {k}x larger per-worker batch would bring "
-            f"efficiency from {20 / (20 + ar):.0%} to {20 * k / (20 * k + ar):.0%}")  # fmt: skip
+    want = (
+        f"at 16 workers the all-reduce is {ar / (20 + ar):.0%} of a step: a {k}x larger per-worker batch would bring "
+        f"efficiency from {20 / (20 + ar):.0%} to {20 * k / (20 * k + ar):.0%}"
+    )
     assert lines[0].startswith(want), lines
     faster = 2 * 15 * 5e-3 + 2 * 15 / 16 * 16e6 / 5e9 * 1e3
     assert lines[0].endswith(f"a 4x faster slowest link, to {20 / (20 + faster):.0%}"), lines
@@ -123,8 +125,17 @@ def test_network_values():
 
 def test_network_from_check_json_and_its_errors(tmp_path):
     check = tmp_path / "check.json"
-    check.write_text(json.dumps({"hosts": [], "allreduce": [], "links": [], "findings": [],
-                                 "network": {"latency_s": 4e-5, "bandwidth_Bps": 2.4e7}}))  # fmt: skip
+    check.write_text(
+        json.dumps(
+            {
+                "hosts": [],
+                "allreduce": [],
+                "links": [],
+                "findings": [],
+                "network": {"latency_s": 4e-5, "bandwidth_Bps": 2.4e7},
+            }
+        )
+    )
     net = view.network_of(str(check), None)
     assert (net.latency_s, net.bandwidth_Bps) == (4e-5, 2.4e7) and "slowest link" in net.source
     assert view.network_of(None, None, near=[tmp_path]).bandwidth_Bps == 2.4e7  # beside the run
@@ -154,8 +165,20 @@ def _split(step, allreduce, wait):
 
 
 def test_inputs_at_two_workers_fit_the_spread_to_the_measured_wait(tmp_path):
-    run = _run_dir(tmp_path, [{"steps": 20, "step_ms": 300, "pre_collective_ms": 100, "grad_bytes": 4_000_000,
-                               "grad_tensors": 6, "grad_packs": 1, "allreduce_impl": "auto"}])  # fmt: skip
+    run = _run_dir(
+        tmp_path,
+        [
+            {
+                "steps": 20,
+                "step_ms": 300,
+                "pre_collective_ms": 100,
+                "grad_bytes": 4_000_000,
+                "grad_tensors": 6,
+                "grad_packs": 1,
+                "allreduce_impl": "auto",
+            }
+        ],
+    )
     inp = view.inputs_from(
         {"workers": 2, "run_dir": str(run), "split": _split(300.0, 180.0, 20.0), "per_worker_batch": 64}
     )

@@ -19,8 +19,14 @@ pytestmark = pytest.mark.e2e  # launches TensorFlow
 def _run(*args: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFCLUSTER_") and k != "TF_CONFIG"}
     env.update(PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "workloads" / "grad_bytes_cases.py"), *args],
-                         env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "workloads" / "grad_bytes_cases.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
     assert out.returncode == 0 and lines, out.stderr[-3000:]
     return json.loads(lines[0][7:])

@@ -11,10 +11,7 @@ from worker_entry import protocol as p
 
 def test_frame_decoder_skips_shell_noise_and_reassembles():
     stream = (
-        b"Welcome to host!\nlast login...\n"
-        + p.MARKER
-        + p.msg_frame({"type": "hello"})
-        + p.log_frame(1, b"a\nb\n")
+        b"Welcome to host!\nlast login...\n" + p.MARKER + p.msg_frame({"type": "hello"}) + p.log_frame(1, b"a\nb\n")
     )
     dec = p.FrameDecoder()
     frames = []
@@ -58,10 +55,21 @@ def test_the_preamble_before_the_marker_is_bounded():
 @pytest.mark.parametrize(
     "msg",
     [
-        p.Hello(pid=7, remote_dir="/r", facts=p.NodeFacts(hostname="h", gpus=[p.GpuInfo(0, "H100", 81559)]),
-                task=p.TaskRef("chief", 0)),
-        p.Heartbeat(seq=3, ts=1.5, state="running", cpu_pct=12.5, rss_mb=3.0, gpus=[p.GpuSample(0, 97.0, 10)],
-                    progress=p.Progress(steps=10, examples=320, ts=2.0)),
+        p.Hello(
+            pid=7,
+            remote_dir="/r",
+            facts=p.NodeFacts(hostname="h", gpus=[p.GpuInfo(0, "H100", 81559)]),
+            task=p.TaskRef("chief", 0),
+        ),
+        p.Heartbeat(
+            seq=3,
+            ts=1.5,
+            state="running",
+            cpu_pct=12.5,
+            rss_mb=3.0,
+            gpus=[p.GpuSample(0, 97.0, 10)],
+            progress=p.Progress(steps=10, examples=320, ts=2.0),
+        ),
         p.Spawned(pid=9),
         p.Started(how="tf_server"),
         p.StrategyInfo(communication="ring", timeout_s=None),
@@ -88,7 +96,10 @@ def test_commands_round_trip_and_accept_the_old_spelling():
         (b'{"type":"hello","pid":"1","remote_dir":"/"}', "hello.pid: expected an integer, got '1'"),
         (b'{"type":"hello","remote_dir":"/"}', "hello.pid: required field is missing"),
         (b'{"type":"heartbeat","seq":1,"cpu_pct":NaN}', "heartbeat.cpu_pct: expected a number"),
-        (b'{"type":"heartbeat","seq":1,"gpus":[{"index":0,"util":101}]}', "heartbeat.gpus[0].util: expected a value in [0, 100]"),
+        (
+            b'{"type":"heartbeat","seq":1,"gpus":[{"index":0,"util":101}]}',
+            "heartbeat.gpus[0].util: expected a value in [0, 100]",
+        ),
         (b'{"type":"exited","code":true}', "exited.code: expected an integer, got True"),
         (b'{"type":"exited","code":256}', "exited.code: expected a value in [0, 255]"),
         (b'{"type":"started","how":"magic"}', "started.how: expected one of"),

@@ -32,23 +32,53 @@ def test_names_urls_and_flags_are_redacted():
     }
     red = redact_env(env)
     assert {k for k, v in red.items() if v == "<redacted>"} == {
-        "DB_PASSWORD", "SESSION_COOKIE", "AWS_SECRET_ACCESS_KEY", "SENTRY_DSN", "HF_TOKEN"
-    }  # fmt: skip
+        "DB_PASSWORD",
+        "SESSION_COOKIE",
+        "AWS_SECRET_ACCESS_KEY",
+        "SENTRY_DSN",
+        "HF_TOKEN",
+    }
     assert red["MLFLOW_URI"] == "https://alice:<redacted>@mlflow.example/x" and red["NCCL_DEBUG"] == "WARN"
-    argv = ["python", "t.py", "--token", "abc123", "--api-key=xyz", "-p", "3", "--db", "postgres://u:pw9@h/d", "--lr", "1"]
+    argv = [
+        "python",
+        "t.py",
+        "--token",
+        "abc123",
+        "--api-key=xyz",
+        "-p",
+        "3",
+        "--db",
+        "postgres://u:pw9@h/d",
+        "--lr",
+        "1",
+    ]
     assert redact_argv(argv) == [
-        "python", "t.py", "--token", "<redacted>", "--api-key=<redacted>", "-p", "3", "--db",
-        "postgres://u:<redacted>@h/d", "--lr", "1",
-    ]  # fmt: skip
+        "python",
+        "t.py",
+        "--token",
+        "<redacted>",
+        "--api-key=<redacted>",
+        "-p",
+        "3",
+        "--db",
+        "postgres://u:<redacted>@h/d",
+        "--lr",
+        "1",
+    ]
     assert set(secret_values({"A_TOKEN": "tok"}, argv)) == {"tok", "abc123", "xyz", "pw9"}
 
 
 def test_names_short_flags_url_users_and_shell_snippets_are_redacted():
     env = {
-        "GITHUB_PAT": "pat-1111", "PRIVATE_SSH": "ssh-2222", "DB_PW": "pw-3333", "PYTHONPATH": "/src",
-        "PATH": "/usr/bin", "REPO": "https://ghp_0123456789abcdefghijKLMN@github.com/o/r.git",
-        "MIRROR": "ssh://git@github.com/o/r.git", "CONN": "Server=db;Password=odbc-4444;Database=x",
-    }  # fmt: skip
+        "GITHUB_PAT": "pat-1111",
+        "PRIVATE_SSH": "ssh-2222",
+        "DB_PW": "pw-3333",
+        "PYTHONPATH": "/src",
+        "PATH": "/usr/bin",
+        "REPO": "https://ghp_0123456789abcdefghijKLMN@github.com/o/r.git",
+        "MIRROR": "ssh://git@github.com/o/r.git",
+        "CONN": "Server=db;Password=odbc-4444;Database=x",
+    }
     red = redact_env(env)
     assert {k for k, v in red.items() if v == "<redacted>"} == {"GITHUB_PAT", "PRIVATE_SSH", "DB_PW"}
     assert red["PYTHONPATH"] == "/src" and red["PATH"] == "/usr/bin" and red["MIRROR"] == env["MIRROR"]
@@ -59,7 +89,7 @@ def test_names_short_flags_url_users_and_shell_snippets_are_redacted():
     snippet = (
         "export DB_PASSWORD=sh-5555; git clone https://tok-6666@github.com/o/r && "
         "python t.py --token tk-7777 --lr 1 && curl -H 'Authorization: Bearer br-8888' https://x && "
-        "sh -c \"python u.py --api-key=ak-9999 -p pp-0000\""
+        'sh -c "python u.py --api-key=ak-9999 -p pp-0000"'
     )
     shown = redact_argv(["bash", "-c", snippet])
     for secret in ("sh-5555", "tok-6666", "tk-7777", "br-8888", "ak-9999", "pp-0000"):
@@ -77,7 +107,9 @@ def test_the_run_directory_never_holds_a_secret(tmp_path, monkeypatch):
     loaded, plan = make_plan(2, job={**SPEC_ENV, "command": COMMAND})
     monkeypatch.setattr(sys, "argv", ["tfcluster", "launch", "s.yaml", "--", *COMMAND])
     backend = FakeBackend({"worker:0": healthy(0.1), "worker:1": healthy(0.1)})
-    Job(loaded, plan, LaunchOptions(run_dir=str(tmp_path / "run"), gather=False, live=False, echo_logs=False), backend).run()
+    Job(
+        loaded, plan, LaunchOptions(run_dir=str(tmp_path / "run"), gather=False, live=False, echo_logs=False), backend
+    ).run()
     run = tmp_path / "run"
     stored = "".join(p.read_text(errors="replace") for p in run.rglob("*") if p.is_file())
     for secret in ("wandb-0123456789", "pa55word", "hf_abcdefgh"):
@@ -92,11 +124,19 @@ def test_the_run_directory_never_holds_a_secret(tmp_path, monkeypatch):
 
 
 def test_the_run_directory_never_holds_a_secret_from_a_shell_snippet(tmp_path, monkeypatch):
-    command = ["bash", "-c", "export DB_PASSWORD=sh-55555; mysql -p my-66666 && git clone https://tok-77777@github.com/o/r"]
-    loaded, plan = make_plan(2, job={"env": {"GITHUB_PAT": "pat-88888", "PRIVATE_SSH": "ssh-99999"}, "command": command})
+    command = [
+        "bash",
+        "-c",
+        "export DB_PASSWORD=sh-55555; mysql -p my-66666 && git clone https://tok-77777@github.com/o/r",
+    ]
+    loaded, plan = make_plan(
+        2, job={"env": {"GITHUB_PAT": "pat-88888", "PRIVATE_SSH": "ssh-99999"}, "command": command}
+    )
     monkeypatch.setattr(sys, "argv", ["tfcluster", "launch", "s.yaml", "--", *command])
     backend = FakeBackend({"worker:0": healthy(0.1), "worker:1": healthy(0.1)})
-    Job(loaded, plan, LaunchOptions(run_dir=str(tmp_path / "run"), gather=False, live=False, echo_logs=False), backend).run()
+    Job(
+        loaded, plan, LaunchOptions(run_dir=str(tmp_path / "run"), gather=False, live=False, echo_logs=False), backend
+    ).run()
     stored = "".join(p.read_text(errors="replace") for p in (tmp_path / "run").rglob("*") if p.is_file())
     for secret in ("sh-55555", "my-66666", "tok-77777", "pat-88888", "ssh-99999"):
         assert secret not in stored, secret

@@ -185,14 +185,21 @@ STATUS = {
     "state": "running",
     "tasks": {
         f"worker:{i}": {
-            "host": f"gpu-node-{i:03d}.rack-7.cluster.example.org", "state": "running", "steps": 1200 + i,
-            "step_time_s": 0.1234, "examples_per_s": 2593.0, "cpu_pct": 97.0, "rss_mb": 2048.0,
-            "gpus": [{"util": 99}], "last_heartbeat_age_s": 0.4, "straggler": i == 1,
+            "host": f"gpu-node-{i:03d}.rack-7.cluster.example.org",
+            "state": "running",
+            "steps": 1200 + i,
+            "step_time_s": 0.1234,
+            "examples_per_s": 2593.0,
+            "cpu_pct": 97.0,
+            "rss_mb": 2048.0,
+            "gpus": [{"util": 99}],
+            "last_heartbeat_age_s": 0.4,
+            "straggler": i == 1,
             "gpu_problems": [{"problem": "thermal throttling"}] if i == 1 else [],
         }
         for i in range(3)
     },
-}  # fmt: skip
+}
 
 
 def _rendered(width: int) -> list[str]:

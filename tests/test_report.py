@@ -123,7 +123,10 @@ def test_midrun_straggler_is_diluted_over_the_run_and_clear_with_last(tmp_path):
     assert not any("communication-bound" in a for a in recent["advice"])
     assert "of the last" in report_text(recent)
     # scores compare its last windows with its best of the whole run
-    assert recent["workers"]["worker:1"]["individual_score"] < 0.5 and whole["workers"]["worker:0"]["individual_score"] == 1.0
+    assert (
+        recent["workers"]["worker:1"]["individual_score"] < 0.5
+        and whole["workers"]["worker:0"]["individual_score"] == 1.0
+    )
 
 
 def _with_heartbeats(run: RunDir, host_of, gpus_of=None) -> None:
@@ -157,16 +160,23 @@ def test_every_worker_starved_of_cpu_is_named_and_the_all_reduce_is_not_blamed_o
     communication-bound: the all-reduce the step clock measures includes that wait on every host."""
     run = _run_dir(tmp_path, 10, 0)  # 80 % of each step in the all-reduce itself
     waits = {"worker:0": 61.0, "worker:1": 66.0, "worker:2": 70.0}
-    _with_heartbeats(run, lambda t: {"interval_s": 1.0, "run_ms": 100.0 - waits[t], "wait_ms": waits[t], "wait_pct": waits[t]})
+    _with_heartbeats(
+        run, lambda t: {"interval_s": 1.0, "run_ms": 100.0 - waits[t], "wait_ms": waits[t], "wait_pct": waits[t]}
+    )
     rep = build_report(run)
     assert [p["kind"] for p in rep["shared_problems"]] == ["cpu wait"]
-    assert any(a.startswith("every host: all 3 workers' training processes waited for a CPU 61-70% of the time") for a in rep["advice"]), rep["advice"]
+    assert any(
+        a.startswith("every host: all 3 workers' training processes waited for a CPU 61-70% of the time")
+        for a in rep["advice"]
+    ), rep["advice"]
     assert any(a.startswith("the all-reduce time (16.0 ms, 80% of a step) is inflated by it") for a in rep["advice"])
     assert not any("communication-bound" in a for a in rep["advice"]), rep["advice"]
     assert not any("is a straggler" in a for a in rep["advice"])  # the relative rules name nobody: right
     # one worker at 66 % and two at 30 %: no shared starvation (and the relative rule names the one)
     waits.update({"worker:0": 30.0, "worker:2": 30.0})
-    _with_heartbeats(run, lambda t: {"interval_s": 1.0, "run_ms": 100.0 - waits[t], "wait_ms": waits[t], "wait_pct": waits[t]})
+    _with_heartbeats(
+        run, lambda t: {"interval_s": 1.0, "run_ms": 100.0 - waits[t], "wait_ms": waits[t], "wait_pct": waits[t]}
+    )
     assert build_report(run)["shared_problems"] == []
 
 
@@ -186,8 +196,15 @@ def test_gpu_models_per_host_mixed_models_and_a_throttled_gpu(tmp_path):
     run = _run_dir(tmp_path, 10, 0)
     models = {"worker:0": "NVIDIA A100-SXM4-80GB", "worker:1": "NVIDIA A100-SXM4-80GB", "worker:2": "NVIDIA V100"}
     events = [
-        {"ts": T0, "event": "task_ready", "task": t, "host": f"10.0.0.{i + 1}", "hostname": f"node{i}", "pid": 100 + i,
-         "gpus": [{"name": m, "memory_mb": 81920}]}
+        {
+            "ts": T0,
+            "event": "task_ready",
+            "task": t,
+            "host": f"10.0.0.{i + 1}",
+            "hostname": f"node{i}",
+            "pid": 100 + i,
+            "gpus": [{"name": m, "memory_mb": 81920}],
+        }
         for i, (t, m) in enumerate(models.items())
     ]
     run.events_jsonl.write_text("".join(json.dumps(e) + "\n" for e in events))
@@ -201,7 +218,9 @@ def test_gpu_models_per_host_mixed_models_and_a_throttled_gpu(tmp_path):
     assert rep["gpu_models"]["mixed"] is True
     assert rep["gpu_models"]["per_host"]["10.0.0.3"] == ["NVIDIA V100 (80 GiB)"]
     # relative to its peers of the same model (the A100s: worker:0), not to its maximum clock
-    assert any("worker:1's GPU 0: runs at 1.10 GHz, 22% below its peers' 1.41 GHz" in a for a in rep["advice"]), rep["advice"]
+    assert any("worker:1's GPU 0: runs at 1.10 GHz, 22% below its peers' 1.41 GHz" in a for a in rep["advice"]), rep[
+        "advice"
+    ]
     assert [(p["task"], p["problem"]) for p in rep["gpu_problems"]] == [("worker:1", "slow")]
     assert "MIXED MODELS" in report_text(rep)
 

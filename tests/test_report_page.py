@@ -88,9 +88,19 @@ def test_a_thousand_task_report_shows_the_distribution_and_the_outliers(tmp_path
 def test_a_sweep_page_of_a_thousand_workers_draws_their_distribution(tmp_path):
     run = big_run(tmp_path / "run")
     rep = build_report(RunDir(run))
-    summary = {"sizes": [{"workers": 1000, "run_dir": str(run), "throughput": 20213.0, "efficiency": 0.3,
-                          "per_worker": rep["workers"], "split": None}],
-               "advice": [{"advice": "give the workers the CPU they need " * 8}]}  # fmt: skip
+    summary = {
+        "sizes": [
+            {
+                "workers": 1000,
+                "run_dir": str(run),
+                "throughput": 20213.0,
+                "efficiency": 0.3,
+                "per_worker": rep["workers"],
+                "split": None,
+            }
+        ],
+        "advice": [{"advice": "give the workers the CPU they need " * 8}],
+    }
     page, pngs = sweep_page(summary, "SIZE  WORKERS\n1000 …", tmp_path)
     assert [p.name for p in pngs] == ["scaling.png", "step_times_1000.png", "step_hist_1000.png", "time_split_1000.png"]
     doc = page.read_text()

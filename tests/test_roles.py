@@ -53,7 +53,14 @@ def resolver_cls():
 def test_ps_plan_ranks_ports_and_tf_config_through_tensorflow(resolver_cls, monkeypatch):
     plan = plan_of(PS)
     assert [str(n.task) for n in plan.nodes] == [
-        "chief:0", "worker:0", "worker:1", "worker:2", "ps:0", "ps:1", "evaluator:0"]  # fmt: skip
+        "chief:0",
+        "worker:0",
+        "worker:1",
+        "worker:2",
+        "ps:0",
+        "ps:1",
+        "evaluator:0",
+    ]
     cluster = {
         "chief": ["10.0.0.1:2222"],
         # a host's tasks take its tf_port, +1, ... in role order: workers first, then its ps
@@ -88,67 +95,104 @@ def test_mwms_with_sidecar_evaluator(resolver_cls, monkeypatch):
 
 
 def test_hosts_without_roles_plan_exactly_as_before():
-    text = "version: 1\nname: j\nhosts:\n  - {address: a}\n  - {address: b}\n  - {address: c}\n" \
-           "tensorflow: {chief: true}\njob: {command: [x]}\n"  # fmt: skip
+    text = (
+        "version: 1\nname: j\nhosts:\n  - {address: a}\n  - {address: b}\n  - {address: c}\n"
+        "tensorflow: {chief: true}\njob: {command: [x]}\n"
+    )
     plan = plan_of(text)
     assert [(str(n.task), n.host, n.tf_port) for n in plan.nodes] == [
-        ("chief:0", "a", 12345), ("worker:0", "b", 12345), ("worker:1", "c", 12345)]  # fmt: skip
+        ("chief:0", "a", 12345),
+        ("worker:0", "b", 12345),
+        ("worker:1", "c", 12345),
+    ]
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        (MWMS_EVAL.replace("{worker: 1}", "{worker: 1, ps: 1}"),
-         "s.yaml:5: hosts[1].roles.ps: not a role of strategy multi_worker_mirrored (ps tasks hold variables only "
-         "under strategy: parameter_server); allowed: chief, worker, evaluator"),
-        (MWMS_EVAL.replace("{evaluator: 1}", "{evaluator: 2}"),
-         "s.yaml:6: hosts[2].roles.evaluator: 2 evaluator tasks over all hosts; strategy multi_worker_mirrored "
-         "allows at most 1 (one sidecar evaluator watches the checkpoints)"),
-        (PS.replace("{chief: 1}", "{worker: 1}"),
-         "s.yaml:4: hosts: strategy parameter_server needs at least 1 chief task(s) (the chief runs the "
-         "ClusterCoordinator: exactly one); give a host roles: {chief: 1}"),
-        (PS.replace("ps: 1}", "ps: 0}").replace("ps: 1,", "ps: 0,"),
-         "s.yaml:4: hosts: strategy parameter_server needs at least 1 ps task(s) (the variables live on ps tasks: "
-         "at least one); give a host roles: {ps: 1}"),
-        (PS.replace("{chief: 1}", "{chief: 1, worker: 0}").replace("{worker: 1, ps: 1, evaluator: 1}", "{chief: 1}"),
-         "s.yaml:6: hosts[2].roles.chief: 2 chief tasks over all hosts; strategy parameter_server allows at most 1 "
-         "(the chief runs the ClusterCoordinator: exactly one)"),
-        (PS.replace("roles: {chief: 1}", "roles: {}"),
-         "s.yaml:4: hosts[0].roles: runs no task: give a role a count of 1 or more, or remove the host"),
-        ("version: 1\nname: j\nhosts:\n  - {address: a}\n  - {address: b}\ntensorflow: {strategy: parameter_server}\n"
-         "job: {command: [x]}\n",
-         "s.yaml:6: tensorflow.strategy: parameter_server needs hosts[].roles: one chief, at least one worker and one "
-         "ps, e.g. roles: {chief: 1} on one host and roles: {worker: 2, ps: 1} on another"),
-        (MWMS_EVAL.replace("tensorflow: {port: 2222}", "tensorflow: {port: 2222, chief: true}"),
-         "s.yaml:7: tensorflow.chief: with hosts[].roles, name the chief as a role (roles: {chief: 1}) and remove "
-         "tensorflow.chief"),
-        ("version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2}\ntensorflow: {strategy: parameter_server}\n"
-         "job: {command: [x]}\n",
-         "s.yaml:5: tensorflow.strategy: parameter_server needs slurm.roles: one chief, at least one worker and one "
-         "ps, e.g. slurm.roles: {chief: 1, worker: 2, ps: 1}"),
-        ("version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, tasks_per_node: 2, roles: {chief: 1, worker: 2, ps: 2}}\n"
-         "tensorflow: {strategy: parameter_server}\njob: {command: [x]}\n",
-         "s.yaml:4: slurm.roles: 5 tasks by role, but slurm.nodes x slurm.tasks_per_node = 2 x 2 = 4 task slots: make "
-         "them equal (Slurm places the tasks in rank order: chief, workers, ps, evaluator)"),
-        ("version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, roles: {worker: 1, ps: 1}}\njob: {command: [x]}\n",
-         "s.yaml:4: slurm.roles.ps: not a role of strategy multi_worker_mirrored (ps tasks hold variables only under "
-         "strategy: parameter_server); allowed: chief, worker, evaluator"),
-        ("version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 3, roles: {chief: 1, worker: 2}}\n"
-         "tensorflow: {strategy: parameter_server}\njob: {command: [x]}\n",
-         "s.yaml:4: slurm.roles: strategy parameter_server needs at least 1 ps task(s) (the variables live on ps tasks: "
-         "at least one); set slurm.roles.ps: 1"),
-        ("version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, roles: {chief: 1, worker: 1}}\n"
-         "tensorflow: {chief: true}\njob: {command: [x]}\n",
-         "s.yaml:5: tensorflow.chief: with slurm.roles, name the chief as a role (roles: {chief: 1}) and remove "
-         "tensorflow.chief"),
-        ("version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, roles: {chief: 1, worker: -1}}\njob: {command: [x]}\n",
-         "s.yaml:4: slurm.roles.worker: must be greater than or equal to 0, got -1 (int)"),
-        ("version: 1\nname: j\nhosts:\n  - {address: a, roles: {boss: 1}}\njob: {command: [x]}\n",
-         "s.yaml:4: hosts[0].roles.boss: must be 'chief', 'worker', 'ps' or 'evaluator', got 'boss' (str)"),
-        ("version: 1\nname: j\nhosts:\n  - {address: a, roles: {worker: 2}}\n  - {address: a, port: 23, tf_port: 12346}\n"
-         "job: {command: [x]}\n",
-         "s.yaml:5: hosts[1].tf_port: TF port 12346 is already used by hosts[0] on the same machine; TensorFlow's "
-         "gRPC server binds every address, so give each task on one machine its own tf_port"),
+        (
+            MWMS_EVAL.replace("{worker: 1}", "{worker: 1, ps: 1}"),
+            "s.yaml:5: hosts[1].roles.ps: not a role of strategy multi_worker_mirrored (ps tasks hold variables only "
+            "under strategy: parameter_server); allowed: chief, worker, evaluator",
+        ),
+        (
+            MWMS_EVAL.replace("{evaluator: 1}", "{evaluator: 2}"),
+            "s.yaml:6: hosts[2].roles.evaluator: 2 evaluator tasks over all hosts; strategy multi_worker_mirrored "
+            "allows at most 1 (one sidecar evaluator watches the checkpoints)",
+        ),
+        (
+            PS.replace("{chief: 1}", "{worker: 1}"),
+            "s.yaml:4: hosts: strategy parameter_server needs at least 1 chief task(s) (the chief runs the "
+            "ClusterCoordinator: exactly one); give a host roles: {chief: 1}",
+        ),
+        (
+            PS.replace("ps: 1}", "ps: 0}").replace("ps: 1,", "ps: 0,"),
+            "s.yaml:4: hosts: strategy parameter_server needs at least 1 ps task(s) (the variables live on ps tasks: "
+            "at least one); give a host roles: {ps: 1}",
+        ),
+        (
+            PS.replace("{chief: 1}", "{chief: 1, worker: 0}").replace("{worker: 1, ps: 1, evaluator: 1}", "{chief: 1}"),
+            "s.yaml:6: hosts[2].roles.chief: 2 chief tasks over all hosts; strategy parameter_server allows at most 1 "
+            "(the chief runs the ClusterCoordinator: exactly one)",
+        ),
+        (
+            PS.replace("roles: {chief: 1}", "roles: {}"),
+            "s.yaml:4: hosts[0].roles: runs no task: give a role a count of 1 or more, or remove the host",
+        ),
+        (
+            "version: 1\nname: j\nhosts:\n  - {address: a}\n  - {address: b}\ntensorflow: {strategy: parameter_server}\n"
+            "job: {command: [x]}\n",
+            "s.yaml:6: tensorflow.strategy: parameter_server needs hosts[].roles: one chief, at least one worker and one "
+            "ps, e.g. roles: {chief: 1} on one host and roles: {worker: 2, ps: 1} on another",
+        ),
+        (
+            MWMS_EVAL.replace("tensorflow: {port: 2222}", "tensorflow: {port: 2222, chief: true}"),
+            "s.yaml:7: tensorflow.chief: with hosts[].roles, name the chief as a role (roles: {chief: 1}) and remove "
+            "tensorflow.chief",
+        ),
+        (
+            "version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2}\ntensorflow: {strategy: parameter_server}\n"
+            "job: {command: [x]}\n",
+            "s.yaml:5: tensorflow.strategy: parameter_server needs slurm.roles: one chief, at least one worker and one "
+            "ps, e.g. slurm.roles: {chief: 1, worker: 2, ps: 1}",
+        ),
+        (
+            "version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, tasks_per_node: 2, roles: {chief: 1, worker: 2, ps: 2}}\n"
+            "tensorflow: {strategy: parameter_server}\njob: {command: [x]}\n",
+            "s.yaml:4: slurm.roles: 5 tasks by role, but slurm.nodes x slurm.tasks_per_node = 2 x 2 = 4 task slots: make "
+            "them equal (Slurm places the tasks in rank order: chief, workers, ps, evaluator)",
+        ),
+        (
+            "version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, roles: {worker: 1, ps: 1}}\njob: {command: [x]}\n",
+            "s.yaml:4: slurm.roles.ps: not a role of strategy multi_worker_mirrored (ps tasks hold variables only under "
+            "strategy: parameter_server); allowed: chief, worker, evaluator",
+        ),
+        (
+            "version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 3, roles: {chief: 1, worker: 2}}\n"
+            "tensorflow: {strategy: parameter_server}\njob: {command: [x]}\n",
+            "s.yaml:4: slurm.roles: strategy parameter_server needs at least 1 ps task(s) (the variables live on ps tasks: "
+            "at least one); set slurm.roles.ps: 1",
+        ),
+        (
+            "version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, roles: {chief: 1, worker: 1}}\n"
+            "tensorflow: {chief: true}\njob: {command: [x]}\n",
+            "s.yaml:5: tensorflow.chief: with slurm.roles, name the chief as a role (roles: {chief: 1}) and remove "
+            "tensorflow.chief",
+        ),
+        (
+            "version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, roles: {chief: 1, worker: -1}}\njob: {command: [x]}\n",
+            "s.yaml:4: slurm.roles.worker: must be greater than or equal to 0, got -1 (int)",
+        ),
+        (
+            "version: 1\nname: j\nhosts:\n  - {address: a, roles: {boss: 1}}\njob: {command: [x]}\n",
+            "s.yaml:4: hosts[0].roles.boss: must be 'chief', 'worker', 'ps' or 'evaluator', got 'boss' (str)",
+        ),
+        (
+            "version: 1\nname: j\nhosts:\n  - {address: a, roles: {worker: 2}}\n  - {address: a, port: 23, tf_port: 12346}\n"
+            "job: {command: [x]}\n",
+            "s.yaml:5: hosts[1].tf_port: TF port 12346 is already used by hosts[0] on the same machine; TensorFlow's "
+            "gRPC server binds every address, so give each task on one machine its own tf_port",
+        ),
     ],
 )
 def test_role_mistakes_are_named_with_what_is_allowed(text, expected):
@@ -158,12 +202,16 @@ def test_role_mistakes_are_named_with_what_is_allowed(text, expected):
 @pytest.mark.parametrize(
     ("text", "only"),
     [
-        ("version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, roles: {chief: 1, master: 1}}\njob: {command: [x]}\n",
-         "s.yaml:4: slurm.roles.master: must be 'chief', 'worker', 'ps' or 'evaluator', got 'master' (str)"),
-        ("version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, roles: {worker: \"2\"}}\njob: {command: [x]}\n",
-         "s.yaml:4: slurm.roles.worker: must be a valid integer, got '2' (str)"),
+        (
+            "version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, roles: {chief: 1, master: 1}}\njob: {command: [x]}\n",
+            "s.yaml:4: slurm.roles.master: must be 'chief', 'worker', 'ps' or 'evaluator', got 'master' (str)",
+        ),
+        (
+            'version: 1\nname: j\nscheduler: slurm\nslurm: {nodes: 2, roles: {worker: "2"}}\njob: {command: [x]}\n',
+            "s.yaml:4: slurm.roles.worker: must be a valid integer, got '2' (str)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_bad_role_or_count_is_the_only_message(text, only):
     """Totals over the valid part only would mislead (task slots, no trainer): one message, the real one."""
     got = errors(text)

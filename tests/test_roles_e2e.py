@@ -29,8 +29,13 @@ pytestmark = [pytest.mark.e2e, requires_netns]
 
 
 def _launch(tb, tmp_path: Path, name: str, command: list[str], roles: list[dict], *, gather: bool = False, **sections):
-    spec = tb.spec_dict(name, command, job={"python": repo_python(tmp_path), "stop_grace_s": 2},
-                        heartbeat={"interval_s": 0.5, "timeout_s": 5.0}, **sections)  # fmt: skip
+    spec = tb.spec_dict(
+        name,
+        command,
+        job={"python": repo_python(tmp_path), "stop_grace_s": 2},
+        heartbeat={"interval_s": 0.5, "timeout_s": 5.0},
+        **sections,
+    )
     for i, (host, r) in enumerate(zip(spec["hosts"], roles, strict=True)):
         host["roles"] = r
         host["tf_port"] = 24000 + 10 * i  # a host's tasks take consecutive ports from here
@@ -76,8 +81,15 @@ PS_LOOP = [PY, "-m", "worker_entry.examples.ps_coordinator", "--log-every", "10"
 
 def test_ps_worker_sigkilled_is_restarted_and_the_job_succeeds(testbed_factory, tmp_path):
     tb = testbed_factory(3, mode="netns")
-    proc, run_dir = _launch(tb, tmp_path, "ps-kill-worker", [*PS_LOOP, "--steps", "240", "--step-ms", "40"],
-                            PS_ROLES, gather=True, tensorflow={"strategy": "parameter_server"})  # fmt: skip
+    proc, run_dir = _launch(
+        tb,
+        tmp_path,
+        "ps-kill-worker",
+        [*PS_LOOP, "--steps", "240", "--step-ms", "40"],
+        PS_ROLES,
+        gather=True,
+        tensorflow={"strategy": "parameter_server"},
+    )
 
     def kill_worker() -> None:
         wait_until(lambda: "step 20/" in _log(run_dir, "chief-0"), 180, what="the coordinator's first steps")
@@ -96,7 +108,9 @@ def test_ps_worker_sigkilled_is_restarted_and_the_job_succeeds(testbed_factory, 
     assert _log(run_dir, "worker-1").count("server up at") == 2  # it came back on its own port
     # its first incarnation's task directory moved into the restarted one's (earlier/), gathered with it
     plan = json.loads((run_dir / "plan.json").read_text())
-    remote = Path(next(n["remote_dir"] for n in plan["nodes"] if n["task"] == {"type": "worker", "index": 1})).expanduser()
+    remote = Path(
+        next(n["remote_dir"] for n in plan["nodes"] if n["task"] == {"type": "worker", "index": 1})
+    ).expanduser()
     first = remote / "attempt-0-restart-1" / "earlier" / "attempt-0" / "output.log"
     assert "server up at" in first.read_text() and not (remote / "attempt-0").exists()
     (end,) = [e for e in events if e["event"] == "training_ended"]
@@ -117,8 +131,14 @@ def test_ps_worker_sigkilled_is_restarted_and_the_job_succeeds(testbed_factory, 
 
 def test_ps_sigkilled_tears_the_job_down_with_the_ps_as_root_cause(testbed_factory, tmp_path):
     tb = testbed_factory(3, mode="netns")
-    proc, run_dir = _launch(tb, tmp_path, "ps-kill-ps", [*PS_LOOP, "--steps", "100000", "--step-ms", "20"],
-                            PS_ROLES, tensorflow={"strategy": "parameter_server"})  # fmt: skip
+    proc, run_dir = _launch(
+        tb,
+        tmp_path,
+        "ps-kill-ps",
+        [*PS_LOOP, "--steps", "100000", "--step-ms", "20"],
+        PS_ROLES,
+        tensorflow={"strategy": "parameter_server"},
+    )
 
     def kill_ps() -> None:
         wait_until(lambda: "step 10/" in _log(run_dir, "chief-0"), 180, what="the coordinator's first steps")
@@ -135,10 +155,25 @@ def test_ps_sigkilled_tears_the_job_down_with_the_ps_as_root_cause(testbed_facto
 
 def test_mwms_sidecar_evaluator_evaluates_then_ends(testbed_factory, tmp_path):
     tb = testbed_factory(2, mode="netns")
-    command = [PY, "-m", "worker_entry.examples.sidecar_eval", "--epochs", "3", "--steps-per-epoch", "10",
-               "--epoch-sleep-s", "1"]  # fmt: skip
-    proc, run_dir = _launch(tb, tmp_path, "sidecar-ends", command, [{"worker": 1}, {"worker": 1, "evaluator": 1}],
-                            tensorflow={"communication": "ring"})  # fmt: skip
+    command = [
+        PY,
+        "-m",
+        "worker_entry.examples.sidecar_eval",
+        "--epochs",
+        "3",
+        "--steps-per-epoch",
+        "10",
+        "--epoch-sleep-s",
+        "1",
+    ]
+    proc, run_dir = _launch(
+        tb,
+        tmp_path,
+        "sidecar-ends",
+        command,
+        [{"worker": 1}, {"worker": 1, "evaluator": 1}],
+        tensorflow={"communication": "ring"},
+    )
     code, err = _finish(proc, 180)
     assert code == 0, err[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
@@ -164,7 +199,9 @@ def _assert_evaluations_as_logged(run_dir: Path, log: str, events: list[dict]) -
     """The evaluations the evaluator printed (step, metrics to 4 decimals) are the launcher's: one
     ``evaluation`` event each, the last in status.json and `status`, every one in `report`."""
     said = [re.search(r"evaluated the checkpoint of step (\d+): (.*)$", line) for line in log.splitlines()]
-    printed = [(int(m[1]), dict(zip(m[2].split()[::2], map(float, m[2].split()[1::2]), strict=True))) for m in said if m]
+    printed = [
+        (int(m[1]), dict(zip(m[2].split()[::2], map(float, m[2].split()[1::2]), strict=True))) for m in said if m
+    ]
     evals = [e for e in events if e["event"] == "evaluation"]
     assert printed and len(evals) == len(printed), (printed, evals)
     for (step, metrics), e in zip(printed, evals, strict=True):
@@ -172,7 +209,11 @@ def _assert_evaluations_as_logged(run_dir: Path, log: str, events: list[dict]) -
         assert e["checkpoint"].endswith(f"ckpt-{step // 10}") and set(e["metrics"]) == set(metrics) == {"loss", "mae"}
         assert all(abs(e["metrics"][k] - v) <= 5e-5 for k, v in metrics.items()), (e["metrics"], metrics)
     entry = json.loads((run_dir / "status.json").read_text())["tasks"]["evaluator:0"]["evaluation"]
-    assert entry["evaluations"] == len(evals) and entry["metrics"] == evals[-1]["metrics"] and entry["step"] == printed[-1][0]
+    assert (
+        entry["evaluations"] == len(evals)
+        and entry["metrics"] == evals[-1]["metrics"]
+        and entry["step"] == printed[-1][0]
+    )
     status = run_cli("status", str(run_dir))
     assert f"evaluator:0: {len(evals)} evaluation(s); last: checkpoint ckpt-{printed[-1][0] // 10}" in status.stdout
     report = run_cli("report", "--json", str(run_dir))
@@ -185,14 +226,32 @@ def _assert_evaluations_as_logged(run_dir: Path, log: str, events: list[dict]) -
 
 def test_mwms_sidecar_evaluator_evaluates_and_its_death_does_not_stop_training(testbed_factory, tmp_path):
     tb = testbed_factory(2, mode="netns")
-    command = [PY, "-m", "worker_entry.examples.sidecar_eval", "--epochs", "6", "--steps-per-epoch", "10",
-               "--epoch-sleep-s", "1.5"]  # fmt: skip
-    proc, run_dir = _launch(tb, tmp_path, "sidecar", command, [{"worker": 1}, {"worker": 1, "evaluator": 1}],
-                            tensorflow={"communication": "ring"})  # fmt: skip
+    command = [
+        PY,
+        "-m",
+        "worker_entry.examples.sidecar_eval",
+        "--epochs",
+        "6",
+        "--steps-per-epoch",
+        "10",
+        "--epoch-sleep-s",
+        "1.5",
+    ]
+    proc, run_dir = _launch(
+        tb,
+        tmp_path,
+        "sidecar",
+        command,
+        [{"worker": 1}, {"worker": 1, "evaluator": 1}],
+        tensorflow={"communication": "ring"},
+    )
 
     def kill_evaluator() -> int:
-        wait_until(lambda: "evaluated the checkpoint of step" in _log(run_dir, "evaluator-0"), 180,
-                   what="the evaluator's first evaluation")  # fmt: skip
+        wait_until(
+            lambda: "evaluated the checkpoint of step" in _log(run_dir, "evaluator-0"),
+            180,
+            what="the evaluator's first evaluation",
+        )
         pid = _pid(run_dir, "evaluator:0")
         os.kill(pid, signal.SIGKILL)
         return pid

@@ -74,8 +74,12 @@ def test_ps_worker_killed_is_restarted_in_place_and_the_job_succeeds_when_the_ch
     (end,) = rec.kinds("training_ended")
     assert end.stopping == 3
     states = {t: r.state for t, r in res.tasks.items()}
-    assert states == {"chief:0": TaskState.SUCCEEDED, "worker:0": TaskState.STOPPED,
-                      "worker:1": TaskState.STOPPED, "ps:0": TaskState.STOPPED}  # fmt: skip
+    assert states == {
+        "chief:0": TaskState.SUCCEEDED,
+        "worker:0": TaskState.STOPPED,
+        "worker:1": TaskState.STOPPED,
+        "ps:0": TaskState.STOPPED,
+    }
 
 
 def test_ps_killed_tears_the_job_down_with_the_ps_as_root_cause():
@@ -86,8 +90,9 @@ def test_ps_killed_tears_the_job_down_with_the_ps_as_root_cause():
 
 
 def test_a_worker_past_its_restart_budget_fails_the_job():
-    res, rec, backend = supervise({"chief:0": obedient, "worker:0": killed}, PS_HOSTS, "parameter_server",
-                                  restart={"max_task_restarts": 1})  # fmt: skip
+    res, rec, backend = supervise(
+        {"chief:0": obedient, "worker:0": killed}, PS_HOSTS, "parameter_server", restart={"max_task_restarts": 1}
+    )
     assert res.state == JobState.FAILED and res.root_cause.task == "worker:0"
     assert "restarted 1 time(s) already: restart.max_task_restarts 1" in res.root_cause.message
     assert [e.restarts for e in rec.kinds("role_failure")] == [1]
@@ -101,8 +106,9 @@ def test_a_stopped_ps_worker_is_stopped_and_restarted():
         n.send(p.Spawned(pid=5))
         n.run_until_stopped(state="stopped")
 
-    res, rec, backend = supervise({"chief:0": healthy(1.5), "worker:0": first_time(sigstopped)}, PS_HOSTS,
-                                  "parameter_server")  # fmt: skip
+    res, rec, backend = supervise(
+        {"chief:0": healthy(1.5), "worker:0": first_time(sigstopped)}, PS_HOSTS, "parameter_server"
+    )
     assert res.state == JobState.SUCCEEDED
     (rf,) = rec.kinds("role_failure")
     assert (rf.task, rf.kind, rf.action) == ("worker:0", "hung", "restart")
@@ -151,8 +157,9 @@ def test_a_restarted_worker_has_the_startup_deadline_to_say_hello():
         time.sleep(1.5)  # past heartbeat.timeout_s (1.0), within job.startup_timeout_s (5)
         obedient(n)
 
-    res, rec, backend = supervise({"chief:0": healthy(3.0), "worker:1": first_time(killed, then=slow_start)},
-                                  PS_HOSTS, "parameter_server")  # fmt: skip
+    res, rec, backend = supervise(
+        {"chief:0": healthy(3.0), "worker:1": first_time(killed, then=slow_start)}, PS_HOSTS, "parameter_server"
+    )
     assert res.state == JobState.SUCCEEDED, res.root_cause
     assert [e.restarts for e in rec.kinds("role_failure")] == [1] and not rec.kinds("worker_lost")
     assert len([n for n in backend.history if n.task == "worker:1"]) == 2
@@ -174,7 +181,9 @@ def _node_built_tf_config(scripts, *, lie: str | None = None):
         worker0 = next(n for n in plan.nodes if str(n.task) == "worker:0")
         worker0.tf_config["cluster"] = {"worker": [lie]}  # what its fake node reports
     backend, rec = FakeBackend(scripts), Recorder()
-    sup = Supervisor(loaded.spec, plan, backend, attempt=0, bus=EventBus([rec]), logs=rec, heartbeats=rec, interrupt=Interrupt())
+    sup = Supervisor(
+        loaded.spec, plan, backend, attempt=0, bus=EventBus([rec]), logs=rec, heartbeats=rec, interrupt=Interrupt()
+    )
     try:
         return sup.run(), rec, backend, plan
     finally:
@@ -186,7 +195,11 @@ def test_a_restart_of_a_task_whose_node_built_its_tf_config_gets_the_cluster_the
     res, _rec, backend, plan = _node_built_tf_config(scripts)
     assert res.state == JobState.SUCCEEDED
     again = [n for n in backend.history if n.task == "worker:1"][1].config
-    expected = {"cluster": plan.nodes[0].tf_config["cluster"], "task": {"type": "worker", "index": 1}, "rpc_layer": "grpc"}
+    expected = {
+        "cluster": plan.nodes[0].tf_config["cluster"],
+        "task": {"type": "worker", "index": 1},
+        "rpc_layer": "grpc",
+    }
     assert json.loads(again.env[p.Env.TF_CONFIG]) == expected
     assert again.tf_port == int(expected["cluster"]["worker"][1].rsplit(":", 1)[1])  # its old port
 
@@ -197,5 +210,7 @@ def test_a_node_that_reported_garbage_as_its_endpoint_fails_the_restart_at_once_
     assert res.state == JobState.FAILED
     rc = res.root_cause
     assert (rc.kind, rc.task) == ("restart", "worker:1")
-    assert rc.message == "cannot restart worker:1 in place: cannot rebuild TF_CONFIG: worker:0 never said where it listens"
+    assert (
+        rc.message == "cannot restart worker:1 in place: cannot rebuild TF_CONFIG: worker:0 never said where it listens"
+    )
     assert [e.restarts for e in rec.kinds("role_failure")] == [1]  # no retry: none could mend it

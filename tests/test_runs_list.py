@@ -19,8 +19,17 @@ from orchestrator.views.handle import RunHandle
 from orchestrator.views.runs import list_runs, runs_text
 
 
-def _run(base: Path, name: str, *, job: str, tasks: int = 2, result: dict | None = None, status: dict | None = None,
-         launcher: dict | None = None, scheduler: str | None = None) -> Path:  # fmt: skip
+def _run(
+    base: Path,
+    name: str,
+    *,
+    job: str,
+    tasks: int = 2,
+    result: dict | None = None,
+    status: dict | None = None,
+    launcher: dict | None = None,
+    scheduler: str | None = None,
+) -> Path:
     d = base / name
     d.mkdir(parents=True, mode=0o700)
     plan = {"job": job, "run_id": name, "nodes": [{"task": {"type": "worker", "index": i}} for i in range(tasks)]}
@@ -44,12 +53,26 @@ def runs_dir(tmp_path: Path) -> Path:
     base.mkdir()
     now = time.time()
     _run(base, "ok-1", job="ok", result={"state": "succeeded", "started_ts": now - 3600, "wall_time_s": 61.5})
-    _run(base, "bad-1", job="bad", tasks=3, result={
-        "state": "failed", "started_ts": now - 1800, "wall_time_s": 12.0,
-        "root_cause": {"task": "worker:1", "message": "exited with code 3\nTraceback ..."}})  # fmt: skip
+    _run(
+        base,
+        "bad-1",
+        job="bad",
+        tasks=3,
+        result={
+            "state": "failed",
+            "started_ts": now - 1800,
+            "wall_time_s": 12.0,
+            "root_cause": {"task": "worker:1", "message": "exited with code 3\nTraceback ..."},
+        },
+    )
     _run(base, "live-1", job="live", status={"state": "running"}, launcher=_me())
-    _run(base, "gone-1", job="gone", status={"state": "running"},
-         launcher={"pid": 2**22 + 7, "create_time": 1.0, "started": now - 600})  # fmt: skip
+    _run(
+        base,
+        "gone-1",
+        job="gone",
+        status={"state": "running"},
+        launcher={"pid": 2**22 + 7, "create_time": 1.0, "started": now - 600},
+    )
     damaged = _run(base, "damaged-1", job="damaged")
     (damaged / "plan.json").write_text("{not json")
     (base / "notes").mkdir()  # a foreign directory: passed over
@@ -115,7 +138,17 @@ def test_cli_lists_runs_as_text_and_json(runs_dir):
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     assert data["total"] == 6 and len(data["runs"]) == 6
-    assert set(data["runs"][0]) == {"job", "state", "started", "wall_time_s", "tasks", "root_cause", "run_dir", "run_id", "scheduler"}
+    assert set(data["runs"][0]) == {
+        "job",
+        "state",
+        "started",
+        "wall_time_s",
+        "tasks",
+        "root_cause",
+        "run_dir",
+        "run_id",
+        "scheduler",
+    }
     res = run_cli("status", "--runs-dir", str(runs_dir), "--state", "failed")
     assert res.returncode == 0 and "bad" in res.stdout and "ok " not in res.stdout, res.stdout
     res = run_cli("status", "some-run", "--state", "failed", "--runs-dir", str(runs_dir))
@@ -132,6 +165,7 @@ def test_a_real_run_is_listed_live_and_after(testbed_factory, tmp_path):
     run_dir = runs / "listed-1"
     p = start_launch(tb, spec, run_dir, "-q", "--no-gather")
     try:
+
         def running() -> dict | None:
             res = run_cli("status", "--runs-dir", str(runs), "--json", "--state", "running")
             rows = json.loads(res.stdout)["runs"] if res.returncode == 0 else []
@@ -146,5 +180,7 @@ def test_a_real_run_is_listed_live_and_after(testbed_factory, tmp_path):
             p.kill()
             p.communicate()
     rows = json.loads(run_cli("status", "--runs-dir", str(runs), "--json").stdout)["runs"]
-    assert [(r["job"], r["state"]) for r in rows] == [("listed", json.loads((run_dir / "result.json").read_text())["state"])]
+    assert [(r["job"], r["state"]) for r in rows] == [
+        ("listed", json.loads((run_dir / "result.json").read_text())["state"])
+    ]
     assert rows[0]["wall_time_s"] > 0 and RunDir(run_dir).is_finished()

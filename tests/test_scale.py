@@ -74,9 +74,11 @@ def test_a_failure_before_the_bound_is_still_a_failure():
 
 def test_a_time_bound_without_step_counters_counts_after_the_startup_budget():
     res, rec, _ = supervise(
-        {f"worker:{i}": stepping(0) for i in range(2)}, n_hosts=2, bound=RunBound(seconds=0.3),
+        {f"worker:{i}": stepping(0) for i in range(2)},
+        n_hosts=2,
+        bound=RunBound(seconds=0.3),
         job={"startup_timeout_s": 1.0},
-    )  # fmt: skip
+    )
     assert res.state == JobState.SUCCEEDED
     assert "no worker reports training steps" in rec.kinds("bound_reached")[0].message
     went = rec.kinds("task_spawned")[0].ts
@@ -119,7 +121,11 @@ def test_each_size_runs_on_the_first_hosts_and_knows_the_sweep():
     sized = sized_spec(loaded, 2, opts).spec
     assert [h.address for h in sized.hosts] == ["10.0.0.1", "10.0.0.2"]
     env = sized.job.env
-    assert (env["TFCLUSTER_SCALE_WORKERS"], env["TFCLUSTER_SCALE_BASE_WORKERS"], env["TFCLUSTER_SCALE_MODE"]) == ("2", "1", "strong")
+    assert (env["TFCLUSTER_SCALE_WORKERS"], env["TFCLUSTER_SCALE_BASE_WORKERS"], env["TFCLUSTER_SCALE_MODE"]) == (
+        "2",
+        "1",
+        "strong",
+    )
     assert sized.job.instrument is True
     assert sized.job.stop_grace_s <= 2.0  # nothing to save at the end of a measurement
     assert 2.0 <= sized.heartbeat.profile_interval_s <= 5.0  # several windows in 20 s
@@ -175,8 +181,14 @@ def test_the_steady_rate_leaves_the_warm_up_out():
 
 
 def _size(n, steps, examples, batch, **kw):
-    return {"workers": n, "steps_per_s": steps, "examples_per_s": examples, "global_batch": batch,
-            "per_worker_batch": batch // n if batch else None, **kw}  # fmt: skip
+    return {
+        "workers": n,
+        "steps_per_s": steps,
+        "examples_per_s": examples,
+        "global_batch": batch,
+        "per_worker_batch": batch // n if batch else None,
+        **kw,
+    }
 
 
 def test_speedup_and_efficiency_against_the_smallest_size():
@@ -205,13 +217,26 @@ def test_without_examples_throughput_is_steps_and_the_note_says_so():
 
 def _split(step, inp=1.0, wait=0.0, allreduce=1.0, host=0.0, slowest="worker:1"):
     compute = step - inp - wait - allreduce - host
-    return {"step_ms": step, "input_ms": inp, "compute_ms": compute, "waiting_for_slowest_ms": wait,
-            "allreduce_ms": allreduce, "update_ms": 0.0, "host_ms": host, "other_ms": 0.0,
-            "after_allreduce_ms": host, "slowest_worker": slowest, "worker": "worker:0"}  # fmt: skip
+    return {
+        "step_ms": step,
+        "input_ms": inp,
+        "compute_ms": compute,
+        "waiting_for_slowest_ms": wait,
+        "allreduce_ms": allreduce,
+        "update_ms": 0.0,
+        "host_ms": host,
+        "other_ms": 0.0,
+        "after_allreduce_ms": host,
+        "slowest_worker": slowest,
+        "worker": "worker:0",
+    }
 
 
 def test_advice_is_tied_to_the_measurement_that_triggers_it():
-    comm = [_size(1, 10, 640, 64, efficiency=1.0, split=None), _size(2, 6, 768, 128, efficiency=0.6, split=_split(100, allreduce=50))]
+    comm = [
+        _size(1, 10, 640, 64, efficiency=1.0, split=None),
+        _size(2, 6, 768, 128, efficiency=0.6, split=_split(100, allreduce=50)),
+    ]
     (a,) = sv.advise(comm)
     assert a["size"] == "2" and "all-reduce itself 50%" in a["trigger"] and "bytes_per_pack" in a["advice"]
     inp = [_size(2, 6, 768, 128, efficiency=0.6, split=_split(100, inp=40))]
@@ -287,11 +312,21 @@ def test_the_page_renders_in_headless_chromium(tmp_path):
     page, _ = sweep_page(summary, sv.sweep_text(summary), tmp_path)
     shot = tmp_path / "shot.png"
     argv = [
-        browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars", "--window-size=1200,1600",
-        f"--screenshot={shot}", page.as_uri(),
-    ]  # fmt: skip
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--hide-scrollbars",
+        "--window-size=1200,1600",
+        f"--screenshot={shot}",
+        page.as_uri(),
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         proc.communicate(timeout=120)

@@ -15,8 +15,19 @@ from testbed_fixtures import requires_netns
 
 pytestmark = [pytest.mark.e2e, requires_netns]
 
-TRAIN = [PY, "-m", "worker_entry.examples.keras_synthetic", "--epochs", "100000", "--steps-per-epoch", "50",
-         "--extra-matmuls", "20", "--matmul-task", ""]  # fmt: skip
+TRAIN = [
+    PY,
+    "-m",
+    "worker_entry.examples.keras_synthetic",
+    "--epochs",
+    "100000",
+    "--steps-per-epoch",
+    "50",
+    "--extra-matmuls",
+    "20",
+    "--matmul-task",
+    "",
+]
 
 
 def test_scale_sweep_names_the_throttled_host(testbed_factory, tmp_path):
@@ -34,8 +45,19 @@ def test_scale_sweep_names_the_throttled_host(testbed_factory, tmp_path):
     sweep = tmp_path / "sweep"
     with cpu_quota(0.25, "tfcluster-scale-e2e") as cg:
         (cg / "cgroup.procs").write_text(str(tb.sshd_pid(2)))  # what its sshd starts inherits the quota
-        out = run_cli("scale", str(spec), "--workers", "1,2,3", "--duration", "15s", "--run-dir", str(sweep),
-                      "--json", tb=tb, timeout=600)  # fmt: skip
+        out = run_cli(
+            "scale",
+            str(spec),
+            "--workers",
+            "1,2,3",
+            "--duration",
+            "15s",
+            "--run-dir",
+            str(sweep),
+            "--json",
+            tb=tb,
+            timeout=600,
+        )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
     assert summary == json.loads((sweep / "scale.json").read_text())

@@ -43,9 +43,17 @@ def test_records_round_trip_in_any_split_and_are_bounded():
 
 @pytest.mark.parametrize(
     "attack",
-    ["flip a ciphertext bit", "flip a length bit", "replay a record", "swap two records", "drop a record",
-     "another connection's record", "an oversized length", "a length below the tag"],
-)  # fmt: skip
+    [
+        "flip a ciphertext bit",
+        "flip a length bit",
+        "replay a record",
+        "swap two records",
+        "drop a record",
+        "another connection's record",
+        "an oversized length",
+        "a length below the tag",
+    ],
+)
 def test_tampering_replay_and_reordering_fail_and_stay_failed(attack):
     sealer, opener = pair()
     recs = [sealer.seal(f"record {i}\n".encode()) for i in range(3)]
@@ -90,17 +98,29 @@ BLOCK_CRYPTOGRAPHY = "import sys; sys.modules['cryptography'] = None; "
 
 def test_worker_entry_imports_without_cryptography_and_connect_says_what_is_missing():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    code = BLOCK_CRYPTOGRAPHY + "import worker_entry.agent.runner, worker_entry.agent.modes.connect, worker_entry.agent.modes.slurm, worker_entry.protocol.seal"
+    code = (
+        BLOCK_CRYPTOGRAPHY
+        + "import worker_entry.agent.runner, worker_entry.agent.modes.connect, worker_entry.agent.modes.slurm, worker_entry.protocol.seal"
+    )
     assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
-    code = BLOCK_CRYPTOGRAPHY + "from worker_entry.agent.modes.connect import main; sys.exit(main(0, {'TFCLUSTER_CONNECT': '127.0.0.1:9'}))"
+    code = (
+        BLOCK_CRYPTOGRAPHY
+        + "from worker_entry.agent.modes.connect import main; sys.exit(main(0, {'TFCLUSTER_CONNECT': '127.0.0.1:9'}))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], env=env, input=b"ab" * 32 + b"\n", capture_output=True)
     assert proc.returncode == 2
     assert b"'cryptography' package, which is missing here: pip install cryptography" in proc.stderr
     assert b"Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize(("stdin", "why"), [(b"", "expected the run's secret on stdin"), (b"zz\n", "expected the run's secret"),
-                                            (b"abcd\n", "at least 16 bytes")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("stdin", "why"),
+    [
+        (b"", "expected the run's secret on stdin"),
+        (b"zz\n", "expected the run's secret"),
+        (b"abcd\n", "at least 16 bytes"),
+    ],
+)
 def test_a_node_without_its_secret_on_stdin_says_so(stdin, why):
     env = {**os.environ, "PYTHONPATH": str(REPO), "TFCLUSTER_CONNECT": "127.0.0.1:9", "TFCLUSTER_RANK": "0"}
     proc = subprocess.run([sys.executable, "-m", "worker_entry", "connect"], env=env, input=stdin, capture_output=True)

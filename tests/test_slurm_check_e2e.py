@@ -17,13 +17,29 @@ pytestmark = pytest.mark.e2e
 def test_check_inside_an_allocation_measures_every_node_by_its_slurm_name(slurm, tmp_path):
     spec = write_spec(tmp_path / "spec.yaml", "sl-check", [PY, "-c", "print('unused by check')"], slurm={"nodes": 3})
     run_dir = tmp_path / "check"
-    argv = ["salloc", "--nodes=3", "--ntasks-per-node=1", "--immediate=30",
-            PY, "-m", "orchestrator", "check", str(spec), "--run-dir", str(run_dir), "--json"]  # fmt: skip
+    argv = [
+        "salloc",
+        "--nodes=3",
+        "--ntasks-per-node=1",
+        "--immediate=30",
+        PY,
+        "-m",
+        "orchestrator",
+        "check",
+        str(spec),
+        "--run-dir",
+        str(run_dir),
+        "--json",
+    ]
     rc, out, err = finish(start(slurm, argv, cwd=REPO), timeout=240)
     assert rc == 0, err[-3000:]
     check = json.loads(out)
     assert check == json.loads((run_dir / "check.json").read_text())
-    assert [(h["task"], h["host"]) for h in check["hosts"]] == [("worker:0", "n1"), ("worker:1", "n2"), ("worker:2", "n3")]
+    assert [(h["task"], h["host"]) for h in check["hosts"]] == [
+        ("worker:0", "n1"),
+        ("worker:1", "n2"),
+        ("worker:2", "n3"),
+    ]
     assert all(h["gflops"] > 0 and h["device"] == "CPU" for h in check["hosts"])
     assert [(a["bytes"], a["ranks"]) for a in check["allreduce"]] == [(64 << 10, 3), (4 << 20, 3)]
     pairs = {frozenset((link["a"], link["b"])) for link in check["links"]}

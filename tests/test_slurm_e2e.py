@@ -44,8 +44,12 @@ def mwms(*args: str, hold: Path | None = None) -> list[str]:
 def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
     token = "tok-" + os.urandom(6).hex()  # a credential in job.env: the job gets it, the run directory does not
     checked = tmp_path / "checked"  # the tasks end once the test has looked at the running job
-    spec = write_spec(tmp_path / "spec.yaml", "sl-login", mwms("--epochs", "2", "--steps", "10", hold=checked),
-                      job={"env": {"API_TOKEN": token}})  # fmt: skip
+    spec = write_spec(
+        tmp_path / "spec.yaml",
+        "sl-login",
+        mwms("--epochs", "2", "--steps", "10", hold=checked),
+        job={"env": {"API_TOKEN": token}},
+    )
     run_dir = tmp_path / "run"
     proc = start(slurm, launch_argv(spec, run_dir), cwd=_repo())
     try:
@@ -54,7 +58,9 @@ def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
         forms = _encodings(token)
         in_slurm = [p for p in slurm.dir.rglob("*") if p.is_file() and any(f in _bytes(p) for f in forms)]
         private = run_dir / "slurm" / "private-spec.json"
-        private_while_running = (private.stat().st_mode & 0o777, token in private.read_text()) if private.exists() else None
+        private_while_running = (
+            (private.stat().st_mode & 0o777, token in private.read_text()) if private.exists() else None
+        )
     finally:
         checked.touch()
         rc, out, err = finish(proc, timeout=150)
@@ -130,7 +136,9 @@ def test_mwms_inside_an_allocation_with_tasks_sharing_a_node(slurm, tmp_path):
     assert len(configs) == 3
     eps = configs[0]["cluster"]["chief"] + configs[0]["cluster"]["worker"]
     assert len(set(eps)) == 3 and all(c["cluster"] == configs[0]["cluster"] for c in configs)
-    assert (run_dir / "slurm.json").exists() and json.loads((run_dir / "slurm.json").read_text())["mode"] == "allocation"
+    assert (run_dir / "slurm.json").exists() and json.loads((run_dir / "slurm.json").read_text())[
+        "mode"
+    ] == "allocation"
 
 
 def _tf_configs(run_dir):
@@ -191,7 +199,9 @@ def test_sigkill_of_one_task_takes_the_whole_step_down(slurm, tmp_path, victim):
 
 
 def test_stop_asks_the_supervisor_then_scancel_and_leaves_a_clean_run(slurm, tmp_path):
-    spec = write_spec(tmp_path / "spec.yaml", "sl-stop", mwms("--epochs", "200", "--steps", "20", "--step-sleep", "0.02"))
+    spec = write_spec(
+        tmp_path / "spec.yaml", "sl-stop", mwms("--epochs", "200", "--steps", "20", "--step-sleep", "0.02")
+    )
     run_dir = tmp_path / "run"
     proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
     try:
@@ -265,12 +275,27 @@ def test_time_limit_and_preemption_requeue_and_resume_from_the_backup(slurm, tmp
     """USR2 (the time-limit warning, faked with scancel --signal) → save, scontrol requeue; then a
     preemption (faked with an outside `scontrol requeue`) → SIGTERM, Slurm requeues. Each allocation
     is an attempt; each resumes from BackupAndRestore at the interrupted epoch."""
-    cmd = [PY, "-m", "worker_entry.examples.keras_synthetic", "--backup", "--epochs", "7", "--steps-per-epoch", "30",
-           "--slow-input-ms", "50"]  # fmt: skip
+    cmd = [
+        PY,
+        "-m",
+        "worker_entry.examples.keras_synthetic",
+        "--backup",
+        "--epochs",
+        "7",
+        "--steps-per-epoch",
+        "30",
+        "--slow-input-ms",
+        "50",
+    ]
     # TensorFlow catches SIGTERM in a multi-worker job (for PreemptionCheckpointHandler): Keras fit keeps
     # going until the grace ends, so keep it short; the backup is the last epoch's.
-    spec = write_spec(tmp_path / "spec.yaml", "sl-requeue", cmd, slurm={"nodes": 2, "time": "3:00", "signal_lead_s": 120},
-                      job={"stop_grace_s": 1})  # fmt: skip
+    spec = write_spec(
+        tmp_path / "spec.yaml",
+        "sl-requeue",
+        cmd,
+        slurm={"nodes": 2, "time": "3:00", "signal_lead_s": 120},
+        job={"stop_grace_s": 1},
+    )
     run_dir = tmp_path / "run"
     proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
     try:
@@ -319,8 +344,18 @@ def test_a_requeue_in_the_last_epoch_does_not_train_again(slurm, tmp_path):
     epoch during the stop (TensorFlow keeps training through SIGTERM) and exit 0 — BackupAndRestore then
     removes its backup. The training is complete: the run succeeds, and any next allocation finishes at
     once, saying so, instead of training again from epoch 0."""
-    cmd = [PY, "-m", "worker_entry.examples.keras_synthetic", "--backup", "--epochs", "5", "--steps-per-epoch", "20",
-           "--slow-input-ms", "40"]  # fmt: skip
+    cmd = [
+        PY,
+        "-m",
+        "worker_entry.examples.keras_synthetic",
+        "--backup",
+        "--epochs",
+        "5",
+        "--steps-per-epoch",
+        "20",
+        "--slow-input-ms",
+        "40",
+    ]
     spec = write_spec(tmp_path / "spec.yaml", "sl-late", cmd, slurm={"nodes": 2}, job={"stop_grace_s": 20})
     run_dir = tmp_path / "run"
     proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
@@ -358,8 +393,15 @@ def test_ctrl_c_on_a_terminal_can_detach_then_logs_follow_and_stop_take_over(slu
         os.setsid()
         fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
 
-    proc = subprocess.Popen(launch_argv(spec, run_dir), stdin=slave, stdout=slave, stderr=slave, cwd=_repo(),
-                            env=env_for(slurm), preexec_fn=controlling_tty)  # fmt: skip
+    proc = subprocess.Popen(
+        launch_argv(spec, run_dir),
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        cwd=_repo(),
+        env=env_for(slurm),
+        preexec_fn=controlling_tty,
+    )
     os.close(slave)
     seen = bytearray()
 
@@ -382,8 +424,13 @@ def test_ctrl_c_on_a_terminal_can_detach_then_logs_follow_and_stop_take_over(slu
         read_until(b"detached; Slurm job", 20)
         assert proc.wait(20) == 0
         assert slurm.jobs()  # still running
-        follower = subprocess.Popen([PY, "-m", "orchestrator", "logs", str(run_dir), "--follow", "--task", "worker:1"],
-                                    env=env_for(slurm), cwd=_repo(), stdout=subprocess.PIPE, text=True)  # fmt: skip
+        follower = subprocess.Popen(
+            [PY, "-m", "orchestrator", "logs", str(run_dir), "--follow", "--task", "worker:1"],
+            env=env_for(slurm),
+            cwd=_repo(),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(2)
         stopped = cli(slurm, _repo(), "stop", str(run_dir))
         assert "stopped: job interrupted_sigterm" in stopped.stdout, stopped
@@ -403,8 +450,14 @@ def test_a_custom_loop_saves_on_the_stop_request_and_resumes_there(slurm, tmp_pa
     tfcluster sends (here on `tfcluster stop`, the same as after Slurm's USR2), saves at a step both
     workers agree on, exits; the next launch resumes from that step."""
     loop = [PY, "-m", "worker_entry.examples.preemptible_loop", "--print-every", "20"]
-    spec = write_spec(tmp_path / "spec.yaml", "sl-loop", [*loop, "--steps", "1000000"], slurm={"nodes": 2},
-                      job={"stop_grace_s": 30}, restart={"backup_dir": str(tmp_path / "backup")})  # fmt: skip
+    spec = write_spec(
+        tmp_path / "spec.yaml",
+        "sl-loop",
+        [*loop, "--steps", "1000000"],
+        slurm={"nodes": 2},
+        job={"stop_grace_s": 30},
+        restart={"backup_dir": str(tmp_path / "backup")},
+    )
     salloc = ["salloc", "--nodes=2", "--ntasks-per-node=1", "--immediate=30"]
     first = tmp_path / "run1"
     proc = start(slurm, [*salloc, *launch_argv(spec, first, "-q")], cwd=_repo())
@@ -419,8 +472,14 @@ def test_a_custom_loop_saves_on_the_stop_request_and_resumes_there(slurm, tmp_pa
     printed = [int(m) for m in re.findall(r"worker:0: step (\d+)", _log(first))]
     assert all(t["state"] == "stopped" for t in result(first)["tasks"].values())
     second = tmp_path / "run2"
-    rc, _out, err = finish(start(slurm, [*salloc, *launch_argv(spec, second, "-q", "--", *loop, "--steps",
-                                                               str(max(printed) + 40))], cwd=_repo()), timeout=120)  # fmt: skip
+    rc, _out, err = finish(
+        start(
+            slurm,
+            [*salloc, *launch_argv(spec, second, "-q", "--", *loop, "--steps", str(max(printed) + 40))],
+            cwd=_repo(),
+        ),
+        timeout=120,
+    )
     assert rc == 0, err[-2000:]
     resumed = int(re.search(r"worker:0: starting at step (\d+)", _log(second)).group(1))
     assert resumed >= max(printed) > 0, (printed, resumed)  # saved on the stop request, not at step 0
@@ -456,11 +515,16 @@ def test_a_busy_tf_port_stops_the_job_before_tensorflow_starts(slurm, tmp_path):
 
 
 def test_launch_detach_from_the_login_node_submits_and_returns(slurm, tmp_path):
-    spec = write_spec(tmp_path / "spec.yaml", "sl-detached", ["sh", "-c", "sleep 2; echo finished $TFCLUSTER_TASK_INDEX"])
+    spec = write_spec(
+        tmp_path / "spec.yaml", "sl-detached", ["sh", "-c", "sleep 2; echo finished $TFCLUSTER_TASK_INDEX"]
+    )
     run_dir = tmp_path / "run"
     rc, out, err = finish(start(slurm, launch_argv(spec, run_dir, "--detach"), cwd=_repo()), timeout=60)
     assert rc == 0 and "submitted Slurm job" in out, err
     follow = cli(slurm, _repo(), "logs", str(run_dir), "--follow", "--raw", timeout=90)
     assert sorted(line for line in follow.stdout.splitlines() if line.startswith("finished")) == [
-        "finished 0", "finished 1", "finished 2"]  # fmt: skip
+        "finished 0",
+        "finished 1",
+        "finished 2",
+    ]
     assert result(run_dir)["state"] == "succeeded"

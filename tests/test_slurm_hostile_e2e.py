@@ -64,8 +64,11 @@ def test_a_slowloris_on_the_connect_back_port_neither_delays_nor_fails_a_slurm_j
             # and the event saying so: connection_refused is rate-limited (the first at once, then one per
             # 10 s summing up), so the refusals after the first event are told only by a later one, which
             # a short attempt 1 could end the job before
-            wait_for(lambda: any(e["event"] == "connection_refused" and e["total"] >= 300 for e in events(run_dir)),
-                     60, "a connection_refused event counting all 300 refusals")  # fmt: skip
+            wait_for(
+                lambda: any(e["event"] == "connection_refused" and e["total"] >= 300 for e in events(run_dir)),
+                60,
+                "a connection_refused event counting all 300 refusals",
+            )
             flag.touch()  # attempt 0 fails; attempt 1's srun step dials in through the attack (reconnected)
             rc, out, err = finish(proc, timeout=180)
     finally:

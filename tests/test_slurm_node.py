@@ -38,9 +38,24 @@ def test_host_lists_expand_like_slurm(text, hosts):
 
 @pytest.mark.parametrize(
     "text",
-    ["", "n[1-3", "n]1[", "n[3-1]", "n[a]", "n[1-]", "n[]", "n[[1]]", "a b", "n[1-3],", ",n1", "n;rm", "n[1-99999999]",
-     "r[1-300]-n[1-300]", "n" * (2 << 20)],
-)  # fmt: skip
+    [
+        "",
+        "n[1-3",
+        "n]1[",
+        "n[3-1]",
+        "n[a]",
+        "n[1-]",
+        "n[]",
+        "n[[1]]",
+        "a b",
+        "n[1-3],",
+        ",n1",
+        "n;rm",
+        "n[1-99999999]",
+        "r[1-300]-n[1-300]",
+        "n" * (2 << 20),
+    ],
+)
 def test_bad_host_lists_are_errors_not_crashes(text):
     with pytest.raises(ValueError):
         expand_hostlist(text)
@@ -213,7 +228,9 @@ def test_ports_move_with_the_job_and_the_step_and_honour_a_fixed_base():
 # ----------------------------------------------------------------------------- TF_CONFIG
 
 
-@pytest.mark.parametrize(("chief", "rank", "task"), [(False, 0, ("worker", 0)), (True, 0, ("chief", 0)), (True, 2, ("worker", 1))])
+@pytest.mark.parametrize(
+    ("chief", "rank", "task"), [(False, 0, ("worker", 0)), (True, 0, ("chief", 0)), (True, 2, ("worker", 1))]
+)
 def test_chief_is_derived_from_the_rank_and_the_task(chief, rank, task):
     assert ws.has_chief(rank, *task) is chief
 
@@ -230,7 +247,9 @@ def test_tf_config_is_what_tensorflows_resolver_reads_on_every_rank(monkeypatch,
     specs = []
     for rank in range(5):
         st = ws.step_from_env(step_env(rank, nodelist="n[1-3]", tpn="2(x2),1", job=99, step=3), run=None)
-        addrs = ws.node_addresses(st.nodes, "n[1-3]", {Env.SLURM_NODE_ADDRS: "n1=127.0.0.1,n2=127.0.0.1,n3=10.0.0.3"}, run=None)
+        addrs = ws.node_addresses(
+            st.nodes, "n[1-3]", {Env.SLURM_NODE_ADDRS: "n1=127.0.0.1,n2=127.0.0.1,n3=10.0.0.3"}, run=None
+        )
         eps, _ = ws.endpoints(st, addrs)
         cfg = ws.tf_config(eps, rank, chief)
         monkeypatch.setenv("TF_CONFIG", json.dumps(cfg))
@@ -245,7 +264,12 @@ def test_tf_config_is_what_tensorflows_resolver_reads_on_every_rank(monkeypatch,
 
 
 @pytest.mark.parametrize(
-    "roles", [{"chief": 1, "worker": 2, "ps": 1, "evaluator": 1}, {"chief": 1, "worker": 3, "evaluator": 1}, {"worker": 4, "evaluator": 1}]
+    "roles",
+    [
+        {"chief": 1, "worker": 2, "ps": 1, "evaluator": 1},
+        {"chief": 1, "worker": 3, "evaluator": 1},
+        {"worker": 4, "evaluator": 1},
+    ],
 )
 def test_with_roles_every_rank_builds_its_roles_tf_config_as_tensorflow_reads_it(monkeypatch, roles):
     """Ranks by role (chief, workers, ps, evaluator); the evaluator is left out of the cluster and reads
@@ -270,9 +294,13 @@ def test_with_roles_every_rank_builds_its_roles_tf_config_as_tensorflow_reads_it
 
 @pytest.mark.parametrize(
     ("rank", "task", "roles"),
-    [(0, ("worker", 0), {"chief": 1, "worker": 1}), (2, ("worker", 1), {"chief": 1, "worker": 1, "ps": 1}),
-     (1, ("worker", 0), {"chief": 1, "worker": 1, "boss": 1}), (1, ("worker", 0), {"chief": 1, "worker": 1 << 40})],
-)  # fmt: skip
+    [
+        (0, ("worker", 0), {"chief": 1, "worker": 1}),
+        (2, ("worker", 1), {"chief": 1, "worker": 1, "ps": 1}),
+        (1, ("worker", 0), {"chief": 1, "worker": 1, "boss": 1}),
+        (1, ("worker", 0), {"chief": 1, "worker": 1 << 40}),
+    ],
+)
 def test_roles_that_do_not_make_the_step_are_refused(rank, task, roles):
     with pytest.raises(ws.SlurmEnvError):
         ws.task_of(rank, 3, *task, roles)
@@ -293,7 +321,9 @@ def test_tensorflows_slurm_resolver_fails_where_ours_works(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi (as on this machine), and no scontrol
     with pytest.raises(Exception):  # noqa: B017 - FileNotFoundError, RuntimeError: whatever it raises
         SlurmClusterResolver().cluster_spec()
-    tf_eps = SlurmClusterResolver(gpus_per_node=2, gpus_per_task=1, auto_set_gpu=False).cluster_spec().as_dict()["worker"]
+    tf_eps = (
+        SlurmClusterResolver(gpus_per_node=2, gpus_per_task=1, auto_set_gpu=False).cluster_spec().as_dict()["worker"]
+    )
     addr_of = {"n1": "127.0.0.1", "n2": "127.0.0.1"}  # two slurmd on one host, as in the tests
     tf_targets = [(addr_of[ep.rsplit(":", 1)[0]], ep.rsplit(":", 1)[1]) for ep in tf_eps]
     assert len(set(tf_targets)) < len(tf_targets)  # n1:8888 and n2:8888 are one socket
@@ -305,18 +335,31 @@ def test_tensorflows_slurm_resolver_fails_where_ours_works(monkeypatch):
 
 @pytest.mark.parametrize(
     ("visible", "local", "per_task", "here", "share"),
-    [("0,1,2,3", 1, 2, 2, "2,3"), ("0,1,2,3", 3, 1, 4, "3"), ("4,5", 0, 1, 2, "4"), ("0,1,2,3", 0, 4, 1, None),
-     ("", 0, 1, 2, None), ("0", 1, 1, 2, None), ("0,1", 0, 0, 2, None)],
-)  # fmt: skip
+    [
+        ("0,1,2,3", 1, 2, 2, "2,3"),
+        ("0,1,2,3", 3, 1, 4, "3"),
+        ("4,5", 0, 1, 2, "4"),
+        ("0,1,2,3", 0, 4, 1, None),
+        ("", 0, 1, 2, None),
+        ("0", 1, 1, 2, None),
+        ("0,1", 0, 0, 2, None),
+    ],
+)
 def test_each_task_of_a_node_gets_its_own_gpus(visible, local, per_task, here, share):
     assert ws.gpu_slice(visible, local, per_task, here) == share
 
 
 @pytest.mark.parametrize(
     ("slot", "visible", "per_task", "share"),
-    [("1/2", "0,1,2,3", 2, "2,3"), ("0/2", "0,1,2,3", 2, "0,1"), ("", "0,1,2,3", 2, None), ("x/2", "0,1", 1, None),
-     ("1/1", "0,1", 2, None), ("9999999/2", "0,1", 1, None)],
-)  # fmt: skip
+    [
+        ("1/2", "0,1,2,3", 2, "2,3"),
+        ("0/2", "0,1,2,3", 2, "0,1"),
+        ("", "0,1,2,3", 2, None),
+        ("x/2", "0,1", 1, None),
+        ("1/1", "0,1", 2, None),
+        ("9999999/2", "0,1", 1, None),
+    ],
+)
 def test_a_task_restarted_in_place_takes_its_first_incarnations_gpu_share(slot, visible, per_task, share):
     from worker_entry.agent.modes.connect import gpu_share
 

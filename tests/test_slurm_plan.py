@@ -54,18 +54,20 @@ def test_a_minimal_slurm_spec_gets_the_defaults():
 @pytest.mark.parametrize(
     ("text", "expect"),
     [
-        (spec_text().replace("scheduler: slurm\n", "scheduler: slurm\nhosts:\n  - address: a\n"),
-         "s.yaml:4: hosts: not used with scheduler: slurm"),
+        (
+            spec_text().replace("scheduler: slurm\n", "scheduler: slurm\nhosts:\n  - address: a\n"),
+            "s.yaml:4: hosts: not used with scheduler: slurm",
+        ),
         (spec_text("time: '1:2:3:4'\n"), "s.yaml:7: slurm.time: '1:2:3:4' is not a Slurm time"),
         (spec_text("time: 10:00\n"), "s.yaml:7: slurm.time: read as the number 600: quote the time"),
         (spec_text("extra_args: ['--nodes=4']\n"), "--nodes is set by tfcluster"),
         (spec_text("extra_args: ['-N 4']\n"), "is not an sbatch long option"),
-        (spec_text("extra_args: [\"--comment=a\\nb\"]\n"), "is not an sbatch long option"),
+        (spec_text('extra_args: ["--comment=a\\nb"]\n'), "is not an sbatch long option"),
         (spec_text("gpus_per_node: 3\n"), "3 GPUs per node do not split evenly among 2 tasks"),
         (spec_text("partition: 'a b'\n"), "is not a Slurm name"),
         (spec_text().replace("slurm:\n  nodes: 2\n  tasks_per_node: 2\n", ""), "required with scheduler: slurm"),
     ],
-)  # fmt: skip
+)
 def test_slurm_spec_mistakes_are_file_line_errors(text, expect):
     found = errors(text)
     assert any(expect in e for e in found), found
@@ -90,7 +92,12 @@ def test_the_plan_has_every_task_in_rank_order_without_a_tf_config():
     named = slurm_plan(spec, run_id="sl-1", node_names=["gpu-a1", "gpu-a2"])
     assert [n.host for n in named.nodes] == ["gpu-a1", "gpu-a1", "gpu-a2", "gpu-a2"]
     assert plan.slurm["tf_port_base"] is None
-    assert slurm_plan(load_spec_text(spec_text(extra="tensorflow: {port: 23000}\n")).spec, run_id="x").slurm["tf_port_base"] == 23000
+    assert (
+        slurm_plan(load_spec_text(spec_text(extra="tensorflow: {port: 23000}\n")).spec, run_id="x").slurm[
+            "tf_port_base"
+        ]
+        == 23000
+    )
 
 
 def test_sbatch_gets_every_option_as_one_argument_and_the_script_only_quoted_paths():
@@ -105,26 +112,58 @@ def test_sbatch_gets_every_option_as_one_argument_and_the_script_only_quoted_pat
         requeue: false
         signal_lead_s: 300
         extra_args: ["--mem=64G", "--mail-user=two words; $(reboot)"]
-        """)  # fmt: skip
+        """)
     argv = sbatch_argv(spec, "/runs/it's here", "/runs/it's here/slurm/job.sh", "sl-1")
     assert argv == [
-        "sbatch", "--parsable", "--job-name=sl", "--comment=tfcluster:sl-1", "--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=4",
-        "--partition=gpu", "--account=proj-1", "--qos=high", "--time=1-00:00:00", "--constraint=a100&ib",
-        "--exclusive", "--no-requeue", "--signal=B:USR2@300", "--output=/runs/it's here/slurm/slurm-%j.out",
-        "--open-mode=append", "--mem=64G", "--mail-user=two words; $(reboot)", "/runs/it's here/slurm/job.sh",
-    ]  # fmt: skip
+        "sbatch",
+        "--parsable",
+        "--job-name=sl",
+        "--comment=tfcluster:sl-1",
+        "--nodes=2",
+        "--ntasks-per-node=2",
+        "--gpus-per-node=4",
+        "--partition=gpu",
+        "--account=proj-1",
+        "--qos=high",
+        "--time=1-00:00:00",
+        "--constraint=a100&ib",
+        "--exclusive",
+        "--no-requeue",
+        "--signal=B:USR2@300",
+        "--output=/runs/it's here/slurm/slurm-%j.out",
+        "--open-mode=append",
+        "--mem=64G",
+        "--mail-user=two words; $(reboot)",
+        "/runs/it's here/slurm/job.sh",
+    ]
     script = batch_script("/opt/py 3/bin/python", "/runs/it's here", "sl-1")
     exec_line = [line for line in script.splitlines() if not line.startswith("#")]
     assert len(exec_line) == 1
-    assert shlex.split(exec_line[0]) == ["exec", "/opt/py 3/bin/python", "-m", "orchestrator", "slurm-batch", "/runs/it's here"]
+    assert shlex.split(exec_line[0]) == [
+        "exec",
+        "/opt/py 3/bin/python",
+        "-m",
+        "orchestrator",
+        "slurm-batch",
+        "/runs/it's here",
+    ]
     assert "TFCLUSTER_SECRET" not in script
 
 
 def test_srun_runs_one_block_step_that_slurm_kills_on_a_bad_exit():
     spec, plan = plan_for("gpus_per_node: 2\n")
     argv = srun_argv(spec, plan.nodes[0].argv, attempt=3)
-    assert argv[:9] == ["srun", "--job-name=sl-a3", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2",
-                        "--distribution=block", "--kill-on-bad-exit=1", "--export=ALL", "--input=all"]  # fmt: skip
+    assert argv[:9] == [
+        "srun",
+        "--job-name=sl-a3",
+        "--nodes=2",
+        "--ntasks=4",
+        "--ntasks-per-node=2",
+        "--distribution=block",
+        "--kill-on-bad-exit=1",
+        "--export=ALL",
+        "--input=all",
+    ]
     assert argv[-4:] == ["python3", "-m", "worker_entry", "slurm"] and "--gpus-per-node=2" in argv
 
 
@@ -145,10 +184,25 @@ def test_roles_are_ranked_by_role_and_a_restartable_role_keeps_the_step_up():
     mwms = load_spec_text(spec_text("roles: {chief: 1, worker: 3}\n")).spec
     assert "--kill-on-bad-exit=1" in srun_argv(mwms, plan.nodes[0].argv, attempt=0)  # every failure is fatal
     with_eval = load_spec_text(spec_text("roles: {worker: 3, evaluator: 1}\n")).spec
-    assert "--kill-on-bad-exit=0" in srun_argv(with_eval, plan.nodes[0].argv, attempt=0)  # the evaluator is only reported
+    assert "--kill-on-bad-exit=0" in srun_argv(
+        with_eval, plan.nodes[0].argv, attempt=0
+    )  # the evaluator is only reported
     restart = restart_srun_argv(spec, "python3", attempt=0, restart=2, node="n2", slug="worker-1")
-    assert restart == ["srun", "--job-name=sl-a0-worker-1-r2", "--nodes=1", "--ntasks=1", "--nodelist=n2", "--overlap",
-                       "--kill-on-bad-exit=0", "--export=ALL", "--input=all", "python3", "-m", "worker_entry", "connect"]  # fmt: skip
+    assert restart == [
+        "srun",
+        "--job-name=sl-a0-worker-1-r2",
+        "--nodes=1",
+        "--ntasks=1",
+        "--nodelist=n2",
+        "--overlap",
+        "--kill-on-bad-exit=0",
+        "--export=ALL",
+        "--input=all",
+        "python3",
+        "-m",
+        "worker_entry",
+        "connect",
+    ]
 
 
 def test_plan_shows_the_sbatch_script_srun_and_how_tf_config_is_built():
@@ -160,8 +214,11 @@ def test_plan_shows_the_sbatch_script_srun_and_how_tf_config_is_built():
 
 
 def test_a_save_grace_longer_than_the_signal_lead_is_warned_about():
-    spec = load_spec_text(spec_text("signal_lead_s: 5\n").replace("  command: [python, train.py]\n",
-                                                                  "  command: [python, train.py]\n  stop_grace_s: 30\n")).spec  # fmt: skip
+    spec = load_spec_text(
+        spec_text("signal_lead_s: 5\n").replace(
+            "  command: [python, train.py]\n", "  command: [python, train.py]\n  stop_grace_s: 30\n"
+        )
+    ).spec
     assert any("signal_lead_s" in w for w in slurm_plan(spec, run_id="x").warnings)
 
 
@@ -177,7 +234,9 @@ def test_job_ids_and_states_are_parsed_strictly():
     assert (info.state, info.nodes, info.time_left, info.active) == ("RUNNING", "n[1-3]", "2:55", True)
     assert sc.parse_squeue("5", "garbage") is None
     assert sc.parse_squeue("5", "\x1b[31mEVIL|a|b|c|d").state == "UNKNOWN"
-    sco = sc.parse_scontrol_job("5", "JobId=5 JobName=x JobState=CANCELLED Reason=None Restarts=2 NodeList=n1 ExitCode=0:15")
+    sco = sc.parse_scontrol_job(
+        "5", "JobId=5 JobName=x JobState=CANCELLED Reason=None Restarts=2 NodeList=n1 ExitCode=0:15"
+    )
     assert (sco.state, sco.restarts, sco.nodes, sco.active) == ("CANCELLED", 2, "n1", False)
     assert sc.parse_scontrol_job("5", "no state here") is None
     sa = sc.parse_sacct("5", "CANCELLED by 0|0:0|00:01:02|n[1-2]\n")
@@ -187,9 +246,18 @@ def test_job_ids_and_states_are_parsed_strictly():
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("55", 55), ("2:55", 175), ("1:00:00", 3600), ("2-01:00:00", 176400), ("UNLIMITED", None), ("INVALID", None),
-     ("", None), ("1:x", None), ("9" * 30, None)],
-)  # fmt: skip
+    [
+        ("55", 55),
+        ("2:55", 175),
+        ("1:00:00", 3600),
+        ("2-01:00:00", 176400),
+        ("UNLIMITED", None),
+        ("INVALID", None),
+        ("", None),
+        ("1:x", None),
+        ("9" * 30, None),
+    ],
+)
 def test_slurm_durations(text, seconds):
     assert sc.parse_duration(text) == seconds
 
@@ -208,8 +276,11 @@ def test_the_state_file_is_private_and_read_tolerantly(tmp_path):
     assert (SlurmState.path(run).stat().st_mode & 0o077) == 0
     state = SlurmState.load(run)
     assert state.job_id == "12" and state.gather is False
-    SlurmState.path(run).write_text(json.dumps({"run_id": "r", "job_ids": ["1; reboot", 5, "7"], "preemptions": -3,
-                                                "timeouts": True, "allocations": "x"}))  # fmt: skip
+    SlurmState.path(run).write_text(
+        json.dumps(
+            {"run_id": "r", "job_ids": ["1; reboot", 5, "7"], "preemptions": -3, "timeouts": True, "allocations": "x"}
+        )
+    )
     state = SlurmState.load(run)
     assert (state.job_ids, state.preemptions, state.timeouts, state.allocations) == (["7"], 0, 0, [])
     SlurmState.path(run).write_text("{not json")
@@ -243,7 +314,9 @@ def gone_run(tmp_path, monkeypatch):
         ("TIMEOUT", None, True, JobState.FAILED),
     ],
 )
-def test_a_run_whose_job_is_gone_gets_a_result_from_slurm_and_the_run_directory(gone_run, slurm_state, stop, allocated, expect):
+def test_a_run_whose_job_is_gone_gets_a_result_from_slurm_and_the_run_directory(
+    gone_run, slurm_state, stop, allocated, expect
+):
     run, state = gone_run
     state["job"] = JobInfo("42", slurm_state)
     if allocated:
@@ -299,9 +372,12 @@ def test_the_supervisor_tells_an_ending_allocation_from_a_stop(tmp_path, monkeyp
 
 @pytest.mark.parametrize(
     ("first", "info", "expect"),
-    [(signal.SIGTERM, JobInfo("9", "RUNNING"), None), (signal.SIGTERM, JobInfo("9", "COMPLETING"), "preempted"),
-     (signal.SIGUSR2, JobInfo("9", "RUNNING", time_left="1:00"), "timeout")],
-)  # fmt: skip
+    [
+        (signal.SIGTERM, JobInfo("9", "RUNNING"), None),
+        (signal.SIGTERM, JobInfo("9", "COMPLETING"), "preempted"),
+        (signal.SIGUSR2, JobInfo("9", "RUNNING", time_left="1:00"), "timeout"),
+    ],
+)
 def test_inside_the_users_allocation_a_sigterm_while_it_runs_is_a_stop(tmp_path, monkeypatch, first, info, expect):
     _ending(tmp_path, monkeypatch, first, info, None, expect, batch=False)
 
@@ -320,7 +396,9 @@ def _slurm_job(tmp_path, loaded, state, *, batch, env):
 def _ending(tmp_path, monkeypatch, first, info, stop, expect, batch):
     loaded = load_spec_text(spec_text())
     monkeypatch.setattr(sc, "job_info", lambda job, env=None: info)
-    job, run, scheduling = _slurm_job(tmp_path, loaded, SlurmState(run_id="sl-1"), batch=batch, env={"SLURM_JOB_ID": "9"})
+    job, run, scheduling = _slurm_job(
+        tmp_path, loaded, SlurmState(run_id="sl-1"), batch=batch, env={"SLURM_JOB_ID": "9"}
+    )
     if stop:
         request_stop(run, stop, "test")
     job.interrupt.trigger(first)
@@ -422,12 +500,27 @@ def test_an_allocation_whose_supervisor_died_is_an_attempt_of_its_own(tmp_path, 
     """SIGKILLed with its allocation (a node failure, a requeue past KillWait): the next supervisor
     records that allocation as a requeued attempt, counts a preemption, and continues the numbering."""
     loaded = load_spec_text(spec_text())
-    earlier = {"attempt": 0, "state": "requeued", "started_ts": 1.0, "ended_ts": 2.0, "tasks": {},
-               "failures": [{"kind": "scheduler", "message": "time limit", "ts": 2.0}]}  # fmt: skip
-    state = SlurmState(run_id="sl-1", job_ids=["9"], timeouts=1, attempts=[earlier],
-                       allocations=[{"job_id": "9", "restart": 0, "started_ts": 1.0, "ended_ts": 2.0, "end": "timeout"},
-                                    {"job_id": "9", "restart": 1, "started_ts": 3.0}])  # fmt: skip
-    job, _, scheduling = _slurm_job(tmp_path, loaded, state, batch=True, env={"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "2"})
+    earlier = {
+        "attempt": 0,
+        "state": "requeued",
+        "started_ts": 1.0,
+        "ended_ts": 2.0,
+        "tasks": {},
+        "failures": [{"kind": "scheduler", "message": "time limit", "ts": 2.0}],
+    }
+    state = SlurmState(
+        run_id="sl-1",
+        job_ids=["9"],
+        timeouts=1,
+        attempts=[earlier],
+        allocations=[
+            {"job_id": "9", "restart": 0, "started_ts": 1.0, "ended_ts": 2.0, "end": "timeout"},
+            {"job_id": "9", "restart": 1, "started_ts": 3.0},
+        ],
+    )
+    job, _, scheduling = _slurm_job(
+        tmp_path, loaded, state, batch=True, env={"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "2"}
+    )
     assert scheduling.open(job)  # it continues a run
     assert [a.state for a in job.result.attempts] == [JobState.REQUEUED, JobState.REQUEUED]
     assert "ended without its supervisor recording it" in job.result.attempts[1].root_cause.message
@@ -508,14 +601,20 @@ def _attempt(states, state=JobState.INTERRUPTED_SIGTERM, failures=()):
     from orchestrator.core.result import AttemptResult, TaskResult
     from orchestrator.core.states import TaskState
 
-    tasks = {f"worker:{i}": TaskResult(f"worker:{i}", f"n{i + 1}", TaskState(s), exit_code=0 if s == "succeeded" else None)
-             for i, s in enumerate(states)}  # fmt: skip
+    tasks = {
+        f"worker:{i}": TaskResult(f"worker:{i}", f"n{i + 1}", TaskState(s), exit_code=0 if s == "succeeded" else None)
+        for i, s in enumerate(states)
+    }
     return AttemptResult(0, state, 1.0, 2.0, tasks, list(failures))
 
 
 @pytest.mark.parametrize(
     ("states", "expect"),
-    [(["succeeded", "succeeded"], "completed"), (["succeeded", "stopped"], "requeue"), (["stopped", "stopped"], "requeue")],
+    [
+        (["succeeded", "succeeded"], "completed"),
+        (["succeeded", "stopped"], "requeue"),
+        (["stopped", "stopped"], "requeue"),
+    ],
 )
 def test_tasks_that_exit_0_during_a_preemption_completed_their_training(tmp_path, monkeypatch, states, expect):
     """SIGTERM from Slurm (a requeue) while every task finished its last epoch and exited 0: the run is
@@ -557,7 +656,9 @@ def test_a_requeued_allocation_whose_tasks_all_completed_finishes_at_once(tmp_pa
         rec = _attempt(["succeeded"] * 4, JobState.REQUEUED, [])
         state.attempts = [rec.to_dict()]
         state.allocations[0].update(ended_ts=2.0, end="preempted")
-    job, run, scheduling = _slurm_job(tmp_path, loaded, state, batch=True, env={"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "1"})
+    job, run, scheduling = _slurm_job(
+        tmp_path, loaded, state, batch=True, env={"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "1"}
+    )
     if status is not None:
         tasks = {f"worker:{i}": {"state": st} for i, st in enumerate(status)}
         run.status_json.write_text(json.dumps({"attempt": 0, "tasks": tasks}))

@@ -23,7 +23,6 @@ from test_roles_e2e import PS_LOOP, _log, _pid  # the same job's log and pid rea
 pytestmark = pytest.mark.e2e
 
 
-
 def _tf_configs(run_dir, task: str) -> list[dict]:
     """TF_CONFIG of each incarnation of ``task`` (the workload prints it first)."""
     text = _log(run_dir, task.replace(":", "-"))
@@ -44,7 +43,13 @@ def test_ps_worker_sigkilled_under_slurm_is_restarted_in_place_and_the_job_succe
         job={"stop_grace_s": 2},
     )
     run_dir = tmp_path / "run"
-    argv = ["salloc", "--nodes=2", "--ntasks-per-node=2", "--immediate=30", *launch_argv(spec, run_dir, "-q", "--no-gather")]
+    argv = [
+        "salloc",
+        "--nodes=2",
+        "--ntasks-per-node=2",
+        "--immediate=30",
+        *launch_argv(spec, run_dir, "-q", "--no-gather"),
+    ]
     proc = start(slurm, argv, cwd=REPO)
     try:
         wait_for(lambda: "step 20/" in _log(run_dir, "chief-0"), 180, "the coordinator's first steps")
@@ -76,13 +81,29 @@ def test_mwms_with_a_sidecar_evaluator_under_slurm(slurm, tmp_path):
     spec = write_spec(
         tmp_path / "spec.yaml",
         "sl-eval",
-        [PY, "-m", "worker_entry.examples.sidecar_eval", "--epochs", "3", "--steps-per-epoch", "10", "--epoch-sleep-s", "2"],
+        [
+            PY,
+            "-m",
+            "worker_entry.examples.sidecar_eval",
+            "--epochs",
+            "3",
+            "--steps-per-epoch",
+            "10",
+            "--epoch-sleep-s",
+            "2",
+        ],
         slurm={"nodes": 3, "roles": {"chief": 1, "worker": 1, "evaluator": 1}},
         checkpoint={"dir": str(tmp_path / "ckpt")},
         job={"stop_grace_s": 2},
     )
     run_dir = tmp_path / "run"
-    argv = ["salloc", "--nodes=3", "--ntasks-per-node=1", "--immediate=30", *launch_argv(spec, run_dir, "-q", "--no-gather")]
+    argv = [
+        "salloc",
+        "--nodes=3",
+        "--ntasks-per-node=1",
+        "--immediate=30",
+        *launch_argv(spec, run_dir, "-q", "--no-gather"),
+    ]
     rc, _out, err = finish(start(slurm, argv, cwd=REPO), timeout=240)
     assert rc == 0, err[-3000:]
     res = result(run_dir)
@@ -94,7 +115,9 @@ def test_mwms_with_a_sidecar_evaluator_under_slurm(slurm, tmp_path):
     # each evaluation the evaluator printed is an `evaluation` event with its step and metrics
     printed = [int(m) for m in re.findall(r"evaluated the checkpoint of step (\d+):", ev_log)]
     evaluations = [e for e in events(run_dir) if e["event"] == "evaluation"]
-    assert [e["step"] for e in evaluations] == printed and all({"loss", "mae"} <= set(e["metrics"]) for e in evaluations)
+    assert [e["step"] for e in evaluations] == printed and all(
+        {"loss", "mae"} <= set(e["metrics"]) for e in evaluations
+    )
     assert res["tasks"]["evaluator:0"]["state"] in ("succeeded", "stopped")  # by itself, or once training ended
     assert not [e for e in events(run_dir) if e["event"] == "role_failure"]
     wait_for(lambda: not slurm.processes(), 15, "every task process to be gone")

@@ -261,8 +261,14 @@ def test_distinct_tf_ports_on_loopback_are_fine():
         ),
         ("{command: [python, {a: 1}]}", "job.command[1]: must be a valid string, got a mapping"),
         ("{command: [python, yes]}", "job.command[1]: YAML read this as the boolean true; quote it to pass a string"),
-        ('{command: [x], env: {A: "x\\ny"}}', "job.env.A: must not contain control characters (found '\\n' at position 1)"),
-        ('{command: [x], env: {A: "x\\0y"}}', "job.env.A: must not contain control characters (found '\\x00' at position 1)"),
+        (
+            '{command: [x], env: {A: "x\\ny"}}',
+            "job.env.A: must not contain control characters (found '\\n' at position 1)",
+        ),
+        (
+            '{command: [x], env: {A: "x\\0y"}}',
+            "job.env.A: must not contain control characters (found '\\x00' at position 1)",
+        ),
         ("{command: [x], env: {A: no}}", "job.env.A: YAML read this as the boolean false; quote it to pass a string"),
         (
             "{command: [x], env: {TF_CONFIG: '{}'}}",

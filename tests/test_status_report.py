@@ -74,10 +74,23 @@ def trains(fails_in_attempt_0: bool = False):
         for beat in range(1, 60):
             now = time.time()
             steps = int((now - t0) * 40) + 1
-            n.heartbeat(state="running", cpu_pct=90.0 + beat % 7, progress=p.Progress(steps=steps, examples=32 * steps, ts=now))
+            n.heartbeat(
+                state="running", cpu_pct=90.0 + beat % 7, progress=p.Progress(steps=steps, examples=32 * steps, ts=now)
+            )
             if beat % 10 == 0:
-                n.send(p.Profile(steps=10, ts=now, step_ms=25.0 + n.node.task.index, input_ms=1.0, compute_ms=4.0,
-                                 collective_ms=18.0, update_ms=0.5, host_ms=1.5 + n.node.task.index, other_ms=0.0))  # fmt: skip
+                n.send(
+                    p.Profile(
+                        steps=10,
+                        ts=now,
+                        step_ms=25.0 + n.node.task.index,
+                        input_ms=1.0,
+                        compute_ms=4.0,
+                        collective_ms=18.0,
+                        update_ms=0.5,
+                        host_ms=1.5 + n.node.task.index,
+                        other_ms=0.0,
+                    )
+                )
             cmd = n.next_command(0.05)
             if isinstance(cmd, p.Stop) or n.eof:
                 stopped(n, cmd)

@@ -129,13 +129,21 @@ def test_reader_counts_the_examples_of_every_local_replica():
     counted = []
     rows = []
     reader = stampreader.Reader(
-        60.0, take=lambda: [rows.pop(0) for _ in range(len(rows))], take_inputs=lambda: [],
-        primaries=lambda fn: frozenset({0}), has_runs=lambda fn: True, emit=lambda *a, **k: None,
+        60.0,
+        take=lambda: [rows.pop(0) for _ in range(len(rows))],
+        take_inputs=lambda: [],
+        primaries=lambda fn: frozenset({0}),
+        has_runs=lambda fn: True,
+        emit=lambda *a, **k: None,
         count=lambda n, ex, at: counted.append((n, ex)),
-    )  # fmt: skip
+    )
     for k in range(3):
         for replica, batch in ((0, 16), (1, 15)):  # an uneven partial batch: 16 + 15
-            rows.append(run_row(10 * k, 10 * k + 1, 10 * k + 9, (0, 10 * k + 3, 10 * k + 8), replica=replica)._replace(examples=batch * 2.0 + 0.25))
+            rows.append(
+                run_row(10 * k, 10 * k + 1, 10 * k + 9, (0, 10 * k + 3, 10 * k + 8), replica=replica)._replace(
+                    examples=batch * 2.0 + 0.25
+                )
+            )
     reader.poll()
     assert counted == [(3, 3 * (62 + 0.5) // 1)]  # 187.5: 187 now, the half later
     rows.append(run_row(40, 41, 49, (0, 43, 48), replica=0)._replace(examples=32.5))
@@ -148,8 +156,14 @@ def test_reader_counts_the_examples_of_every_local_replica():
 
 
 def test_summary_is_additive_trimmed_and_names_local_time():
-    steps = [stepclock.StepSplit(1, 0, 10.0, {**dict.fromkeys(stepclock.CATEGORIES, 0.0), "compute": 6.0, "collective": 4.0})] * 18
-    steps += [stepclock.StepSplit(1, 0, 500.0, {**dict.fromkeys(stepclock.CATEGORIES, 0.0), "host": 490.0, "collective": 10.0})] * 2
+    steps = [
+        stepclock.StepSplit(1, 0, 10.0, {**dict.fromkeys(stepclock.CATEGORIES, 0.0), "compute": 6.0, "collective": 4.0})
+    ] * 18
+    steps += [
+        stepclock.StepSplit(
+            1, 0, 500.0, {**dict.fromkeys(stepclock.CATEGORIES, 0.0), "host": 490.0, "collective": 10.0}
+        )
+    ] * 2
     rec = summarize(steps, cpu_s=0.2, counted=20)
     assert rec["steps"] == 20 and rec["step_ms"] == approx(10) and rec["compute_ms"] == approx(6)
     assert rec["host_ms"] == approx(0)  # the two outliers (a checkpoint, an evaluation) are trimmed
@@ -204,7 +218,9 @@ def test_reader_counts_steps_and_emits_the_slowest_replica_per_window():
     for k in range(6):
         base = 10 * k
         rows.append(run_row(base, base + 1, base + 9, (0, base + 3, base + 8), replica=0)._replace(examples=32.0))
-        rows.append(run_row(base, base + 1, base + 9, (0, base + 7, base + 8), replica=1)._replace(examples=32.0))  # works 4 ms longer
+        rows.append(
+            run_row(base, base + 1, base + 9, (0, base + 7, base + 8), replica=1)._replace(examples=32.0)
+        )  # works 4 ms longer
     assert reader.poll() == 6 and counts == [(6, 6 * 64)]
     assert records == []  # the window (2 s) is not over
     now[0] = 3.0
@@ -371,7 +387,10 @@ def test_known_delays_land_in_their_parts(cases):
 
 def test_xla_is_left_alone_and_failures_leave_training_unchanged(cases):
     results, err = cases
-    assert results["fit jit"]["on"]["rows"] == 0 and results["fit jit"]["on"]["losses"] == results["fit jit"]["off"]["losses"]
+    assert (
+        results["fit jit"]["on"]["rows"] == 0
+        and results["fit jit"]["on"]["losses"] == results["fit jit"]["off"]["losses"]
+    )
     for fail in ("_enter", "_exit", "_begin_run", "_end_run"):
         got = results[f"loop fail {fail}"]["on"]
         assert got["losses"] == results["loop"]["on"]["losses"], fail
@@ -396,7 +415,14 @@ def test_gpu_sync_structure_on_cpu_graphs(cases):
 # ------------------------------------------------------------------------- 3 workers (e2e)
 
 
-def run_cluster(extra: list[str], steps: int, interval_s: float = 1.0, num_workers: int = 3, env_extra=None, module="keras_synthetic"):
+def run_cluster(
+    extra: list[str],
+    steps: int,
+    interval_s: float = 1.0,
+    num_workers: int = 3,
+    env_extra=None,
+    module="keras_synthetic",
+):
     """An example on ``num_workers`` local MWMS workers under the instrumentation (step clock on)."""
     import statistics  # noqa: F401 - used by callers through medians()
 
@@ -460,7 +486,10 @@ def test_report_split_adds_up_with_known_delays_in_each_part(cases, tmp_path):
     from orchestrator.views.report import build_report, report_text
 
     rec = cases[0]["delays"]["on"]["record"]
-    plan = {"job": "delays", "nodes": [{"host": f"h{i}", "task": {"type": "worker", "index": i}, "env": {}} for i in range(2)]}
+    plan = {
+        "job": "delays",
+        "nodes": [{"host": f"h{i}", "task": {"type": "worker", "index": i}, "env": {}} for i in range(2)],
+    }
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     lines = [{**rec, "task": f"worker:{i}", "kind": "profile", "ts": 1.0 + k} for k in range(3) for i in range(2)]
     (tmp_path / "heartbeats.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))

@@ -58,8 +58,15 @@ def supervise(scripts, n_hosts=3, interrupt=None, bound=None, **sections):
     backend = FakeBackend(scripts)
     rec = Recorder()
     sup = Supervisor(
-        loaded.spec, plan, backend, attempt=0, bus=EventBus([rec]), logs=rec, heartbeats=rec,
-        interrupt=interrupt or Interrupt(), bound=bound,
+        loaded.spec,
+        plan,
+        backend,
+        attempt=0,
+        bus=EventBus([rec]),
+        logs=rec,
+        heartbeats=rec,
+        interrupt=interrupt or Interrupt(),
+        bound=bound,
     )
     try:
         res = sup.run()
@@ -105,9 +112,16 @@ def test_startup_deadline_when_a_node_never_says_hello():
     assert res.root_cause.kind == "startup_timeout" and res.root_cause.task == "worker:2"
     (gone,) = [e for e in rec.kinds("task_exited") if e.task == "worker:2"]  # its channel closed, no exit status
     assert gone.to_dict() | {"ts": 0} == {
-        "ts": 0, "event": "task_exited", "task": "worker:2", "host": "10.0.0.3", "code": None, "signal": None,
-        "signal_name": None, "stopped": True, "reason": "channel closed during teardown",
-    }  # fmt: skip
+        "ts": 0,
+        "event": "task_exited",
+        "task": "worker:2",
+        "host": "10.0.0.3",
+        "code": None,
+        "signal": None,
+        "signal_name": None,
+        "stopped": True,
+        "reason": "channel closed during teardown",
+    }
     assert not any(isinstance(c, p.Go) for n in backend.nodes.values() for c in n.received)
     assert res.state == JobState.FAILED and exit_code_for_state(res.state) == 3
 
@@ -289,7 +303,9 @@ def test_the_job_writes_result_json_for_a_protocol_error(tmp_path):
 
     loaded, plan = make_plan(3)
     backend = FakeBackend({"worker:2": hostile})
-    job = Job(loaded, plan, LaunchOptions(run_dir=str(tmp_path / "run"), gather=False, live=False, echo_logs=False), backend)
+    job = Job(
+        loaded, plan, LaunchOptions(run_dir=str(tmp_path / "run"), gather=False, live=False, echo_logs=False), backend
+    )
     result = job.run()
     assert exit_code_for(result) == 3
     data = json.loads((tmp_path / "run" / "result.json").read_text())
@@ -320,7 +336,9 @@ def test_the_job_restarts_every_task_after_a_failure(tmp_path):
 
     loaded, plan = make_plan(2, restart={"max_restarts": 2})
     backend = FakeBackend({"worker:1": fails_first_time, "worker:0": healthy(0.2)})
-    result = Job(loaded, plan, LaunchOptions(run_dir=str(tmp_path / "r"), gather=False, live=False, echo_logs=False), backend).run()
+    result = Job(
+        loaded, plan, LaunchOptions(run_dir=str(tmp_path / "r"), gather=False, live=False, echo_logs=False), backend
+    ).run()
     assert result.state == JobState.SUCCEEDED and len(result.attempts) == 2
     assert attempts == [0, 1]
     assert [a.state for a in result.attempts] == [JobState.FAILED, JobState.SUCCEEDED]

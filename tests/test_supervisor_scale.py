@@ -135,8 +135,16 @@ def test_the_soft_limit_goes_up_to_the_hard_one():
 
 
 def big_status(n: int) -> dict:
-    tasks = {f"worker:{i}": {"host": f"n{i}", "state": "running", "step_time_s": 0.05 + i / 1e5,
-                             "last_heartbeat_age_s": 0.4, "straggler": i == 17} for i in range(n)}  # fmt: skip
+    tasks = {
+        f"worker:{i}": {
+            "host": f"n{i}",
+            "state": "running",
+            "step_time_s": 0.05 + i / 1e5,
+            "last_heartbeat_age_s": 0.4,
+            "straggler": i == 17,
+        }
+        for i in range(n)
+    }
     tasks["worker:5"].update(state="lost", last_heartbeat_age_s=12.0)
     return {"job": "big", "state": "running", "run_dir": "/nonexistent", "tasks": tasks}
 

@@ -46,29 +46,63 @@ def test_records_become_points_keyed_by_step_and_wall_time():
     assert sc.record("worker:0", beat(15, T0 + 0.5, examples=960)) == []  # within min_interval_s: fed, not written
     (p,) = sc.record("worker:0", beat(30, T0 + 2.0, examples=1920))
     assert p.run == "worker-0" and p.step == 30 and p.wall == T0 + 2.0
-    assert p.values["throughput/steps_per_s"] == pytest.approx(10.0) and p.values["throughput/examples_per_s"] == pytest.approx(640.0)
+    assert p.values["throughput/steps_per_s"] == pytest.approx(10.0) and p.values[
+        "throughput/examples_per_s"
+    ] == pytest.approx(640.0)
     assert p.values["host/cpu_pct"] == 150.0 and p.values["host/rss_mb"] == 700.5 and p.values["step/time_ms"] == 50.0
-    (w,) = sc.record("worker:0", {"kind": "profile", "ts": T0 + 2.5, "attempt": 0, "steps": 20, "step_ms": 50.0,
-                                   "input_ms": 5.0, "compute_ms": 20.0, "collective_ms": 25.0, "pre_collective_ms": 25.0})  # fmt: skip
-    assert w.step == 30 and w.values == {"step_split/step_ms": 50.0, "step_split/input_ms": 5.0, "step_split/compute_ms": 20.0,
-                                         "step_split/collective_ms": 25.0, "step_split/own_work_ms": 25.0}  # fmt: skip
+    (w,) = sc.record(
+        "worker:0",
+        {
+            "kind": "profile",
+            "ts": T0 + 2.5,
+            "attempt": 0,
+            "steps": 20,
+            "step_ms": 50.0,
+            "input_ms": 5.0,
+            "compute_ms": 20.0,
+            "collective_ms": 25.0,
+            "pre_collective_ms": 25.0,
+        },
+    )
+    assert w.step == 30 and w.values == {
+        "step_split/step_ms": 50.0,
+        "step_split/input_ms": 5.0,
+        "step_split/compute_ms": 20.0,
+        "step_split/collective_ms": 25.0,
+        "step_split/own_work_ms": 25.0,
+    }
     # a restart: the next attempt counts from 0 again, the curve goes on from 30
     (r,) = sc.record("worker:0", beat(4, T0 + 10.0, attempt=1))
     assert r.step == 34
     # scores: written when a round changes them; the job's rates every status
-    status = {"updated": T0 + 11, "throughput": {"steps_per_s": 9.5, "examples_per_s": 608.0},
-              "tasks": {"worker:0": {"state": "running", "relative_score": 0.5, "individual_score": 0.9, "straggler": True}}}  # fmt: skip
+    status = {
+        "updated": T0 + 11,
+        "throughput": {"steps_per_s": 9.5, "examples_per_s": 608.0},
+        "tasks": {"worker:0": {"state": "running", "relative_score": 0.5, "individual_score": 0.9, "straggler": True}},
+    }
     task, job = sc.status(status)
     assert task.run == "worker-0" and task.step == 34
     assert task.values == {"straggler/named": 1.0, "straggler/relative_score": 0.5, "straggler/individual_score": 0.9}
-    assert job.run == "job" and job.step == 34 and job.values["throughput/examples_per_s"] == 608.0 and job.values["tasks/running"] == 1
+    assert (
+        job.run == "job"
+        and job.step == 34
+        and job.values["throughput/examples_per_s"] == 608.0
+        and job.values["tasks/running"] == 1
+    )
     assert [p.run for p in sc.status(status)] == ["job"]  # the same scores are not written again
 
 
 def test_bad_numbers_never_become_scalars():
     sc = Scalars()
-    assert sc.record("worker:1", {"ts": T0, "cpu_pct": float("nan"), "rss_mb": 10**400, "gpus": [{"index": "x"}], "host": "?"}) == []
-    assert sc.record("worker:2", {"ts": T0, "cpu_pct": 5, "gpus": 7, "progress": "?"})[0].values == {"host/cpu_pct": 5.0}
+    assert (
+        sc.record(
+            "worker:1", {"ts": T0, "cpu_pct": float("nan"), "rss_mb": 10**400, "gpus": [{"index": "x"}], "host": "?"}
+        )
+        == []
+    )
+    assert sc.record("worker:2", {"ts": T0, "cpu_pct": 5, "gpus": 7, "progress": "?"})[0].values == {
+        "host/cpu_pct": 5.0
+    }
     assert run_name("chief:0") == "chief-0"
 
 
@@ -132,11 +166,15 @@ def test_the_launcher_writes_events_without_tensorflow(tmp_path):
         "assert not s.problems and not idle.problems, (s.problems, idle.problems)\n"
         "print(mods())\n"
     )
-    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tb")], capture_output=True, text=True, cwd=REPO, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "tb")], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     before, loaded = (eval(line) for line in res.stdout.strip().splitlines())
     assert before == [] and not (tmp_path / "tb" / "idle" / "worker-0").exists()
-    assert "tensorboardX" in loaded and not any(m.startswith(("tensorflow", "tensorboard.")) or m == "tensorboard" for m in loaded)
+    assert "tensorboardX" in loaded and not any(
+        m.startswith(("tensorflow", "tensorboard.")) or m == "tensorboard" for m in loaded
+    )
     (events,) = (tmp_path / "tb" / "trained" / "worker-0").glob("events.out.tfevents.*")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -151,8 +189,13 @@ def test_a_real_run_writes_tensorboard_scalars_beside_the_users(testbed_factory,
     rates and goodput; and with --tensorboard DIR, under DIR/tfcluster/<run id> beside the user's runs."""
     tb = testbed_factory(3)
     cmd = [PY, "-m", "worker_entry.examples.keras_synthetic", "--epochs", "4", "--steps-per-epoch", "60"]
-    spec = tb.write_spec(tmp_path / "spec.yaml", "tboard", cmd, job={"python": repo_python(tmp_path)},
-                         heartbeat={"interval_s": 0.5, "timeout_s": 20, "profile_interval_s": 1})  # fmt: skip
+    spec = tb.write_spec(
+        tmp_path / "spec.yaml",
+        "tboard",
+        cmd,
+        job={"python": repo_python(tmp_path)},
+        heartbeat={"interval_s": 0.5, "timeout_s": 20, "profile_interval_s": 1},
+    )
     own = tmp_path / "logs"
     (own / "train").mkdir(parents=True)  # the user's own runs (a Keras TensorBoard callback's) stay as they are
     run_dir = tmp_path / "run"
@@ -166,9 +209,19 @@ def test_a_real_run_writes_tensorboard_scalars_beside_the_users(testbed_factory,
     for i in range(3):
         acc = accumulate(root / f"worker-{i}")
         tags = set(acc.Tags()["scalars"])
-        need = {"step_split/step_ms", "step_split/input_ms", "step_split/compute_ms", "step_split/collective_ms",
-                "step_split/own_work_ms", "throughput/steps_per_s", "throughput/examples_per_s", "host/cpu_pct",
-                "host/rss_mb", "straggler/relative_score", "straggler/individual_score"}  # fmt: skip
+        need = {
+            "step_split/step_ms",
+            "step_split/input_ms",
+            "step_split/compute_ms",
+            "step_split/collective_ms",
+            "step_split/own_work_ms",
+            "throughput/steps_per_s",
+            "throughput/examples_per_s",
+            "host/cpu_pct",
+            "host/rss_mb",
+            "straggler/relative_score",
+            "straggler/individual_score",
+        }
         assert need <= tags, need - tags
         steps = [s for s, _, _ in scalars(acc, "host/cpu_pct")]
         assert steps == sorted(steps) and steps[-1] >= 200  # keyed by training step (240 made)
@@ -179,8 +232,15 @@ def test_a_real_run_writes_tensorboard_scalars_beside_the_users(testbed_factory,
     job = accumulate(root / "job")
     gp = scalars(job, "goodput/goodput_pct")
     assert len(gp) == 1 and 0 < gp[0][2] < 100
-    report = json.loads(subprocess.run([PY, "-m", "orchestrator", "report", str(run_dir), "--json"], capture_output=True,
-                                       text=True, cwd=REPO, timeout=120).stdout)  # fmt: skip
+    report = json.loads(
+        subprocess.run(
+            [PY, "-m", "orchestrator", "report", str(run_dir), "--json"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+        ).stdout
+    )
     assert gp[0][2] == pytest.approx(report["goodput"]["goodput"] * 100, abs=0.01)  # the goodput report shows
     assert {"throughput/examples_per_s", "tasks/running", "run/examples_per_s"} <= set(job.Tags()["scalars"])
     for d in [root, *root.iterdir()]:

@@ -25,8 +25,14 @@ from worker_entry import protocol as p
 ESCAPES = [PY, str(WORKLOADS / "escapes.py")]
 #: What drives a terminal: ESC of any sequence but SGR, BEL, the 8-bit CSI, bidi overrides.
 FORBIDDEN = ["\x1b]", "\x1b[2J", "\x1b[1;1H", "\x07", "\x9b", "\u202e"]
-TEXT = ["beforemiddleafter", "copy paste", "bell\\x07 c1 done", "colour red plain", "bidi \\u202eevil\\u202c end",
-        "progress 100%"]  # fmt: skip
+TEXT = [
+    "beforemiddleafter",
+    "copy paste",
+    "bell\\x07 c1 done",
+    "colour red plain",
+    "bidi \\u202eevil\\u202c end",
+    "progress 100%",
+]
 
 
 def _visible(shown: str) -> str:
@@ -69,7 +75,9 @@ def _on_a_terminal(argv: list[str], timeout: float = 240) -> tuple[int, str]:
     master, slave = pty.openpty()
     env = {k: v for k, v in _env().items() if k != "NO_COLOR"}
     env["TERM"] = "xterm-256color"
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env, cwd=str(WORKLOADS.parent.parent))
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env, cwd=str(WORKLOADS.parent.parent)
+    )
     os.close(slave)
     chunks = []
     deadline = time.monotonic() + timeout

@@ -241,8 +241,12 @@ def test_spec_dict_and_write_spec(testbed_factory, tmp_path):
     assert spec["ssh"] == {"user": tb.user, "identity_file": str(tb.user_key), "known_hosts": str(tb.known_hosts)}
     assert spec["hosts"] == [{"address": h.address, "port": h.ssh_port, "tf_port": h.tf_port} for h in tb.hosts]
     python = os.environ.get("TFCLUSTER_TESTBED_PYTHON") or sys.executable  # conftest: this checkout's
-    assert spec["job"] == {"command": ["python3", "train.py"], "python": python, "workdir": "/tmp/x",
-                           "remote_dir": str(tb.dir / "remote")}  # the tasks' directories go with the bed  # fmt: skip
+    assert spec["job"] == {
+        "command": ["python3", "train.py"],
+        "python": python,
+        "workdir": "/tmp/x",
+        "remote_dir": str(tb.dir / "remote"),
+    }  # the tasks' directories go with the bed
     assert spec["heartbeat"] == {"interval_s": 1}
     path = tb.write_spec(tmp_path / "c.yaml", "demo", ["true"])
     assert yaml.safe_load(path.read_text()) == tb.spec_dict("demo", ["true"])

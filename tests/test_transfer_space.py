@@ -35,8 +35,9 @@ def hands_over(size: int, *, stream: int = 0, on_fetch=None):
         n.send(p.Spawned(pid=5))
         n.log("the only line that arrived live")
         n.exited(0)
-        listing = p.Manifest(root="/node/task", exists=True,
-                             files=[p.FileEntry("output.log", size), p.FileEntry("exit.json", 2)])  # fmt: skip
+        listing = p.Manifest(
+            root="/node/task", exists=True, files=[p.FileEntry("output.log", size), p.FileEntry("exit.json", 2)]
+        )
         n.send(p.TaskFiles(task_dir=listing, log_bytes=size))
         while (cmd := n.next_command(20)) is not None and not isinstance(cmd, p.Bye):
             if not isinstance(cmd, p.Fetch):
@@ -47,7 +48,9 @@ def hands_over(size: int, *, stream: int = 0, on_fetch=None):
                 data = b"{}" if req.path == "exit.json" else b"z" * stream
                 frames = [p.msg_frame(p.FileStart(path=req.path, size=2 if req.path == "exit.json" else size))]
                 frames += [p.data_frame(data[at : at + (256 << 10)]) for at in range(0, len(data), 256 << 10)]
-                frames.append(p.msg_frame(p.FileEnd(path=req.path, sha256=hashlib.sha256(data).hexdigest(), size=len(data))))
+                frames.append(
+                    p.msg_frame(p.FileEnd(path=req.path, sha256=hashlib.sha256(data).hexdigest(), size=len(data)))
+                )
                 if not all(_write(n, frame) for frame in frames):
                     return
             _write(n, p.msg_frame(p.Done()))
@@ -145,8 +148,10 @@ def test_the_backup_sync_checks_the_local_space_before_it_fetches(tmp_path):
         if argv[-1] != "manifest":
             return None
         files = [{"path": "ckpt-1.data", "size": PB}]
-        return (json.dumps({"manifests": [{"root": str(chief_home / "backup" / "chief"), "exists": True,
-                                           "files": files}]}) + "\n").encode()  # fmt: skip
+        return (
+            json.dumps({"manifests": [{"root": str(chief_home / "backup" / "chief"), "exists": True, "files": files}]})
+            + "\n"
+        ).encode()
 
     conns = {"worker:0": LocalConnection(chief_home, huge), "worker:1": LocalConnection(worker_home)}
     with pytest.raises(RuntimeError, match="not enough space"):

@@ -131,7 +131,9 @@ def _family(tmp_path: Path, **cfg) -> tuple[Entry, list[int]]:
         e.pump(0.1)
     pids = [int(x) for x in pids_file.read_text().split()]
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not any(m["type"] == "heartbeat" and (m.get("nproc") or 0) >= 3 for m in e.msgs):
+    while time.monotonic() < deadline and not any(
+        m["type"] == "heartbeat" and (m.get("nproc") or 0) >= 3 for m in e.msgs
+    ):
         e.pump(0.1)  # let a heartbeat scan see the escaped child
     return e, pids
 

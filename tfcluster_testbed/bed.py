@@ -155,9 +155,13 @@ class Testbed:
                 t = time.monotonic()
                 self._plan_hosts()
                 _generate_keys(
-                    self.dir, self.hosts, self.single_sshd, self.user_key, self.authorized_keys,
+                    self.dir,
+                    self.hosts,
+                    self.single_sshd,
+                    self.user_key,
+                    self.authorized_keys,
                     f"tfcluster-testbed-{self.id}",
-                )  # fmt: skip
+                )
                 self.timings["keys_s"] = time.monotonic() - t
                 if self.mode == "netns":
                     t = time.monotonic()
@@ -238,9 +242,17 @@ class Testbed:
     def _start_sshds(self) -> None:
         assert self._state is not None
         self._fleet = _Sshds(
-            self.id, self.dir, self.mode, self.hosts, self._state, self.marker, self.authorized_keys,
-            single_sshd=self.single_sshd, start_timeout=self._start_timeout, extra=self._extra_sshd_lines,
-        )  # fmt: skip
+            self.id,
+            self.dir,
+            self.mode,
+            self.hosts,
+            self._state,
+            self.marker,
+            self.authorized_keys,
+            single_sshd=self.single_sshd,
+            start_timeout=self._start_timeout,
+            extra=self._extra_sshd_lines,
+        )
         self._fleet.start()
 
     def _extra_sshd_lines(self, host: TestHost) -> list[str]:
@@ -290,9 +302,14 @@ class Testbed:
             raise TestbedError("test bed not started")
         job = {"remote_dir": str(self._dir / "remote"), **sections.get("job", {})}
         return _spec_dict(
-            name, command, user=self.user, user_key=self.user_key, known_hosts=self.known_hosts,
-            hosts=self.hosts, sections={**sections, "job": job},
-        )  # fmt: skip
+            name,
+            command,
+            user=self.user,
+            user_key=self.user_key,
+            known_hosts=self.known_hosts,
+            hosts=self.hosts,
+            sections={**sections, "job": job},
+        )
 
     def write_spec(self, path: str | Path, name: str, command: Sequence[str], **sections: Any) -> Path:
         """spec_dict() dumped as YAML to `path`."""
@@ -414,7 +431,19 @@ class Testbed:
         for tests that want the real ssh client; prefix with launcher_argv() in netns mode."""
         h = self._host(host)
         return [
-            "ssh", "-i", str(self.user_key), "-p", str(h.ssh_port),
-            "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-            "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", f"{self.user}@{h.address}", *command,
-        ]  # fmt: skip
+            "ssh",
+            "-i",
+            str(self.user_key),
+            "-p",
+            str(h.ssh_port),
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "BatchMode=yes",
+            f"{self.user}@{h.address}",
+            *command,
+        ]

@@ -118,8 +118,9 @@ class LocalSlurm:
         return env
 
     def run(self, argv: Sequence[str], timeout: float = 30, check: bool = True, **kw) -> subprocess.CompletedProcess:
-        proc = subprocess.run(list(argv), env=kw.pop("env", None) or self.env(), capture_output=True, text=True,
-                              timeout=timeout, **kw)  # fmt: skip
+        proc = subprocess.run(
+            list(argv), env=kw.pop("env", None) or self.env(), capture_output=True, text=True, timeout=timeout, **kw
+        )
         if check and proc.returncode != 0:
             raise TestbedError(f"{' '.join(argv)}: rc {proc.returncode}: {proc.stderr.strip()[:500]}")
         return proc
@@ -148,10 +149,15 @@ class LocalSlurm:
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
         argv = [
-            _sbin("munged"), "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
-            f"--log-file={mdir / 'munged.log'}", f"--pid-file={mdir / 'munged.pid'}",
-            f"--seed-file={mdir / 'munged.seed'}", "--foreground",
-        ]  # fmt: skip
+            _sbin("munged"),
+            "--force",
+            f"--socket={self.munge_socket}",
+            f"--key-file={key}",
+            f"--log-file={mdir / 'munged.log'}",
+            f"--pid-file={mdir / 'munged.pid'}",
+            f"--seed-file={mdir / 'munged.seed'}",
+            "--foreground",
+        ]
         self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         self._wait_for(lambda: self.munge_socket.exists(), 10, "munged did not create its socket")
         os.chmod(mdir, 0o755)  # clients (tasks of other users) reach the socket
@@ -208,11 +214,17 @@ class LocalSlurm:
         env = self.env()
         log = open(self.dir / "log" / "daemons.out", "ab")  # noqa: SIM115 - held by the children
         try:
-            self.procs.append(subprocess.Popen([_sbin("slurmctld"), "-D", "-i", "-f", str(self.conf)], env=env,
-                                               stdout=log, stderr=log))  # fmt: skip
+            self.procs.append(
+                subprocess.Popen(
+                    [_sbin("slurmctld"), "-D", "-i", "-f", str(self.conf)], env=env, stdout=log, stderr=log
+                )
+            )
             for n in self.nodes:
-                self.procs.append(subprocess.Popen([_sbin("slurmd"), "-D", "-N", n, "-f", str(self.conf)], env=env,
-                                                   stdout=log, stderr=log))  # fmt: skip
+                self.procs.append(
+                    subprocess.Popen(
+                        [_sbin("slurmd"), "-D", "-N", n, "-f", str(self.conf)], env=env, stdout=log, stderr=log
+                    )
+                )
         finally:
             log.close()
 

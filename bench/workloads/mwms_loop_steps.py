@@ -79,7 +79,9 @@ def main() -> int:
         print(f"{task}: epoch {epoch} {args.steps / dt:.1f} steps/s", flush=True)
     secs = sum(measured)
     steps = args.steps * len(measured)
-    print("RESULT " + json.dumps({"task": task, "steps_per_s": steps / secs, "steps": steps, "seconds": secs}), flush=True)
+    print(
+        "RESULT " + json.dumps({"task": task, "steps_per_s": steps / secs, "steps": steps, "seconds": secs}), flush=True
+    )
     return 0
 
 
@@ -106,7 +108,10 @@ def alternate(tf, task, step_fn, strategy, iterator, rounds: int, block: int = 2
                 if i >= skip:
                     times[name].append((time.perf_counter() - t0) * 1e3)
     on, off = statistics.median(times["on"]), statistics.median(times["off"])
-    print("AB " + json.dumps({"task": task, "on_ms": round(on, 3), "off_ms": round(off, 3), "ratio": round(off / on, 4)}), flush=True)
+    print(
+        "AB " + json.dumps({"task": task, "on_ms": round(on, 3), "off_ms": round(off, 3), "ratio": round(off / on, 4)}),
+        flush=True,
+    )
     return 0
 
 

@@ -18,12 +18,18 @@ import sys
 
 def main() -> int:
     nodelist = os.environ["SLURM_STEP_NODELIST"]
-    nodes = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True).stdout.split()
-    info = subprocess.run(["scontrol", "show", "node", "-o", nodelist], capture_output=True, text=True, check=True).stdout
+    nodes = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
+    ).stdout.split()
+    info = subprocess.run(
+        ["scontrol", "show", "node", "-o", nodelist], capture_output=True, text=True, check=True
+    ).stdout
     addr = dict(re.findall(r"NodeName=(\S+).*?NodeAddr=(\S+)", info))
     per_node = int(os.environ["SLURM_STEP_NUM_TASKS"]) // len(nodes)
     base = 20000 + int(os.environ["SLURM_JOB_ID"]) % 5000 * 4
-    workers = [f"{addr.get(nodes[r // per_node], nodes[r // per_node])}:{base + r}" for r in range(len(nodes) * per_node)]
+    workers = [
+        f"{addr.get(nodes[r // per_node], nodes[r // per_node])}:{base + r}" for r in range(len(nodes) * per_node)
+    ]
     rank = int(os.environ["SLURM_PROCID"])
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")

@@ -6,4 +6,15 @@ from .backend import Backend, Deliver, PerTaskBackend, Placement
 from .base import Channel, ConnectFailure, Connection, OutputTooLarge, wait_readable
 from .diagnose import entry_failure
 
-__all__ = ["Backend", "Channel", "ConnectFailure", "Connection", "Deliver", "OutputTooLarge", "PerTaskBackend", "Placement", "entry_failure", "wait_readable"]
+__all__ = [
+    "Backend",
+    "Channel",
+    "ConnectFailure",
+    "Connection",
+    "Deliver",
+    "OutputTooLarge",
+    "PerTaskBackend",
+    "Placement",
+    "entry_failure",
+    "wait_readable",
+]

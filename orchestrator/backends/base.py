@@ -36,7 +36,9 @@ class ConnectFailure(Exception):
 
     def __init__(self, kind: str, message: str, hint: str = "") -> None:
         super().__init__(message)
-        self.kind = kind  # host_key_unknown | host_key_changed | auth | refused | timeout | dns | unreachable | key | ssh
+        self.kind = (
+            kind  # host_key_unknown | host_key_changed | auth | refused | timeout | dns | unreachable | key | ssh
+        )
         self.message = message
         self.hint = hint
 

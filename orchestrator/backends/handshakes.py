@@ -215,7 +215,11 @@ class HandshakeServer:
             self._refuse(conn, f"connection failed during the handshake: {exc.strerror or exc}")
             return
         if not data:
-            why = "a proven node closed before reading its configuration" if conn.proven else "connection closed during the handshake"
+            why = (
+                "a proven node closed before reading its configuration"
+                if conn.proven
+                else "connection closed during the handshake"
+            )
             self._refuse(conn, why)
             return
         if conn.proven is not None:
@@ -278,7 +282,9 @@ class HandshakeServer:
         except BlockingIOError:
             return
         except OSError as exc:
-            self._refuse(conn, f"rank {conn.rank}: connection failed while sending its configuration: {exc.strerror or exc}")
+            self._refuse(
+                conn, f"rank {conn.rank}: connection failed while sending its configuration: {exc.strerror or exc}"
+            )
             return
         conn.out = conn.out[sent:]
         if conn.out:

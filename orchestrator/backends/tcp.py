@@ -295,4 +295,3 @@ class ConnectBackBackend(Backend):
 
     def refusals(self) -> Refusals:
         return self.server.refusals
-

@@ -69,7 +69,10 @@ def cmd_scale(args: argparse.Namespace) -> int:
         raise UsageError(f"--run-dir {root}: cannot create it: {exc.strerror or exc}") from None
     opts = SweepOptions(sizes, bound, root, strong=args.strong, preflight=not args.no_preflight, echo_logs=args.verbose)
     say = sys.stderr
-    print(f"tfcluster scale: {', '.join(map(str, sizes))} workers, {bound.describe()} each; sweep directory {root}", file=say)
+    print(
+        f"tfcluster scale: {', '.join(map(str, sizes))} workers, {bound.describe()} each; sweep directory {root}",
+        file=say,
+    )
 
     def on_size(run: SizeRun) -> None:
         after_run(run.run_dir)
@@ -94,7 +97,11 @@ def cmd_scale(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
     else:
         print(safe_text(text))
-        where = f"{summary['html']} (pictures: {len(summary['pngs'])} PNGs)" if summary.get("html") else summary["pictures_error"]
+        where = (
+            f"{summary['html']} (pictures: {len(summary['pngs'])} PNGs)"
+            if summary.get("html")
+            else summary["pictures_error"]
+        )
         print(f"\nwrote {root / 'scale.json'} and {where}")
     return exit_code_for_sweep([r.state for r in runs], interrupted)
 

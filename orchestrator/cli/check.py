@@ -105,8 +105,13 @@ def _finding_events(check: dict[str, Any]) -> tuple[Any, ...]:
     hosts = {r["task"]: r["host"] for r in check["hosts"]}
     return tuple(
         CheckFinding(
-            task=None, host=hosts.get(f["task"]), code=f["code"], subject=f["subject"], figure=f["figure"],
-            median=f["median"], message=f"{f['what']} (launch --check: started without it)",
+            task=None,
+            host=hosts.get(f["task"]),
+            code=f["code"],
+            subject=f["subject"],
+            figure=f["figure"],
+            median=f["median"],
+            message=f"{f['what']} (launch --check: started without it)",
         )
         for f in check["findings"]
-    )  # fmt: skip
+    )

@@ -25,7 +25,6 @@ def version() -> str:
     return __version__
 
 
-
 def cmd_validate(args: argparse.Namespace) -> int:
     """`tfcluster validate SPEC...`: every problem of every spec at once, as FILE:LINE: field: message."""
     from ..spec import load_spec
@@ -305,5 +304,3 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     return run_demo(hosts=args.hosts, mode=args.mode, epochs=args.epochs, run_dir=args.run_dir)
-
-

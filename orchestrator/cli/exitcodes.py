@@ -1,13 +1,13 @@
 """The one place that maps errors and final job states to exit codes (documented in the README).
 
-  0   success
-  1   internal error (a bug in tfcluster; rerun with --debug for the traceback)
-  2   bad spec or usage
-  3   the job failed (a worker failed, was lost or hung, or did not start in time)
-  4   connection, start or preflight failure (nothing ran)
-  5   the job succeeded but gathering logs/checkpoints failed verification
-  6   `tfcluster check` named a slow host, GPU or link (or a host without figures); `launch --check` refused
-  130 / 143 interrupted by SIGINT (Ctrl-C) / SIGTERM (or `tfcluster stop`); SIGHUP does not stop a job
+0   success
+1   internal error (a bug in tfcluster; rerun with --debug for the traceback)
+2   bad spec or usage
+3   the job failed (a worker failed, was lost or hung, or did not start in time)
+4   connection, start or preflight failure (nothing ran)
+5   the job succeeded but gathering logs/checkpoints failed verification
+6   `tfcluster check` named a slow host, GPU or link (or a host without figures); `launch --check` refused
+130 / 143 interrupted by SIGINT (Ctrl-C) / SIGTERM (or `tfcluster stop`); SIGHUP does not stop a job
 """
 
 from __future__ import annotations

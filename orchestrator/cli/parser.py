@@ -177,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--all", action="store_true", help="every task one a row (a large job shows a summary)")
     p.add_argument("--runs-dir", default="runs", help="where runs are listed and job names looked up (default: ./runs)")
-    p.add_argument("--state", metavar="STATE,...", help="list only runs in these states (running, failed, succeeded, ...)")
+    p.add_argument(
+        "--state", metavar="STATE,...", help="list only runs in these states (running, failed, succeeded, ...)"
+    )
     p.add_argument("--limit", type=int, metavar="N", help="list at most N runs (default 20; 0: all)")
     p.set_defaults(func=c.cmd_status)
 
@@ -222,7 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--json", action="store_true", help="print check.json on stdout instead of the tables")
     p.add_argument("--run-dir", "-o", help="run directory (default: ./runs/check-NAME-<UTC timestamp>)")
-    p.add_argument("--timeout", type=float, metavar="S", help="end the check within S seconds (default: check.timeout_s)")
+    p.add_argument(
+        "--timeout", type=float, metavar="S", help="end the check within S seconds (default: check.timeout_s)"
+    )
     p.add_argument("--verbose", "-v", action="store_true", help="print the nodes' output (it is stored anyway)")
     p.set_defaults(func=ck.cmd_check, quick_exit=True)
 
@@ -275,7 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
         "tfcluster predict resnet-1x8 --workers 2,4,8,16 --network 25Gbit,5us --html predict.html",
     )
     p.add_argument("run", metavar="RUN", help="a finished run (name or directory) or a `tfcluster scale` directory")
-    p.add_argument("--workers", default="2,4,8,16,64", metavar="N,N,...", help="worker counts to predict (default 2,4,8,16,64)")
+    p.add_argument(
+        "--workers", default="2,4,8,16,64", metavar="N,N,...", help="worker counts to predict (default 2,4,8,16,64)"
+    )
     _network_args(p, "")
     p.add_argument("--json", action="store_true", help="print the prediction as JSON (sizes shaped like scale.json's)")
     p.add_argument("--html", metavar="OUT.html", help="also write a page with the curve (and OUT.png beside it)")
@@ -316,7 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _network_args(p: argparse.ArgumentParser, purpose: str) -> None:
     """--check / --network: the network the scaling model assumes (predict; scale's prediction error)."""
     tail = f" ({purpose})" if purpose else ""
-    p.add_argument("--check", metavar="PATH", help=f"check.json of `tfcluster check`: alpha and B of the slowest link{tail}")
+    p.add_argument(
+        "--check", metavar="PATH", help=f"check.json of `tfcluster check`: alpha and B of the slowest link{tail}"
+    )
     p.add_argument("--network", metavar="RATE,LATENCY", help=f"the network as given, like 25Gbit,5us{tail}")
 
 

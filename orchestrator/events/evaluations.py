@@ -16,8 +16,14 @@ from .kinds import Evaluation
 
 def evaluation_record(e: Evaluation) -> dict[str, Any]:
     """One evaluation as status and report show it."""
-    return {"ts": round(e.ts, 3), "checkpoint": e.checkpoint, "step": e.step, "metrics": dict(e.metrics),
-            "source": e.source, **({"dropped": e.dropped} if e.dropped else {})}  # fmt: skip
+    return {
+        "ts": round(e.ts, 3),
+        "checkpoint": e.checkpoint,
+        "step": e.step,
+        "metrics": dict(e.metrics),
+        "source": e.source,
+        **({"dropped": e.dropped} if e.dropped else {}),
+    }
 
 
 class Evaluations:

@@ -124,10 +124,15 @@ class CheckScheduling(RunScheduling):
         for f in check["findings"]:
             job.bus.emit(
                 CheckFinding(
-                    task=f["task"], host=hosts.get(f["task"]) if f["task"] else None, message=f["what"],
-                    code=f["code"], subject=f["subject"], figure=f["figure"], median=f["median"],
+                    task=f["task"],
+                    host=hosts.get(f["task"]) if f["task"] else None,
+                    message=f["what"],
+                    code=f["code"],
+                    subject=f["subject"],
+                    figure=f["figure"],
+                    median=f["median"],
                 )
-            )  # fmt: skip
+            )
         self.outcome.check = check
 
 

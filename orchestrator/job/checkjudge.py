@@ -52,18 +52,28 @@ def judge(results: Mapping[str, Mapping[str, Any]], hosts: Mapping[str, str]) ->
     for task, host in hosts.items():
         r = results.get(task)
         if r is None or r.get("error") or r.get("gflops") is None:
-            why = (r or {}).get("error") or "no result from this task (it did not start, was stopped with the others, or its check failed)"
+            why = (r or {}).get(
+                "error"
+            ) or "no result from this task (it did not start, was stopped with the others, or its check failed)"
             findings.append(_finding(NO_RESULT, f"no figures from {host} ({task}): {why}", host, None, None, task))
     # --- links: every client's measurements, by host ---------------------------------------------
     links = []
     for r in results.values():
         for link in r.get("links") or []:
             a, b = str(link.get("a")), str(link.get("b"))
-            links.append({
-                "a": hosts.get(a, a), "b": hosts.get(b, b), "task_a": a, "task_b": b, "round": link.get("round"),
-                "latency_s": float(link["latency_s"]), "bandwidth_Bps": float(link["bandwidth_Bps"]),
-                "up_Bps": link.get("up_Bps"), "down_Bps": link.get("down_Bps"),
-            })  # fmt: skip
+            links.append(
+                {
+                    "a": hosts.get(a, a),
+                    "b": hosts.get(b, b),
+                    "task_a": a,
+                    "task_b": b,
+                    "round": link.get("round"),
+                    "latency_s": float(link["latency_s"]),
+                    "bandwidth_Bps": float(link["bandwidth_Bps"]),
+                    "up_Bps": link.get("up_Bps"),
+                    "down_Bps": link.get("down_Bps"),
+                }
+            )
     links.sort(key=lambda x: (x["round"] or 0, x["task_a"], x["task_b"]))
     best: dict[str, float] = {}
     for link in links:
@@ -78,10 +88,18 @@ def judge(results: Mapping[str, Mapping[str, Any]], hosts: Mapping[str, str]) ->
         r = results.get(task) or {}
         g = rated.get(task)
         score = g / median_gflops if g is not None and median_gflops else None
-        rows.append({
-            "task": task, "host": host, "gflops": g, "score": score, "device": r.get("device"),
-            "gpus": r.get("gpus") or [], "best_link_Bps": best.get(task), "hostname": r.get("hostname"),
-        })  # fmt: skip
+        rows.append(
+            {
+                "task": task,
+                "host": host,
+                "gflops": g,
+                "score": score,
+                "device": r.get("device"),
+                "gpus": r.get("gpus") or [],
+                "best_link_Bps": best.get(task),
+                "hostname": r.get("hostname"),
+            }
+        )
     slow_hosts = set()
     for row in rows:
         if row["score"] is None or row["score"] >= HOST_SCORE_MIN or len(rated) < 2:
@@ -151,11 +169,16 @@ def allreduce_rows(results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
     for size, times in sorted(by_size.items()):
         t = statistics.median(times)
         algbw = size / t / 1e9 if t > 0 else None
-        rows.append({
-            "bytes": size, "latency_s": t, "algbw_GBps": algbw,
-            "busbw_GBps": algbw * busbw_factor(ranks) if algbw is not None else None,
-            "ranks": ranks, "communication": impl,
-        })  # fmt: skip
+        rows.append(
+            {
+                "bytes": size,
+                "latency_s": t,
+                "algbw_GBps": algbw,
+                "busbw_GBps": algbw * busbw_factor(ranks) if algbw is not None else None,
+                "ranks": ranks,
+                "communication": impl,
+            }
+        )
     return rows
 
 

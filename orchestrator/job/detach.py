@@ -28,8 +28,19 @@ def launch_detached(spec: str, run_dir: str, run_id: str, child_args: Sequence[s
     TFCLUSTER_RUN_ID, plan.json)."""
     rundir = RunDir.create(run_dir)
     log = os.open(rundir.launcher_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    argv = [sys.executable, "-m", "orchestrator", "launch", spec, "--run-dir", run_dir, "--detached-child",
-            "--detached-run-id", run_id, *child_args]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "launch",
+        spec,
+        "--run-dir",
+        run_dir,
+        "--detached-child",
+        "--detached-run-id",
+        run_id,
+        *child_args,
+    ]
     try:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True

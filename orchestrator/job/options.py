@@ -21,4 +21,6 @@ class LaunchOptions:
     detach: bool = False  # run in the background (or, under a scheduler, leave the job to it)
     command: tuple[str, ...] | None = None  # `launch -- COMMAND`: the job's command instead of the spec's
     tensorboard_dir: str | None = None  # `launch --tensorboard DIR`: overrides the spec's tensorboard.dir
-    check_findings: tuple[CheckFinding, ...] = ()  # `launch --check` named these hosts and started without them (events)
+    check_findings: tuple[
+        CheckFinding, ...
+    ] = ()  # `launch --check` named these hosts and started without them (events)

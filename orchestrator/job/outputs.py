@@ -112,7 +112,9 @@ class RunOutputs:
             self.bus.emit(ev.JobWarning(message=f"no TensorBoard files: {exc} (pip install tensorboardX)"))
             return {}
         except OSError as exc:
-            self.bus.emit(ev.JobWarning(message=f"no TensorBoard files: cannot write under {root}: {exc.strerror or exc}"))
+            self.bus.emit(
+                ev.JobWarning(message=f"no TensorBoard files: cannot write under {root}: {exc.strerror or exc}")
+            )
             return {}
         self.heartbeats = _Tee(self.heartbeats, self.tensorboard)
         self.bus.subscribe(self.tensorboard)  # evaluations: one point each

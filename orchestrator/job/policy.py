@@ -83,9 +83,13 @@ class RestartPolicy:
     def decide(self, attempt: AttemptResult, earlier: Sequence[AttemptResult], interrupt: Interrupt) -> Decision:
         if completed_anyway(attempt):
             sig = signal_name(interrupt.first)
-            return Decision(Action.FINISH, completed=(
-                f"every task exited 0 — it completed its training — while the run was being stopped ({sig}): "
-                "the run is done"))  # fmt: skip
+            return Decision(
+                Action.FINISH,
+                completed=(
+                    f"every task exited 0 — it completed its training — while the run was being stopped ({sig}): "
+                    "the run is done"
+                ),
+            )
         used = sum(1 for a in earlier if a.state == JobState.FAILED)
         if attempt.state == JobState.FAILED and used < self.max_restarts and not interrupt.count:
             return Decision(Action.RESTART)

@@ -137,7 +137,9 @@ def run_sweep(
         except KeyboardInterrupt:  # between the job's own signal handling and ours
             return runs, True
         rc = result.root_cause
-        run = SizeRun(n, str(run_dir), result.state.value, round(time.monotonic() - t0, 1), rc.to_dict() if rc else None)
+        run = SizeRun(
+            n, str(run_dir), result.state.value, round(time.monotonic() - t0, 1), rc.to_dict() if rc else None
+        )
         runs.append(run)
         if on_size is not None:
             on_size(run)

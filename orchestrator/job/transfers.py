@@ -119,9 +119,16 @@ def report_unconfirmed(job: RunContext, sup: Supervisor) -> None:
     for s in sup.sessions.values():
         if s.exit_confirmed is False:
             why = "it never reported the task's end" if s.exit is None else "its worker_entry did not exit in time"
-            job.bus.emit(ev.ExitUnconfirmed(task=s.task, host=s.host, message=(
-                f"{s.host} did not confirm that {s.task}'s processes are gone ({why}); they may still run there: "
-                f"check the host (worker_entry stops them when it notices the launcher is gone)")))  # fmt: skip
+            job.bus.emit(
+                ev.ExitUnconfirmed(
+                    task=s.task,
+                    host=s.host,
+                    message=(
+                        f"{s.host} did not confirm that {s.task}'s processes are gone ({why}); they may still run there: "
+                        f"check the host (worker_entry stops them when it notices the launcher is gone)"
+                    ),
+                )
+            )
 
 
 def transfers_for(job: RunContext) -> Transfers:

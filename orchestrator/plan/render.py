@@ -31,7 +31,9 @@ def plan_text(plan: Plan, notes: PlanNotes, *, show_secrets: bool = False) -> st
                 str(n.task),
                 n.host,
                 f"{n.ssh.user}@{n.ssh.hostname}:{n.ssh.port}" if n.ssh else "-",
-                f"{n.tf_address}:{n.tf_port or '<derived>'}" if n.task.type != "evaluator" else "- (not in the cluster)",
+                f"{n.tf_address}:{n.tf_port or '<derived>'}"
+                if n.task.type != "evaluator"
+                else "- (not in the cluster)",
                 str(n.gpus),
             )
         )

@@ -28,8 +28,12 @@ class RoleRule:
     holds_go: bool  # the go waits for it (and a start that never comes fails the job)
 
     def to_dict(self) -> dict[str, object]:
-        return {"on_failure": self.on_failure, "trains": self.trains, "collective": self.collective,
-                "holds_go": self.holds_go}  # fmt: skip
+        return {
+            "on_failure": self.on_failure,
+            "trains": self.trains,
+            "collective": self.collective,
+            "holds_go": self.holds_go,
+        }
 
 
 _MEMBER = RoleRule("teardown", trains=True, collective=True, holds_go=True)
@@ -59,15 +63,20 @@ def rules_table(strategy: str) -> dict[str, dict[str, object]]:
     return {role: r.to_dict() for role, r in RULES[strategy].items()}
 
 
-_ON_FAILURE = {"teardown": "its failure tears the job down", "restart": "restarted alone, in place, when it fails",
-               "report": "its failure is reported, training goes on"}  # fmt: skip
+_ON_FAILURE = {
+    "teardown": "its failure tears the job down",
+    "restart": "restarted alone, in place, when it fails",
+    "report": "its failure is reported, training goes on",
+}
 
 
 def role_lines(strategy: str) -> list[str]:
     """One line per role for ``tfcluster plan``."""
     out = []
     for role, r in RULES[strategy].items():
-        end = "trains: the job ends once every training task exited 0" if r.trains else "stopped when the training ended"
+        end = (
+            "trains: the job ends once every training task exited 0" if r.trains else "stopped when the training ended"
+        )
         go = "" if r.holds_go else "; never holds the go"
         out.append(f"  {role:<10} {_ON_FAILURE[r.on_failure]}; {end}{go}")
     return out

@@ -166,7 +166,9 @@ def _warning(e: k.HeterogeneousGpus | k.JobWarning) -> Line:
 
 @renders(k.ShellNoise)
 def _shell_noise(e: k.ShellNoise) -> Line:
-    return Line(f"{_who(e)}: the login shell printed before worker_entry started (kept in the log): {e.text[:120]!r}", WARN)
+    return Line(
+        f"{_who(e)}: the login shell printed before worker_entry started (kept in the log): {e.text[:120]!r}", WARN
+    )
 
 
 @renders(k.BoundReached)

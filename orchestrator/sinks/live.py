@@ -34,9 +34,17 @@ COLUMNS = ("task", "host", "state", "step", "step ms", "ex/s", "cpu%", "rss MB",
 #: What is given up, in order, while the table is wider than the terminal: (column, width to narrow it
 #: to, or None to drop it). Task, state and step stay; the flags are narrowed last.
 FIT_STEPS: tuple[tuple[str, int | None], ...] = (
-    ("host", 16), ("", 24), ("rss MB", None), ("cpu%", None), ("gpu%", None), ("heartbeat", None),
-    ("host", None), ("ex/s", None), ("", 10), ("step ms", None),
-)  # fmt: skip
+    ("host", 16),
+    ("", 24),
+    ("rss MB", None),
+    ("cpu%", None),
+    ("gpu%", None),
+    ("heartbeat", None),
+    ("host", None),
+    ("ex/s", None),
+    ("", 10),
+    ("step ms", None),
+)
 PROGRESS_REFRESH_S = 0.25  # the in-place progress lines: at most 4 redraws a second
 MAX_PROGRESS_LINES = 8  # more tasks redrawing at once: their count, not a line each
 

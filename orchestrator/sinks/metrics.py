@@ -73,7 +73,11 @@ class JobMetrics:
 
     def snapshot(self) -> tuple[dict[str, Any], dict[str, dict[str, Any]], tuple[int, int, int, float | None]]:
         with self._lock:
-            return dict(self.status), dict(self.profiles), (self.restarts, self.stragglers, self.verdicts, self.detection_s)
+            return (
+                dict(self.status),
+                dict(self.profiles),
+                (self.restarts, self.stragglers, self.verdicts, self.detection_s),
+            )
 
 
 class _Collector:
@@ -121,7 +125,11 @@ def _job_figures(job: str, status: dict[str, Any]) -> Iterator[Any]:
     rates = status.get("throughput") if isinstance(status.get("throughput"), dict) else {}
     for key, name, doc in (
         ("steps_per_s", "tfcluster_job_steps_per_second", "The job's training steps per second (the workers' median)"),
-        ("examples_per_s", "tfcluster_job_examples_per_second", "The job's examples per second (global batch x steps/s)"),
+        (
+            "examples_per_s",
+            "tfcluster_job_examples_per_second",
+            "The job's examples per second (global batch x steps/s)",
+        ),
     ):
         fam = GaugeMetricFamily(name, doc, labels=["job"])
         if (number := _finite(rates.get(key))) is not None:
@@ -154,15 +162,21 @@ def _task_metrics(job: str, tasks: dict[str, Any], profiles: dict[str, dict[str,
         "cpu": family("tfcluster_task_cpu_ratio", "CPU of the task's processes (1.0 = one core busy)"),
         "rss": family("tfcluster_task_memory_rss_bytes", "Resident memory of the task's processes"),
         "up": family("tfcluster_task_up", "1 while the task runs"),
-        "part": family("tfcluster_task_step_part_seconds", "Time per step in each part (the step clock's last window)", ("part",)),
+        "part": family(
+            "tfcluster_task_step_part_seconds", "Time per step in each part (the step clock's last window)", ("part",)
+        ),
         "gpu_util": family("tfcluster_task_gpu_utilization_ratio", "GPU utilisation", ("gpu",)),
         "gpu_mem": family("tfcluster_task_gpu_memory_used_bytes", "GPU memory used", ("gpu",)),
         "gpu_clock": family("tfcluster_task_gpu_sm_clock_hertz", "GPU SM clock", ("gpu",)),
         **_health_families(family),
         "evaluations": family("tfcluster_task_evaluations", "Evaluations an evaluator task made (this run)"),
-        "eval_step": family("tfcluster_task_evaluation_step", "Training step of the weights an evaluator evaluated last"),
+        "eval_step": family(
+            "tfcluster_task_evaluation_step", "Training step of the weights an evaluator evaluated last"
+        ),
         "eval_metric": family(
-            "tfcluster_task_evaluation_metric", "An evaluator's last evaluation: each metric as it reported it", ("metric",)
+            "tfcluster_task_evaluation_metric",
+            "An evaluator's last evaluation: each metric as it reported it",
+            ("metric",),
         ),
     }
     for task, t in sorted(tasks.items()):
@@ -214,8 +228,12 @@ def _health_families(family: Any) -> dict[str, Any]:
     """Straggler scores and GPU health (what the Grafana dashboard, docs/grafana/tfcluster.json, shows)."""
     return {
         "straggler": family("tfcluster_task_straggler", "1 while the task is the named straggler"),
-        "relative": family("tfcluster_task_relative_score", "Fastest worker's own work per step / this worker's (1 = fastest)"),
-        "individual": family("tfcluster_task_individual_score", "This worker's best own work per step / now (1 = at its best)"),
+        "relative": family(
+            "tfcluster_task_relative_score", "Fastest worker's own work per step / this worker's (1 = fastest)"
+        ),
+        "individual": family(
+            "tfcluster_task_individual_score", "This worker's best own work per step / now (1 = at its best)"
+        ),
         "gpu_clock_max": family("tfcluster_task_gpu_sm_clock_max_hertz", "GPU maximum SM clock", ("gpu",)),
         "gpu_mem_total": family("tfcluster_task_gpu_memory_total_bytes", "GPU memory", ("gpu",)),
         "gpu_temp": family("tfcluster_task_gpu_temperature_celsius", "GPU temperature", ("gpu",)),

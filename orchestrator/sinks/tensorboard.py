@@ -69,8 +69,13 @@ HOST_TAGS = {
     "steal_pct": "host/cpu_steal_pct",
     "tcp_retrans_pct": "host/tcp_retrans_pct",
 }
-GPU_TAGS = {"util": "util_pct", "sm_clock_mhz": "sm_clock_mhz", "power_w": "power_w", "temp_c": "temp_c",
-            "mem_used_mb": "mem_used_mb"}  # fmt: skip
+GPU_TAGS = {
+    "util": "util_pct",
+    "sm_clock_mhz": "sm_clock_mhz",
+    "power_w": "power_w",
+    "temp_c": "temp_c",
+    "mem_used_mb": "mem_used_mb",
+}
 
 
 def run_name(task: str) -> str:
@@ -186,9 +191,14 @@ class Scalars:
                     values[tag] = f
             points.append(Point(run_name(task), t.step, wall, values))
         rates = status.get("throughput") if isinstance(status.get("throughput"), Mapping) else {}
-        job = {tag: v for key, tag in (("steps_per_s", "throughput/steps_per_s"), ("examples_per_s", "throughput/examples_per_s"))
-               if (v := _finite(rates.get(key))) is not None}  # fmt: skip
-        job["tasks/running"] = float(sum(1 for st in tasks.values() if isinstance(st, Mapping) and st.get("state") == "running"))
+        job = {
+            tag: v
+            for key, tag in (("steps_per_s", "throughput/steps_per_s"), ("examples_per_s", "throughput/examples_per_s"))
+            if (v := _finite(rates.get(key))) is not None
+        }
+        job["tasks/running"] = float(
+            sum(1 for st in tasks.values() if isinstance(st, Mapping) and st.get("state") == "running")
+        )
         if self.tasks:  # from the first record on (a job done before its first heartbeat writes nothing)
             points.append(Point(JOB_RUN, self.job_step(), wall, job))
         return points
@@ -303,7 +313,9 @@ class TensorBoardSink:
         self._queue.put(_STOP)
         self._thread.join(timeout_s)
         if self._thread.is_alive():
-            self.problems.append(f"TensorBoard: the writer did not finish within {timeout_s:g} s; its last events may be missing")
+            self.problems.append(
+                f"TensorBoard: the writer did not finish within {timeout_s:g} s; its last events may be missing"
+            )
         if self.dropped:
             self.problems.append(f"TensorBoard: {self.dropped} records not written (the writer fell behind)")
 

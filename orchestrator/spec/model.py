@@ -128,7 +128,9 @@ ArgStr = Annotated[str, BeforeValidator(_scalar_to_str), Field(strict=True, max_
 EnvValue = Annotated[
     str, BeforeValidator(_scalar_to_str), Field(strict=True, max_length=1 << 20), AfterValidator(_env_value)
 ]
-Interpreter = Annotated[str, Field(min_length=1, max_length=4096, strict=True), AfterValidator(_no_control_chars), AfterValidator(_python)]
+Interpreter = Annotated[
+    str, Field(min_length=1, max_length=4096, strict=True), AfterValidator(_no_control_chars), AfterValidator(_python)
+]
 EnvName = Annotated[str, Field(strict=True), AfterValidator(_check_env_name)]
 Address = Annotated[str, Field(strict=True), AfterValidator(_check_address)]
 
@@ -341,8 +343,9 @@ class CheckSpec(_Model):
     """`tfcluster check` and `launch --check`: every host's compute, the links and the all-reduce, measured."""
 
     timeout_s: PosFloat = Field(
-        60.0, description="The whole check ends within this time (`check --timeout` overrides it); a task "
-        "without figures by then is named (no_result)."
+        60.0,
+        description="The whole check ends within this time (`check --timeout` overrides it); a task "
+        "without figures by then is named (no_result).",
     )
     without_named_hosts: bool = Field(
         False,
@@ -363,7 +366,10 @@ class ClusterSpec(_Model):
             # Each scheduler needs its own section (tfcluster validate says so at the right line).
             "allOf": [
                 {
-                    "if": {"properties": {"scheduler": {"const": kind}}, **({} if kind == "ssh" else {"required": ["scheduler"]})},
+                    "if": {
+                        "properties": {"scheduler": {"const": kind}},
+                        **({} if kind == "ssh" else {"required": ["scheduler"]}),
+                    },
                     "then": {"required": [section]},
                 }
                 for kind, section in (("ssh", "hosts"), ("slurm", "slurm"), ("kubernetes", "kubernetes"))

@@ -66,8 +66,10 @@ def role_problems(data: dict, hosts: list, filename: str, positions: Positions) 
     chief = tf.get("chief") is True
     # where roles are given: (yaml location, field path, raw roles) per holder
     if scheduler == "ssh":
-        holders = [(("hosts", i, "roles"), f"hosts[{i}].roles", h.get("roles") if isinstance(h, dict) else None)
-                   for i, h in enumerate(hosts)]  # fmt: skip
+        holders = [
+            (("hosts", i, "roles"), f"hosts[{i}].roles", h.get("roles") if isinstance(h, dict) else None)
+            for i, h in enumerate(hosts)
+        ]
         given = [k for k, (_, _, r) in enumerate(holders) if isinstance(hosts[k], dict) and "roles" in hosts[k]]
         example = "roles: {chief: 1} on one host and roles: {worker: 2, ps: 1} on another"
         field, scope = "hosts[].roles", "over all hosts"
@@ -80,15 +82,25 @@ def role_problems(data: dict, hosts: list, filename: str, positions: Positions) 
     else:
         return out  # the scheduler's own checks report a missing section
     if scheduler == "kubernetes" and not given and "workers" not in data["kubernetes"]:
-        add(("kubernetes",), "kubernetes", "needs kubernetes.workers (the worker pods) or kubernetes.roles "
-            "(pods by role, e.g. roles: {chief: 1, worker: 2, ps: 1})")  # fmt: skip
+        add(
+            ("kubernetes",),
+            "kubernetes",
+            "needs kubernetes.workers (the worker pods) or kubernetes.roles "
+            "(pods by role, e.g. roles: {chief: 1, worker: 2, ps: 1})",
+        )
     if given and chief:
-        add(("tensorflow", "chief"), "tensorflow.chief",
-            f"with {field}, name the chief as a role (roles: {{chief: 1}}) and remove tensorflow.chief")  # fmt: skip
+        add(
+            ("tensorflow", "chief"),
+            "tensorflow.chief",
+            f"with {field}, name the chief as a role (roles: {{chief: 1}}) and remove tensorflow.chief",
+        )
         chief = False
     if strategy == "parameter_server" and not given and holders:
-        add(("tensorflow", "strategy"), "tensorflow.strategy",
-            f"parameter_server needs {field}: one chief, at least one worker and one ps, e.g. {example}")  # fmt: skip
+        add(
+            ("tensorflow", "strategy"),
+            "tensorflow.strategy",
+            f"parameter_server needs {field}: one chief, at least one worker and one ps, e.g. {example}",
+        )
         return out
     if scheduler != "ssh" and not given:
         return out  # the scheduler's default layout: chief (tensorflow.chief) and workers only
@@ -98,7 +110,12 @@ def role_problems(data: dict, hosts: list, filename: str, positions: Positions) 
     for k, (loc, path, raw) in enumerate(holders):
         roles = raw_roles({"roles": raw} if k in given else None, k, chief)
         if k in given and isinstance(raw, dict) and not sum(roles.values()) and len(roles) == len(raw):
-            add(loc, path, "runs no task: give a role a count of 1 or more" + (", or remove the host" if scheduler == "ssh" else ""))
+            add(
+                loc,
+                path,
+                "runs no task: give a role a count of 1 or more"
+                + (", or remove the host" if scheduler == "ssh" else ""),
+            )
         for r, n in roles.items():
             totals[r] += n
             if n:
@@ -108,27 +125,42 @@ def role_problems(data: dict, hosts: list, filename: str, positions: Positions) 
         if r not in allowed:
             for k in where[r]:
                 loc, path, _ = holders[k]
-                add((*loc, r), f"{path}.{r}",
-                    f"not a role of strategy {strategy} ({WHY.get((strategy, r), '')}); allowed: {names}")  # fmt: skip
+                add(
+                    (*loc, r),
+                    f"{path}.{r}",
+                    f"not a role of strategy {strategy} ({WHY.get((strategy, r), '')}); allowed: {names}",
+                )
             continue
         lo, hi = allowed[r]
         if hi is not None and totals[r] > hi:
             loc, path, _ = holders[where[r][-1]]
-            add((*loc, r), f"{path}.{r}",
-                f"{totals[r]} {r} tasks {scope}; strategy {strategy} allows at most {hi} ({WHY[(strategy, r)]})")  # fmt: skip
+            add(
+                (*loc, r),
+                f"{path}.{r}",
+                f"{totals[r]} {r} tasks {scope}; strategy {strategy} allows at most {hi} ({WHY[(strategy, r)]})",
+            )
         if totals[r] < lo and holders:
             loc, path, _ = holders[0]
             where_to = ("hosts",) if scheduler == "ssh" else loc
             fix = f"give a host roles: {{{r}: 1}}" if scheduler == "ssh" else f"set {path}.{r}: 1"
-            add(where_to, "hosts" if scheduler == "ssh" else path,
-                f"strategy {strategy} needs at least {lo} {r} task(s) ({WHY[(strategy, r)]}); {fix}")  # fmt: skip
-    clean = all(isinstance(raw, dict) and all(r in ROLES and _int(n) is not None for r, n in raw.items())
-                for k, (_, _, raw) in enumerate(holders) if k in given)  # fmt: skip
+            add(
+                where_to,
+                "hosts" if scheduler == "ssh" else path,
+                f"strategy {strategy} needs at least {lo} {r} task(s) ({WHY[(strategy, r)]}); {fix}",
+            )
+    clean = all(
+        isinstance(raw, dict) and all(r in ROLES and _int(n) is not None for r, n in raw.items())
+        for k, (_, _, raw) in enumerate(holders)
+        if k in given
+    )
     if not clean:
         return out  # the fields' own checks name the bad role or count: totals from the rest would mislead
     if strategy == "multi_worker_mirrored" and holders and not totals["chief"] + totals["worker"] and not out:
-        add(("hosts",) if scheduler == "ssh" else holders[0][0], "hosts" if scheduler == "ssh" else holders[0][1],
-            "no chief or worker task: MultiWorkerMirroredStrategy needs at least one to train")  # fmt: skip
+        add(
+            ("hosts",) if scheduler == "ssh" else holders[0][0],
+            "hosts" if scheduler == "ssh" else holders[0][1],
+            "no chief or worker task: MultiWorkerMirroredStrategy needs at least one to train",
+        )
     _layout_problems(data, scheduler, totals, add)
     return out
 
@@ -141,9 +173,15 @@ def _layout_problems(data: dict, scheduler: str, totals: dict[str, int], add: An
     if scheduler == "slurm":
         nodes, per_node = _int(section.get("nodes")), _int(section.get("tasks_per_node", 1))
         if nodes and per_node and n and nodes * per_node != n:
-            add(("slurm", "roles"), "slurm.roles",
+            add(
+                ("slurm", "roles"),
+                "slurm.roles",
                 f"{n} tasks by role, but slurm.nodes x slurm.tasks_per_node = {nodes} x {per_node} = {nodes * per_node} "
-                "task slots: make them equal (Slurm places the tasks in rank order: chief, workers, ps, evaluator)")  # fmt: skip
+                "task slots: make them equal (Slurm places the tasks in rank order: chief, workers, ps, evaluator)",
+            )
     if scheduler == "kubernetes" and "workers" in section:
-        add(("kubernetes", "workers"), "kubernetes.workers",
-            "not used with kubernetes.roles (the worker count is roles.worker); remove one of them")  # fmt: skip
+        add(
+            ("kubernetes", "workers"),
+            "kubernetes.workers",
+            "not used with kubernetes.roles (the worker count is roles.worker); remove one of them",
+        )

@@ -51,8 +51,11 @@ def cross_field_problems(data: dict, filename: str, positions: Positions) -> lis
     # MWMS runs the same replica count on every task; a different GPU count misbehaves silently.
     # (Not the sidecar evaluator's, which is outside the collective; ParameterServerStrategy has no such rule.)
     mwms = _get(tf, "strategy", "multi_worker_mirrored") == "multi_worker_mirrored"
-    gpu_counts = [(i, _get(h, "gpus", 0)) for i, h in enumerate(hosts)
-                  if isinstance(h, dict) and mwms and (roles[i].get("chief") or roles[i].get("worker"))]  # fmt: skip
+    gpu_counts = [
+        (i, _get(h, "gpus", 0))
+        for i, h in enumerate(hosts)
+        if isinstance(h, dict) and mwms and (roles[i].get("chief") or roles[i].get("worker"))
+    ]
     gpu_counts = [(i, g) for i, g in gpu_counts if isinstance(g, int) and not isinstance(g, bool) and g >= 0]
     if gpu_counts:
         first_i, first_g = gpu_counts[0]
@@ -85,8 +88,11 @@ def cross_field_problems(data: dict, filename: str, positions: Positions) -> lis
         machine = "loopback" if is_loopback(tf_addr) else tf_addr.lower()
         n_ports = cluster_tasks(roles[i])  # a host's tasks take tf_port, tf_port+1, ... (an evaluator none)
         if n_ports > 1 and base_port + n_ports - 1 > 65535:
-            add(("hosts", i, "roles"), f"{n_ports} tasks need TF ports {base_port}..{base_port + n_ports - 1}, past 65535; "
-                "use a lower tf_port")  # fmt: skip
+            add(
+                ("hosts", i, "roles"),
+                f"{n_ports} tasks need TF ports {base_port}..{base_port + n_ports - 1}, past 65535; "
+                "use a lower tf_port",
+            )
         for tf_port in range(base_port, min(base_port + n_ports, 65536)):
             tkey = (machine, tf_port)
             if tkey in seen_tf:
@@ -157,8 +163,11 @@ def _scheduler_problems(data: dict, filename: str, positions: Positions) -> list
     out = []
     own = SCHEDULER_SECTIONS[scheduler]
     if _get(data, own) is None:
-        what = {"hosts": "a list of hosts, each with an address", "slurm": "a slurm: section (at least nodes)",
-                "kubernetes": "a kubernetes: section (at least image, and workers or roles)"}[own]
+        what = {
+            "hosts": "a list of hosts, each with an address",
+            "slurm": "a slurm: section (at least nodes)",
+            "kubernetes": "a kubernetes: section (at least image, and workers or roles)",
+        }[own]
         out.append(
             Diagnostic.at(
                 filename,
@@ -191,7 +200,13 @@ def _scheduler_problems(data: dict, filename: str, positions: Positions) -> list
         )
     slurm = _get(data, "slurm")
     gpus, per_node = _get(slurm, "gpus_per_node", 0), _get(slurm, "tasks_per_node", 1)
-    if scheduler == "slurm" and isinstance(gpus, int) and isinstance(per_node, int) and per_node > 0 and gpus % per_node:
+    if (
+        scheduler == "slurm"
+        and isinstance(gpus, int)
+        and isinstance(per_node, int)
+        and per_node > 0
+        and gpus % per_node
+    ):
         out.append(
             Diagnostic.at(
                 filename,

@@ -21,11 +21,34 @@ SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 #: sbatch options tfcluster sets itself (or that have their own field): not allowed in extra_args.
 SLURM_RESERVED_OPTIONS = frozenset(
     {
-        "nodes", "ntasks", "ntasks-per-node", "gpus", "gpus-per-node", "gres", "signal", "requeue",
-        "no-requeue", "job-name", "output", "error", "input", "partition", "account", "qos", "time",
-        "constraint", "exclusive", "wrap", "chdir", "export", "array", "dependency", "kill-on-bad-exit", "comment",
+        "nodes",
+        "ntasks",
+        "ntasks-per-node",
+        "gpus",
+        "gpus-per-node",
+        "gres",
+        "signal",
+        "requeue",
+        "no-requeue",
+        "job-name",
+        "output",
+        "error",
+        "input",
+        "partition",
+        "account",
+        "qos",
+        "time",
+        "constraint",
+        "exclusive",
+        "wrap",
+        "chdir",
+        "export",
+        "array",
+        "dependency",
+        "kill-on-bad-exit",
+        "comment",
     }
-)  # fmt: skip
+)
 SLURM_OPTION_RE = re.compile(r"^--([a-z][a-z0-9-]*)(?:=([^\x00-\x1f\x7f]*))?$")
 #: Kubernetes names: a DNS-1123 label (namespace) or subdomain (service account, secrets, claims).
 DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -60,7 +83,7 @@ def _slurm_option(value: str) -> str:
 def _time_is_text(value: object) -> object:
     if isinstance(value, int | float) and not isinstance(value, bool):
         raise ValueError(
-            f"read as the number {value:g}: quote the time (time: \"10:00\"); YAML reads unquoted 10:00 as a "
+            f'read as the number {value:g}: quote the time (time: "10:00"); YAML reads unquoted 10:00 as a '
             "base-60 number (600), and Slurm reads a bare number as minutes"
         )
     return value
@@ -98,15 +121,17 @@ class SlurmSpec(_Model):
     account: SlurmName | None = Field(None, description="sbatch --account.")
     qos: SlurmName | None = Field(None, description="sbatch --qos.")
     time: SlurmTime | None = Field(None, description="Time limit (sbatch --time): minutes, H:M:S, D-H:M:S.")
-    constraint: Annotated[str, Field(strict=True, min_length=1, max_length=1024, pattern=r"^[^\s\x00-\x1f]+$")] | None = (
-        Field(None, description="sbatch --constraint (node features).")
-    )
+    constraint: (
+        Annotated[str, Field(strict=True, min_length=1, max_length=1024, pattern=r"^[^\s\x00-\x1f]+$")] | None
+    ) = Field(None, description="sbatch --constraint (node features).")
     exclusive: bool = Field(False, description="sbatch --exclusive: no other job shares the nodes.")
     extra_args: list[SlurmOption] = Field(
         default_factory=list,
         description="More sbatch/srun long options (--mem=64G, --reservation=x); options tfcluster sets are refused.",
     )
-    requeue: bool = Field(True, description="Requeue the job after a preemption or time limit (resume from the backup).")
+    requeue: bool = Field(
+        True, description="Requeue the job after a preemption or time limit (resume from the backup)."
+    )
     signal_lead_s: Annotated[int, Field(strict=True, ge=0, le=65535)] = Field(
         120,
         description="Seconds before the time limit (or on preemption) that SIGUSR2 asks the job to save (--signal).",

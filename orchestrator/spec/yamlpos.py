@@ -132,8 +132,12 @@ def _check_shape(root: yaml.Node) -> None:
 def _too_deep_at(text: str) -> int | None:
     """The line where nesting passes MAX_DEPTH, from the (non-recursive) scanner's tokens: only
     called when composing ran out of stack, so a normal spec never pays for it."""
-    opening = (yaml.BlockMappingStartToken, yaml.BlockSequenceStartToken, yaml.FlowMappingStartToken,
-               yaml.FlowSequenceStartToken)  # fmt: skip
+    opening = (
+        yaml.BlockMappingStartToken,
+        yaml.BlockSequenceStartToken,
+        yaml.FlowMappingStartToken,
+        yaml.FlowSequenceStartToken,
+    )
     closing = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)
     depth = 0
     try:

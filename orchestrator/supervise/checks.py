@@ -96,9 +96,7 @@ def evaluate(
         "TensorFlow",
         "install the same TensorFlow version on every host",
     )
-    same(
-        "tf_keras", lambda f: f.packages.get("tf_keras"), "tf_keras", "install the same tf_keras everywhere"
-    )
+    same("tf_keras", lambda f: f.packages.get("tf_keras"), "tf_keras", "install the same tf_keras everywhere")
     same(
         "tfcluster",
         lambda f: f.packages.get("tfcluster"),

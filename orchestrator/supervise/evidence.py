@@ -108,8 +108,10 @@ def host_suspect(samples: Mapping[str, Sequence[Mapping[str, Any]]]) -> HostFind
         value = 100.0 * odds[t] / (1.0 + odds[t])
         others = statistics.median(100.0 * o / (1.0 + o) for u, o in odds.items() if u != t)
         steal = avg[t]["steal_pct"]
-        why = f"{steal:.0f}% of the host's CPU time stolen by the hypervisor" if steal and steal >= STEAL_PCT_MIN else (
-            "a CPU quota, a noisy neighbour or an oversubscribed host"
+        why = (
+            f"{steal:.0f}% of the host's CPU time stolen by the hypervisor"
+            if steal and steal >= STEAL_PCT_MIN
+            else ("a CPU quota, a noisy neighbour or an oversubscribed host")
         )
         return HostFinding(
             t,
@@ -122,10 +124,10 @@ def host_suspect(samples: Mapping[str, Sequence[Mapping[str, Any]]]) -> HostFind
     hit = _stands_out(steals, STEAL_PCT_MIN, STEAL_PCT_MIN)
     if hit:
         t, value, _ = hit
-        return HostFinding(t, "host CPU", f"the hypervisor steals {value:.0f}% of its host's CPU time", {"steal_pct": value})
-    clocks = {
-        t: a["cpu_mhz"] / a["cpu_max_mhz"] for t, a in avg.items() if a["cpu_mhz"] and a["cpu_max_mhz"]
-    }
+        return HostFinding(
+            t, "host CPU", f"the hypervisor steals {value:.0f}% of its host's CPU time", {"steal_pct": value}
+        )
+    clocks = {t: a["cpu_mhz"] / a["cpu_max_mhz"] for t, a in avg.items() if a["cpu_mhz"] and a["cpu_max_mhz"]}
     slow = {t: 1.0 - r for t, r in clocks.items()}
     hit = _stands_out(slow, 1.0 - CPU_CLOCK_RATIO, 0.2)
     if hit:
@@ -152,7 +154,16 @@ def host_suspect(samples: Mapping[str, Sequence[Mapping[str, Any]]]) -> HostFind
     return None
 
 
-_KEYS = ("wait_pct", "throttled_pct", "quota_cpus", "steal_pct", "cpu_mhz", "cpu_max_mhz", "tcp_retrans_pct", "net_errors")
+_KEYS = (
+    "wait_pct",
+    "throttled_pct",
+    "quota_cpus",
+    "steal_pct",
+    "cpu_mhz",
+    "cpu_max_mhz",
+    "tcp_retrans_pct",
+    "net_errors",
+)
 
 
 def _round(x: float | None) -> float | None:

@@ -62,8 +62,14 @@ class GpuProblem:
         return f"{self.task}'s GPU {self.gpu}: {self.detail}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"task": self.task, "gpu": self.gpu, "problem": self.problem, "model": self.model,
-                "message": self.text(), "reading": dict(self.reading)}  # fmt: skip
+        return {
+            "task": self.task,
+            "gpu": self.gpu,
+            "problem": self.problem,
+            "model": self.model,
+            "message": self.text(),
+            "reading": dict(self.reading),
+        }
 
 
 @dataclass(frozen=True)
@@ -188,14 +194,18 @@ def _faults(g: _Gpu) -> GpuProblem | None:
     words = []
     if hits:
         share = max(g.reasons[r] for r in hits)
-        words.append(f"{', '.join(hits)} at {_reading(g)}" + ("" if share == g.n else f" (in {share} of {g.n} samples)"))
+        words.append(
+            f"{', '.join(hits)} at {_reading(g)}" + ("" if share == g.n else f" (in {share} of {g.n} samples)")
+        )
     ecc = int(_num(g.last.get("ecc_uncorrected")) or 0)
     if ecc:
         words.append(f"{ecc} uncorrected ECC error{'s' if ecc > 1 else ''} (volatile count)")
     xid = int(_num(g.last.get("xid_errors")) or 0)
     if xid:
         last = g.last.get("last_xid")
-        words.append(f"{xid} critical XID event{'s' if xid > 1 else ''}" + (f" (last: XID {last})" if last is not None else ""))
+        words.append(
+            f"{xid} critical XID event{'s' if xid > 1 else ''}" + (f" (last: XID {last})" if last is not None else "")
+        )
     if not words:
         return None
     reading = {"reasons": hits, "ecc_uncorrected": ecc or None, "xid_errors": xid or None, **_numbers(g)}
@@ -257,7 +267,9 @@ def _power_limit(g: _Gpu, peers: Sequence[_Gpu]) -> GpuProblem | None:
     return GpuProblem(g.task, g.index, "power limit", detail, g.model, _numbers(g))
 
 
-def _slow(g: _Gpu, peers: Sequence[_Gpu], work: Mapping[str, Mapping[str, Any]], peer_tasks: Sequence[str]) -> GpuProblem | None:
+def _slow(
+    g: _Gpu, peers: Sequence[_Gpu], work: Mapping[str, Mapping[str, Any]], peer_tasks: Sequence[str]
+) -> GpuProblem | None:
     if not g.busy:
         return None
     clock = g.clock
@@ -291,7 +303,9 @@ def _slow(g: _Gpu, peers: Sequence[_Gpu], work: Mapping[str, Mapping[str, Any]],
     if score is not None and score < SELF_SCORE and (not typical or score <= statistics.median(typical) - SELF_MARGIN):
         reading.update(individual_score=score, local_ms=local, best_local_ms=best)
         than = f" ({local:.1f} vs {best:.1f} ms)" if local and best else ""
-        detail = f"power-capped ({_reading(g)}) while its worker's own work per step is {1 / score:.1f}x its own best{than}"
+        detail = (
+            f"power-capped ({_reading(g)}) while its worker's own work per step is {1 / score:.1f}x its own best{than}"
+        )
         return GpuProblem(g.task, g.index, "slow", detail, g.model, reading)
     return None
 

@@ -196,10 +196,15 @@ class Monitor:
     def _gpu_verdicts(self) -> list[Verdict]:
         """New GPU problems, judged once per round of heartbeats with the step clock's latest scores."""
         return [
-            Verdict("gpu_problem", g.task, g.text(), fatal=False,
-                    data={"gpu": g.gpu, "problem": g.problem, "model": g.model, "reading": g.reading})
+            Verdict(
+                "gpu_problem",
+                g.task,
+                g.text(),
+                fatal=False,
+                data={"gpu": g.gpu, "problem": g.problem, "model": g.model, "reading": g.reading},
+            )
             for g in self.gpus.judge(sorted(self._live), self.scores)
-        ]  # fmt: skip
+        ]
 
     # --- decisions ---------------------------------------------------------------------------
 

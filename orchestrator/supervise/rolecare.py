@@ -90,20 +90,36 @@ class RoleCare:
         follow = rule.on_failure == "report" and self.backend.replaces_sidecars
         if follow and done >= limit:
             follow = False
-            failure = dataclasses.replace(failure, message=f"{failure.message} (its replacements are not followed: "
-                                                           f"restarted {done} time(s), restart.max_task_restarts {limit})")  # fmt: skip
+            failure = dataclasses.replace(
+                failure,
+                message=f"{failure.message} (its replacements are not followed: "
+                f"restarted {done} time(s), restart.max_task_restarts {limit})",
+            )
         if rule.on_failure == "restart":
             if not self.backend.restarts_tasks:
-                return dataclasses.replace(failure, message=f"{failure.message} (this scheduler cannot restart one task)")
+                return dataclasses.replace(
+                    failure, message=f"{failure.message} (this scheduler cannot restart one task)"
+                )
             if done >= limit:
                 return dataclasses.replace(
-                    failure, message=f"{failure.message} (restarted {done} time(s) already: restart.max_task_restarts {limit})")
+                    failure,
+                    message=f"{failure.message} (restarted {done} time(s) already: restart.max_task_restarts {limit})",
+                )
         self._end_incarnation(s, f"{t} failed: {failure.message}")
         self.tolerated.append(failure)
         action = "restart" if rule.on_failure == "restart" or follow else "report"
         restarts = done + 1 if action == "restart" else done
-        self.bus.emit(ev.RoleFailure(task=t, host=s.host, role=t.partition(":")[0], kind=failure.kind, action=action,
-                                     restarts=restarts, message=failure.message))  # fmt: skip
+        self.bus.emit(
+            ev.RoleFailure(
+                task=t,
+                host=s.host,
+                role=t.partition(":")[0],
+                kind=failure.kind,
+                action=action,
+                restarts=restarts,
+                message=failure.message,
+            )
+        )
         if action == "restart":
             self.restarts[t] = restarts
             self._restart(s, restarts)
@@ -161,10 +177,14 @@ class RoleCare:
         order = list(self.sessions.values())
         endpoints = [_endpoint(s.placement.tf_endpoint) for s in order]
         tasks = [s.node.task for s in order]
-        missing = [s.task for s, ep in zip(order, endpoints, strict=True) if not ep and s.node.task.type in CLUSTER_ROLES]
+        missing = [
+            s.task for s, ep in zip(order, endpoints, strict=True) if not ep and s.node.task.type in CLUSTER_ROLES
+        ]
         if missing:
             raise ValueError(f"cannot rebuild TF_CONFIG: {', '.join(missing[:3])} never said where it listens")
-        config.env[p.Env.TF_CONFIG] = json.dumps(tf_config_of(tf_cluster(tasks, endpoints), config.task), separators=(",", ":"))
+        config.env[p.Env.TF_CONFIG] = json.dumps(
+            tf_config_of(tf_cluster(tasks, endpoints), config.task), separators=(",", ":")
+        )
         own = _endpoint(old.placement.tf_endpoint)
         port = own.rpartition(":")[2]
         config.tf_port = int(port) if port.isdigit() and 0 < int(port) < 65536 else None

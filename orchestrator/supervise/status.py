@@ -21,7 +21,15 @@ from .session import TaskSession
 #: last NVML sample, is not the GPU models ``report`` lists under that name; ``gpu_problems``, the monitor's
 #: judgement of the last heartbeats — ``report`` judges the run's; the scores of the monitor's last round,
 #: where ``report`` scores the run's windows): not in the final snapshot.
-LIVE_ONLY = ("last_heartbeat_age_s", "proc_state", "rss_mb", "gpus", "gpu_problems", "relative_score", "individual_score")
+LIVE_ONLY = (
+    "last_heartbeat_age_s",
+    "proc_state",
+    "rss_mb",
+    "gpus",
+    "gpu_problems",
+    "relative_score",
+    "individual_score",
+)
 
 
 def task_status(
@@ -79,7 +87,9 @@ class Snapshots:
     it since the last snapshot (``touch``); the others keep theirs, with only their heartbeat's age
     brought up to date. At a thousand tasks a second's snapshot rebuilds the few that changed, not all."""
 
-    def __init__(self, sessions: Mapping[str, TaskSession], figures: Figures, evaluations: Evaluations | None = None) -> None:
+    def __init__(
+        self, sessions: Mapping[str, TaskSession], figures: Figures, evaluations: Evaluations | None = None
+    ) -> None:
         self.sessions = sessions
         self.figures = figures
         self._entries: dict[str, dict[str, Any]] = {name: {} for name in sessions}  # in plan order
@@ -121,25 +131,41 @@ class Snapshots:
             self._dirty.update(t for t in (straggler, self._straggler) if t is not None)
             self._straggler = straggler
         # a GPU judgement is relative: a peer's heartbeat can change another task's problems
-        self._dirty.update(t for t, e in self._entries.items() if e and e.get("gpu_problems") != gpu_problems.get(t, []))
+        self._dirty.update(
+            t for t, e in self._entries.items() if e and e.get("gpu_problems") != gpu_problems.get(t, [])
+        )
         self._dirty.update(t for t, e in self._entries.items() if e and _score_changed(e, scores.get(t)))
         for name in self._dirty:
             s = self.sessions[name]
             self._live[name] = fig = self.figures.live(name)
-            self._entries[name] = task_status(s, fig, straggler=straggler == name, now_wall=now,
-                                              gpu_problems=gpu_problems.get(name), score=scores.get(name),
-                                              evaluation=self.evaluations.last(name))  # fmt: skip
+            self._entries[name] = task_status(
+                s,
+                fig,
+                straggler=straggler == name,
+                now_wall=now,
+                gpu_problems=gpu_problems.get(name),
+                score=scores.get(name),
+                evaluation=self.evaluations.last(name),
+            )
         self._dirty = set()
         for name, entry in self._entries.items():
             wall = self.sessions[name].heartbeat_wall
             entry["last_heartbeat_age_s"] = round(now - wall, 1) if wall else None
-        return {"state": state.value, "attempt": attempt, "updated": now, "stopping_reason": stopping_reason,
-                "throughput": throughput(self._live), "tasks": dict(self._entries)}  # fmt: skip
+        return {
+            "state": state.value,
+            "attempt": attempt,
+            "updated": now,
+            "stopping_reason": stopping_reason,
+            "throughput": throughput(self._live),
+            "tasks": dict(self._entries),
+        }
 
 
 def _score_changed(entry: Mapping[str, Any], score: Mapping[str, Any] | None) -> bool:
     score = score or {}
-    return entry.get("relative_score") != score.get("relative") or entry.get("individual_score") != score.get("individual")
+    return entry.get("relative_score") != score.get("relative") or entry.get("individual_score") != score.get(
+        "individual"
+    )
 
 
 def final_tasks(

@@ -36,10 +36,12 @@ def _num(x: Any) -> float | None:
 
 def summarize(tasks: Mapping[str, Mapping[str, Any]], top: int = TOP) -> Summary:
     states = Counter(str(t.get("state", "pending")) for t in tasks.values())
-    times = sorted(((st, name) for name, t in tasks.items() if (st := _num(t.get("step_time_s"))) is not None),
-                   reverse=True)  # fmt: skip
-    ages = sorted(((a, name) for name, t in tasks.items() if (a := _num(t.get("last_heartbeat_age_s"))) is not None),
-                  reverse=True)  # fmt: skip
+    times = sorted(
+        ((st, name) for name, t in tasks.items() if (st := _num(t.get("step_time_s"))) is not None), reverse=True
+    )
+    ages = sorted(
+        ((a, name) for name, t in tasks.items() if (a := _num(t.get("last_heartbeat_age_s"))) is not None), reverse=True
+    )
     return Summary(
         total=len(tasks),
         states=dict(sorted(states.items(), key=lambda kv: (-kv[1], kv[0]))),

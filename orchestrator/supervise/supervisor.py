@@ -37,6 +37,7 @@ from .verdicts import VERDICT_EVENTS, Policy, Verdict
 TICK_S = 0.1  # the scans of every task (go, verdicts, teardown, flush, status): at most this often
 _NOT_UP = (TaskState.PENDING, TaskState.STARTING)
 
+
 class Supervisor(Teardown, RoleCare):
     def __init__(
         self,
@@ -246,8 +247,20 @@ class Supervisor(Teardown, RoleCare):
             for v in self.monitor.on_profile(s.task, record, now):
                 self._verdict(v)
         elif isinstance(m, p.Evaluation):  # an evaluator's metrics: an event, folded into its status entry
-            self.snapshots.evaluated(self.bus.emit(ev.Evaluation(task=s.task, host=s.host, count=m.count, metrics=m.metrics,
-                                     step=m.step, checkpoint=m.checkpoint, source=m.source, dropped=m.dropped)))  # fmt: skip
+            self.snapshots.evaluated(
+                self.bus.emit(
+                    ev.Evaluation(
+                        task=s.task,
+                        host=s.host,
+                        count=m.count,
+                        metrics=m.metrics,
+                        step=m.step,
+                        checkpoint=m.checkpoint,
+                        source=m.source,
+                        dropped=m.dropped,
+                    )
+                )
+            )
         elif isinstance(m, p.Exited):
             self._on_exited(s, m)
 
@@ -258,8 +271,17 @@ class Supervisor(Teardown, RoleCare):
 
     def _on_exited(self, s: TaskSession, m: p.Exited) -> None:
         state = s.finish(m, job_stopping=self.stopping_reason is not None)
-        self.bus.emit(ev.TaskExited(task=s.task, host=s.host, code=m.code, signal=m.signal, signal_name=m.signal_name,
-                                    stopped=state == TaskState.STOPPED, reason=m.reason))  # fmt: skip
+        self.bus.emit(
+            ev.TaskExited(
+                task=s.task,
+                host=s.host,
+                code=m.code,
+                signal=m.signal,
+                signal_name=m.signal_name,
+                stopped=state == TaskState.STOPPED,
+                reason=m.reason,
+            )
+        )
         if state == TaskState.SUCCEEDED:
             self._check_training_end()
         if state != TaskState.FAILED:
@@ -311,7 +333,9 @@ class Supervisor(Teardown, RoleCare):
         if self.stopping_reason:
             return
         # the go waits for the tasks whose role holds it (not a sidecar evaluator: it gets its go when it is up)
-        if now < hello_deadline and any(s.state in _NOT_UP and self.rules[t].holds_go for t, s in self.sessions.items()):
+        if now < hello_deadline and any(
+            s.state in _NOT_UP and self.rules[t].holds_go for t, s in self.sessions.items()
+        ):
             return  # stops at the first task not up yet: no scan of every task per tick while they come
         waiting = [s for t, s in self.sessions.items() if s.state in _NOT_UP and self.rules[t].holds_go]
         if waiting:
@@ -348,8 +372,11 @@ class Supervisor(Teardown, RoleCare):
         """A bounded run that had enough stops like `tfcluster stop`, and counts as a success."""
         if self.bound is None or self.stopping_reason:
             return
-        running = {t: self.figures.live(t).steps for t, s in self.sessions.items()
-                   if s.state == TaskState.RUNNING and self.rules[t].collective}  # (a ps or an evaluator has no steps)
+        running = {
+            t: self.figures.live(t).steps
+            for t, s in self.sessions.items()
+            if s.state == TaskState.RUNNING and self.rules[t].collective
+        }  # (a ps or an evaluator has no steps)
         if (why := self.bound.check(running, now, self.went_at)) is not None:
             self.bound_reached = why
             self.bus.emit(ev.BoundReached(message=why, steps=min((n or 0 for n in running.values()), default=0)))
@@ -386,10 +413,14 @@ class Supervisor(Teardown, RoleCare):
     # --- status and result -------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        status = self.snapshots.build(state=self.state, attempt=self.attempt, stopping_reason=self.stopping_reason,
-                                      straggler=self.monitor.straggler,
-                                      gpu_problems=self.monitor.gpus.judgement.by_task(),
-                                      scores=self.monitor.scores)  # fmt: skip
+        status = self.snapshots.build(
+            state=self.state,
+            attempt=self.attempt,
+            stopping_reason=self.stopping_reason,
+            straggler=self.monitor.straggler,
+            gpu_problems=self.monitor.gpus.judgement.by_task(),
+            scores=self.monitor.scores,
+        )
         if (refusals := self.backend.refusals()) is not None:
             status["refused_connections"] = refusals.summary()
         return status
@@ -402,11 +433,16 @@ class Supervisor(Teardown, RoleCare):
             self.on_status(self.status())
 
     def _result(self) -> AttemptResult:
-        result = attempt_result(self.sessions.values(), attempt=self.attempt, failures=self.failures,
-                                interrupted_by=self.interrupted_by, started_ts=self.started_ts,
-                                went=self.went_at is not None,
-                                bounded=self.bound_reached is not None or self.training_ended,
-                                optional={t for t, r in self.rules.items() if not r.trains})  # fmt: skip
+        result = attempt_result(
+            self.sessions.values(),
+            attempt=self.attempt,
+            failures=self.failures,
+            interrupted_by=self.interrupted_by,
+            started_ts=self.started_ts,
+            went=self.went_at is not None,
+            bounded=self.bound_reached is not None or self.training_ended,
+            optional={t for t, r in self.rules.items() if not r.trains},
+        )
         self.state = result.state
         self._publish_status(final=True)
         return result

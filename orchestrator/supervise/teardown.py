@@ -37,8 +37,9 @@ class Teardown:
     interrupted_by: int | None
     _handled_interrupts: int
 
-    def _teardown(self, reason: str, grace: float | None = None, signum: int = signal.SIGTERM, *,
-                  bounded: bool = False) -> None:  # fmt: skip
+    def _teardown(
+        self, reason: str, grace: float | None = None, signum: int = signal.SIGTERM, *, bounded: bool = False
+    ) -> None:
         grace = self.spec.job.stop_grace_s if grace is None else grace
         self.snapshots.touch()
         if self.stopping_reason is None:
@@ -80,8 +81,11 @@ class Teardown:
 
     def _stopped_waiting(self, s: TaskSession, reason: str) -> None:
         """Its exit status will not come (abandoned, or its channel closed during the teardown)."""
-        self.bus.emit(ev.TaskExited(task=s.task, host=s.host, code=None, signal=None, signal_name=None, stopped=True,
-                                    reason=reason))  # fmt: skip
+        self.bus.emit(
+            ev.TaskExited(
+                task=s.task, host=s.host, code=None, signal=None, signal_name=None, stopped=True, reason=reason
+            )
+        )
 
     def _check_interrupt(self) -> None:
         if self.interrupt.count == self._handled_interrupts:

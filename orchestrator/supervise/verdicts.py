@@ -10,9 +10,16 @@ from ..events import kinds as ev
 from ..plan.policy import StragglerPolicy
 
 #: the event each of the monitor's verdicts becomes
-VERDICT_EVENTS = {"lost": ev.WorkerLost, "hung": ev.WorkerHung, "stalled": ev.JobStalled, "startup_timeout": ev.StartupTimeout,
-                  "straggler": ev.Straggler, "straggler_cleared": ev.StragglerCleared, "worker_slowing": ev.WorkerSlowing,
-                  "gpu_problem": ev.GpuProblemFound}  # fmt: skip
+VERDICT_EVENTS = {
+    "lost": ev.WorkerLost,
+    "hung": ev.WorkerHung,
+    "stalled": ev.JobStalled,
+    "startup_timeout": ev.StartupTimeout,
+    "straggler": ev.Straggler,
+    "straggler_cleared": ev.StragglerCleared,
+    "worker_slowing": ev.WorkerSlowing,
+    "gpu_problem": ev.GpuProblemFound,
+}
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,9 @@ def sync_backup(plan: Plan, conns: Mapping[str, Connection], bus: EventBus) -> d
         return {"synced": [], "skipped": "no backup on the chief"}
     want = _signature(source)
     targets = [
-        n for n in nodes if n.task != chief.task and ((m := manifests.get(str(n.task))) is None or _signature(m) != want)
+        n
+        for n in nodes
+        if n.task != chief.task and ((m := manifests.get(str(n.task))) is None or _signature(m) != want)
     ]
     if not targets:
         return {"synced": [], "skipped": "every task already sees the chief's backup (shared storage)"}
@@ -111,7 +113,9 @@ def sync_backup(plan: Plan, conns: Mapping[str, Connection], bus: EventBus) -> d
         done, errors = [], []
         for node in targets:
             res = push_dir(conns[str(node.task)], node.argv[0], verified, f"{node.backup_dir}/chief")
-            (done if res.get("ok") else errors).append(f"{node.task}" + ("" if res.get("ok") else f": {res.get('error')}"))
+            (done if res.get("ok") else errors).append(
+                f"{node.task}" + ("" if res.get("ok") else f": {res.get('error')}")
+            )
         bus.emit(
             JobWarning(
                 message=f"copied the chief's backup ({len(verified)} files) to {', '.join(done) or 'no task'} before "

@@ -103,7 +103,13 @@ def gather_after_run(
 
     progress = Progress(sum(it.size for _, _, jobs in work for _, items in jobs for it in items))
 
-    pending = [it for _, _, jobs in work for _, items in jobs for it in items if not state.verified(it.dest, it.size, it.mtime_ns)]
+    pending = [
+        it
+        for _, _, jobs in work
+        for _, items in jobs
+        for it in items
+        if not state.verified(it.dest, it.size, it.mtime_ns)
+    ]
     if not check_space(rundir.path, pending, totals):
         work = []
     progress = Progress(sum(it.size for _, _, jobs in work for _, items in jobs for it in items))

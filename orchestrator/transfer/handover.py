@@ -122,8 +122,17 @@ def _one(
         todo = [it for it in items if not state.verified(it.dest, it.size, it.mtime_ns)]
         if not check_space(rundir.path, todo, totals):  # what a node declares, checked before it is fetched
             logs[key] = f"not completed: {missed} bytes missed live; not enough space to fetch them"
-        elif fetch_over(s.channel, s.decoder, files.task_dir.root, items, state, totals, Progress(0, False),
-                        _frames_to(s, output), stop):  # fmt: skip
+        elif fetch_over(
+            s.channel,
+            s.decoder,
+            files.task_dir.root,
+            items,
+            state,
+            totals,
+            Progress(0, False),
+            _frames_to(s, output),
+            stop,
+        ):
             complete_live_log(rundir, s.node, attempt, node_dir, bus)
     if not (checkpoint and s.node.is_chief):
         return None
@@ -180,5 +189,3 @@ def _wait_files(s: TaskSession, output: Callable[[str, bytes], None]) -> p.TaskF
 def _frames_to(s: TaskSession, output: Callable[[str, bytes], None]) -> Callable[[p.Frame], None]:
     """Output lines that still arrive on the channel during a transfer go to the task's log."""
     return lambda fr: output(s.task, fr.payload)
-
-

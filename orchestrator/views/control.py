@@ -58,7 +58,9 @@ def job_status(run: RunDir, handle: RunHandle | None = None) -> dict[str, Any]:
     updated = status.get("updated")
     out.update(
         {
-            "state": ("pending" if handle.queued(out) else status.get("state", "starting")) if alive else "launcher_gone",
+            "state": ("pending" if handle.queued(out) else status.get("state", "starting"))
+            if alive
+            else "launcher_gone",
             "finished": False,
             "launcher_alive": alive,
             "status_age_s": round(time.time() - updated, 1) if updated else None,
@@ -93,8 +95,10 @@ def status_text(st: dict[str, Any], handle: RunHandle | None = None, *, show_all
     if isinstance(refused, dict) and refused.get("count"):
         recent = refused.get("recent") or [{}]
         last = recent[-1] if isinstance(recent, list) and isinstance(recent[-1], dict) else {}
-        lines.append(f"connect-back port: {refused['count']} connection(s) refused; last from "
-                     f"{last.get('peer', '?')}: {last.get('reason', '?')}")  # fmt: skip
+        lines.append(
+            f"connect-back port: {refused['count']} connection(s) refused; last from "
+            f"{last.get('peer', '?')}: {last.get('reason', '?')}"
+        )
     rc = st.get("root_cause")
     if rc:
         lines.append(f"root cause: {rc.get('task') or 'job'} ({rc.get('host') or '-'}): {rc.get('message')}")
@@ -112,7 +116,8 @@ def status_text(st: dict[str, Any], handle: RunHandle | None = None, *, show_all
         age = t.get("last_heartbeat_age_s")
         rows.append(
             (
-                name + (" *straggler*" if t.get("straggler") else "")
+                name
+                + (" *straggler*" if t.get("straggler") else "")
                 + (f" (restarted {t['restarts']}x)" if isinstance(t.get("restarts"), int) and t["restarts"] else ""),
                 str(t.get("host", "")),
                 str(t.get("state", "")),

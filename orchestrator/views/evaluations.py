@@ -41,9 +41,14 @@ def _names(rows: list[dict[str, Any]]) -> list[str]:
 def evaluation_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """A table of evaluations: checkpoint, step and one column per metric."""
     names = _names(rows)
-    body = [[_checkpoint(r.get("checkpoint")), "-" if r.get("step") is None else str(r["step"]),
-             *(format(m[n], ".6g") if isinstance(m := r.get("metrics") or {}, dict) and n in m else "-" for n in names)]
-            for r in rows]  # fmt: skip
+    body = [
+        [
+            _checkpoint(r.get("checkpoint")),
+            "-" if r.get("step") is None else str(r["step"]),
+            *(format(m[n], ".6g") if isinstance(m := r.get("metrics") or {}, dict) and n in m else "-" for n in names),
+        ]
+        for r in rows
+    ]
     return ["CHECKPOINT", "STEP", *names], body
 
 
@@ -69,8 +74,10 @@ def status_lines(tasks: Mapping[str, Any]) -> list[str]:
         if not isinstance(e, dict):
             continue
         step = "" if e.get("step") is None else f" (step {e['step']})"
-        lines.append(f"  {name}: {e.get('evaluations')} evaluation(s); last: checkpoint {_checkpoint(e.get('checkpoint'))}"
-                     f"{step}: {_metrics(e.get('metrics') or {})}")  # fmt: skip
+        lines.append(
+            f"  {name}: {e.get('evaluations')} evaluation(s); last: checkpoint {_checkpoint(e.get('checkpoint'))}"
+            f"{step}: {_metrics(e.get('metrics') or {})}"
+        )
     return ["", "evaluations:", *lines] if lines else []
 
 

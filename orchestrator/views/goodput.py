@@ -260,7 +260,10 @@ def goodput(
     g0 = min((e.ts for e in events if isinstance(e, kinds.GatherStarted)), default=None)
     if g0 is not None:
         upto("other_s", g0)
-        upto("gather_s", max((e.ts for e in events if isinstance(e, kinds.GatherFinished | kinds.GatherFailed)), default=end))
+        upto(
+            "gather_s",
+            max((e.ts for e in events if isinstance(e, kinds.GatherFinished | kinds.GatherFailed)), default=end),
+        )
     upto("other_s", end)
     wall = end - start
     out: dict[str, Any] = {"wall_s": round(wall, 3), **{k: round(v, 3) for k, v in sums.items()}}

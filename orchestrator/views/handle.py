@@ -111,7 +111,9 @@ class RunHandle:
         except psutil.NoSuchProcess:
             return "the launcher exited just now"
         except psutil.AccessDenied:
-            raise UsageError("not allowed to signal the launcher; only the user who started the job can stop it") from None
+            raise UsageError(
+                "not allowed to signal the launcher; only the user who started the job can stop it"
+            ) from None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.run.is_finished():

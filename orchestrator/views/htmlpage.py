@@ -99,8 +99,11 @@ class Page:
             )
         self.parts.append(f'<div class="bar" role="img" aria-label="{esc(head)}">{"".join(spans)}</div>')
         self.parts.append(f"<ul>{''.join(keys)}</ul>")
-        notes = [f"attempt {a['attempt']}: lost {a.get('lost_work_s', 0):.1f} s of training ({a['backup']})"
-                 for a in g.get("attempts") or [] if a.get("backup")]  # fmt: skip
+        notes = [
+            f"attempt {a['attempt']}: lost {a.get('lost_work_s', 0):.1f} s of training ({a['backup']})"
+            for a in g.get("attempts") or []
+            if a.get("backup")
+        ]
         if notes or g.get("notes"):
             self.ul([*notes, *(str(n) for n in g.get("notes") or [])])
 

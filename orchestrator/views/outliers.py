@@ -34,8 +34,10 @@ def shown(workers: Mapping[str, Mapping[str, Any]], stragglers: set[str]) -> tup
         return list(workers), []
     ranked = sorted((k, t) for t, w in workers.items() if (k := _key(w)) is not None)
     pick = {t for _, t in ranked[-TOP:]} | {t for _, t in ranked[:TOP]} | (stragglers & set(workers))
-    lines = [f"{len(workers)} workers; below, the {TOP} slowest and {TOP} fastest by own work per step "
-             "(step time without the step clock) and every straggler"]  # fmt: skip
+    lines = [
+        f"{len(workers)} workers; below, the {TOP} slowest and {TOP} fastest by own work per step "
+        "(step time without the step clock) and every straggler"
+    ]
     for label, key in (("step ms", "step_ms"), ("own work ms", "pre_collective_ms"), ("steps/s", "steps_per_s")):
         vals = [float(w[key]) for w in workers.values() if isinstance(w.get(key), (int, float))]
         if vals:

@@ -29,7 +29,9 @@ def model_of(gpus: Sequence[Mapping[str, Any]] | None) -> str | None:
     return " + ".join(names) if names else None
 
 
-def pace(workers: Mapping[str, Mapping[str, Any]], gpu_models: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any] | None:
+def pace(
+    workers: Mapping[str, Mapping[str, Any]], gpu_models: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> dict[str, Any] | None:
     """Per model its workers' own work and wait per step, the model that sets the pace, and the job's
     step and speed without its hosts; None unless at least two models have step-clock figures."""
     have = {

@@ -29,12 +29,23 @@ from .split import split_lines, split_workers
 
 #: The workers table: (heading, the worker's field, format); "after" and "step" are derived.
 WORKER_COLUMNS = (
-    ("task", None, ""), ("host", "host", ""), ("steps", "steps", "d"), ("step ms", "step", ".1f"),
-    ("steps/s", "steps_per_s", ".1f"), ("examples/s", "examples_per_s", ",.0f"), ("input ms", "input_ms", ".1f"),
-    ("compute ms", "compute_ms", ".1f"), ("in all-reduce ms", "collective_ms", ".1f"), ("after ms", "after", ".1f"),
-    ("own work ms", "pre_collective_ms", ".1f"), ("rel", "relative_score", ".2f"), ("ind", "individual_score", ".2f"),
-    ("cpu wait %", "wait_pct", ".0f"), ("cpu %", "cpu_pct", ".0f"), ("rss MB", "rss_mb_max", ".0f"),
-)  # fmt: skip
+    ("task", None, ""),
+    ("host", "host", ""),
+    ("steps", "steps", "d"),
+    ("step ms", "step", ".1f"),
+    ("steps/s", "steps_per_s", ".1f"),
+    ("examples/s", "examples_per_s", ",.0f"),
+    ("input ms", "input_ms", ".1f"),
+    ("compute ms", "compute_ms", ".1f"),
+    ("in all-reduce ms", "collective_ms", ".1f"),
+    ("after ms", "after", ".1f"),
+    ("own work ms", "pre_collective_ms", ".1f"),
+    ("rel", "relative_score", ".2f"),
+    ("ind", "individual_score", ".2f"),
+    ("cpu wait %", "wait_pct", ".0f"),
+    ("cpu %", "cpu_pct", ".0f"),
+    ("rss MB", "rss_mb_max", ".0f"),
+)
 
 
 def step_series(run: RunDir) -> dict[str, list[tuple[float, float]]]:
@@ -163,11 +174,18 @@ def report_page(run: RunDir, rep: Mapping[str, Any], text: str, out: Path | None
             over += f" of the last {rep['window']['last_s']:g} s"
         page.pre("\n".join(split_lines(split, over)))
         if rep.get("efficiency") is not None:
-            page.p(f"scaling efficiency ≈ {rep['efficiency']:.0%} (time outside the all-reduce and the wait for the "
-                   "slowest worker / step time: N workers give efficiency x N times one worker)")  # fmt: skip
+            page.p(
+                f"scaling efficiency ≈ {rep['efficiency']:.0%} (time outside the all-reduce and the wait for the "
+                "slowest worker / step time: N workers give efficiency x N times one worker)"
+            )
     if rep.get("stragglers") or rep.get("slowing"):
         page.h2("Stragglers and slowing workers")
-        page.ul([f"{s['task']} ({s.get('host')}): {s['message']}" for s in [*(rep.get("stragglers") or []), *(rep.get("slowing") or [])]])
+        page.ul(
+            [
+                f"{s['task']} ({s.get('host')}): {s['message']}"
+                for s in [*(rep.get("stragglers") or []), *(rep.get("slowing") or [])]
+            ]
+        )
     evaluation_section(page, rep.get("evaluations"))
     if rep.get("pace"):
         page.h2("Pace")
@@ -185,22 +203,39 @@ def report_page(run: RunDir, rep: Mapping[str, Any], text: str, out: Path | None
     return out / "report.html", [p for _, p in images]
 
 
-def _run_images(run: RunDir, rep: Mapping[str, Any], out: Path, workers: Mapping[str, Any], listed: list[str]) -> list[tuple[str, Path]]:
-    marks = [(float(s["ts"]), str(s.get("task"))) for s in rep.get("stragglers") or [] if isinstance(s.get("ts"), int | float)]
+def _run_images(
+    run: RunDir, rep: Mapping[str, Any], out: Path, workers: Mapping[str, Any], listed: list[str]
+) -> list[tuple[str, Path]]:
+    marks = [
+        (float(s["ts"]), str(s.get("task")))
+        for s in rep.get("stragglers") or []
+        if isinstance(s.get("ts"), int | float)
+    ]
     series = step_series(run)
     many = len(series) > plots.LINES_UP_TO
     means = {t: v for t, w in workers.items() if (v := _step_ms(w)) is not None}
     outliers = _slowest(means, stragglers(rep)) if many else []
-    caption = ("Step time of every worker over the run: median, p10-p90 and min-max bands; the slowest in red"
-               if many else "Step time per worker over the run (dashed: a straggler named)")  # fmt: skip
-    images = [(caption + "; the axis starts at zero", plots.step_times(series, marks, out / "step_times.png", named=outliers))]
+    caption = (
+        "Step time of every worker over the run: median, p10-p90 and min-max bands; the slowest in red"
+        if many
+        else "Step time per worker over the run (dashed: a straggler named)"
+    )
+    images = [
+        (caption + "; the axis starts at zero", plots.step_times(series, marks, out / "step_times.png", named=outliers))
+    ]
     if len(workers) > FULL_UP_TO:
-        images.append(("How many workers take how long per step (dashed: the slowest and the stragglers)",
-                       plots.histogram(means, out / "step_hist.png", named=_slowest(means, stragglers(rep)))))  # fmt: skip
+        images.append(
+            (
+                "How many workers take how long per step (dashed: the slowest and the stragglers)",
+                plots.histogram(means, out / "step_hist.png", named=_slowest(means, stragglers(rep))),
+            )
+        )
     parts = worker_parts({t: workers[t] for t in listed})
     if parts:
         which = "each listed worker's (the outliers')" if len(workers) > FULL_UP_TO else "each worker's"
-        images.append((f"Where {which} step goes (ms, step-clock means)", plots.time_split(parts, out / "time_split.png")))
+        images.append(
+            (f"Where {which} step goes (ms, step-clock means)", plots.time_split(parts, out / "time_split.png"))
+        )
     return images
 
 
@@ -208,11 +243,25 @@ def sweep_page(summary: Mapping[str, Any], text: str, root: Path) -> tuple[Path,
     """SWEEP/{scale.html, scaling.png, split_by_size.png, step_times_N.png (, step_hist_N.png)}."""
     sizes = summary.get("sizes") or []
     unit = str(summary.get("unit") or "examples/s")
-    images = [("Throughput and scaling efficiency against workers (dashed: ideal)", plots.scaling(sizes, unit, root / "scaling.png"))]
+    images = [
+        (
+            "Throughput and scaling efficiency against workers (dashed: ideal)",
+            plots.scaling(sizes, unit, root / "scaling.png"),
+        )
+    ]
     by_size = {f"{s['workers']} workers": split_parts(s["split"]) for s in sizes if s.get("split")}
     if by_size:
-        images.append(("Where a step goes at each size (ms, the median worker)", plots.time_split(by_size, root / "split_by_size.png", title="Step split per size")))
-    largest = max((s for s in sizes if s.get("run_dir") and RunDir(Path(s["run_dir"])).plan_json.exists()), key=lambda s: s["workers"], default=None)
+        images.append(
+            (
+                "Where a step goes at each size (ms, the median worker)",
+                plots.time_split(by_size, root / "split_by_size.png", title="Step split per size"),
+            )
+        )
+    largest = max(
+        (s for s in sizes if s.get("run_dir") and RunDir(Path(s["run_dir"])).plan_json.exists()),
+        key=lambda s: s["workers"],
+        default=None,
+    )
     if largest is not None:
         run = RunDir(Path(largest["run_dir"]))
         marks = [(e.ts, str(e.task)) for e in event_records(run.events_jsonl) if isinstance(e, Straggler)]
@@ -224,15 +273,25 @@ def sweep_page(summary: Mapping[str, Any], text: str, root: Path) -> tuple[Path,
         means = {t: v for t, w in per_worker.items() if (v := _step_ms(w)) is not None}
         what = "median, p10-p90 and min-max bands; the slowest in red" if many else "dashed: a straggler named"
         named = _slowest(means, {t for _, t in marks}) if many else []
-        images.append((f"Step time per worker at {n} workers ({what}); the axis starts at zero",
-                       plots.step_times(series, marks, root / f"step_times_{n}.png", named=named)))  # fmt: skip
+        images.append(
+            (
+                f"Step time per worker at {n} workers ({what}); the axis starts at zero",
+                plots.step_times(series, marks, root / f"step_times_{n}.png", named=named),
+            )
+        )
         if len(means) > FULL_UP_TO:
-            images.append((f"How many workers take how long per step at {n} workers",
-                           plots.histogram(means, root / f"step_hist_{n}.png", named=_slowest(means, {t for _, t in marks}))))  # fmt: skip
+            images.append(
+                (
+                    f"How many workers take how long per step at {n} workers",
+                    plots.histogram(means, root / f"step_hist_{n}.png", named=_slowest(means, {t for _, t in marks})),
+                )
+            )
         parts = worker_parts({t: per_worker[t] for t in listed})
         if parts:
             which = "each listed worker's (the outliers')" if len(per_worker) > FULL_UP_TO else "each worker's"
-            images.append((f"Where {which} step goes at {n} workers (ms)", plots.time_split(parts, root / f"time_split_{n}.png")))
+            images.append(
+                (f"Where {which} step goes at {n} workers (ms)", plots.time_split(parts, root / f"time_split_{n}.png"))
+            )
     page = Page("tfcluster scale")
     advice = [a.get("advice") for a in summary.get("advice") or [] if isinstance(a, Mapping) and a.get("advice")]
     if advice:

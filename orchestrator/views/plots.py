@@ -84,8 +84,15 @@ def step_times(
         _distribution(ax, series, t0, {task for _, task in marks} | set(named))
     for ts, task in marks:
         ax.axvline(ts - t0, color="#d62728", linestyle="--", linewidth=1)
-        ax.annotate(f"straggler: {task}", (ts - t0, ax.get_ylim()[1]), rotation=90, va="top", ha="right",
-                    fontsize=8, color="#d62728")  # fmt: skip
+        ax.annotate(
+            f"straggler: {task}",
+            (ts - t0, ax.get_ylim()[1]),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=8,
+            color="#d62728",
+        )
     ax.set_ylim(bottom=0)
     ax.set_xlabel("seconds into the run")
     ax.set_ylabel("step time (ms)")
@@ -137,11 +144,15 @@ def histogram(values: Mapping[str, float], path: Path, named: Sequence[str] = ()
     for task in named:
         if task in values:
             ax.axvline(values[task], color="#d62728", linestyle="--", linewidth=1)
-            ax.annotate(task, (values[task], ax.get_ylim()[1]), rotation=90, va="top", ha="right", fontsize=8, color="#d62728")
+            ax.annotate(
+                task, (values[task], ax.get_ylim()[1]), rotation=90, va="top", ha="right", fontsize=8, color="#d62728"
+            )
     ax.set_xlim(left=0)
     ax.set_xlabel("mean step time (ms)")
     ax.set_ylabel("workers")
-    ax.set_title((title or f"Step time of {len(vals)} workers") + (f"\n{_spread_note(vals)}" if vals else ""), fontsize=10)
+    ax.set_title(
+        (title or f"Step time of {len(vals)} workers") + (f"\n{_spread_note(vals)}" if vals else ""), fontsize=10
+    )
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, plt, path)
 

@@ -33,8 +33,10 @@ def network_of(check: str | None, network: str | None, near: Sequence[Path] = ()
             raise UsageError(str(exc)) from None
     paths = [Path(check)] if check else [p / CHECK_JSON for p in near if (p / CHECK_JSON).is_file()]
     if not paths:
-        raise UsageError("predict needs the network: --check PATH (check.json of `tfcluster check`) or "
-                         "--network RATE,LATENCY (like 25Gbit,5us)")  # fmt: skip
+        raise UsageError(
+            "predict needs the network: --check PATH (check.json of `tfcluster check`) or "
+            "--network RATE,LATENCY (like 25Gbit,5us)"
+        )
     path = paths[0]
     try:
         data = json.loads(path.read_text())
@@ -43,8 +45,10 @@ def network_of(check: str | None, network: str | None, near: Sequence[Path] = ()
     except FileNotFoundError:
         raise UsageError(f"--check {path}: no such file") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"--check {path}: expected check.json with network.latency_s and network.bandwidth_Bps "
-                         f"({type(exc).__name__}: {exc})") from None  # fmt: skip
+        raise UsageError(
+            f"--check {path}: expected check.json with network.latency_s and network.bandwidth_Bps "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
     if not (math.isfinite(lat) and lat >= 0 and math.isfinite(bw) and bw > 0):
         raise UsageError(f"--check {path}: network.latency_s must be >= 0 and network.bandwidth_Bps > 0")
     return Network(latency_s=lat, bandwidth_Bps=bw, source=f"{path} (slowest link)")
@@ -82,23 +86,31 @@ def inputs_from(size: Mapping[str, Any]) -> Inputs:
     split = size.get("split") or {}
     n = int(size["workers"])
     if not split.get("step_ms"):
-        raise UsageError(f"{size.get('run_dir')}: no step time (the step clock was off): run the job with "
-                         "TFCLUSTER_STEPCLOCK=force in job.env, or measure it with `tfcluster scale`")  # fmt: skip
+        raise UsageError(
+            f"{size.get('run_dir')}: no step time (the step clock was off): run the job with "
+            "TFCLUSTER_STEPCLOCK=force in job.env, or measure it with `tfcluster scale`"
+        )
     own = split["step_ms"] - split["allreduce_ms"] - split["waiting_for_slowest_ms"]
     profiles = _profiles(size["run_dir"])
     wired = [r for r in profiles if r.get("grad_bytes") is not None]
     if not wired:
-        raise UsageError(f"{size.get('run_dir')}: no gradient bytes in its step-clock records (a run from before "
-                         "tfcluster recorded them, or without the step clock): measure it again")  # fmt: skip
+        raise UsageError(
+            f"{size.get('run_dir')}: no gradient bytes in its step-clock records (a run from before "
+            "tfcluster recorded them, or without the step clock): measure it again"
+        )
     last = wired[-1]
-    sources = {"own work": f"step clock, {split.get('worker')} (median worker) at {n} worker(s)",
-               "gradient bytes": f"the traced gradients ({last.get('grad_tensors')} tensors, {last.get('allreduce_impl')})"}  # fmt: skip
+    sources = {
+        "own work": f"step clock, {split.get('worker')} (median worker) at {n} worker(s)",
+        "gradient bytes": f"the traced gradients ({last.get('grad_tensors')} tensors, {last.get('allreduce_impl')})",
+    }
     if n > 1:
         sigma = split["waiting_for_slowest_ms"] / expected_max_excess(n)
         sources["spread"] = f"fitted to the wait measured at {n} workers ({split['waiting_for_slowest_ms']:.1f} ms)"
     else:
         sigma = _spread_of_windows(profiles)
-        sources["spread"] = "the spread of one worker's step-clock windows (a lower bound: a run at 2+ workers measures it)"
+        sources["spread"] = (
+            "the spread of one worker's step-clock windows (a lower bound: a run at 2+ workers measures it)"
+        )
     return Inputs(
         own_ms=own,
         sigma_ms=sigma,
@@ -194,16 +206,39 @@ def assumptions(inp: Inputs, net: Network) -> list[str]:
 
 
 def prediction_text(pred: Mapping[str, Any]) -> str:
-    rows = [("WORKERS", "STEP ms", "OWN", "WAIT", "ALL-REDUCE", "EXAMPLES/S", "SPEED-UP", "EFFICIENCY",
-             "MEASURED STEP", "ERR", "MEASURED A-R", "ERR")]  # fmt: skip
+    rows = [
+        (
+            "WORKERS",
+            "STEP ms",
+            "OWN",
+            "WAIT",
+            "ALL-REDUCE",
+            "EXAMPLES/S",
+            "SPEED-UP",
+            "EFFICIENCY",
+            "MEASURED STEP",
+            "ERR",
+            "MEASURED A-R",
+            "ERR",
+        )
+    ]
     for s in pred["sizes"]:
-        rows.append((
-            str(s["workers"]), _f(s["step_ms"], ".1f"), _f(s["own_ms"], ".1f"), _f(s["waiting_for_slowest_ms"], ".1f"),
-            _f(s["allreduce_ms"], ".1f"), _f(s.get("examples_per_s"), ".0f"), _f(s["speedup"], ".2f", "x"),
-            _f(None if s["efficiency"] is None else 100 * s["efficiency"], ".0f", "%"),
-            _f(s.get("measured_step_ms"), ".1f"), _f(s.get("step_error_pct"), "+.0f", "%"),
-            _f(s.get("measured_allreduce_ms"), ".1f"), _f(s.get("allreduce_error_pct"), "+.0f", "%"),
-        ))  # fmt: skip
+        rows.append(
+            (
+                str(s["workers"]),
+                _f(s["step_ms"], ".1f"),
+                _f(s["own_ms"], ".1f"),
+                _f(s["waiting_for_slowest_ms"], ".1f"),
+                _f(s["allreduce_ms"], ".1f"),
+                _f(s.get("examples_per_s"), ".0f"),
+                _f(s["speedup"], ".2f", "x"),
+                _f(None if s["efficiency"] is None else 100 * s["efficiency"], ".0f", "%"),
+                _f(s.get("measured_step_ms"), ".1f"),
+                _f(s.get("step_error_pct"), "+.0f", "%"),
+                _f(s.get("measured_allreduce_ms"), ".1f"),
+                _f(s.get("allreduce_error_pct"), "+.0f", "%"),
+            )
+        )
     lines = [f"predicted scaling of {pred['run']} (from {pred['inputs']['measured_workers']} worker(s) measured)", ""]
     lines += table(rows)
     lines += ["", "assumptions:"] + [f"  - {a}" for a in pred["assumptions"]]
@@ -226,12 +261,24 @@ def sweep_prediction(summary: Mapping[str, Any], net: Network) -> tuple[dict[str
     for s in sizes:
         p = predict_size(inp, net, int(s["workers"]))
         rows.append({**p, **compare_to(p, s)})
-    out = {"network": {"latency_s": net.latency_s, "bandwidth_Bps": net.bandwidth_Bps, "source": net.source},
-           "from_workers": inp.measured_workers, "sizes": rows}  # fmt: skip
+    out = {
+        "network": {"latency_s": net.latency_s, "bandwidth_Bps": net.bandwidth_Bps, "source": net.source},
+        "from_workers": inp.measured_workers,
+        "sizes": rows,
+    }
     cells = [("WORKERS", "PREDICTED STEP ms", "MEASURED", "ERR", "PREDICTED ALL-REDUCE ms", "MEASURED", "ERR")]
     for r in rows:
-        cells.append((str(r["workers"]), _f(r["step_ms"], ".1f"), _f(r["measured_step_ms"], ".1f"), _f(r["step_error_pct"], "+.0f", "%"),
-                      _f(r["allreduce_ms"], ".1f"), _f(r["measured_allreduce_ms"], ".1f"), _f(r["allreduce_error_pct"], "+.0f", "%")))  # fmt: skip
+        cells.append(
+            (
+                str(r["workers"]),
+                _f(r["step_ms"], ".1f"),
+                _f(r["measured_step_ms"], ".1f"),
+                _f(r["step_error_pct"], "+.0f", "%"),
+                _f(r["allreduce_ms"], ".1f"),
+                _f(r["measured_allreduce_ms"], ".1f"),
+                _f(r["allreduce_error_pct"], "+.0f", "%"),
+            )
+        )
     lines = [
         f"prediction from {inp.measured_workers} worker(s) ({net.source}) against each size measured:",
         *table(cells),

@@ -124,33 +124,53 @@ def advice(inp: Inputs, net: Network, sizes: list[dict[str, float | int | None]]
         for k in BATCH_FACTORS:
             better = predict_size(inp, net, n, batch_factor=k)
             if (better["efficiency"] or 0) >= TARGET_EFFICIENCY or k == BATCH_FACTORS[-1]:
-                line += (f": a {k}x larger per-worker batch would bring efficiency from {eff:.0%} to "
-                         f"{float(better['efficiency'] or 0):.0%}")  # fmt: skip
+                line += (
+                    f": a {k}x larger per-worker batch would bring efficiency from {eff:.0%} to "
+                    f"{float(better['efficiency'] or 0):.0%}"
+                )
                 break
         faster = replace(net, bandwidth_Bps=net.bandwidth_Bps * 4)
         line += f"; a 4x faster slowest link, to {float(predict_size(inp, faster, n)['efficiency'] or 0):.0%}"
         out.append(line)
         lat = max(1, inp.packs) * 2 * (n - 1) * net.latency_s * 1e3
         if inp.packs > 1 and lat > 0.2 * float(s["allreduce_ms"] or 0):
-            out.append(f"at {n} workers {inp.packs} packs pay the ring latency {inp.packs} times ({lat:.1f} ms): "
-                       "a larger CommunicationOptions.bytes_per_pack (or 0: one pack) saves most of it")  # fmt: skip
+            out.append(
+                f"at {n} workers {inp.packs} packs pay the ring latency {inp.packs} times ({lat:.1f} ms): "
+                "a larger CommunicationOptions.bytes_per_pack (or 0: one pack) saves most of it"
+            )
     waits = [s for s in sizes if s["step_ms"] and float(s["waiting_for_slowest_ms"] or 0) > 0.2 * float(s["step_ms"])]
     if waits:
         s = waits[-1]
-        out.append(f"at {s['workers']} workers waiting for the slowest worker is {float(s['waiting_for_slowest_ms'] or 0) / float(s['step_ms'] or 1):.0%} "
-                   "of a step (the measured spread of the workers' own work): even out the input and the hosts first")  # fmt: skip
+        out.append(
+            f"at {s['workers']} workers waiting for the slowest worker is {float(s['waiting_for_slowest_ms'] or 0) / float(s['step_ms'] or 1):.0%} "
+            "of a step (the measured spread of the workers' own work): even out the input and the hosts first"
+        )
     if not out and sizes:
         top = sizes[-1]
-        out.append(f"scales well up to {top['workers']} workers: own work dominates every step "
-                   f"(efficiency {float(top['efficiency'] or 0):.0%})")  # fmt: skip
+        out.append(
+            f"scales well up to {top['workers']} workers: own work dominates every step "
+            f"(efficiency {float(top['efficiency'] or 0):.0%})"
+        )
     return out
 
 
 # ------------------------------------------------------------------------------------ --network
 
-_RATE = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8,
-         "b/s": 1, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9, "bps": 1 / 8, "kbps": 1e3 / 8, "mbps": 1e6 / 8,
-         "gbps": 1e9 / 8}  # fmt: skip
+_RATE = {
+    "bit": 1 / 8,
+    "kbit": 1e3 / 8,
+    "mbit": 1e6 / 8,
+    "gbit": 1e9 / 8,
+    "tbit": 1e12 / 8,
+    "b/s": 1,
+    "kb/s": 1e3,
+    "mb/s": 1e6,
+    "gb/s": 1e9,
+    "bps": 1 / 8,
+    "kbps": 1e3 / 8,
+    "mbps": 1e6 / 8,
+    "gbps": 1e9 / 8,
+}
 _TIME = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
@@ -163,8 +183,10 @@ def parse_network(text: str) -> Network:
     rate_m = re.fullmatch(r"([0-9.]+(?:e[+-]?\d+)?)\s*([a-zA-Zµ/]+)", parts[0])
     lat_m = re.fullmatch(r"([0-9.]+(?:e[+-]?\d+)?)\s*([a-zA-Zµ]+)", parts[1])
     if not rate_m or rate_m.group(2).lower() not in _RATE:
-        raise ValueError(f"--network {text!r}: rate {parts[0]!r}: a number and one of bit, kbit, Mbit, Gbit, Tbit, "
-                         "B/s, KB/s, MB/s, GB/s")  # fmt: skip
+        raise ValueError(
+            f"--network {text!r}: rate {parts[0]!r}: a number and one of bit, kbit, Mbit, Gbit, Tbit, "
+            "B/s, KB/s, MB/s, GB/s"
+        )
     if not lat_m or lat_m.group(2).lower() not in _TIME:
         raise ValueError(f"--network {text!r}: latency {parts[1]!r}: a number and one of ns, us, ms, s")
     rate = float(rate_m.group(1)) * _RATE[rate_m.group(2).lower()]

@@ -23,8 +23,15 @@ def curve(pred: Mapping[str, Any], path: Path) -> Path:
     own = [s["own_ms"] for s in sizes]
     wait = [s["waiting_for_slowest_ms"] for s in sizes]
     ar = [s["allreduce_ms"] for s in sizes]
-    ax.stackplot(ns, own, wait, ar, labels=["own work", "waiting for the slowest", "all-reduce"],
-                 colors=["#59a14f", "#f28e2b", "#e15759"], alpha=0.8)  # fmt: skip
+    ax.stackplot(
+        ns,
+        own,
+        wait,
+        ar,
+        labels=["own work", "waiting for the slowest", "all-reduce"],
+        colors=["#59a14f", "#f28e2b", "#e15759"],
+        alpha=0.8,
+    )
     meas = [(s["workers"], s["measured_step_ms"]) for s in sizes if s.get("measured_step_ms")]
     if meas:
         ax.plot([n for n, _ in meas], [v for _, v in meas], "ko", label="measured step")

@@ -61,7 +61,11 @@ def build_report(
     window, selected = None, records
     if last_s is not None:
         start = end - last_s
-        selected = [r for r in records if start <= (r.get("ts") or 0) and (r.get("kind") == "profile" or (r.get("ts") or 0) <= end)]
+        selected = [
+            r
+            for r in records
+            if start <= (r.get("ts") or 0) and (r.get("kind") == "profile" or (r.get("ts") or 0) <= end)
+        ]
         window = {"last_s": last_s, "from_ts": round(start, 3), "to_ts": round(end, 3)}
     profiles = _by_task(r for r in selected if r.get("kind") == "profile")
     beats = _by_task(r for r in selected if r.get("kind") != "profile")
@@ -76,12 +80,23 @@ def build_report(
     whole = figures.final()
     events = event_records(run.events_jsonl)
     stragglers = [
-        {"ts": ev.ts, "task": ev.task, "host": ev.host, "wait_ms": ev.wait_ms, "share": ev.share, "cause": ev.cause,
-         "message": ev.message}
+        {
+            "ts": ev.ts,
+            "task": ev.task,
+            "host": ev.host,
+            "wait_ms": ev.wait_ms,
+            "share": ev.share,
+            "cause": ev.cause,
+            "message": ev.message,
+        }
         for ev in events
         if isinstance(ev, Straggler)
-    ]  # fmt: skip
-    slowing = [{"ts": ev.ts, "task": ev.task, "host": ev.host, "message": ev.message} for ev in events if isinstance(ev, WorkerSlowing)]
+    ]
+    slowing = [
+        {"ts": ev.ts, "task": ev.task, "host": ev.host, "message": ev.message}
+        for ev in events
+        if isinstance(ev, WorkerSlowing)
+    ]
     gpu_models = {ev.task: ev.gpus for ev in events if isinstance(ev, TaskReady) and ev.task}
 
     workers: dict[str, dict[str, Any]] = {}
@@ -110,7 +125,9 @@ def build_report(
         workers[task] = w
     for task, sc in scores(every_profile).items():
         workers[task].update(relative_score=sc["relative"], individual_score=sc["individual"])
-    work = {t: {"local_ms": w.get("pre_collective_ms"), "individual": w.get("individual_score")} for t, w in workers.items()}
+    work = {
+        t: {"local_ms": w.get("pre_collective_ms"), "individual": w.get("individual_score")} for t, w in workers.items()
+    }
     judgement = judge_gpus({t: b for t, b in gpu_beats.items() if b}, gpu_models, work)
     shared = shared_problems(training_hosts)
     paced = pace(workers, gpu_models)
@@ -149,10 +166,20 @@ def _roles(plan: dict[str, Any], events: list[BaseEvent]) -> dict[str, Any]:
     if not plan.get("roles"):
         return {}
     happened = [
-        {"ts": ev.ts, "task": ev.task, "host": ev.host, "role": ev.role, "action": ev.action, "restarts": ev.restarts,
-         "message": ev.message} if isinstance(ev, RoleFailure) else {"ts": ev.ts, "message": ev.message}
-        for ev in events if isinstance(ev, RoleFailure | TrainingEnded)
-    ]  # fmt: skip
+        {
+            "ts": ev.ts,
+            "task": ev.task,
+            "host": ev.host,
+            "role": ev.role,
+            "action": ev.action,
+            "restarts": ev.restarts,
+            "message": ev.message,
+        }
+        if isinstance(ev, RoleFailure)
+        else {"ts": ev.ts, "message": ev.message}
+        for ev in events
+        if isinstance(ev, RoleFailure | TrainingEnded)
+    ]
     return {"roles": {"strategy": plan.get("strategy"), "events": happened}}
 
 
@@ -160,9 +187,10 @@ def _training(beats: list[dict[str, Any]], end: float) -> list[dict[str, Any]]:
     """The heartbeats sent while the task trained (a step done, up to the last step-clock window): a
     GPU idles before and after, and TensorFlow's start-up is busy on every host. None: all of them."""
     trained = [
-        b for b in beats
+        b
+        for b in beats
         if isinstance(b.get("progress"), dict) and (b["progress"].get("steps") or 0) > 0 and (b.get("ts") or 0) <= end
-    ]  # fmt: skip
+    ]
     return trained or beats
 
 
@@ -191,7 +219,9 @@ def _gpu_models(workers: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for w in workers.values():
         gpus = w.get("gpus") or []
         if gpus:
-            per_host[str(w.get("host"))] = sorted({f"{g.get('name')} ({(g.get('memory_mb') or 0) / 1024:.0f} GiB)" for g in gpus})
+            per_host[str(w.get("host"))] = sorted(
+                {f"{g.get('name')} ({(g.get('memory_mb') or 0) / 1024:.0f} GiB)" for g in gpus}
+            )
     models = {tuple(v) for v in per_host.values()}
     return {"per_host": per_host, "mixed": len(models) > 1}
 
@@ -236,7 +266,11 @@ def analyse(
     finding = _by_model(explain(finding, host_samples, gpus, prof), paced)
     advice = []
     if finding is not None:
-        waits = f"the others wait ≈{finding.wait_ms:.0f} ms per step for it ({finding.share:.0%} of a step); " if finding.wait_ms >= 1 else ""
+        waits = (
+            f"the others wait ≈{finding.wait_ms:.0f} ms per step for it ({finding.share:.0%} of a step); "
+            if finding.wait_ms >= 1
+            else ""
+        )
         advice.append(f"{finding.task} is a straggler: {waits}cause: {finding.cause} — {finding.detail}")
     told = finding.detail if finding is not None else ""
     advice += [p.text() for p in gpus.problems if p.text() not in told]  # every GPU problem, once
@@ -281,9 +315,14 @@ def _by_model(finding: Any, paced: dict[str, Any] | None) -> Any:
     group = paced["models"][paced["pace_model"]]
     if finding.task not in group["tasks"] or finding.pre_ms.get(finding.task, 0.0) > WORK_RATIO * group["own_work_ms"]:
         return finding
-    return replace(finding, cause="GPU model", detail=(
-        f"{paced['pace_model']}, on {group['workers']} host(s) of this job, does the same work more slowly than the "
-        "other models: see the mixed-models advice"))  # fmt: skip
+    return replace(
+        finding,
+        cause="GPU model",
+        detail=(
+            f"{paced['pace_model']}, on {group['workers']} host(s) of this job, does the same work more slowly than the "
+            "other models: see the mixed-models advice"
+        ),
+    )
 
 
 def report_text(rep: dict[str, Any]) -> str:
@@ -348,8 +387,11 @@ def report_text(rep: dict[str, Any]) -> str:
         lines += ["", f"roles ({rep['roles']['strategy']}):"]
         for e in rep["roles"]["events"] or [{"message": "every task of every role ran to the end"}]:
             then = {"restart": f"restarted in place ({e.get('restarts')})", "report": "reported, training went on"}
-            lines.append(f"  {e['task']} ({e['host']}): {e['message']}; {then[e['action']]}" if e.get("task")
-                         else f"  {e['message']}")  # fmt: skip
+            lines.append(
+                f"  {e['task']} ({e['host']}): {e['message']}; {then[e['action']]}"
+                if e.get("task")
+                else f"  {e['message']}"
+            )
     lines += evaluation_lines(rep.get("evaluations"))
     lines += ["", "advice:"] + [f"  - {a}" for a in rep["advice"]]
     if rep.get("goodput"):

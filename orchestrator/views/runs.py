@@ -119,19 +119,37 @@ def read_run(run: RunDir, handle_of: Callable[[RunDir], RunHandle], now: float |
     nodes = plan.get("nodes")
     tasks = len(nodes) if isinstance(nodes, list) else None
     started = _num(launcher.get("started")) or _started_of(run)
-    base = {"job": _text(plan.get("job")), "run_id": _text(plan.get("run_id")), "scheduler": _text(plan.get("scheduler")) or "ssh"}
+    base = {
+        "job": _text(plan.get("job")),
+        "run_id": _text(plan.get("run_id")),
+        "scheduler": _text(plan.get("scheduler")) or "ssh",
+    }
     if isinstance(result, dict):
         started = _num(result.get("started_ts")) or started
         state = _text(result.get("state"), 40) or "damaged"
-        return RunRow(**base, state=state, started=started, wall_time_s=_num(result.get("wall_time_s")), tasks=tasks,
-                      root_cause=_root_cause(result.get("root_cause")), run_dir=str(run.path))  # fmt: skip
+        return RunRow(
+            **base,
+            state=state,
+            started=started,
+            wall_time_s=_num(result.get("wall_time_s")),
+            tasks=tasks,
+            root_cause=_root_cause(result.get("root_cause")),
+            run_dir=str(run.path),
+        )
     try:
         handle = handle_of(run)
         alive = handle.alive()
         queued = alive and handle.queued(handle.scheduler_status())  # e.g. Slurm: PENDING in squeue
     except Exception as exc:  # a scheduler's view must not cost the whole list
-        return RunRow(**base, state="unknown", started=started, wall_time_s=None, tasks=tasks,
-                      root_cause=f"its scheduler's state could not be read: {exc}", run_dir=str(run.path))  # fmt: skip
+        return RunRow(
+            **base,
+            state="unknown",
+            started=started,
+            wall_time_s=None,
+            tasks=tasks,
+            root_cause=f"its scheduler's state could not be read: {exc}",
+            run_dir=str(run.path),
+        )
     if not alive:
         state = "launcher_gone"
     elif queued:
@@ -139,7 +157,9 @@ def read_run(run: RunDir, handle_of: Callable[[RunDir], RunHandle], now: float |
     else:
         state = _text(status.get("state"), 40) or "starting"
     wall = round(now - started, 1) if started is not None and alive else None
-    return RunRow(**base, state=state, started=started, wall_time_s=wall, tasks=tasks, root_cause=None, run_dir=str(run.path))
+    return RunRow(
+        **base, state=state, started=started, wall_time_s=wall, tasks=tasks, root_cause=None, run_dir=str(run.path)
+    )
 
 
 def _tolerant(path: Path) -> dict[str, Any]:
@@ -214,10 +234,14 @@ def list_runs(
         except _Unreadable:
             unreadable += 1
     if unreadable:
-        out.notes.append(f"{unreadable} run director{'y' if unreadable == 1 else 'ies'} of other users skipped (not readable)")
+        out.notes.append(
+            f"{unreadable} run director{'y' if unreadable == 1 else 'ies'} of other users skipped (not readable)"
+        )
     damaged = sum(1 for r in rows if r.state == "damaged")
     if damaged:
-        out.notes.append(f"{damaged} damaged run director{'y' if damaged == 1 else 'ies'} (unreadable plan.json or result.json)")
+        out.notes.append(
+            f"{damaged} damaged run director{'y' if damaged == 1 else 'ies'} (unreadable plan.json or result.json)"
+        )
     if states:
         out.filtered = True
         rows = [r for r in rows if r.state in states]

@@ -50,7 +50,12 @@ def measure_size(run_dir: str | Path, workers: int) -> dict[str, Any]:
         slowest = (split or {}).get("slowest_worker")
         text = next((a for a in rep.get("advice", []) if slowest and a.startswith(f"{slowest} is a straggler")), None)
         if text:
-            straggler = {"task": slowest, "host": (rep["workers"].get(slowest) or {}).get("host"), "cause": None, "message": text}
+            straggler = {
+                "task": slowest,
+                "host": (rep["workers"].get(slowest) or {}).get("host"),
+                "cause": None,
+                "message": text,
+            }
     return {
         "workers": workers,
         "run_dir": str(run_dir),
@@ -101,7 +106,9 @@ def compare(sizes: list[dict[str, Any]], strong: bool) -> dict[str, Any]:
             "dimension): throughput is steps/s"
             + ("" if strong else " x workers, assuming the per-worker batch stays the same (weak scaling)")
         )
-    batches = {s["workers"]: (s.get("global_batch"), s.get("per_worker_batch")) for s in measured if s.get("global_batch")}
+    batches = {
+        s["workers"]: (s.get("global_batch"), s.get("per_worker_batch")) for s in measured if s.get("global_batch")
+    }
     if len(batches) >= 2:
         globals_ = {g for g, _ in batches.values()}
         per_worker = {p for _, p in batches.values()}
@@ -144,41 +151,81 @@ def advise(sizes: list[dict[str, Any]]) -> list[dict[str, str]]:
     if worst is None:
         if sizes and all(s.get("efficiency") is not None for s in sizes):
             top = max(sizes, key=lambda s: s["workers"])
-            out.append({"size": str(top["workers"]), "trigger": f"efficiency {top['efficiency']:.0%}",
-                        "advice": f"scales well up to {top['workers']} workers: work dominates every step"})  # fmt: skip
+            out.append(
+                {
+                    "size": str(top["workers"]),
+                    "trigger": f"efficiency {top['efficiency']:.0%}",
+                    "advice": f"scales well up to {top['workers']} workers: work dominates every step",
+                }
+            )
         return out
     sp, n = worst["split"], str(worst["workers"])
     step = sp.get("step_ms") or 0.0
-    share = {k: (sp.get(k) or 0.0) / step if step else 0.0 for k in ("input_ms", "allreduce_ms", "waiting_for_slowest_ms", "host_ms")}
+    share = {
+        k: (sp.get(k) or 0.0) / step if step else 0.0
+        for k in ("input_ms", "allreduce_ms", "waiting_for_slowest_ms", "host_ms")
+    }
     eff = f"efficiency {worst['efficiency']:.0%} at {n} workers"
     if share["input_ms"] > 0.2:
-        out.append({"size": n, "trigger": f"{eff}; input pipeline {share['input_ms']:.0%} of a step",
-                    "advice": "input-bound: add .prefetch(tf.data.AUTOTUNE), map(..., num_parallel_calls=AUTOTUNE), "
-                    ".cache() after the expensive steps, and read sharded files in parallel (interleave)"})  # fmt: skip
+        out.append(
+            {
+                "size": n,
+                "trigger": f"{eff}; input pipeline {share['input_ms']:.0%} of a step",
+                "advice": "input-bound: add .prefetch(tf.data.AUTOTUNE), map(..., num_parallel_calls=AUTOTUNE), "
+                ".cache() after the expensive steps, and read sharded files in parallel (interleave)",
+            }
+        )
     if share["allreduce_ms"] > 0.3 and worst.get("shared_problems"):  # the all-reduce waits for CPUs too
-        out.append({"size": n, "trigger": f"{eff}; the all-reduce itself {share['allreduce_ms']:.0%} of a step, "
-                    f"and on every host: {worst['shared_problems'][0]['kind']}",
-                    "advice": f"{worst['shared_problems'][0]['detail']}; the all-reduce the step clock measures includes "
-                    "that wait, so it is not the network's time: give the workers the CPU they need, then measure again"})  # fmt: skip
+        out.append(
+            {
+                "size": n,
+                "trigger": f"{eff}; the all-reduce itself {share['allreduce_ms']:.0%} of a step, "
+                f"and on every host: {worst['shared_problems'][0]['kind']}",
+                "advice": f"{worst['shared_problems'][0]['detail']}; the all-reduce the step clock measures includes "
+                "that wait, so it is not the network's time: give the workers the CPU they need, then measure again",
+            }
+        )
     elif share["allreduce_ms"] > 0.3 and not worst.get("straggler"):
-        out.append({"size": n, "trigger": f"{eff}; the all-reduce itself {share['allreduce_ms']:.0%} of a step",
-                    "advice": "communication-bound: a larger per-replica batch or gradient accumulation (fewer all-reduces "
-                    "per example); tf.distribute.experimental.CommunicationOptions(bytes_per_pack=32 * 2**20) to pack "
-                    "small gradients into fewer all-reduces; on GPUs NCCL with NCCL_SOCKET_IFNAME on the fast network "
-                    "(and InfiniBand not disabled); mixed precision halves the compute, not the float32 gradients MWMS "
-                    "all-reduces, so it makes a communication-bound job more so"})  # fmt: skip
+        out.append(
+            {
+                "size": n,
+                "trigger": f"{eff}; the all-reduce itself {share['allreduce_ms']:.0%} of a step",
+                "advice": "communication-bound: a larger per-replica batch or gradient accumulation (fewer all-reduces "
+                "per example); tf.distribute.experimental.CommunicationOptions(bytes_per_pack=32 * 2**20) to pack "
+                "small gradients into fewer all-reduces; on GPUs NCCL with NCCL_SOCKET_IFNAME on the fast network "
+                "(and InfiniBand not disabled); mixed precision halves the compute, not the float32 gradients MWMS "
+                "all-reduces, so it makes a communication-bound job more so",
+            }
+        )
     if share["waiting_for_slowest_ms"] > 0.2 and not worst.get("straggler"):
-        out.append({"size": n, "trigger": f"{eff}; waiting for the slowest worker {share['waiting_for_slowest_ms']:.0%} of a step",
-                    "advice": f"uneven workers: {sp.get('slowest_worker')} is the slowest; compare its host with "
-                    "`tfcluster report` (CPU wait, throttling, GPU clocks) and balance the input shards"})  # fmt: skip
+        out.append(
+            {
+                "size": n,
+                "trigger": f"{eff}; waiting for the slowest worker {share['waiting_for_slowest_ms']:.0%} of a step",
+                "advice": f"uneven workers: {sp.get('slowest_worker')} is the slowest; compare its host with "
+                "`tfcluster report` (CPU wait, throttling, GPU clocks) and balance the input shards",
+            }
+        )
     if share["host_ms"] > 0.3:
-        out.append({"size": n, "trigger": f"{eff}; framework and loop {share['host_ms']:.0%} of a step",
-                    "advice": "framework-bound: Keras steps_per_execution > 1; custom loops: several steps per tf.function call"})  # fmt: skip
+        out.append(
+            {
+                "size": n,
+                "trigger": f"{eff}; framework and loop {share['host_ms']:.0%} of a step",
+                "advice": "framework-bound: Keras steps_per_execution > 1; custom loops: several steps per tf.function call",
+            }
+        )
     if (worst.get("gpu_mem_pct") or 0) > 95:
-        out.append({"size": n, "trigger": f"GPU memory {worst['gpu_mem_pct']:.0f}% used",
-                    "advice": "memory-bound: a smaller per-replica batch, or mixed precision (half the activations)"})  # fmt: skip
+        out.append(
+            {
+                "size": n,
+                "trigger": f"GPU memory {worst['gpu_mem_pct']:.0f}% used",
+                "advice": "memory-bound: a smaller per-replica batch, or mixed precision (half the activations)",
+            }
+        )
     if not any(a["size"] == n for a in out):  # nothing specific: what the size's own report says
-        out.append({"size": n, "trigger": eff, "advice": "; ".join(worst.get("advice") or ["no single bottleneck found"])})
+        out.append(
+            {"size": n, "trigger": eff, "advice": "; ".join(worst.get("advice") or ["no single bottleneck found"])}
+        )
     return out
 
 
@@ -186,7 +233,11 @@ def sweep_summary(runs: Sequence[Mapping[str, Any]], strong: bool) -> dict[str, 
     """scale.json: every size as ran and measured, the comparison and the advice."""
     sizes = []
     for r in runs:
-        m = measure_size(r["run_dir"], r["workers"]) if RunDir(Path(r["run_dir"])).plan_json.exists() else {"workers": r["workers"]}
+        m = (
+            measure_size(r["run_dir"], r["workers"])
+            if RunDir(Path(r["run_dir"])).plan_json.exists()
+            else {"workers": r["workers"]}
+        )
         sizes.append({**m, "state": r["state"], "wall_s": r.get("wall_s"), "root_cause": r.get("root_cause")})
     cmp = compare(sizes, strong)
     return {"mode": "strong" if strong else "weak", **cmp, "sizes": sizes, "advice": advise(sizes)}
@@ -194,8 +245,22 @@ def sweep_summary(runs: Sequence[Mapping[str, Any]], strong: bool) -> dict[str, 
 
 def sweep_text(summary: Mapping[str, Any]) -> str:
     unit = summary.get("unit", "examples/s")
-    rows = [("WORKERS", "STATE", unit.upper(), "SPEED-UP", "EFFICIENCY", "STEP ms", "INPUT", "COMPUTE", "WAIT",
-             "ALL-REDUCE", "AFTER", "STRAGGLER")]  # fmt: skip
+    rows = [
+        (
+            "WORKERS",
+            "STATE",
+            unit.upper(),
+            "SPEED-UP",
+            "EFFICIENCY",
+            "STEP ms",
+            "INPUT",
+            "COMPUTE",
+            "WAIT",
+            "ALL-REDUCE",
+            "AFTER",
+            "STRAGGLER",
+        )
+    ]
     for s in summary["sizes"]:
         sp = s.get("split") or {}
         st = s.get("straggler")
@@ -215,7 +280,10 @@ def sweep_text(summary: Mapping[str, Any]) -> str:
                 f"{st['task']} ({st.get('host')}): {st.get('cause') or 'slow'}" if st else "-",
             )
         )
-    lines = [f"scaling sweep ({summary.get('mode')} scaling; speed-up against {summary.get('baseline_workers')} worker(s))", ""]
+    lines = [
+        f"scaling sweep ({summary.get('mode')} scaling; speed-up against {summary.get('baseline_workers')} worker(s))",
+        "",
+    ]
     lines += table(rows)
     failed = [s for s in summary["sizes"] if s.get("root_cause")]
     for s in failed:
@@ -223,13 +291,19 @@ def sweep_text(summary: Mapping[str, Any]) -> str:
     if summary.get("notes"):
         lines += ["", "notes:"] + [f"  - {n}" for n in summary["notes"]]
     if summary.get("advice"):
-        lines += ["", "advice:"] + [f"  - [{a['size']} workers: {a['trigger']}] {a['advice']}" for a in summary["advice"]]
+        lines += ["", "advice:"] + [
+            f"  - [{a['size']} workers: {a['trigger']}] {a['advice']}" for a in summary["advice"]
+        ]
     return "\n".join(lines)
 
 
 def _gpu_mem_pct(gpus: list[dict[str, Any]] | None) -> float | None:
     """The fullest GPU's memory use (%) in one heartbeat's (checked) NVML samples."""
-    pcts = [100.0 * g["mem_used_mb"] / g["mem_total_mb"] for g in gpus or [] if g.get("mem_used_mb") is not None and g.get("mem_total_mb")]
+    pcts = [
+        100.0 * g["mem_used_mb"] / g["mem_total_mb"]
+        for g in gpus or []
+        if g.get("mem_used_mb") is not None and g.get("mem_total_mb")
+    ]
     return max(pcts) if pcts else None
 
 

@@ -84,12 +84,11 @@ def scores(records: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict
     import statistics
 
     local: dict[str, list[float]] = {
-        t: [float(r["pre_collective_ms"]) for r in rs if r.get("pre_collective_ms") is not None] for t, rs in records.items()
+        t: [float(r["pre_collective_ms"]) for r in rs if r.get("pre_collective_ms") is not None]
+        for t, rs in records.items()
     }
     now = {t: statistics.median(v[-3:]) for t, v in local.items() if v}
-    best = {
-        t: min(statistics.median(v[i : i + 3]) for i in range(max(1, len(v) - 2))) for t, v in local.items() if v
-    }
+    best = {t: min(statistics.median(v[i : i + 3]) for i in range(max(1, len(v) - 2))) for t, v in local.items() if v}
     if not now:
         return {}
     fastest = min(now.values())

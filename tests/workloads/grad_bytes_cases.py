@@ -72,8 +72,10 @@ def packed_loop(s, steps: int = 12) -> tuple[list[float], list]:
         grads = tape.gradient(loss, variables)
         ctx = tf.distribute.get_replica_context()
         # one all-reduce concatenates its tensors (per pack): one dtype each, so the float64 one apart
-        grads = [*ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads[:-1], options=options),
-                 ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads[-1])]  # fmt: skip
+        grads = [
+            *ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads[:-1], options=options),
+            ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads[-1]),
+        ]
         opt.apply_gradients(zip(grads, variables, strict=True), skip_gradients_aggregation=True)
         return loss
 

@@ -43,18 +43,44 @@ class LoadGenerator:
         cues: str | None = None,
         events: str | None = None,
     ) -> None:
-        spec = f"{min(ranks)}-{max(ranks)}" if list(ranks) == list(range(min(ranks), max(ranks) + 1)) else ",".join(map(str, ranks))
-        argv = [sys.executable, "-m", "tfcluster_testbed.loadgen", "--connect", address, "--ranks", spec,
-                "--threads", str(threads), "--dialers", str(dialers), "--log-rate", str(log_rate), "--max-s", str(max_s),
-                *(["--cues", cues] if cues else []), *(["--events", events] if events else [])]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(REPO) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=env)  # fmt: skip
+        spec = (
+            f"{min(ranks)}-{max(ranks)}"
+            if list(ranks) == list(range(min(ranks), max(ranks) + 1))
+            else ",".join(map(str, ranks))
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "tfcluster_testbed.loadgen",
+            "--connect",
+            address,
+            "--ranks",
+            spec,
+            "--threads",
+            str(threads),
+            "--dialers",
+            str(dialers),
+            "--log-rate",
+            str(log_rate),
+            "--max-s",
+            str(max_s),
+            *(["--cues", cues] if cues else []),
+            *(["--events", events] if events else []),
+        ]
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
+        }
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
         self.events: list[dict[str, Any]] = []
         self.stderr_tail = ""
         self._cond = threading.Condition()
-        self._readers = [threading.Thread(target=self._read_out, daemon=True),
-                         threading.Thread(target=self._read_err, daemon=True)]  # fmt: skip
+        self._readers = [
+            threading.Thread(target=self._read_out, daemon=True),
+            threading.Thread(target=self._read_err, daemon=True),
+        ]
         for t in self._readers:
             t.start()
         self._write(secret.hex())

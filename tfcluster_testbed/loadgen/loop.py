@@ -288,8 +288,13 @@ def main(argv: list[str] | None = None) -> int:
 
     with ThreadPoolExecutor(max_workers=max(1, args.dialers)) as pool:
         list(pool.map(one, ranks))
-    say(event="dialed", ranks=len(ranks) - len(failed), failed=len(failed), errors=failed[:5],
-        seconds=round(time.monotonic() - t0, 3))  # fmt: skip
+    say(
+        event="dialed",
+        ranks=len(ranks) - len(failed),
+        failed=len(failed),
+        errors=failed[:5],
+        seconds=round(time.monotonic() - t0, 3),
+    )
     known = range(min(ranks, default=0), max(ranks, default=-1) + 1)
     control = threading.Thread(target=_control, args=(sys.stdin, owner, known), daemon=True)
     control.start()

@@ -69,8 +69,13 @@ class LoadNode:
 
     def start(self) -> bytes:
         facts = {"hostname": f"load-{self.rank}", "time": time.time(), "python": "3", "cpus": 2}
-        hello = {"type": "hello", "pid": 10_000 + self.rank, "remote_dir": self.config.remote_dir, "facts": facts,
-                 "task": self.task}  # fmt: skip
+        hello = {
+            "type": "hello",
+            "pid": 10_000 + self.rank,
+            "remote_dir": self.config.remote_dir,
+            "facts": facts,
+            "task": self.task,
+        }
         return p.MARKER + _frame(hello)
 
     # --- commands in ---------------------------------------------------------------------------------
@@ -102,7 +107,9 @@ class LoadNode:
 
     # --- the end --------------------------------------------------------------------------------------
 
-    def _end(self, *, stopped: dict[str, Any] | None = None, code: int | None = None, signal: int | None = None) -> bytes:
+    def _end(
+        self, *, stopped: dict[str, Any] | None = None, code: int | None = None, signal: int | None = None
+    ) -> bytes:
         out = b""
         ended = {"type": "exited", "ended": time.time()}
         if stopped is not None:
@@ -117,8 +124,11 @@ class LoadNode:
         else:
             ended.update(code=code or 0)
         self.phase = "ended"
-        files: dict[str, Any] = {"type": "task_files", "log_bytes": self.logged,
-                                 "task_dir": {"root": self.config.remote_dir, "exists": True, "files": []}}  # fmt: skip
+        files: dict[str, Any] = {
+            "type": "task_files",
+            "log_bytes": self.logged,
+            "task_dir": {"root": self.config.remote_dir, "exists": True, "files": []},
+        }
         if self.config.checkpoint_dir:  # the chief lists its (empty) checkpoint directory
             files["checkpoint"] = {"root": self.config.checkpoint_dir, "exists": False, "files": []}
         return out + _frame(ended) + _frame(files)
@@ -183,13 +193,31 @@ class LoadNode:
             beat["state"] = "waiting"
             return _frame(beat)
         mark = f"mark-{self.marks}" if self.marks else "running"
-        beat.update(state=state or ("stopped" if self.fault == "hang" else mark), cpu_pct=95.0, cpu_s=float(self.seq),
-                    rss_mb=512.0, threads=40, nproc=1)  # fmt: skip
+        beat.update(
+            state=state or ("stopped" if self.fault == "hang" else mark),
+            cpu_pct=95.0,
+            cpu_s=float(self.seq),
+            rss_mb=512.0,
+            threads=40,
+            nproc=1,
+        )
         step_ms = STEP_MS * self.slow
-        beat["progress"] = {"steps": self.steps, "epoch": self.steps // 1000, "examples": self.steps * 64,
-                            "step_time_s": step_ms / 1000.0, "phase": "train", "ts": ts}  # fmt: skip
-        beat["host"] = {"interval_s": self.interval, "threads": 40, "run_ms": 950.0 * self.interval,
-                        "wait_ms": 5.0, "wait_pct": 0.5, "steal_pct": 0.0}  # fmt: skip
+        beat["progress"] = {
+            "steps": self.steps,
+            "epoch": self.steps // 1000,
+            "examples": self.steps * 64,
+            "step_time_s": step_ms / 1000.0,
+            "phase": "train",
+            "ts": ts,
+        }
+        beat["host"] = {
+            "interval_s": self.interval,
+            "threads": 40,
+            "run_ms": 950.0 * self.interval,
+            "wait_ms": 5.0,
+            "wait_pct": 0.5,
+            "steal_pct": 0.0,
+        }
         return _frame(beat)
 
     def _profile(self) -> bytes:
@@ -198,9 +226,24 @@ class LoadNode:
             return b""
         step = STEP_MS * self.slow
         extra = step - STEP_MS  # a slow node's excess is its own compute, before the all-reduce
-        parts = {"input_ms": 2.0, "compute_ms": 30.0 + extra, "collective_ms": 12.0, "update_ms": 3.0,
-                 "host_ms": 2.0, "other_ms": 1.0}  # fmt: skip
-        record = {"type": "profile", "steps": steps, "ts": time.time(), "source": "stepclock", "step_ms": step,
-                  "pre_collective_ms": step - parts["collective_ms"], "cpu_ms": 28.0 + extra, "step_p50_ms": step,
-                  "stamps": "launch", **parts}  # fmt: skip
+        parts = {
+            "input_ms": 2.0,
+            "compute_ms": 30.0 + extra,
+            "collective_ms": 12.0,
+            "update_ms": 3.0,
+            "host_ms": 2.0,
+            "other_ms": 1.0,
+        }
+        record = {
+            "type": "profile",
+            "steps": steps,
+            "ts": time.time(),
+            "source": "stepclock",
+            "step_ms": step,
+            "pre_collective_ms": step - parts["collective_ms"],
+            "cpu_ms": 28.0 + extra,
+            "step_p50_ms": step,
+            "stamps": "launch",
+            **parts,
+        }
         return _frame(record)

@@ -160,7 +160,9 @@ class HostSampler:
                 out["throttled_pct"] = round(min(100.0, 100.0 * throttled / dt), 1)
                 periods = cg_now["periods"] - cg_prev["periods"]
                 if periods > 0:
-                    out["throttled_periods_pct"] = round(100.0 * (cg_now["nr_throttled"] - cg_prev["nr_throttled"]) / periods, 1)
+                    out["throttled_periods_pct"] = round(
+                        100.0 * (cg_now["nr_throttled"] - cg_prev["nr_throttled"]) / periods, 1
+                    )
         if now.get("cpu") and prev.get("cpu"):
             total = now["cpu"][0] - prev["cpu"][0]
             if total > 0:

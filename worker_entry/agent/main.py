@@ -85,6 +85,8 @@ def main(argv: list[str]) -> int:
 
         config, rest = _read_config()
         return files.main(mode, config, rest)
-    print(f"worker_entry: unknown mode {mode!r} (run, connect, slurm, kubernetes, probe, manifest, send, receive)", file=sys.stderr)
+    print(
+        f"worker_entry: unknown mode {mode!r} (run, connect, slurm, kubernetes, probe, manifest, send, receive)",
+        file=sys.stderr,
+    )
     return 2
-

@@ -99,8 +99,16 @@ class Runner:
         self.nvml = Nvml()
         facts = p.NodeFacts.from_dict(node_facts(self._probe_config(), self.nvml))
         self.nvml.restrict(self.cfg.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")))
-        self.msg(p.Hello(pid=os.getpid(), remote_dir=self.remote_dir, facts=facts, task=self.cfg.task,
-                         tf_endpoint=own_endpoint(self.cfg.env.get(p.Env.TF_CONFIG), self.cfg.task), node_name=slurm_node_name(os.environ)))  # fmt: skip
+        self.msg(
+            p.Hello(
+                pid=os.getpid(),
+                remote_dir=self.remote_dir,
+                facts=facts,
+                task=self.cfg.task,
+                tf_endpoint=own_endpoint(self.cfg.env.get(p.Env.TF_CONFIG), self.cfg.task),
+                node_name=slurm_node_name(os.environ),
+            )
+        )
         if self.in_fd is not None:
             os.set_blocking(self.in_fd, False)
             self.sel.register(self.in_fd, selectors.EVENT_READ, "stdin")
@@ -370,8 +378,11 @@ class Runner:
         # Exit only once the task's processes are gone: worker_entry's exit is the launcher's confirmation.
         left = wait_gone(self.child.pid, self.sampler.seen if self.sampler is not None else {}, TREE_GONE_S)
         if left:
-            self._emit(p.STDERR, f"worker_entry: {len(left)} process(es) of the task still run "
-                       f"{TREE_GONE_S:g}s after SIGKILL: pids {' '.join(map(str, left[:20]))}\n".encode())  # fmt: skip
+            self._emit(
+                p.STDERR,
+                f"worker_entry: {len(left)} process(es) of the task still run "
+                f"{TREE_GONE_S:g}s after SIGKILL: pids {' '.join(map(str, left[:20]))}\n".encode(),
+            )
         self.out.flush_partials()
         if self.progress is not None:
             self._heartbeat()
@@ -416,4 +427,3 @@ def run(config: p.NodeConfig, stdin_rest: bytes = b"") -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     return Runner(config, out_fd, 0, stdin_rest).main()
-

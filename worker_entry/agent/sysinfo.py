@@ -31,6 +31,7 @@ def load_psutil() -> Any:
         return None
     return psutil
 
+
 PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf_keras", "keras", "numpy", "tfcluster")
 
 

@@ -144,7 +144,9 @@ def allreduce_times(tf: Any, strategy: Any, size_bytes: int, budget_s: float, ma
     warm = once()
     # every task must run the same number of collectives: the count comes from the tasks' mean warm-up
     mean = strategy.experimental_local_results(
-        strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, tf.constant(warm)))
+        strategy.run(
+            lambda: tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, tf.constant(warm))
+        )
     )[0].numpy()
     iters = int(min(max_iters, max(2, budget_s // max(float(mean), 1e-6))))
     times = [once() for _ in range(iters)]
@@ -213,4 +215,3 @@ def main(argv: list[str] | None = None) -> int:
     emit(wall_s=round(time.monotonic() - started, 3))
     sys.stderr.flush()
     os._exit(0)  # TensorFlow's own teardown adds seconds and, at times, coordination-service noise
-

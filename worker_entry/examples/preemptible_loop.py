@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     with strategy.scope():
-        model = tf.keras.Sequential([tf.keras.layers.Input(shape=(8,)), tf.keras.layers.Dense(16), tf.keras.layers.Dense(1)])
+        model = tf.keras.Sequential(
+            [tf.keras.layers.Input(shape=(8,)), tf.keras.layers.Dense(16), tf.keras.layers.Dense(1)]
+        )
         optimizer = tf.keras.optimizers.SGD(0.01)
         step = tf.Variable(0, dtype=tf.int64, trainable=False)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)

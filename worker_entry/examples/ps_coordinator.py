@@ -37,8 +37,9 @@ def serve(task_type: str, index: int) -> int:
     # TF's tutorial: fail fast on a lost peer instead of retrying inside the server.
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    server = tf.distribute.Server(resolver.cluster_spec(), job_name=task_type, task_index=index,
-                                  protocol=resolver.rpc_layer or "grpc", start=True)  # fmt: skip
+    server = tf.distribute.Server(
+        resolver.cluster_spec(), job_name=task_type, task_index=index, protocol=resolver.rpc_layer or "grpc", start=True
+    )
     print(f"[{task_type}:{index}] server up at {server.target}", flush=True)
     server.join()
     return 0
@@ -54,8 +55,9 @@ def coordinate(args: argparse.Namespace) -> int:
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
-        model = tf.keras.Sequential([tf.keras.layers.Input((10,)), tf.keras.layers.Dense(16, activation="relu"),
-                                     tf.keras.layers.Dense(1)])  # fmt: skip
+        model = tf.keras.Sequential(
+            [tf.keras.layers.Input((10,)), tf.keras.layers.Dense(16, activation="relu"), tf.keras.layers.Dense(1)]
+        )
         optimizer = tf.keras.optimizers.SGD(0.01)
     rng = np.random.default_rng(0)
     x = rng.random((1024, 10), dtype=np.float32)
@@ -79,8 +81,7 @@ def coordinate(args: argparse.Namespace) -> int:
         features, labels = next(it)
         if sleep_s:
             tf.py_function(lambda: __import__("time").sleep(sleep_s), [], [])
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_fn, args=(features, labels)),
-                               axis=None)  # fmt: skip
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_fn, args=(features, labels)), axis=None)
 
     done = 0
     while done < args.steps:

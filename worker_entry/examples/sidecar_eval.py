@@ -44,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     y = (x @ rng.random((10, 1), dtype=np.float32)).astype(np.float32)
 
     def model_fn():
-        model = tf.keras.Sequential([tf.keras.layers.Input((10,)), tf.keras.layers.Dense(16, activation="relu"),
-                                     tf.keras.layers.Dense(1)])  # fmt: skip
+        model = tf.keras.Sequential(
+            [tf.keras.layers.Input((10,)), tf.keras.layers.Dense(16, activation="relu"), tf.keras.layers.Dense(1)]
+        )
         model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse", metrics=["mae"])
         return model
 
@@ -60,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                 shown = " ".join(f"{k} {v:.4f}" for k, v in (logs or {}).items())
                 print(f"[evaluator:0] evaluated the checkpoint of step {step}: {shown}", flush=True)
 
-        tf.keras.utils.SidecarEvaluator(model, data=data, checkpoint_dir=ckpt_dir, steps=4,
-                                        max_evaluations=args.epochs, callbacks=[Said()]).start()  # fmt: skip
+        tf.keras.utils.SidecarEvaluator(
+            model, data=data, checkpoint_dir=ckpt_dir, steps=4, max_evaluations=args.epochs, callbacks=[Said()]
+        ).start()
         print("[evaluator:0] done", flush=True)
         return 0
 

@@ -170,7 +170,9 @@ def _arg(args: tuple, kwargs: dict, pos: int | None, name: str) -> Any:
     return kwargs.get(name)
 
 
-def _with_callback(args: tuple, kwargs: dict, pos: int | None, marker: str, make: Callable[[list], Any]) -> tuple[tuple, dict] | None:
+def _with_callback(
+    args: tuple, kwargs: dict, pos: int | None, marker: str, make: Callable[[list], Any]
+) -> tuple[tuple, dict] | None:
     """The call's arguments with ``make(existing callbacks)`` appended to its callbacks (at ``pos`` or
     ``callbacks=``), unless one with ``marker`` is there; None: nothing to change."""
     given = _arg(args, kwargs, pos, "callbacks")
@@ -208,7 +210,9 @@ def patch_fit(cls: type, keras_package: str) -> bool:
 
         def make(existing: list) -> Any:
             batch = _global_batch_size(_arg(args, kwargs, x_pos, "x"), _arg(args, kwargs, bs_pos, "batch_size"))
-            return callback_class(_callback_base(keras_package))(batch_size=batch, tf_profiler=not _profiling_user_callback(existing))
+            return callback_class(_callback_base(keras_package))(
+                batch_size=batch, tf_profiler=not _profiling_user_callback(existing)
+            )
 
         return _with_callback(args, kwargs, cb_pos, "_tfcluster_progress", make)
 

@@ -304,9 +304,14 @@ def metric_values(logs: Any) -> tuple[dict[str, float], int]:
     ``METRIC_NAME_MAX`` characters, finite numbers; and how many were left out."""
     out: dict[str, float] = {}
     dropped = 0
-    for name, value in (logs.items() if isinstance(logs, Mapping) else ()):
+    for name, value in logs.items() if isinstance(logs, Mapping) else ():
         number = _metric(value)
-        if not isinstance(name, str) or not 0 < len(name) <= METRIC_NAME_MAX or number is None or len(out) >= METRICS_MAX:
+        if (
+            not isinstance(name, str)
+            or not 0 < len(name) <= METRIC_NAME_MAX
+            or number is None
+            or len(out) >= METRICS_MAX
+        ):
             dropped += 1
             continue
         out[name] = number
@@ -321,20 +326,29 @@ def note_checkpoint(path: Any) -> None:
     _evaluated["checkpoint"] = None if path is None else str(path)
 
 
-def report_evaluation(metrics: Any, step: int | None = None, checkpoint: str | None = None, source: str | None = None) -> bool:
+def report_evaluation(
+    metrics: Any, step: int | None = None, checkpoint: str | None = None, source: str | None = None
+) -> bool:
     """Report one evaluation: its metrics (name -> number, e.g. what ``model.evaluate(...,
     return_dict=True)`` returns), the training step and checkpoint it evaluated, if known (else the one
     ``note_checkpoint`` named). Metrics beyond the bounds are dropped with one warning. Never raises."""
     try:
         values, dropped = metric_values(metrics)
         if dropped:
-            warn_once("eval-dropped", f"evaluation: {dropped} metric(s) left out of the report (at most {METRICS_MAX}, "
-                      f"names of 1 to {METRIC_NAME_MAX} characters, finite numbers only)")  # fmt: skip
+            warn_once(
+                "eval-dropped",
+                f"evaluation: {dropped} metric(s) left out of the report (at most {METRICS_MAX}, "
+                f"names of 1 to {METRIC_NAME_MAX} characters, finite numbers only)",
+            )
         noted, _evaluated["checkpoint"] = _evaluated["checkpoint"], None
         checkpoint = checkpoint if checkpoint is not None else noted
         _evaluated["count"] += 1
-        fields: dict[str, Any] = {"count": _evaluated["count"], "metrics": values, "dropped": dropped,
-                                  "source": source or ("sidecar" if noted is not None else "evaluate")}  # fmt: skip
+        fields: dict[str, Any] = {
+            "count": _evaluated["count"],
+            "metrics": values,
+            "dropped": dropped,
+            "source": source or ("sidecar" if noted is not None else "evaluate"),
+        }
         if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
             fields["step"] = step
         if checkpoint:

@@ -83,7 +83,8 @@ class FrameDecoder:
             limit = MAX_PAYLOAD.get(ftype)
             if limit is None or length > limit:
                 self.failed = ProtocolError(
-                    f"bad frame header (type {ftype}, length {length})" if limit is None
+                    f"bad frame header (type {ftype}, length {length})"
+                    if limit is None
                     else f"oversized frame: {length} bytes (at most {limit} for type {ftype})"
                 )
                 self._buf = bytearray()
@@ -122,5 +123,3 @@ class FrameDecoder:
     @property
     def pending(self) -> int:
         return len(self._buf)
-
-

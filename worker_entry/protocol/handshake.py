@@ -82,8 +82,10 @@ def parse_hello(line: bytes) -> str:
     if obj.get("tfcluster") != "connect" or not is_hex64(obj.get("nonce")):
         raise HandshakeError("the peer is not a tfcluster supervisor")
     if obj.get("v") != VERSION:
-        raise Refused(f"the supervisor speaks connect-back version {obj.get('v')!r}, this node {VERSION}: "
-                      "install the same tfcluster on the launcher and the nodes")  # fmt: skip
+        raise Refused(
+            f"the supervisor speaks connect-back version {obj.get('v')!r}, this node {VERSION}: "
+            "install the same tfcluster on the launcher and the nodes"
+        )
     return obj["nonce"]
 
 
@@ -109,7 +111,9 @@ def parse_reply(line: bytes, secret: bytes, rank: int, server_nonce: str, node_n
         if same_mac(mac(secret, b"refused", node_nonce, server_nonce, rank, why), obj.get("mac")):
             raise Refused(f"the supervisor refused rank {rank}: {why}")
         raise HandshakeError(f"refused without proof of the run's secret: {why}")
-    if obj.get("ok") is not True or not same_mac(mac(secret, b"supervisor", node_nonce, server_nonce, rank), obj.get("mac")):
+    if obj.get("ok") is not True or not same_mac(
+        mac(secret, b"supervisor", node_nonce, server_nonce, rank), obj.get("mac")
+    ):
         raise HandshakeError(f"the supervisor refused rank {rank} or does not hold this run's secret")
 
 

@@ -210,7 +210,9 @@ class Evaluation(Message):
 
     TYPE: ClassVar[str] = "evaluation"
     count: int = field(metadata=spec(lo=1, hi=COUNT_MAX))  # the how-manieth evaluation of this process
-    metrics: dict[str, float] = field(default_factory=dict, metadata=spec(lo=-METRIC_LIMIT, hi=METRIC_LIMIT, max_len=METRICS_MAX))
+    metrics: dict[str, float] = field(
+        default_factory=dict, metadata=spec(lo=-METRIC_LIMIT, hi=METRIC_LIMIT, max_len=METRICS_MAX)
+    )
     ts: float = field(default=0.0, metadata=spec(lo=0, hi=TS_MAX))
     step: int | None = field(default=None, metadata=spec(lo=0, hi=COUNT_MAX))
     checkpoint: str | None = field(default=None, metadata=spec(max_len=CHECKPOINT_MAX))
@@ -372,8 +374,8 @@ class Bye(Message):
 
 #: Messages a running task may send (MSG frames on its channel).
 NODE_MESSAGES: dict[str, type[Message]] = {
-    m.TYPE: m for m in (Hello, Heartbeat, Spawned, Started, StrategyInfo, Profile, Evaluation, Stopping, Exited,
-                         TaskFiles)
+    m.TYPE: m
+    for m in (Hello, Heartbeat, Spawned, Started, StrategyInfo, Profile, Evaluation, Stopping, Exited, TaskFiles)
 }
 #: Commands the launcher sends to a running task.
 COMMANDS: dict[str, type[Message]] = {m.TYPE: m for m in (Go, Ping, Stop, Fetch, Bye)}
@@ -416,5 +418,3 @@ def parse_command(line: bytes) -> Message:
         obj["type"] = obj.pop("op")
         line = json.dumps(obj).encode()
     return parse(line, COMMANDS, "command")
-
-

@@ -19,4 +19,6 @@ def check_metric_names(metrics: dict[str, float]) -> None:
 
     for name in metrics:
         if not name or len(name) > METRIC_NAME_MAX:
-            raise ProtocolError(f"metrics: expected names of 1 to {METRIC_NAME_MAX} characters, got {name[:80]!r}", "metrics")
+            raise ProtocolError(
+                f"metrics: expected names of 1 to {METRIC_NAME_MAX} characters, got {name[:80]!r}", "metrics"
+            )

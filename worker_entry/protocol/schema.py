@@ -100,7 +100,9 @@ def _compile(tp: Any, meta: dict[str, Any]) -> Check:
 
         return sequence
     if origin is dict:
-        value_check = _compile(typing.get_args(tp)[1], {"max_len": meta.get("value_len"), "lo": meta.get("lo"), "hi": meta.get("hi")})
+        value_check = _compile(
+            typing.get_args(tp)[1], {"max_len": meta.get("value_len"), "lo": meta.get("lo"), "hi": meta.get("hi")}
+        )
         limit = meta.get("max_len") or 4096
 
         def mapping(v: Any, path: str, depth: int) -> Any:
@@ -159,7 +161,9 @@ def _compile(tp: Any, meta: dict[str, Any]) -> Check:
             raise _fail(path, "a number", v)
         # Compared before any conversion: float() of a 401-digit int raises OverflowError.
         if not (low <= v <= high):
-            raise _fail(path, span if lo is not None or hi is not None else f"a finite {_name(tp)} of at most {limit:g}", v)
+            raise _fail(
+                path, span if lo is not None or hi is not None else f"a finite {_name(tp)} of at most {limit:g}", v
+            )
         return v if is_int else float(v)
 
     return number
@@ -242,5 +246,3 @@ def _plain(v: Any) -> Any:
     if isinstance(v, dict):
         return {k: _plain(x) for k, x in v.items()}
     return v
-
-

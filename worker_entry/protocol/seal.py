@@ -123,7 +123,9 @@ class Opener:
                 break
             nonce = bytes(4) + self._counter.to_bytes(8, "big")
             try:
-                out.append(self._aead.decrypt(nonce, bytes(buf[pos + HEADER.size : end]), bytes(buf[pos : pos + HEADER.size])))
+                out.append(
+                    self._aead.decrypt(nonce, bytes(buf[pos + HEADER.size : end]), bytes(buf[pos : pos + HEADER.size]))
+                )
             except Exception:  # cryptography's InvalidTag: forged, replayed, reordered or corrupted
                 self._fail("a record failed authentication (forged, replayed or corrupted data)")
             self._counter += 1

@@ -303,11 +303,15 @@ class SshConnection(Connection):
                     f"host key of {keyname} is not in {self.known_hosts}; unknown keys are refused",
                     f"verify its fingerprint, then: ssh-keyscan -p {port} {hostname} >> {self.known_hosts}",
                 ) from None
-            raise ConnectFailure("ssh", f"SSH handshake with {hostname if port == 22 else f'{hostname}:{port}'} failed: {text}", "") from None
+            raise ConnectFailure(
+                "ssh", f"SSH handshake with {hostname if port == 22 else f'{hostname}:{port}'} failed: {text}", ""
+            ) from None
         except OSError as exc:
             client.close()
             kind = "unreachable" if exc.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH) else "ssh"
-            raise ConnectFailure(kind, f"cannot connect to {hostname if port == 22 else f'{hostname}:{port}'}: {exc.strerror or exc}", "") from None
+            raise ConnectFailure(
+                kind, f"cannot connect to {hostname if port == 22 else f'{hostname}:{port}'}: {exc.strerror or exc}", ""
+            ) from None
         return client
 
     def exec(self, argv: Sequence[str]) -> SshChannel:

@@ -175,9 +175,14 @@ class KubeApi:
                 self.batch.delete_namespaced_job(name, self.ns, propagation_policy=policy, _preload_content=False)
             else:
                 self.custom.delete_namespaced_custom_object(
-                    JOBSET_GROUP, JOBSET_VERSION, self.ns, JOBSET_PLURAL, name,
-                    propagation_policy=policy, _preload_content=False,
-                )  # fmt: skip
+                    JOBSET_GROUP,
+                    JOBSET_VERSION,
+                    self.ns,
+                    JOBSET_PLURAL,
+                    name,
+                    propagation_policy=policy,
+                    _preload_content=False,
+                )
         except Exception as exc:
             if getattr(exc, "status", None) == 404:
                 return False

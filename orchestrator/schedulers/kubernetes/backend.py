@@ -130,7 +130,11 @@ class KubernetesBackend(Backend):
             while not self._closed:
                 views = [pod_view(pod, self.flavor) for pod in self.api.list_pods(self.selector)]
                 with self._lock:
-                    new = [v for v in views if str(v.task) == task and v.attempt == attempt and v.name not in self._followed]
+                    new = [
+                        v
+                        for v in views
+                        if str(v.task) == task and v.attempt == attempt and v.name not in self._followed
+                    ]
                 for v in new:
                     if v.started:
                         deliver(task, self._channel(task, v, attempt))

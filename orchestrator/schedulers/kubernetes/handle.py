@@ -44,12 +44,15 @@ class KubernetesHandle(RunHandle):
         from .ownership import delete_recorded
 
         owner = self.owner()
-        done = delete_recorded(kube, owner) if owner is not None else [
-            "refusing: the run directory's plan.json or spec.yaml does not say which job, run and namespace it is"
-        ]
+        done = (
+            delete_recorded(kube, owner)
+            if owner is not None
+            else [
+                "refusing: the run directory's plan.json or spec.yaml does not say which job, run and namespace it is"
+            ]
+        )
         write_json_atomic(self.run.kubernetes_json, {**kube, "closed": True, "stopped": done}, durable=False)
         return "the launcher is not running; deleted what it applied: " + "; ".join(done)
-
 
     def owner(self) -> RunOwner | None:
         """The run's job, run id (plan.json) and namespace (its spec copy): what its objects must carry."""

@@ -197,4 +197,3 @@ def _check_name_lengths(names: PodNames, tasks: list[TaskId]) -> None:
             f"name {names.name!r} is too long for Kubernetes with flavor {names.flavor}: pod {longest}-xxxxx "
             f"would exceed {DNS_LABEL_MAX} characters; use a name of at most {max(room, 1)} characters"
         )
-

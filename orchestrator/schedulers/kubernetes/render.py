@@ -125,7 +125,10 @@ def _jobset(spec: ClusterSpec, plan: Plan, names: PodNames, types: list[str], cr
                 {
                     "name": names.replicated_job(t),
                     "replicas": 1,
-                    "template": {"metadata": {"labels": {LABEL_TASK_TYPE: t}}, "spec": _job_spec(spec, plan, t, None, creds)},
+                    "template": {
+                        "metadata": {"labels": {LABEL_TASK_TYPE: t}},
+                        "spec": _job_spec(spec, plan, t, None, creds),
+                    },
                 }
                 for t in types
             ],
@@ -139,9 +142,7 @@ def _jobset(spec: ClusterSpec, plan: Plan, names: PodNames, types: list[str], cr
     return js
 
 
-def _job_spec(
-    spec: ClusterSpec, plan: Plan, task_type: str, attempt: int | None, creds: Credentials
-) -> dict[str, Any]:
+def _job_spec(spec: ClusterSpec, plan: Plan, task_type: str, attempt: int | None, creds: Credentials) -> dict[str, Any]:
     """An Indexed Job of every pod of one task type; ``attempt`` None: the JobSet counts attempts."""
     nodes = [n for n in plan.nodes if n.task.type == task_type]
     annotations = {ANNOTATION_RUN_ID: plan.run_id}
@@ -157,9 +158,7 @@ def _job_spec(
                 "labels": {LABEL_JOB: spec.name, LABEL_TASK_TYPE: task_type, **MANAGED_BY},
                 "annotations": annotations,
             },
-            "spec": _pod_spec(
-                spec, nodes[0], JOBSET_RESTART_ATTEMPT if attempt is None else ANNOTATION_ATTEMPT, creds
-            ),
+            "spec": _pod_spec(spec, nodes[0], JOBSET_RESTART_ATTEMPT if attempt is None else ANNOTATION_ATTEMPT, creds),
         },
     }
 
@@ -179,14 +178,20 @@ def _failure_limits(spec: ClusterSpec, strategy: str, task_type: str) -> dict[st
     if on_failure == "restart":
         # podReplacementPolicy Failed: the new pod only once the old one is gone, never two pods (two DNS
         # records) for one hostname
-        return {"backoffLimitPerIndex": spec.restart.max_task_restarts, "maxFailedIndexes": 0,
-                "podReplacementPolicy": "Failed"}  # fmt: skip
+        return {
+            "backoffLimitPerIndex": spec.restart.max_task_restarts,
+            "maxFailedIndexes": 0,
+            "podReplacementPolicy": "Failed",
+        }
     if on_failure == "report":
         return {
             "backoffLimit": 0,
             "podFailurePolicy": {
                 "rules": [
-                    {"action": "Ignore", "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]}},
+                    {
+                        "action": "Ignore",
+                        "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]},
+                    },
                     {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
                 ]
             },

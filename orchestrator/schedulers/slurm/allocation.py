@@ -84,13 +84,16 @@ class SlurmScheduling(RunScheduling):
 
     def opened(self, job: RunContext) -> None:
         job.bus.emit(
-            ev.SlurmAllocation(job_id=self.job_id,
-            restart=self.restart_count,
-            nodes=self.env.get("SLURM_JOB_NODELIST", ""),
-            batch_host=self.env.get("SLURMD_NODENAME") or None,
-            first_attempt=len(job.result.attempts),
-            preemptions=self.state.preemptions,
-            timeouts=self.state.timeouts,))
+            ev.SlurmAllocation(
+                job_id=self.job_id,
+                restart=self.restart_count,
+                nodes=self.env.get("SLURM_JOB_NODELIST", ""),
+                batch_host=self.env.get("SLURMD_NODENAME") or None,
+                first_attempt=len(job.result.attempts),
+                preemptions=self.state.preemptions,
+                timeouts=self.state.timeouts,
+            )
+        )
 
     def completed_earlier(self, job: RunContext) -> str | None:
         """A requeued allocation whose every task already completed (exit 0) in the last one: finish at
@@ -98,9 +101,11 @@ class SlurmScheduling(RunScheduling):
         last = job.result.attempts[-1] if job.result.attempts else None
         if last is None or not all_tasks_exited_0(last):  # its failure is the allocation's end, not the training's
             return None
-        return (f"every task completed its training (exit 0) in attempt {last.attempt}, before Slurm job "
-                f"{self.job_id}'s previous allocation ended: nothing is left to run, the run is done "
-                "(not trained again)")  # fmt: skip
+        return (
+            f"every task completed its training (exit 0) in attempt {last.attempt}, before Slurm job "
+            f"{self.job_id}'s previous allocation ended: nothing is left to run, the run is done "
+            "(not trained again)"
+        )
 
     def _earlier_attempts(self, job: RunContext) -> list[AttemptResult]:
         attempts = []
@@ -113,12 +118,22 @@ class SlurmScheduling(RunScheduling):
         if last is not None and "ended_ts" not in last:  # its supervisor died with the allocation (SIGKILL)
             status = self.rundir.read_json(self.rundir.status_json) or {}
             ended = status.get("updated") if isinstance(status.get("updated"), int | float) else time.time()
-            msg = (f"allocation of Slurm job {last.get('job_id')} ended without its supervisor recording it "
-                   "(preempted, requeued, or its node failed); the next allocation resumes from the backup")  # fmt: skip
+            msg = (
+                f"allocation of Slurm job {last.get('job_id')} ended without its supervisor recording it "
+                "(preempted, requeued, or its node failed); the next allocation resumes from the backup"
+            )
             tasks = self._last_known_tasks(job, status, len(attempts))
             started = last.get("started_ts") if isinstance(last.get("started_ts"), int | float) else ended
-            attempts.append(AttemptResult(len(attempts), JobState.REQUEUED, started, ended, tasks,
-                                          [Failure("scheduler", msg, ended, attempt=len(attempts))]))  # fmt: skip
+            attempts.append(
+                AttemptResult(
+                    len(attempts),
+                    JobState.REQUEUED,
+                    started,
+                    ended,
+                    tasks,
+                    [Failure("scheduler", msg, ended, attempt=len(attempts))],
+                )
+            )
             last.update(ended_ts=ended, end="lost")
             self.state.preemptions += 1
             self.state.attempts.append(attempts[-1].to_dict())
@@ -127,11 +142,15 @@ class SlurmScheduling(RunScheduling):
     def _last_known_tasks(self, job: RunContext, status: dict, attempt: int) -> dict[str, TaskResult]:
         """The tasks of an attempt whose supervisor died unrecorded: lost, unless its last status.json
         says they had all succeeded (exit 0: their training completed before the allocation went)."""
-        known = status.get("tasks") if status.get("attempt") == attempt and isinstance(status.get("tasks"), dict) else {}
+        known = (
+            status.get("tasks") if status.get("attempt") == attempt and isinstance(status.get("tasks"), dict) else {}
+        )
         done = bool(known) and all(isinstance(t, dict) and t.get("state") == "succeeded" for t in known.values())
         state = TaskState.SUCCEEDED if done and set(known) == {str(n.task) for n in job.plan.nodes} else TaskState.LOST
-        return {str(n.task): TaskResult(str(n.task), n.host, state, exit_code=0 if state == TaskState.SUCCEEDED else None)
-                for n in job.plan.nodes}  # fmt: skip
+        return {
+            str(n.task): TaskResult(str(n.task), n.host, state, exit_code=0 if state == TaskState.SUCCEEDED else None)
+            for n in job.plan.nodes
+        }
 
     # --- why the supervisor was signalled ---------------------------------------------------------
 
@@ -182,19 +201,24 @@ class SlurmScheduling(RunScheduling):
         job.backend.close()  # the step is down before we give up the allocation
         ours = job.interrupt.first == signal.SIGUSR2  # a warning: Slurm will not requeue the job, we do
         job.bus.emit(
-            ev.Requeued(reason=self.ending,
-            job_id=self.job_id,
-            how="scontrol requeue" if ours else "by Slurm",
-            preemptions=self.state.preemptions,
-            timeouts=self.state.timeouts,
-            next_attempt=len(job.result.attempts),))
+            ev.Requeued(
+                reason=self.ending,
+                job_id=self.job_id,
+                how="scontrol requeue" if ours else "by Slurm",
+                preemptions=self.state.preemptions,
+                timeouts=self.state.timeouts,
+                next_attempt=len(job.result.attempts),
+            )
+        )
         self.state.save(self.rundir)
         if ours:
             try:
                 sc.requeue(self.job_id)  # Slurm now SIGTERMs us: everything is on disk already
             except sc.SlurmError as exc:
                 new_job = self._resubmit(job)
-                job.bus.emit(ev.JobWarning(message=f"scontrol requeue refused ({exc}); resubmitted as Slurm job {new_job}"))
+                job.bus.emit(
+                    ev.JobWarning(message=f"scontrol requeue refused ({exc}); resubmitted as Slurm job {new_job}")
+                )
                 self.state.save(self.rundir)
 
     def _resubmit(self, job: RunContext) -> str | None:
@@ -203,7 +227,9 @@ class SlurmScheduling(RunScheduling):
             argv = json.loads((self.rundir.slurm_dir / "sbatch.json").read_text())
             if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv) and argv[:1] == ["sbatch"]):
                 raise ValueError("not an sbatch command line")
-            new = sc.submit([*argv[:-1], f"--dependency=afterany:{self.job_id}", argv[-1]])  # RUN/slurm/private-spec.json
+            new = sc.submit(
+                [*argv[:-1], f"--dependency=afterany:{self.job_id}", argv[-1]]
+            )  # RUN/slurm/private-spec.json
         except (OSError, ValueError) as exc:
             job.bus.emit(ev.JobWarning(message=f"could not resubmit the job: {exc}"))
             return None
@@ -225,9 +251,13 @@ class SlurmPolicy:
         # the signal said — a requeue would start the training over (BackupAndRestore removed its backup).
         if every_task_completed(attempt) and attempt.state != JobState.SUCCEEDED:
             s.ending = None
-            return Decision(Action.FINISH, completed=(
-                f"every task exited 0 — it completed its training — while Slurm job {s.job_id} was ending "
-                f"({signal_name(interrupt.first)}: preemption, requeue or time limit): the run is done, not requeued"))  # fmt: skip
+            return Decision(
+                Action.FINISH,
+                completed=(
+                    f"every task exited 0 — it completed its training — while Slurm job {s.job_id} was ending "
+                    f"({signal_name(interrupt.first)}: preemption, requeue or time limit): the run is done, not requeued"
+                ),
+            )
         ending = None if attempt.state == JobState.SUCCEEDED else s.allocation_ending(interrupt)
         s.ending = ending
         if ending is None:
@@ -239,9 +269,12 @@ class SlurmPolicy:
         requeue = bool(slurm and slurm.requeue)
         if s.batch and requeue and count <= cap:
             return Decision(Action.REQUEUE, ended_by=ended_by)
-        why = (f"{count} {'time-outs' if ending == 'timeout' else 'preemptions'}, more than "
-               f"slurm.max_requeues ({cap})" if s.batch and requeue
-               else "slurm.requeue is false" if s.batch
-               else "inside your own allocation tfcluster does not requeue: launch again to resume from the backup")  # fmt: skip
+        why = (
+            f"{count} {'time-outs' if ending == 'timeout' else 'preemptions'}, more than slurm.max_requeues ({cap})"
+            if s.batch and requeue
+            else "slurm.requeue is false"
+            if s.batch
+            else "inside your own allocation tfcluster does not requeue: launch again to resume from the backup"
+        )
         failure = Failure("scheduler", f"{ended_by.message}; not requeued: {why}", time.time())
         return Decision(Action.FINISH, ended_by=ended_by, run_failure=failure)

@@ -28,7 +28,9 @@ def run_batch(run_dir: str, env: Mapping[str, str] = os.environ) -> RunResult | 
     rundir = RunDir(Path(run_dir))
     state = SlurmState.load(rundir)
     if state is None:
-        raise FileNotFoundError(f"{run_dir}: no slurm.json: not a run submitted by tfcluster (or not on a shared filesystem)")
+        raise FileNotFoundError(
+            f"{run_dir}: no slurm.json: not a run submitted by tfcluster (or not on a shared filesystem)"
+        )
     if rundir.is_finished():
         print(f"tfcluster: run {rundir.path} already finished; nothing to do", flush=True)
         remove_private_spec(rundir)
@@ -42,8 +44,9 @@ def run_batch(run_dir: str, env: Mapping[str, str] = os.environ) -> RunResult | 
     opts = LaunchOptions(run_dir=str(rundir.path), gather=state.gather, live=False, echo_logs=False)
     scheduling = SlurmScheduling(rundir, state, loaded.spec, batch=True, env=env)
     try:
-        return Job(loaded, plan, opts, SlurmStepBackend(loaded.spec, plan, env=env), scheduling=scheduling,
-                   rundir=rundir).run()  # fmt: skip
+        return Job(
+            loaded, plan, opts, SlurmStepBackend(loaded.spec, plan, env=env), scheduling=scheduling, rundir=rundir
+        ).run()
     finally:
         if rundir.is_finished():  # the run is over (not handed to a next allocation)
             remove_private_spec(rundir)
@@ -58,7 +61,9 @@ def _refuse(rundir: RunDir, state: SlurmState, message: str) -> RunResult:
     return record_not_run(rundir, str(plan.get("job") or ""), state.run_id, len(nodes), 1, message, hint)
 
 
-def launch_in_allocation(loaded: LoadedSpec, plan: Plan, opts: LaunchOptions, env: Mapping[str, str] = os.environ) -> RunResult:
+def launch_in_allocation(
+    loaded: LoadedSpec, plan: Plan, opts: LaunchOptions, env: Mapping[str, str] = os.environ
+) -> RunResult:
     """``tfcluster launch`` with SLURM_JOB_ID set: one srun step per attempt in this allocation."""
     plan = slurm_plan(loaded.spec, run_id=plan.run_id, node_names=allocation_nodes(env))
     rundir = RunDir.create(opts.run_dir or os.path.join("runs", plan.run_id), adopt=opts.adopt_run_dir)
@@ -66,4 +71,6 @@ def launch_in_allocation(loaded: LoadedSpec, plan: Plan, opts: LaunchOptions, en
     state = SlurmState(run_id=plan.run_id, mode="allocation", job_ids=[job_id] if job_id.isdigit() else [])
     opts = dataclasses.replace(opts, run_dir=str(rundir.path))
     scheduling = SlurmScheduling(rundir, state, loaded.spec, batch=False, env=env)
-    return Job(loaded, plan, opts, SlurmStepBackend(loaded.spec, plan, env=env), scheduling=scheduling, rundir=rundir).run()
+    return Job(
+        loaded, plan, opts, SlurmStepBackend(loaded.spec, plan, env=env), scheduling=scheduling, rundir=rundir
+    ).run()

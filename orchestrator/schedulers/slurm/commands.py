@@ -23,9 +23,23 @@ STATE_RE = re.compile(r"^[A-Z_]{2,32}$")
 FIELD_RE = re.compile(r"^[^\x00-\x1f]{0,512}$")
 #: States in which the job still holds or waits for an allocation (our supervisor may run or will).
 ACTIVE = frozenset(
-    {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
-     "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
-)  # fmt: skip
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "SUSPENDED",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+        "RESV_DEL_HOLD",
+        "SPECIAL_EXIT",
+    }
+)
 
 
 class SlurmError(OSError):
@@ -43,7 +57,11 @@ def run(argv: Sequence[str], *, timeout: float = TIMEOUT_S, env: Mapping[str, st
         raise SlurmError(f"{argv[0]}: not found (is this a Slurm login or compute node?)")
     try:
         proc = subprocess.run(
-            [exe, *argv[1:]], capture_output=True, timeout=timeout, env=dict(env) if env is not None else None, check=False
+            [exe, *argv[1:]],
+            capture_output=True,
+            timeout=timeout,
+            env=dict(env) if env is not None else None,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{argv[0]} did not answer within {timeout:g}s (slurmctld down or overloaded?)") from None
@@ -112,8 +130,15 @@ def parse_squeue(job_id: str, text: str) -> JobInfo | None:
     for line in text.splitlines():
         parts = line.split("|")
         if len(parts) == 5:
-            return JobInfo(job_id, _state(parts[0]), _clean(parts[1]), _clean(parts[2]), _clean(parts[3]),
-                           _clean(parts[4]), source="squeue")  # fmt: skip
+            return JobInfo(
+                job_id,
+                _state(parts[0]),
+                _clean(parts[1]),
+                _clean(parts[2]),
+                _clean(parts[3]),
+                _clean(parts[4]),
+                source="squeue",
+            )
     return None
 
 
@@ -144,8 +169,14 @@ def parse_sacct(job_id: str, text: str) -> JobInfo | None:
     for line in text.splitlines():
         parts = line.split("|")
         if len(parts) == 4:
-            return JobInfo(job_id, _state(parts[0]), nodes=_clean(parts[3]), elapsed=_clean(parts[2]),
-                           exit_code=_clean(parts[1]), source="sacct")  # fmt: skip
+            return JobInfo(
+                job_id,
+                _state(parts[0]),
+                nodes=_clean(parts[3]),
+                elapsed=_clean(parts[2]),
+                exit_code=_clean(parts[1]),
+                source="sacct",
+            )
     return None
 
 
@@ -186,8 +217,12 @@ def parse_identity(job_id: str, text: str) -> JobIdentity | None:
     if "JobName=" in line:  # scontrol: KEY=VALUE words
         fields = dict(w.partition("=")[::2] for w in line.split() if "=" in w)
         uid = re.search(r"\((\d{1,10})\)$", fields.get("UserId", ""))
-        return JobIdentity(job_id, _clean(fields.get("JobName", "")), _clean(fields.get("Comment", "")),
-                           int(uid.group(1)) if uid else None)  # fmt: skip
+        return JobIdentity(
+            job_id,
+            _clean(fields.get("JobName", "")),
+            _clean(fields.get("Comment", "")),
+            int(uid.group(1)) if uid else None,
+        )
     parts = line.strip().split("|")
     if len(parts) < 3 or not parts[-1].isdigit() or len(parts[-1]) > 10:
         return None
@@ -268,7 +303,12 @@ def parse_duration(text: str) -> float | None:
     """squeue's %L / %M: ``SS``, ``M:SS``, ``H:MM:SS``, ``D-HH:MM:SS``; None for UNLIMITED/INVALID/garbage."""
     days, _, rest = text.strip().rpartition("-")
     parts = rest.split(":")
-    if not rest or len(parts) > 3 or not all(p.isdigit() and len(p) <= 6 for p in parts) or (days and not days.isdigit()):
+    if (
+        not rest
+        or len(parts) > 3
+        or not all(p.isdigit() and len(p) <= 6 for p in parts)
+        or (days and not days.isdigit())
+    ):
         return None
     secs = 0
     for p in parts:

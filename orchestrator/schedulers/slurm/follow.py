@@ -31,8 +31,16 @@ JOB_END_WAIT_S = 20.0  # after result.json: how long to wait for Slurm to end th
 
 
 class Follower:
-    def __init__(self, run: RunDir, plan: Plan, *, live: bool = False, out: IO[str] | None = None,
-                 err: IO[str] | None = None, ask: Callable[[], str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        run: RunDir,
+        plan: Plan,
+        *,
+        live: bool = False,
+        out: IO[str] | None = None,
+        err: IO[str] | None = None,
+        ask: Callable[[], str] | None = None,
+    ) -> None:
         self.run = run
         self.out = out or sys.stdout
         self.err = err or sys.stderr
@@ -75,7 +83,11 @@ class Follower:
         key = (info.state, info.reason if info.state == "PENDING" else info.nodes)
         if key != self.last_slurm:
             self.last_slurm = key
-            where = f" ({info.reason})" if info.state == "PENDING" and info.reason else (f" on {info.nodes}" if info.nodes else "")
+            where = (
+                f" ({info.reason})"
+                if info.state == "PENDING" and info.reason
+                else (f" on {info.nodes}" if info.nodes else "")
+            )
             self.note(f"slurm job {info.job_id} {info.state}{where}")
         if self.live is not None:
             status = self.run.read_json(self.run.status_json)

@@ -63,8 +63,12 @@ def slurm_status(run: RunDir) -> dict[str, Any]:
     if info is not None:
         out.update(info.to_dict())
     if state is not None:
-        out.update(preemptions=state.preemptions, timeouts=state.timeouts, requeues=state.requeues,
-                   allocations=len(state.allocations))  # fmt: skip
+        out.update(
+            preemptions=state.preemptions,
+            timeouts=state.timeouts,
+            requeues=state.requeues,
+            allocations=len(state.allocations),
+        )
     return out
 
 
@@ -100,22 +104,46 @@ def finalize(run: RunDir, info: JobInfo | None = None) -> dict[str, Any] | None:
     job = current_job(run)
     tail = out_tail(run, job)
     if stop:
-        new, kind, msg = interrupted_state(_signum(stop)), "scheduler", f"stopped by the user: Slurm job {job} {slurm_state}"
+        new, kind, msg = (
+            interrupted_state(_signum(stop)),
+            "scheduler",
+            f"stopped by the user: Slurm job {job} {slurm_state}",
+        )
     elif not attempts and not (state and state.allocations):
-        new, kind, msg = JobState.START_FAILED, "scheduler", f"Slurm job {job} ended ({slurm_state}) before tfcluster's supervisor started"
+        new, kind, msg = (
+            JobState.START_FAILED,
+            "scheduler",
+            f"Slurm job {job} ended ({slurm_state}) before tfcluster's supervisor started",
+        )
     elif attempts and attempts[-1].state == JobState.REQUEUED:
-        new, kind, msg = JobState.FAILED, "scheduler", (
-            f"Slurm job {job} ended ({slurm_state}) after its allocation was taken away, and was not started again "
-            "(the partition's PreemptMode cancels instead of requeueing, or the job is not requeueable)"
+        new, kind, msg = (
+            JobState.FAILED,
+            "scheduler",
+            (
+                f"Slurm job {job} ended ({slurm_state}) after its allocation was taken away, and was not started again "
+                "(the partition's PreemptMode cancels instead of requeueing, or the job is not requeueable)"
+            ),
         )
     elif slurm_state == "CANCELLED":
         new, kind, msg = JobState.INTERRUPTED_SIGTERM, "scheduler", f"Slurm job {job} was cancelled (scancel)"
     else:
-        new, kind, msg = JobState.FAILED, "scheduler", f"Slurm job {job} ended ({slurm_state}) without its supervisor writing a result"
+        new, kind, msg = (
+            JobState.FAILED,
+            "scheduler",
+            f"Slurm job {job} ended ({slurm_state}) without its supervisor writing a result",
+        )
     hint = f"see {run.slurm_dir / f'slurm-{job}.out'}" + (f": {tail}" if tail else "")
     started = _started(run) or now
-    result = RunResult(str(plan.get("job") or ""), str(plan.get("run_id") or ""), str(run.path), new, started, now,
-                       attempts=attempts, failures=[Failure(kind, msg, now, hint=hint)])  # fmt: skip
+    result = RunResult(
+        str(plan.get("job") or ""),
+        str(plan.get("run_id") or ""),
+        str(run.path),
+        new,
+        started,
+        now,
+        attempts=attempts,
+        failures=[Failure(kind, msg, now, hint=hint)],
+    )
     data = record_result(run, result)
     remove_private_spec(run)  # the run is over: its credentials go
     status = run.read_json(run.status_json) or {}
@@ -255,7 +283,9 @@ class SlurmHandle(RunHandle):
 
     def settle(self) -> None:
         if self.batch and not self.run.is_finished() and not supervisor_alive(self.run):
-            finalize(self.run)  # the job is gone and nobody wrote its result (cancelled while pending, killed): now there is one
+            finalize(
+                self.run
+            )  # the job is gone and nobody wrote its result (cancelled while pending, killed): now there is one
 
     def scheduler_status(self) -> dict[str, Any]:
         return {"slurm": slurm_status(self.run)} if self.state() is not None else {}

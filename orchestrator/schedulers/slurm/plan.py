@@ -57,8 +57,9 @@ def slurm_plan(spec: ClusterSpec, *, run_id: str, node_names: Sequence[str] | No
     nodes = []
     for rank, task in enumerate(tasks):
         node, _ = layout[rank]
-        env = node_env(spec, task, None, communication, run_id, n, gpus, checkpoint_dir, backup_dir,
-                       has_chief="chief" in cluster)  # fmt: skip
+        env = node_env(
+            spec, task, None, communication, run_id, n, gpus, checkpoint_dir, backup_dir, has_chief="chief" in cluster
+        )
         nodes.append(
             NodePlan(
                 task=task,
@@ -242,4 +243,3 @@ def describe(plan: Plan) -> list[str]:
         + (f"ports from {base} up per shared address" if base else "ports derived from the job and step id")
         + " (distinct where tasks share an address)",
     ]
-

@@ -68,8 +68,12 @@ def read_private_spec(rundir: RunDir) -> LoadedSpec:
     command = data.get("command")
     if isinstance(command, list) and command and all(isinstance(a, str) for a in command):
         job = loaded.spec.job.model_copy(update={"command": command})
-        loaded = LoadedSpec(spec=loaded.spec.model_copy(update={"job": job}), path=loaded.path, text=loaded.text,
-                            warnings=loaded.warnings)  # fmt: skip
+        loaded = LoadedSpec(
+            spec=loaded.spec.model_copy(update={"job": job}),
+            path=loaded.path,
+            text=loaded.text,
+            warnings=loaded.warnings,
+        )
     return loaded
 
 

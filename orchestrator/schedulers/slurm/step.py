@@ -129,8 +129,9 @@ class SlurmStepBackend(ConnectBackBackend):
         try:
             # Its own session: Ctrl-C on the terminal is the supervisor's to handle (a second one within a
             # second would make srun kill the step without our teardown).
-            self.srun = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=fd, stderr=fd,
-                                         start_new_session=True)  # fmt: skip
+            self.srun = subprocess.Popen(
+                argv, env=env, stdin=subprocess.PIPE, stdout=fd, stderr=fd, start_new_session=True
+            )
         finally:
             os.close(fd)
         self._give_secret(self.srun)
@@ -143,7 +144,9 @@ class SlurmStepBackend(ConnectBackBackend):
         name = placement.node_name or ""
         nodes = allocation_nodes(self.env)
         if not NODE_NAME_RE.match(name) or (nodes and name not in nodes):
-            raise OSError(f"{node.task}: its node said no Slurm node name of this allocation ({name[:60]!r}): cannot start it there again")
+            raise OSError(
+                f"{node.task}: its node said no Slurm node name of this allocation ({name[:60]!r}): cannot start it there again"
+            )
         task, slug = str(node.task), node.task.slug
         with self._restart_lock:
             n = 1 + sum(1 for t, _, _ in self.restarts if t == task)
@@ -154,7 +157,9 @@ class SlurmStepBackend(ConnectBackBackend):
             log = self.log_dir / f"srun-attempt-{config.attempt}-{slug}-restart-{n}.log"
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
-                proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=fd, stderr=fd, start_new_session=True)
+                proc = subprocess.Popen(
+                    argv, env=env, stdin=subprocess.PIPE, stdout=fd, stderr=fd, start_new_session=True
+                )
             finally:
                 os.close(fd)
             self.restarts.append((task, argv[1].split("=", 1)[1], proc))
@@ -235,7 +240,9 @@ class SlurmStepBackend(ConnectBackBackend):
             for step in steps:
                 with contextlib.suppress(sc.SlurmError):
                     sc.cancel(step, signal="KILL")
-            self.notes.append(f"srun was still running after the teardown: scancel --signal=KILL {' '.join(steps) or '(step not found)'}")
+            self.notes.append(
+                f"srun was still running after the teardown: scancel --signal=KILL {' '.join(steps) or '(step not found)'}"
+            )
             try:
                 proc.wait(SCANCEL_WAIT_S)
             except subprocess.TimeoutExpired:

@@ -78,7 +78,9 @@ def submit(
 def _refused(rundir: RunDir, plan: Plan, message: str, attempt_limit: int) -> None:
     """Nothing ran: result.json (START_FAILED) with Slurm's own words as the root cause."""
     hint = "check slurm.partition/account/qos/time/constraint/extra_args against `sinfo` and your associations"
-    record_not_run(rundir, plan.job, plan.run_id, len(plan.nodes), attempt_limit, f"sbatch refused the job: {message}", hint)
+    record_not_run(
+        rundir, plan.job, plan.run_id, len(plan.nodes), attempt_limit, f"sbatch refused the job: {message}", hint
+    )
 
 
 def record_not_run(
@@ -86,11 +88,20 @@ def record_not_run(
 ) -> RunResult:
     """A run that never started a task: its job_started, its root cause and result.json (START_FAILED)."""
     now = time.time()
-    result = RunResult(job, run_id, str(rundir.path), JobState.START_FAILED, now, now,
-                       failures=[Failure("scheduler", message, now, hint=hint)])  # fmt: skip
+    result = RunResult(
+        job,
+        run_id,
+        str(rundir.path),
+        JobState.START_FAILED,
+        now,
+        now,
+        failures=[Failure("scheduler", message, now, hint=hint)],
+    )
     bus = EventBus([EventFileSink(rundir.events_jsonl)])
     try:
-        bus.emit(ev.JobStarted(job=job, run_id=run_id, run_dir=str(rundir.path), tasks=tasks, attempt_limit=attempt_limit))
+        bus.emit(
+            ev.JobStarted(job=job, run_id=run_id, run_dir=str(rundir.path), tasks=tasks, attempt_limit=attempt_limit)
+        )
         record_result(rundir, result, bus)
     finally:
         bus.close()

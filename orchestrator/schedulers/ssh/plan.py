@@ -29,8 +29,10 @@ def ssh_plan(spec: ClusterSpec, *, run_id: str, local_user: str, ssh_lookup: Ssh
     """
     hosts = spec.hosts or []
     with_roles = any(h.roles is not None for h in hosts)
-    host_roles = [h.roles if h.roles is not None else default_roles(i, spec.tensorflow.chief and not with_roles)
-                  for i, h in enumerate(hosts)]  # fmt: skip
+    host_roles = [
+        h.roles if h.roles is not None else default_roles(i, spec.tensorflow.chief and not with_roles)
+        for i, h in enumerate(hosts)
+    ]
     slots = role_slots(host_roles)  # (host, task, port offset), in rank order
     trainers = [hosts[h].gpus for h, t, _ in slots if t.type in ("chief", "worker")]
     gpus = trainers[0] if trainers else hosts[0].gpus

@@ -69,7 +69,9 @@ def probe_config(node: NodePlan) -> dict[str, Any]:
     }
 
 
-def probe(conn: Connection, node: NodePlan, timeout: float = 60.0) -> tuple[p.NodeFacts | None, Diagnostic | None, float, float]:
+def probe(
+    conn: Connection, node: NodePlan, timeout: float = 60.0
+) -> tuple[p.NodeFacts | None, Diagnostic | None, float, float]:
     """(facts or None, why not, rtt seconds, clock skew seconds)."""
     python = node.argv[0]
     t0 = time.time()
@@ -146,7 +148,9 @@ def preflight_text(report: PreflightReport) -> str:
     bad_tasks = {f.task for f in report.findings if f.blocks}
     for h in report.hosts:
         f = h.facts
-        models = sorted({f"{g.name} {g.memory_mb / 1024:.0f} GiB" if g.memory_mb else g.name for g in f.gpus}) if f else []
+        models = (
+            sorted({f"{g.name} {g.memory_mb / 1024:.0f} GiB" if g.memory_mb else g.name for g in f.gpus}) if f else []
+        )
         rows.append(
             (
                 h.task,

@@ -22,16 +22,44 @@ from typing import Any
 
 #: Options that decide where and how we connect (the rest are reported as ignored).
 HONOURED = frozenset(
-    {"hostname", "user", "port", "identityfile", "proxycommand", "proxyjump", "userknownhostsfile",
-     "connecttimeout", "serveraliveinterval"}
-)  # fmt: skip
+    {
+        "hostname",
+        "user",
+        "port",
+        "identityfile",
+        "proxycommand",
+        "proxyjump",
+        "userknownhostsfile",
+        "connecttimeout",
+        "serveraliveinterval",
+    }
+)
 #: Options that change nothing for a non-interactive launcher that verifies host keys anyway.
 HARMLESS = frozenset(
-    {"loglevel", "serveralivecountmax", "tcpkeepalive", "hashknownhosts", "identitiesonly", "addressfamily",
-     "visualhostkey", "updatehostkeys", "stricthostkeychecking", "checkhostip", "batchmode", "addkeystoagent",
-     "preferredauthentications", "pubkeyauthentication", "passwordauthentication", "kbdinteractiveauthentication",
-     "gssapiauthentication", "requesttty", "sendenv", "setenv", "compression"}
-)  # fmt: skip
+    {
+        "loglevel",
+        "serveralivecountmax",
+        "tcpkeepalive",
+        "hashknownhosts",
+        "identitiesonly",
+        "addressfamily",
+        "visualhostkey",
+        "updatehostkeys",
+        "stricthostkeychecking",
+        "checkhostip",
+        "batchmode",
+        "addkeystoagent",
+        "preferredauthentications",
+        "pubkeyauthentication",
+        "passwordauthentication",
+        "kbdinteractiveauthentication",
+        "gssapiauthentication",
+        "requesttty",
+        "sendenv",
+        "setenv",
+        "compression",
+    }
+)
 MAX_INCLUDE_DEPTH = 16
 MAX_LINES = 100_000
 

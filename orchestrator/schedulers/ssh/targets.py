@@ -112,7 +112,9 @@ def _jumps(
             raise UsageError(f"~/.ssh/config: ProxyJump {value!r}: {part!r} is not [user@]host[:port]")
         name = m.group("host").strip("[]")
         if name in seen or len(seen) > MAX_JUMPS:
-            raise UsageError(f"~/.ssh/config: ProxyJump loops or chains more than {MAX_JUMPS} hosts: {' -> '.join(seen)}")
+            raise UsageError(
+                f"~/.ssh/config: ProxyJump loops or chains more than {MAX_JUMPS} hosts: {' -> '.join(seen)}"
+            )
         cfg: Mapping[str, Any] = lookup(name) if lookup else {}
         _report(cfg, name, warnings)
         if cfg.get("_first_proxy") == "proxyjump" and cfg.get("proxyjump", "").lower() != "none":

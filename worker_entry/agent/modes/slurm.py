@@ -74,7 +74,9 @@ def _int(env: Mapping[str, str], name: str, lo: int = 0, hi: int = 1 << 31, defa
     if raw is None or raw == "":
         if default is not None:
             return default
-        raise SlurmEnvError(f"{name} is not set: run under srun (tfcluster starts `srun ... python -m worker_entry slurm`)")
+        raise SlurmEnvError(
+            f"{name} is not set: run under srun (tfcluster starts `srun ... python -m worker_entry slurm`)"
+        )
     if not raw.strip().isdigit() or len(raw) > 12 or not lo <= int(raw) < hi:
         raise SlurmEnvError(f"{name}={raw[:40]!r}: expected a number in [{lo}, {hi})")
     return int(raw)
@@ -123,7 +125,9 @@ def step_from_env(env: Mapping[str, str], run: Runner | None = run_scontrol) -> 
         raise SlurmEnvError(f"{len(nodes)} nodes in {nodelist!r} but {len(tasks_per_node)} counts in {tpn_text!r}")
     ntasks = _int(env, "SLURM_STEP_NUM_TASKS", 1, 1 << 20, default=sum(tasks_per_node))
     if ntasks != sum(tasks_per_node):
-        raise SlurmEnvError(f"SLURM_STEP_NUM_TASKS={ntasks} but SLURM_STEP_TASKS_PER_NODE={tpn_text!r} sums to {sum(tasks_per_node)}")
+        raise SlurmEnvError(
+            f"SLURM_STEP_NUM_TASKS={ntasks} but SLURM_STEP_TASKS_PER_NODE={tpn_text!r} sums to {sum(tasks_per_node)}"
+        )
     step = Step(
         rank=_int(env, "SLURM_PROCID", 0, ntasks),
         ntasks=ntasks,
@@ -288,7 +292,10 @@ def main(env: Mapping[str, str] = os.environ, stdin_fd: int = 0) -> int:
     try:
         link = connect_back(address, secret, step.rank)
     except OSError as exc:
-        print(f"worker_entry slurm: rank {step.rank}: cannot reach the supervisor at {address[0]}:{address[1]}: {exc}", file=sys.stderr)
+        print(
+            f"worker_entry slurm: rank {step.rank}: cannot reach the supervisor at {address[0]}:{address[1]}: {exc}",
+            file=sys.stderr,
+        )
         return 3
     try:
         config = NodeConfig.parse_line(link.config_line)
@@ -300,7 +307,9 @@ def main(env: Mapping[str, str] = os.environ, stdin_fd: int = 0) -> int:
         link.sock.close()
         return 2
     task_env = {**config.env, Env.TF_CONFIG: json.dumps(cfg, separators=(",", ":"))}
-    share = gpu_slice(env.get("CUDA_VISIBLE_DEVICES", ""), step.local_id, config.gpus, step.tasks_per_node[step.node_index])
+    share = gpu_slice(
+        env.get("CUDA_VISIBLE_DEVICES", ""), step.local_id, config.gpus, step.tasks_per_node[step.node_index]
+    )
     if share is not None:
         task_env["CUDA_VISIBLE_DEVICES"] = share
     port = ports[step.rank] if config.task.type in CLUSTER_ROLES else None  # an evaluator runs no TF server

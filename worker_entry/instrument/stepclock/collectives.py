@@ -145,9 +145,13 @@ def _enter(cdo: Any, value: Any, replica_id: int, options: Any) -> tuple[Any, _P
     call = stampring.next_call(fid, replica_id)
     run = _run_of(graph, replica_id)  # also set inside merge_call, which runs on behalf of the replicas
     in_replica = run is not None or tf.distribute.get_replica_context() is not None
-    stampring.note_call(fid, call, _looks_like_gradients(tf, dense, in_replica), _elements(dense), _wire(tf, flat, cdo, options))
+    stampring.note_call(
+        fid, call, _looks_like_gradients(tf, dense, in_replica), _elements(dense), _wire(tf, flat, cdo, options)
+    )
     t_enter = _stamp(tf, "tfcluster_t_enter", devsync.ready(tf, dense, device))
-    pack = int(getattr(options, "bytes_per_pack", 0) or getattr(getattr(cdo, "_options", None), "bytes_per_pack", 0) or 0)
+    pack = int(
+        getattr(options, "bytes_per_pack", 0) or getattr(getattr(cdo, "_options", None), "bytes_per_pack", 0) or 0
+    )
     # With packs by size the gradients are reduced as they become ready (overlapping the backward
     # pass): the collectives must not wait for the stamp. Otherwise they do (see wrap_all_reduce).
     mark = None if pack > 0 else len(graph.get_operations())
@@ -194,7 +198,9 @@ def wrap_all_reduce(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             prepared = _enter(self, value, replica_id, options)
         except Exception as exc:
-            warn_once("stepclock-before", f"step clock: stamping before the all-reduce failed ({exc!r}); step unchanged")
+            warn_once(
+                "stepclock-before", f"step clock: stamping before the all-reduce failed ({exc!r}); step unchanged"
+            )
             prepared = None
         if prepared is None:
             return original(self, reduce_op, value, replica_id, options)
