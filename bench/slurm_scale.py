@@ -50,8 +50,8 @@ def slurm_258(work: Path, seconds: float) -> dict:
             env=env,
             cwd=str(d),
             stdout=subprocess.DEVNULL,
-            stderr=open(d / "client.err", "wb"),
-        )  # noqa: SIM115
+            stderr=open(d / "client.err", "wb"),  # noqa: SIM115
+        )
         row: dict = {"tasks": n}
         try:
             launcher = d / "run" / "launcher.json"
