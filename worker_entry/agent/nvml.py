@@ -38,7 +38,7 @@ MAX_XID_EVENTS = 32  # per sample
 
 #: ``owner(pid)``: "task" (the task's own process tree), "other" (a process outside it), "elsewhere"
 #: (not in this PID namespace: a container's view of the host's PIDs), "gone" (exited meanwhile),
-#: each with the process's name when readable (``worker_entry.gpuowner.TaskTree``).
+#: each with the process's name when readable (``worker_entry.agent.gpuowner.TaskTree``).
 Owner = Callable[[int], tuple[str, "str | None"]]
 
 

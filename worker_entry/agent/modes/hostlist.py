@@ -2,7 +2,7 @@
 
 Written by hand, not with python-hostlist or ClusterShell: this runs on the nodes, where worker_entry
 needs nothing but the standard library, and the grammar is small. ``scontrol show hostnames`` is
-preferred when it exists (``worker_entry.slurm``); this is the fallback for containers without it,
+preferred when it exists (``worker_entry.agent.modes.slurm``); this is the fallback for containers without it,
 and the two agree on everything Slurm itself produces (tests compare them). Every input is bounded:
 garbage raises ``ValueError`` with what is wrong, never a crash or an unbounded expansion.
 """

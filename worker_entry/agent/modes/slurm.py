@@ -14,7 +14,7 @@ one port per task sharing an address, in rank order. TF 2.21's ``SlurmClusterRes
 task on a node the same port and needs GPUs; this does neither. Whether the port is free is checked
 by worker_entry's facts (``tf_port``): a busy port stops the job before TensorFlow starts.
 
-Then the task dials the supervisor (``worker_entry.connect``) with its rank, gets its ``NodeConfig``
+Then the task dials the supervisor (``worker_entry.agent.modes.connect``) with its rank, gets its ``NodeConfig``
 (the plan's environment, without TF_CONFIG), adds TF_CONFIG and its port, and runs the task.
 Standard library only.
 """
