@@ -17,7 +17,7 @@ from worker_entry import protocol as p
 
 from ..backends import Backend, Channel, entry_failure
 from ..core.result import AttemptResult, Failure
-from ..core.states import JobState, TaskState
+from ..core.states import JobState, TaskState, advance
 from ..events import EventBus, HeartbeatSink, LogSink
 from ..events import kinds as ev
 from ..events.evaluations import Evaluations
@@ -354,7 +354,7 @@ class Supervisor(Teardown, RoleCare):
             s.send(p.Go())
         self.went_at = now
         self.monitor.arm(now)
-        self.state = JobState.RUNNING
+        self.state = advance(self.state, JobState.RUNNING)
 
     def _verdict(self, v: Verdict) -> None:
         s = self.sessions.get(v.task) if v.task else None
@@ -443,6 +443,6 @@ class Supervisor(Teardown, RoleCare):
             bounded=self.bound_reached is not None or self.training_ended,
             optional={t for t, r in self.rules.items() if not r.trains},
         )
-        self.state = result.state
+        self.state = advance(self.state, result.state)
         self._publish_status(final=True)
         return result

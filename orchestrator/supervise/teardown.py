@@ -11,7 +11,7 @@ from typing import Any
 from worker_entry import protocol as p
 
 from ..backends import Backend
-from ..core.states import JobState, TaskState
+from ..core.states import JobState, TaskState, advance
 from ..events import EventBus
 from ..events import kinds as ev
 from ..spec import ClusterSpec
@@ -44,7 +44,7 @@ class Teardown:
         self.snapshots.touch()
         if self.stopping_reason is None:
             self.stopping_reason = reason
-            self.state = JobState.STOPPING
+            self.state = advance(self.state, JobState.STOPPING)
             self.bus.emit(ev.Teardown(reason=reason, grace_s=grace, bounded=bounded))
         for s in self.sessions.values():
             if s.state == TaskState.PENDING:  # its backend start is still under way: never let it run
