@@ -114,10 +114,10 @@ def test_startup_deadline_when_a_node_never_says_hello():
     def silent(n: FakeNode) -> None:
         n.raw(p.MARKER)
         wait_for(lambda: len(rec.kinds("task_ready")) == 2, 10, "the other two nodes' hellos")
-        n.clock.advance(1.0)  # past job.startup_timeout_s for the supervisor
+        n.clock.advance(6.0)  # past job.startup_timeout_s for the supervisor, however slow the others were
         n.idle(10)  # never says hello; leaves on the stop (or EOF)
 
-    res, rec, backend = supervise({"worker:2": silent}, rec=rec, job={"startup_timeout_s": 0.5})
+    res, rec, backend = supervise({"worker:2": silent}, rec=rec, job={"startup_timeout_s": 5})
     assert res.root_cause.kind == "startup_timeout" and res.root_cause.task == "worker:2"
     (gone,) = [e for e in rec.kinds("task_exited") if e.task == "worker:2"]  # its channel closed, no exit status
     assert gone.to_dict() | {"ts": 0} == {
