@@ -37,6 +37,7 @@ if str(REPO) not in sys.path:
 import psutil  # noqa: E402
 
 from tfcluster_testbed import Testbed, leftovers  # noqa: E402
+from tfcluster_testbed.waiting import wait_for  # noqa: E402  (fails loudly: what it waited for, the last value)
 
 PY = sys.executable  # the real interpreter (not a pyenv shim): what the launcher and job.python use
 
@@ -55,7 +56,7 @@ __all__ = [
     "median",
     "run_measured",
     "testbed",
-    "wait_until",
+    "wait_for",
     "write_ssh_config",
 ]
 
@@ -268,15 +269,6 @@ def job_processes(tb: Testbed) -> dict[str, list[psutil.Process]]:
                 continue
             out.setdefault(name, []).append(p)
     return out
-
-
-def wait_until(pred: Callable[[], Any], timeout: float, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v or time.monotonic() >= deadline:
-            return v
-        time.sleep(interval)
 
 
 def events(run_dir: str | Path) -> list[dict[str, Any]]:

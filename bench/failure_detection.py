@@ -47,7 +47,7 @@ from common import (
     say,
     set_verbose,
     testbed,
-    wait_until,
+    wait_for,
 )
 
 from tfcluster_testbed import MARKER_ENV, netns_available
@@ -124,8 +124,13 @@ def trial_tfcluster(tb, work: Path, fault: str, cap: float) -> dict:
         cwd=str(REPO),
     )
     logs = [run_dir / "logs" / f"worker-{i}.log" for i in range(3)]
-    ok = wait_until(lambda: past_first_epoch([read(p) for p in logs]) or proc.poll() is not None, 240, 0.2)
-    if not ok or proc.poll() is not None:
+    wait_for(
+        lambda: past_first_epoch([read(p) for p in logs]) or proc.poll() is not None,
+        240,
+        f"the tfcluster job's workers past their first epoch (launcher log {work / f'{name}.launcher.log'})",
+        interval=0.2,
+    )
+    if proc.poll() is not None:
         proc.kill()
         proc.wait()
         raise RuntimeError(f"tfcluster job did not start training: {read(work / f'{name}.launcher.log')[-2000:]}")
@@ -226,10 +231,13 @@ def trial_hand(tb, work: Path, fault: str, cap: float, tf_configs: list[dict]) -
             )
         )
     try:
-        ok = wait_until(
-            lambda: past_first_epoch([read(p) for p in logs]) or any(p.poll() is not None for p in procs), 240, 0.2
+        wait_for(
+            lambda: past_first_epoch([read(p) for p in logs]) or any(p.poll() is not None for p in procs),
+            240,
+            "the hand-started workers past their first epoch",
+            interval=0.2,
         )
-        if not ok or any(p.poll() is not None for p in procs):
+        if any(p.poll() is not None for p in procs):
             raise RuntimeError(f"hand-started job did not train: {[read(p)[-500:] for p in logs]}")
         pids = read_pids(pid_dir)
         i_fault = FAULT_HOST[fault]
@@ -275,7 +283,7 @@ def trial_hand(tb, work: Path, fault: str, cap: float, tf_configs: list[dict]) -
             p.wait()
         for f in files:
             f.close()
-        wait_until(lambda: not job_processes(tb), 15, 0.1)
+        wait_for(lambda: not job_processes(tb), 15, "every process of the hand-started job gone", interval=0.1)
 
 
 def main() -> int:

@@ -42,7 +42,7 @@ from common import (
     say,
     set_verbose,
     testbed,
-    wait_until,
+    wait_for,
     write_ssh_config,
 )
 
@@ -104,7 +104,7 @@ def supervise(tb, work: Path, hosts, interval: float, seconds: float, tag: str) 
         def spawned() -> bool:
             return sum(1 for e in events(run_dir) if e["event"] == "task_spawned") >= n or proc.poll() is not None
 
-        wait_until(spawned, 300, 0.2)
+        wait_for(spawned, 300, f"{n} task_spawned events (or the launcher's exit)", interval=0.2)
         if proc.poll() is not None:
             raise RuntimeError(f"launcher exited early ({proc.returncode}); see {run_dir}")
         launch_s = last_ts(events(run_dir), "task_spawned") - t_start
@@ -164,7 +164,7 @@ def ssh_clients(tb, work: Path, hosts, seconds: float) -> dict:
     ]
     try:
         ps = [psutil.Process(p.pid) for p in procs]
-        wait_until(lambda: len(worker_sleepers(tb, hosts)) >= len(hosts), 120, 0.2)
+        wait_for(lambda: len(worker_sleepers(tb, hosts)) >= len(hosts), 120, "a sleeper on every host", interval=0.2)
         time.sleep(2)
         c0 = cpu_of(ps)
         t0 = time.monotonic()
@@ -217,7 +217,7 @@ def main() -> int:
         say(f"part A: {args.hosts} hosts, 1 Hz, {secs:g}s ...")
         a = supervise(tb, work, tb.hosts, 1.0, secs, "a")
         say(f"part A: launcher {a['launcher_cpu_pct']:.1f}% of a core, max RSS {a['launcher_max_rss_mb']:.0f} MB")
-        wait_until(lambda: not worker_sleepers(tb, tb.hosts), 30, 0.2)
+        wait_for(lambda: not worker_sleepers(tb, tb.hosts), 30, "part A's sleepers gone", interval=0.2)
         say(f"baseline: {args.hosts} OpenSSH clients holding a session, {secs:g}s ...")
         base = ssh_clients(tb, work, tb.hosts, secs)
         say("part B: heartbeat cost, 4 hosts, 0.1 s vs 1 s ...")

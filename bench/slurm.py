@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PY, REPO, Report, base_parser, events, median, say, set_verbose, wait_until
+from common import PY, REPO, Report, base_parser, events, median, say, set_verbose, wait_for
 
 from tfcluster_testbed.slurm import LocalSlurm, available
 
@@ -162,9 +162,14 @@ def kill_trial(cluster: LocalSlurm, work: Path, method: str, i: int, cap: float)
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, env=env, cwd=str(work), stdout=out, stderr=subprocess.STDOUT)
     try:
-        ready = wait_until(lambda: _past_first_epoch(log, work / f"{name}-run") or proc.poll() is not None, 240, 0.2)
+        wait_for(
+            lambda: _past_first_epoch(log, work / f"{name}-run") or proc.poll() is not None,
+            240,
+            f"{method}: the workers past their first epoch (log {log})",
+            interval=0.2,
+        )
         pids = {p.stem: int(p.read_text()) for p in pid_dir.glob("*.pid") if p.read_text().strip()}
-        if not ready or proc.poll() is not None or len(pids) != 3:
+        if proc.poll() is not None or len(pids) != 3:
             raise RuntimeError(f"{method}: training did not start: {log.read_text()[-1500:]}")
         t0 = time.monotonic()
         os.kill(pids["worker-1"], signal.SIGKILL)

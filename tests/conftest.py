@@ -9,13 +9,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from waiting import wait_for
 
 pytest_plugins = ["testbed_fixtures", "slurm_fixtures"]
 
@@ -135,17 +135,6 @@ def run_cli(*args: str, timeout: float = 120, tb=None, **kw: Any) -> subprocess.
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=str(REPO), **kw)
 
 
-def wait_until(pred: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
 def host_pids(tb) -> dict[str, list[int]]:
     return {name: [p.pid for p in procs] for name, procs in tb.processes_by_host().items()}
 
@@ -170,14 +159,15 @@ def no_processes_on_hosts(tb) -> bool:
 
 
 def assert_no_job_processes(tb, timeout: float = 5.0) -> None:
-    """Poll until no job process is left on any host; fail listing them."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = job_processes(tb)
-        if not left or time.monotonic() >= deadline:
-            break
-        time.sleep(0.1)
-    assert not left, f"processes left on hosts after {timeout}s: {left}"
+    """Wait until no job process is left on any host; fail listing them."""
+    left: dict[str, list[str]] = {}
+
+    def gone() -> bool:
+        left.clear()
+        left.update(job_processes(tb))
+        return not left
+
+    wait_for(gone, timeout, lambda: f"no job process left on the hosts (left: {left})")
 
 
 @pytest.fixture

@@ -5,6 +5,11 @@ A ``FakeNode`` speaks the real wire protocol (``worker_entry.protocol`` frames a
 A node runs a *script* (a function of the node) in a thread: the default one behaves like a healthy
 worker_entry; tests pass their own to inject faults. This is a unit-test tool: the e2e tiers use
 real sshd, processes and TensorFlow.
+
+Time: the supervisor under test is given a ``FakeClock`` (the backend's ``clock``). Where a test needs
+the supervisor's time to pass — a silence past a timeout, a start past its deadline — a script moves
+that clock on (``advance``, or ``let_pass`` while the other nodes keep beating) instead of sleeping:
+what the supervisor judges does not depend on how fast this machine runs the threads.
 """
 
 from __future__ import annotations
@@ -23,8 +28,32 @@ from orchestrator.core.diagnostics import Diagnostic
 from orchestrator.plan import NodePlan
 from orchestrator.schedulers.ssh import ssh_plan
 from orchestrator.spec import load_spec_text
+from tfcluster_testbed.waiting import wait_for
 from worker_entry import protocol as p
 from worker_entry.protocol.cluster import own_endpoint
+
+
+class FakeClock:
+    """The supervisor's clock in the unit tier: the real monotonic clock plus the seconds a test moved
+    it on by (``advance``). The supervisor's ticks still come (it keeps running), and a timeout is
+    reached when the test says so, not after that much wall time."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+        self.frozen_at: float | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        return (self.frozen_at if self.frozen_at is not None else time.monotonic()) + self.offset
+
+    def freeze(self) -> None:
+        """From now on only ``advance`` moves it (the supervisor's periodic scans stop: for tests of
+        what inputs alone decide, and of a deadline the test alone reaches)."""
+        self.frozen_at = time.monotonic()
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.offset += seconds
 
 
 class FakeChannel(Channel):
@@ -38,6 +67,7 @@ class FakeChannel(Channel):
         self.inbox: queue.Queue[bytes | None] = queue.Queue()
         self.closed = False
         self.status: int | None = None
+        self.asked = 0  # how often the launcher asked for the exit status
         self._open = [self._r, self._er]
 
     # launcher side
@@ -65,6 +95,7 @@ class FakeChannel(Channel):
         self.inbox.put(data)
 
     def exit_status(self) -> int | None:
+        self.asked += 1
         return self.status
 
     def close(self) -> None:
@@ -83,6 +114,10 @@ class FakeChannel(Channel):
 
     def hang_up(self, status: int | None = None) -> None:
         self.status = status
+        self.end_output()
+
+    def end_output(self) -> None:
+        """The node's output ends (EOF on the launcher's side), its exit status not known (yet)."""
         for fd in (self._w, self._ew):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -91,11 +126,20 @@ class FakeChannel(Channel):
 class FakeNode:
     """One node's worker_entry, scripted. Helpers send real frames; ``commands`` are parsed for real."""
 
-    def __init__(self, node: NodePlan, config: p.NodeConfig, chan: FakeChannel, script: Script) -> None:
+    def __init__(
+        self,
+        node: NodePlan,
+        config: p.NodeConfig,
+        chan: FakeChannel,
+        script: Script,
+        backend: FakeBackend | None = None,
+    ) -> None:
         self.node = node
         self.config = config
         self.chan = chan
         self.script = script
+        self.backend = backend
+        self.beating = False  # in a heartbeat loop (``let_pass`` waits for its next beat)
         self.seq = 0
         self.received: list[p.Message] = []
         self.eof = False
@@ -105,6 +149,29 @@ class FakeNode:
     @property
     def task(self) -> str:
         return str(self.node.task)
+
+    @property
+    def clock(self) -> FakeClock:
+        """The supervisor's clock (its backend's)."""
+        assert self.backend is not None, "a node without a backend has no supervisor clock"
+        return self.backend.clock
+
+    def let_pass(self, seconds: float, step: float = 0.25) -> None:
+        """``seconds`` of the supervisor's time pass while this node says nothing: the clock moves on in
+        ``step``s, and after each one every other node in a heartbeat loop beats again before the next,
+        so only this node looks silent (``step`` well below heartbeat.timeout_s)."""
+        assert self.backend is not None
+        left = seconds
+        while left > 0:
+            peers = {n: n.seq for n in self.backend.history if n is not self and n.beating}
+            self.clock.advance(min(step, left))
+            left -= step
+            wait_for(
+                lambda peers=peers: all(not n.beating or n.seq > seq for n, seq in peers.items()),
+                10,
+                "the other nodes to beat after the supervisor's clock moved on",
+                interval=0.005,
+            )
 
     @property
     def endpoint(self) -> str | None:
@@ -194,15 +261,19 @@ class FakeNode:
     def run_until_stopped(self, beats: float = 0.05, steps: int = 0, **hb: Any) -> p.Stop | None:
         """Heartbeat (with progress when ``steps``) until a stop or EOF; returns the stop."""
         n = 0
-        while True:
-            n += steps
-            progress = p.Progress(steps=n, examples=n * 32, ts=time.time()) if steps else None
-            self.heartbeat(state=hb.get("state", "running"), progress=progress)
-            cmd = self.next_command(beats)
-            if isinstance(cmd, p.Stop):
-                return cmd
-            if self.eof:
-                return None
+        self.beating = True
+        try:
+            while True:
+                n += steps
+                progress = p.Progress(steps=n, examples=n * 32, ts=time.time()) if steps else None
+                self.heartbeat(state=hb.get("state", "running"), progress=progress)
+                cmd = self.next_command(beats)
+                if isinstance(cmd, p.Stop):
+                    return cmd
+                if self.eof:
+                    return None
+        finally:
+            self.beating = False
 
 
 Script = Callable[[FakeNode], None]
@@ -221,12 +292,15 @@ def healthy(run_s: float = 0.3, code: int = 0) -> Script:
         n.send(p.Started(how="strategy"))
         n.log(f"{n.task}: training")
         end = time.monotonic() + run_s
+        n.beating = True
         while time.monotonic() < end:
             n.heartbeat(state="running", progress=p.Progress(steps=1, ts=time.time()))
             cmd = n.next_command(0.05)
             if isinstance(cmd, p.Stop) or n.eof:
+                n.beating = False
                 stopped(n, cmd)
                 return
+        n.beating = False
         if code:
             n.log(f"{n.task}: failing with {code}", p.STDERR)
         n.exited(code)
@@ -256,9 +330,12 @@ def obedient(n: FakeNode) -> None:
 class FakeBackend(PerTaskBackend):
     name = "fake"
 
-    def __init__(self, scripts: dict[str, Script], unreachable: Sequence[str] = ()) -> None:
+    def __init__(
+        self, scripts: dict[str, Script], unreachable: Sequence[str] = (), clock: FakeClock | None = None
+    ) -> None:
         self.scripts = scripts
         self.unreachable = set(unreachable)
+        self.clock = clock if clock is not None else FakeClock()  # the supervisor's, when the test gives it one
         self.nodes: dict[str, FakeNode] = {}
         self.history: list[FakeNode] = []
         self.closed = False
@@ -276,7 +353,7 @@ class FakeBackend(PerTaskBackend):
             if self.closed:
                 raise OSError("the backend is closed")
             chan = FakeChannel()
-            fake = FakeNode(node, config, chan, self.scripts.get(str(node.task), obedient))
+            fake = FakeNode(node, config, chan, self.scripts.get(str(node.task), obedient), self)
             self.nodes[str(node.task)] = fake
             self.history.append(fake)
             fake.thread.start()

@@ -137,14 +137,3 @@ def cli(cluster: ls.LocalSlurm, cwd: Path, *args: str, timeout: float = 120) -> 
         text=True,
         timeout=timeout,
     )
-
-
-def wait_for(pred: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)

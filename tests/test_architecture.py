@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.exitcodes import STATE_EXIT_CODES
+from orchestrator.cli.exitcodes import REFUSED_STATES, STATE_EXIT_CODES
 from orchestrator.core.states import JobState
 from orchestrator.events import EVENT_KINDS, EVENT_TYPES
 from worker_entry import protocol
@@ -234,9 +234,42 @@ def test_events_doc_lists_exactly_the_event_kinds_and_their_fields():
     assert not wrong, f"docs/events.md lists other fields (or another order) than the event classes: {wrong}"
 
 
-def test_every_final_job_state_has_an_exit_code():
-    finals = {s for s in JobState if s.is_terminal}
-    assert finals == set(STATE_EXIT_CODES)
+def test_every_job_state_has_an_exit_code_or_is_refused_at_the_cli_edge():
+    coded, refused = set(STATE_EXIT_CODES), set(REFUSED_STATES)
+    assert not coded & refused, coded & refused
+    assert coded | refused == set(JobState), set(JobState) - coded - refused
+    assert {s for s in JobState if s.is_terminal} <= coded  # every outcome has its code
+    assert all(not s.is_terminal for s in refused)  # only live phases are refused
+
+
+#: Assignments to a ``.state`` that are no job state: the task table's own ``become``; goodput's strings.
+_OTHER_STATES = {("orchestrator/supervise/session.py", "become"), ("orchestrator/views/goodput.py", "_attempts")}
+
+
+def test_every_change_of_a_job_state_goes_through_the_table():
+    """Outside a constructor (an initial value), ``X.state = ...`` is ``advance(X.state, new)`` (or a
+    holder's ``become``, which is): no job state changes around ``JobState.can_become``."""
+    bad = []
+    for path in (ROOT / "orchestrator").rglob("*.py"):
+        rel = str(path.relative_to(ROOT))
+        tree = ast.parse(path.read_text())
+        for func in ast.walk(tree):
+            if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef) or func.name == "__init__":
+                continue
+            for node in ast.walk(func):
+                if not isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+                    continue
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                flat = [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+                if not any(isinstance(t, ast.Attribute) and t.attr == "state" for t in flat):
+                    continue
+                value = node.value
+                through = (
+                    isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "advance"
+                )
+                if not through and (rel, func.name) not in _OTHER_STATES:
+                    bad.append(f"{rel}:{node.lineno} ({func.name})")
+    assert not bad, f"job states assigned around the transition table (use become/advance): {bad}"
 
 
 def test_no_tfcluster_environment_name_is_spelled_outside_the_protocol():

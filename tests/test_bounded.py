@@ -8,6 +8,7 @@ import queue
 import time
 
 from fakenode import FakeChannel, make_plan
+from waiting import wait_for
 
 from orchestrator.supervise.inputs import ChannelPump
 from orchestrator.supervise.session import DIAG_BYTES, TAIL_BYTES, TaskSession
@@ -57,25 +58,29 @@ def test_the_pump_stops_reading_when_the_supervisor_falls_behind():
     pump.start()
     pump.add("worker:0", chan)
     try:
-        deadline = time.monotonic() + 20
-        # feed the channel until the pump has filled its queue, however late it gets to run: a pipe found
-        # full before then says only that the pump has not read yet
-        while q.qsize() < 2 and time.monotonic() < deadline:
+
+        def queue_filled() -> bool:
+            """Feed the channel until the pump has filled its queue, however late it gets to run: a pipe
+            found full before then says only that the pump has not read yet."""
             with contextlib.suppress(BlockingIOError):
                 os.write(chan._w, b"y" * 65536)
-            time.sleep(0.01)
-        assert q.qsize() == 2, "the pump never filled its queue"
-        full = False
-        while not full and time.monotonic() < deadline:
+            return q.qsize() >= 2
+
+        wait_for(queue_filled, 20, "the pump to fill its queue", interval=0.01)
+        assert q.qsize() == 2
+        full_since: list[float] = []
+
+        def stays_full() -> bool:
+            """The pipe is full and stays full (no room made for a write 0.2 s later): nobody reads it."""
             try:
                 os.write(chan._w, b"y" * 65536)
             except BlockingIOError:
-                time.sleep(0.2)  # maybe the pump just has not read yet: one more try after a pause
-                try:
-                    os.write(chan._w, b"y" * 65536)
-                except BlockingIOError:
-                    full = True
-        assert full, "the pump kept reading although nobody took from its queue"
+                full_since[:] = full_since or [time.monotonic()]
+                return time.monotonic() - full_since[0] >= 0.2
+            full_since.clear()  # maybe the pump just had not read yet
+            return False
+
+        wait_for(stays_full, 20, "the channel to stay full: the pump to stop reading", interval=0.05)
         assert q.qsize() == 2
     finally:
         pump.stop()

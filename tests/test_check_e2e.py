@@ -10,9 +10,10 @@ import json
 import subprocess
 
 import pytest
-from conftest import PY, _env, assert_no_job_processes, read_events, repo_python, run_cli, wait_until
+from conftest import PY, _env, assert_no_job_processes, read_events, repo_python, run_cli
 from cpu_quota import cpu_cgroup, cpu_quota
 from testbed_fixtures import requires_netns
+from waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, requires_netns]
 
@@ -115,7 +116,11 @@ def test_a_host_cut_off_during_the_check_ends_it_and_is_named(bed, tmp_path):
     argv = [PY, "-m", "orchestrator", "check", str(spec), "--json", "-o", str(run), "--timeout", "20"]
     proc = bed.run_on_controller(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
     try:
-        wait_until(lambda: run.exists() and sum(e["event"] == "task_spawned" for e in read_events(run)) == 3, 120)
+        wait_for(
+            lambda: run.exists() and sum(e["event"] == "task_spawned" for e in read_events(run)) == 3,
+            120,
+            "the 3 check tasks spawned",
+        )
         bed.cut(1)
         out, err = proc.communicate(timeout=120)
     finally:

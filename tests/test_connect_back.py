@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from fakenode import make_plan
 from test_supervisor import Recorder
+from waiting import wait_for
 
 from orchestrator.backends.tcp import ConnectBackBackend, ConnectBackServer
 from orchestrator.core.states import JobState, TaskState
@@ -110,24 +111,15 @@ def server():
         chan.close()
 
 
-def _wait(pred) -> None:
-    import time
-
-    for _ in range(500):
-        if pred():
-            return
-        time.sleep(0.01)
-
-
 def _wait_rejected(srv, n):
-    _wait(lambda: len(srv.rejected) >= n)
+    wait_for(lambda: len(srv.rejected) >= n, 10, f"{n} refusal(s) recorded", interval=0.01)
 
 
 def test_the_right_secret_and_rank_get_their_config(server):
     link = connect_back(("127.0.0.1", server.port), b"s" * 32, 1)
     link.sock.close()
     assert p.NodeConfig.parse_line(link.config_line).argv == ["true"]
-    _wait(lambda: server.got)  # delivered right after the config is sent
+    wait_for(lambda: server.got, 10, "the channel delivered", interval=0.01)  # right after the config is sent
     assert [t for t, _ in server.got] == ["worker:1"]
 
 
@@ -147,7 +139,7 @@ def test_a_wrong_secret_or_an_unknown_rank_is_refused(server, secret, rank, why,
 
 def test_a_rank_connects_once(server):
     link = connect_back(("127.0.0.1", server.port), b"s" * 32, 0)
-    _wait(lambda: server.got)
+    wait_for(lambda: server.got, 10, "the channel delivered", interval=0.01)
     with pytest.raises(Refused, match="already connected"):
         connect_back(("127.0.0.1", server.port), b"s" * 32, 0)
     link.sock.close()
@@ -160,14 +152,14 @@ def test_a_restarted_rank_connects_once_more_to_its_own_deliver_and_a_given_up_r
     goes to the restart's deliver; a restart given up on (forget_again) may not connect at all; a new
     attempt (expect) drops a restart of the previous one that never connected."""
     first = connect_back(("127.0.0.1", server.port), b"s" * 32, 1)
-    _wait(lambda: server.got)
+    wait_for(lambda: server.got, 10, "the channel delivered", interval=0.01)
     first.sock.close()
     again: list = []
     restart = p.NodeConfig(argv=["true"], remote_dir="/tmp/x-restart-1")
     server.expect_again(1, "worker:1", restart, lambda task, chan: again.append((task, chan)))
     link = connect_back(("127.0.0.1", server.port), b"s" * 32, 1)
     assert p.NodeConfig.parse_line(link.config_line).remote_dir == "/tmp/x-restart-1"
-    _wait(lambda: again)
+    wait_for(lambda: again, 10, "the restart's channel delivered", interval=0.01)
     assert [t for t, _ in again] == ["worker:1"] and len(server.got) == 1
     link.sock.close()
     # given up on: the rank stays closed, nothing reaches the forgotten deliver
@@ -186,7 +178,7 @@ def test_a_restarted_rank_connects_once_more_to_its_own_deliver_and_a_given_up_r
     )
     link = connect_back(("127.0.0.1", server.port), b"s" * 32, 0)
     assert p.NodeConfig.parse_line(link.config_line).attempt == 1
-    _wait(lambda: fresh)
+    wait_for(lambda: fresh, 10, "the new attempt's channel delivered", interval=0.01)
     assert [t for t, _ in fresh] == ["worker:0"] and not lost
     link.sock.close()
     for _, chan in again + fresh:

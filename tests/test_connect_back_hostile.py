@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 from fakenode import make_plan
 from netattack import Relay, Slowloris
-from test_connect_back import REPO, LocalNodes, _wait
+from test_connect_back import REPO, LocalNodes
 from test_supervisor import Recorder
+from waiting import wait_for
 
 from orchestrator.backends import handshakes, wait_readable
 from orchestrator.backends.refusals import Refusals
@@ -66,7 +67,7 @@ def test_hundreds_of_slow_connections_take_no_slot_and_no_thread(server):
         link = connect_back(("127.0.0.1", server.port), SECRET, 1, deadline_s=60)
         link.sock.close()
     assert p.NodeConfig.parse_line(link.config_line).env == {"API_TOKEN": "tok-do-not-leak"}
-    _wait(lambda: server.got)
+    wait_for(lambda: server.got, 10, "the channel delivered", interval=0.01)
     assert [t for t, _ in server.got] == ["worker:1"]
 
 
@@ -83,7 +84,7 @@ def test_a_handshake_has_one_deadline_however_its_bytes_trickle(server, monkeypa
         except OSError:
             pass  # closed on us (a reset: unread bytes)
     assert sent < 400
-    _wait(lambda: server.rejected)
+    wait_for(lambda: server.rejected, 10, "a refusal recorded", interval=0.01)
     assert server.rejected[-1][1] == "handshake not completed in time"
 
 
@@ -93,7 +94,7 @@ def test_a_non_ascii_mac_is_refused_without_a_traceback(server, capfd):
         s.sendall(json.dumps({"rank": 0, "nonce": "a" * 64, "mac": "é" * 64}).encode() + b"\n")
         with contextlib.suppress(ConnectionResetError):
             s.recv(4096)
-    _wait(lambda: server.rejected)
+    wait_for(lambda: server.rejected, 10, "a refusal recorded", interval=0.01)
     assert "malformed nonce or MAC" in server.rejected[-1][1]
     assert "Traceback" not in capfd.readouterr().err
 
@@ -115,7 +116,7 @@ def test_descriptors_above_1024_work_for_the_server_and_its_channels():
         srv.expect({0: ("worker:0", CONFIG)}, lambda task, chan: got.append(chan))
         try:
             link = connect_back(("127.0.0.1", srv.port), SECRET, 0, deadline_s=30)
-            _wait(lambda: got)
+            wait_for(lambda: got, 10, "the channel delivered", interval=0.01)
             chan = got[0]
             assert srv.server.listener.fileno() > 1024 and chan.sock.fileno() > 1024
             received = bytearray()
@@ -196,12 +197,9 @@ class FdLimitedServer:
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())
 
-    def wait_for(self, pred, timeout: float = 60.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while not pred(stats := self.ask()):
-            assert time.monotonic() < deadline, stats
-            time.sleep(0.05)
-        return stats
+    def wait_for(self, pred, what: str, timeout: float = 60.0) -> dict:
+        """The agent's stats once ``pred`` holds for them."""
+        return wait_for(lambda: (lambda st: pred(st) and st)(self.ask()), timeout, what, interval=0.05)
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -217,13 +215,13 @@ def test_out_of_descriptors_the_accept_loop_backs_off_instead_of_spinning():
     try:
         srv.ask("fill")
         with socket.create_connection(("127.0.0.1", srv.port)):  # waits in the backlog: accept() fails
-            stats = srv.wait_for(lambda s: s["accept_pauses"] >= 3)
+            stats = srv.wait_for(lambda s: s["accept_pauses"] >= 3, "3 accept pauses")
             # Every failed accept() was followed by a pause (a spinning loop retries at once: ~10^5 a second).
             assert stats["accept_pauses"] <= stats["accept_errors"] <= stats["accept_pauses"] + 1
         srv.ask("free")
         link = connect_back(("127.0.0.1", srv.port), SECRET, 0, deadline_s=60)
         link.sock.close()
-        srv.wait_for(lambda s: s["got"] == ["worker:0"])
+        srv.wait_for(lambda s: s["got"] == ["worker:0"], "worker:0 delivered")
     finally:
         srv.close()
 
@@ -236,10 +234,10 @@ def test_silent_connections_holding_every_descriptor_cannot_lock_a_node_out():
     try:
         for _ in range(100):
             attackers.append(socket.create_connection(("127.0.0.1", srv.port)))
-        srv.wait_for(lambda s: s["accept_errors"] >= 1)
+        srv.wait_for(lambda s: s["accept_errors"] >= 1, "an accept error")
         link = connect_back(("127.0.0.1", srv.port), SECRET, 0, deadline_s=60)
         link.sock.close()
-        srv.wait_for(lambda s: s["got"] == ["worker:0"])
+        srv.wait_for(lambda s: s["got"] == ["worker:0"], "worker:0 delivered")
     finally:
         for s in attackers:
             s.close()
@@ -264,7 +262,7 @@ def test_a_node_keeps_dialing_until_the_supervisor_takes_it():
         probe.close()
         srv = ConnectBackServer(SECRET, bind=("127.0.0.1", port))
         srv.expect({0: ("worker:0", p.NodeConfig(argv=["true"], remote_dir="/tmp/x"))}, lambda t, c: got.append(c))
-        _wait(lambda: got)
+        wait_for(lambda: got, 10, "the channel delivered", interval=0.01)
         assert got, node.stderr.read1().decode()
         got[0].send(p.command_line(p.Stop(grace_s=0, reason="test over")))
         got[0].close()  # after the stop: the node ends without waiting for a hand-over
@@ -438,12 +436,15 @@ def test_refused_connections_reach_events_status_and_the_status_command(tmp_path
                 return json.loads((run / "status.json").read_text()).get("refused_connections") or {}
             return {}
 
-        deadline = time.monotonic() + 60
-        while (
-            refused().get("count", 0) < 2 or "connection_refused" not in _events(run)
-        ) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        flag.touch()
+        try:
+            wait_for(
+                lambda: refused().get("count", 0) >= 2 and "connection_refused" in _events(run),
+                60,
+                "both refusals in status.json and a connection_refused event",
+                interval=0.05,
+            )
+        finally:
+            flag.touch()  # the job ends either way (the assertions below say what was missing)
 
     t = threading.Thread(target=attack)
     t.start()
@@ -477,7 +478,7 @@ def test_one_read_takes_at_most_a_bounded_amount_off_the_socket(server):
     from orchestrator.backends.tcp import READ_MAX
 
     link = connect_back(("127.0.0.1", server.port), SECRET, 0, deadline_s=30)
-    _wait(lambda: server.got)
+    wait_for(lambda: server.got, 10, "the channel delivered", interval=0.01)
     chan = server.got[0][1]
     total = 64 << 20
     plain = b"y" * (1 << 20)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 
 import pytest
-from conftest import PY, REPO, _env, assert_no_job_processes, read_events, run_cli, start_launch, wait_until
+from conftest import PY, REPO, _env, assert_no_job_processes, read_events, run_cli, start_launch
+from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -19,6 +21,10 @@ TICKER = (
     "    print(f'w{idx} tick {n}', flush=True)\n"
     "    if n % 20 == 0: print(f'w{idx} note {n}', file=sys.stderr, flush=True)\n"
     "    time.sleep(0.08)\n"
+    # then hold the job open until the test saw a follower attach to it (bounded: the test may fail first)
+    "deadline = time.time() + 120\n"
+    "while not os.path.exists(sys.argv[1]) and time.time() < deadline:\n"
+    "    time.sleep(0.05)\n"
 )
 
 
@@ -31,6 +37,27 @@ def follower(*args: str) -> subprocess.Popen:
         env=_env(),
         cwd=str(REPO),
     )
+
+
+class Reader:
+    """A follower's stdout, read line by line as it comes (what it printed so far, and when it ended)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.lines: list[str] = []
+        self.thread = threading.Thread(target=lambda: self.lines.extend(proc.stdout), daemon=True)
+        self.thread.start()
+
+    def text(self, timeout: float) -> str:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the follower did not end with the job"
+        return "".join(self.lines)
+
+
+def status_of(run_dir) -> dict:
+    try:
+        return json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):  # not written yet, or being replaced
+        return {}
 
 
 def expected_lines(tb, tasks=(0, 1, 2)) -> dict[str, list[str]]:
@@ -53,21 +80,31 @@ def per_task(text: str) -> dict[str, list[str]]:
 
 def test_logs_follow_before_and_during_a_job_then_exit(testbed_factory, tmp_path):
     tb = testbed_factory(3)
-    spec = tb.write_spec(tmp_path / "spec.yaml", "follow", [PY, "-c", TICKER])
+    release = tmp_path / "release"  # the job's tasks end once this exists
+    spec = tb.write_spec(tmp_path / "spec.yaml", "follow", [PY, "-c", TICKER, str(release)])
     run_dir = tmp_path / "run"
     before = follower(str(run_dir))  # the run directory does not exist yet
     launcher = start_launch(tb, spec, run_dir, "-q")
+    during = filtered = None
     try:
-        wait_until(lambda: (run_dir / "combined.log").exists() and (run_dir / "combined.log").stat().st_size > 500, 60)
+        log = run_dir / "combined.log"
+        wait_for(lambda: log.exists() and log.stat().st_size > 500, 60, "the job's first lines in combined.log")
         during = follower(str(run_dir))
         filtered = follower(str(run_dir), "--task", "worker:1", "--grep", r"tick \d*7$", "--raw")
+        seen = Reader(during)
+        wait_for(lambda: any(" tick " in ln for ln in seen.lines), 60, "the follower's first line")
+        st = wait_for(lambda: status_of(run_dir).get("state") == "running" and status_of(run_dir), 30, "running")
+        # the follower attached to the job while it ran: the job had not ended when its first line came
+        assert launcher.poll() is None and not (run_dir / "result.json").exists() and not st.get("finished"), st
+        release.touch()
         out_b, err_b = before.communicate(timeout=120)
-        out_d, _ = during.communicate(timeout=60)
+        out_d = seen.text(60)
         out_f, _ = filtered.communicate(timeout=60)
         launcher.communicate(timeout=60)
     finally:
-        for p in (before, launcher):
-            if p.poll() is None:
+        release.touch()
+        for p in (before, launcher, during, filtered):
+            if p is not None and p.poll() is None:
                 p.kill()
     assert launcher.returncode == 0
     assert before.returncode == 0, err_b
@@ -89,7 +126,9 @@ def test_status_and_stop_from_another_process(testbed_factory, tmp_path):
     run_dir = tmp_path / "run"
     launcher = start_launch(tb, spec, run_dir)
     try:
-        wait_until(lambda: sum(1 for e in read_events(run_dir) if e["event"] == "task_spawned") == 3, 60)
+        wait_for(
+            lambda: sum(1 for e in read_events(run_dir) if e["event"] == "task_spawned") == 3, 60, "the 3 tasks spawned"
+        )
 
         def running():
             st = json.loads(run_cli("status", str(run_dir), "--json").stdout)
@@ -98,7 +137,7 @@ def test_status_and_stop_from_another_process(testbed_factory, tmp_path):
             )
             return st if ok else None
 
-        st = wait_until(running, 30, what="status running")
+        st = wait_for(running, 30, "status running")
         assert st["launcher_alive"] is True and set(st["tasks"]) == {"worker:0", "worker:1", "worker:2"}
         assert all(t["last_heartbeat_age_s"] < 5 for t in st["tasks"].values())
         human = run_cli("status", str(run_dir)).stdout

@@ -25,10 +25,10 @@ from conftest import (
     run_cli,
     run_launch,
     start_launch,
-    wait_until,
 )
 from cpu_quota import cpu_cgroup, cpu_quota
 from testbed_fixtures import requires_netns
+from waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, requires_netns]
 
@@ -77,7 +77,7 @@ def test_cpu_quota_mid_run_names_that_worker_alone(testbed_factory, tmp_path):
         p = start_launch(tb, spec, run_dir, "-q", "--no-gather")
         try:
             # wait for the very pid starved below: tasks are spawned in parallel, in any order
-            pid = wait_until(
+            pid = wait_for(
                 lambda: next(
                     (
                         e["pid"]
@@ -87,17 +87,17 @@ def test_cpu_quota_mid_run_names_that_worker_alone(testbed_factory, tmp_path):
                     None,
                 ),
                 120,
-                what="worker:1 spawned",
+                "worker:1 spawned",
             )
             # let it train for a while (a few step-clock windows), then starve worker:1
-            wait_until(lambda: len(_records(run_dir, "profile")) >= 9, 150, interval=0.5, what="profile windows")
+            wait_for(lambda: len(_records(run_dir, "profile")) >= 9, 150, "profile windows", interval=0.5)
             (cg / "cgroup.procs").write_text(str(pid))
             quota_at = time.time()
-            ev = wait_until(
+            ev = wait_for(
                 lambda: next((e for e in read_events(run_dir) if e["event"] == "straggler"), None),
                 90,
+                "straggler event",
                 interval=0.5,
-                what="straggler event",
             )
             time.sleep(4)  # any further (wrong) straggler verdict would come within two rounds
             _stop(p)
@@ -126,11 +126,11 @@ def test_custom_loop_slow_input_pipeline_is_named(testbed_factory, tmp_path):
     run_dir = tmp_path / "run"
     p = start_launch(tb, spec, run_dir, "-q", "--no-gather")
     try:
-        ev = wait_until(
+        ev = wait_for(
             lambda: next((e for e in read_events(run_dir) if e["event"] == "straggler"), None),
             150,
+            "straggler event",
             interval=0.5,
-            what="straggler event",
         )
         time.sleep(4)
         _stop(p)

@@ -8,7 +8,8 @@ import re
 import signal
 
 import pytest
-from conftest import PY, assert_no_job_processes, read_events, run_cli, start_launch, wait_until
+from conftest import PY, assert_no_job_processes, read_events, run_cli, start_launch
+from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +40,7 @@ def test_detach_returns_at_once_and_the_job_runs_on_in_its_own_session(testbed_f
     assert follow.returncode == 0
     for i in range(2):
         assert f"[worker:{i} {tb.hosts[i].address}] w{i} tick 39" in follow.stdout
-    wait_until(lambda: (run / "result.json").exists(), 30, what="result.json")
+    wait_for(lambda: (run / "result.json").exists(), 30, "result.json")
     assert json.loads((run / "result.json").read_text())["state"] == "succeeded"
     log = (run / "launcher.log").read_text()
     assert "job succeeded" in log and "w1 tick 39" in log
@@ -55,7 +56,7 @@ def test_a_detached_job_stops_like_any_other(testbed_factory, tmp_path):
     def status():
         return json.loads(run_cli("status", str(run), "--json", tb=tb).stdout)
 
-    wait_until(lambda: status()["state"] == "running", 60, what="the job running")
+    wait_for(lambda: status()["state"] == "running", 60, "the job running")
     assert status()["launcher_alive"]
     stop = run_cli("stop", str(run), tb=tb, timeout=120)
     assert stop.returncode == 0 and "interrupted_sigterm" in stop.stdout
@@ -74,7 +75,7 @@ def test_sighup_moves_the_output_to_the_run_directory_and_the_job_goes_on(testbe
     run = tmp_path / "run"
     proc = start_launch(tb, _spec(tb, tmp_path, n=50), run)
     try:
-        wait_until(lambda: any(e["event"] == "task_spawned" for e in read_events(run)), 60, what="tasks running")
+        wait_for(lambda: any(e["event"] == "task_spawned" for e in read_events(run)), 60, "tasks running")
         proc.send_signal(signal.SIGHUP)
         out, err = proc.communicate(timeout=120)
     finally:

@@ -93,16 +93,14 @@ def test_a_bad_evaluation_is_one_protocol_error_naming_its_field(record, field):
 
 
 def test_the_runner_skips_a_bad_evaluation_record_and_says_so_once():
-    from worker_entry.agent.runner import Runner
+    from worker_entry.agent.records import ProgressRecords
 
     sent: list = []
     said: list[bytes] = []
-    runner = Runner.__new__(Runner)  # only what _progress_record uses
-    runner.bad_records, runner.started_how = 0, None
-    runner.msg, runner._emit = sent.append, lambda stream, data: said.append(data)
-    runner._progress_record(b'{"kind":"evaluation","count":1,"metrics":{"loss":1e999}}')
-    runner._progress_record(b'{"kind":"evaluation","count":2,"metrics":{"' + b"x" * 99 + b'":1}}')
-    runner._progress_record(b'{"kind":"evaluation","count":3,"metrics":{"loss":0.5},"step":7}')
+    runner = ProgressRecords(sent.append, said.append)  # the runner's reader of the progress pipe
+    runner.record(b'{"kind":"evaluation","count":1,"metrics":{"loss":1e999}}')
+    runner.record(b'{"kind":"evaluation","count":2,"metrics":{"' + b"x" * 99 + b'":1}}')
+    runner.record(b'{"kind":"evaluation","count":3,"metrics":{"loss":0.5},"step":7}')
     assert [type(m).__name__ for m in sent] == ["Evaluation"] and sent[0].metrics == {"loss": 0.5} and sent[0].step == 7
     assert runner.bad_records == 2 and len(said) == 1 and b"ignoring a bad progress record" in said[0]
 

@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PY, WORKLOADS, assert_no_job_processes, repo_python, run_cli, start_launch, wait_until
+from conftest import PY, WORKLOADS, assert_no_job_processes, repo_python, run_cli, start_launch
 from prometheus_client.parser import text_string_to_metric_families
 from test_metrics import value
 from testbed_fixtures import requires_netns
+from waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, requires_netns]
 
@@ -76,7 +77,7 @@ def test_tutorials_show_examples_per_second_everywhere(testbed_factory, tmp_path
     p = start_launch(tb, spec, run_dir, "-q", "--no-gather", "--metrics-port", "0")
     try:
         # live: status --json while it trains (each worker's rate over its last second)
-        live = wait_until(lambda: _live_with_examples(run_dir), 240, interval=0.5, what="examples/s in status --json")
+        live = wait_for(lambda: _live_with_examples(run_dir), 240, "examples/s in status --json", interval=0.5)
         for t in TASKS:
             task = live["tasks"][t]
             assert _per_step(task["examples_per_s"], task["steps_per_s"]) == pytest.approx(
@@ -91,7 +92,7 @@ def test_tutorials_show_examples_per_second_everywhere(testbed_factory, tmp_path
             every = all(value(got, "tfcluster_task_examples_per_second", task=t) for t in TASKS)
             return got if every and value(got, "tfcluster_job_examples_per_second") else None
 
-        got = wait_until(scraped, 60, interval=0.5, what="examples/s in /metrics")
+        got = wait_for(scraped, 60, "examples/s in /metrics", interval=0.5)
         for t in TASKS:
             ex, steps = (
                 value(got, "tfcluster_task_examples_per_second", task=t),

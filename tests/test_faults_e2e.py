@@ -12,8 +12,9 @@ import signal
 import time
 
 import pytest
-from conftest import PY, WORKLOADS, assert_no_job_processes, read_events, start_launch, wait_until
+from conftest import PY, WORKLOADS, assert_no_job_processes, read_events, start_launch
 from testbed_fixtures import requires_netns
+from waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, requires_netns]
 
@@ -44,16 +45,16 @@ def _job(tb, tmp_path, name, gather=False):
     run_dir = tmp_path / "run"
     proc = start_launch(tb, spec, run_dir, *([] if gather else ["--no-gather"]), "-q")
     try:
-        wait_until(
+        wait_for(
             lambda: (
                 any(e["event"] == "task_started" and e.get("how") == "progress" for e in read_events(run_dir))
                 or sum(1 for e in read_events(run_dir) if e["event"] == "task_started") == 3
             ),
             180,
-            what="training started",
+            "training started",
         )
         # Training steps are being made (progress heartbeats), so the job is past MWMS setup.
-        wait_until(lambda: _steps(run_dir) >= 5, 120, what="training steps")
+        wait_for(lambda: _steps(run_dir) >= 5, 120, "training steps")
     except BaseException:
         proc.kill()
         proc.communicate()

@@ -16,7 +16,8 @@ import re
 import signal
 
 import pytest
-from conftest import PY, assert_no_job_processes, backed_up_epochs, run_cli, start_launch, training_pid, wait_until
+from conftest import PY, assert_no_job_processes, backed_up_epochs, run_cli, start_launch, training_pid
+from waiting import wait_for
 
 from orchestrator.events import BaseEvent, event_from_dict
 from orchestrator.runs import RunDir
@@ -347,8 +348,8 @@ def test_goodput_of_a_real_run_with_a_restart(testbed_factory, tmp_path):
     proc = start_launch(tb, spec, run_dir, "-q")
     try:
         # the backup itself, not the epoch's line: Keras prints the line before BackupAndRestore saves
-        wait_until(lambda: backed_up_epochs(backup) >= 2, 180, what="epoch 2 backed up")
-        os.kill(wait_until(lambda: training_pid(tb, tb.hosts[1]), 60, what="training pid"), signal.SIGKILL)
+        wait_for(lambda: backed_up_epochs(backup) >= 2, 180, "epoch 2 backed up")
+        os.kill(wait_for(lambda: training_pid(tb, tb.hosts[1]), 60, "training pid"), signal.SIGKILL)
         _, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from fakenode import FakeBackend, FakeNode, make_plan, stopped
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_for
 
 from orchestrator.core.states import JobState
 from orchestrator.events import event_from_dict
@@ -335,27 +336,27 @@ def test_through_a_running_job_one_judgement_reaches_every_view(tmp_path):
 
     def watch(run: Path) -> None:
         """Until the live status and the metrics both name a GPU problem (or a minute passed)."""
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not done.is_set():
-            status = json.loads((run / "status.json").read_text()) if (run / "status.json").exists() else {}
-            named = {
-                (t, g["problem"]) for t, s in (status.get("tasks") or {}).items() for g in s.get("gpu_problems") or []
-            }
-            info = json.loads((run / "launcher.json").read_text()) if (run / "launcher.json").exists() else {}
-            scraped = set()
-            if named and info.get("metrics_url"):
-                with urllib.request.urlopen(info["metrics_url"], timeout=5) as r:
-                    for fam in text_string_to_metric_families(r.read().decode()):
-                        scraped |= {
-                            (s.labels["task"], s.labels["problem"])
-                            for s in fam.samples
-                            if fam.name == "tfcluster_task_gpu_problem"
-                        }
-            if named and scraped:
-                seen.update(status=named, metrics=scraped)
-                done.set()
-            time.sleep(0.1)
-        done.set()
+        try:
+            wait_for(lambda: named_by_both(run), 60, "a GPU problem named by status.json and /metrics")
+        finally:
+            done.set()
+
+    def named_by_both(run: Path) -> bool:
+        status = json.loads((run / "status.json").read_text()) if (run / "status.json").exists() else {}
+        named = {(t, g["problem"]) for t, s in (status.get("tasks") or {}).items() for g in s.get("gpu_problems") or []}
+        info = json.loads((run / "launcher.json").read_text()) if (run / "launcher.json").exists() else {}
+        scraped = set()
+        if named and info.get("metrics_url"):
+            with urllib.request.urlopen(info["metrics_url"], timeout=5) as r:
+                for fam in text_string_to_metric_families(r.read().decode()):
+                    scraped |= {
+                        (s.labels["task"], s.labels["problem"])
+                        for s in fam.samples
+                        if fam.name == "tfcluster_task_gpu_problem"
+                    }
+        if named and scraped:
+            seen.update(status=named, metrics=scraped)
+        return bool(named and scraped)
 
     loaded_spec, plan = make_plan(3, metrics={"port": 0})
     backend = FakeBackend({t: node for t in TASKS})

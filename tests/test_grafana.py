@@ -7,7 +7,8 @@ import json
 import re
 
 import pytest
-from conftest import PY, REPO, assert_no_job_processes, repo_python, run_cli, start_launch, wait_until
+from conftest import PY, REPO, assert_no_job_processes, repo_python, run_cli, start_launch
+from waiting import wait_for
 
 DASHBOARD = REPO / "docs" / "grafana" / "tfcluster.json"
 #: PromQL words that are not metric names (functions are told by the "(" after them)
@@ -129,14 +130,14 @@ def test_every_metric_the_dashboard_queries_is_in_a_real_scrape(testbed_factory,
     used = dashboard_metrics()
     p = start_launch(tb, spec, run_dir, "-q", "--no-gather", "--metrics-port", "0")
     try:
-        url = wait_until(
+        url = wait_for(
             lambda: (
                 json.loads((run_dir / "launcher.json").read_text()).get("metrics_url")
                 if (run_dir / "launcher.json").exists()
                 else None
             ),
             60,
-            what="the metrics URL",
+            "the metrics URL",
         )
 
         def complete() -> tuple[dict, set[str]] | None:
@@ -147,7 +148,7 @@ def test_every_metric_the_dashboard_queries_is_in_a_real_scrape(testbed_factory,
             missing = {n for n in used if n not in samples and not NO_SAMPLE_HERE.match(n)}
             return (families | samples, missing) if not missing else None
 
-        names, _ = wait_until(complete, 180, interval=0.5, what="a sample of every dashboard metric")
+        names, _ = wait_for(complete, 180, "a sample of every dashboard metric", interval=0.5)
         assert run_cli("stop", str(run_dir), timeout=120).returncode == 0
         p.communicate(timeout=120)
     finally:

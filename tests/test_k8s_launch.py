@@ -13,11 +13,11 @@ import json
 import re
 import signal
 import threading
-import time
 
 import pytest
 import yaml
 from k8s_fake import ACCEPTED, FakeApiException, FakeCluster, exited_line, recorded, started_lines
+from waiting import wait_for
 
 from orchestrator.cli.exitcodes import exit_code_for
 from orchestrator.core.states import JobState, TaskState
@@ -65,10 +65,10 @@ def launch(tmp_path, cluster: FakeCluster, *, interrupt_when=None, **kw):
     if interrupt_when is not None:
 
         def fire() -> None:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not interrupt_when(cluster):
-                time.sleep(0.05)
-            job.interrupt.trigger(signal.SIGINT)
+            try:
+                wait_for(lambda: interrupt_when(cluster), 30, "the moment to interrupt", interval=0.05)
+            finally:
+                job.interrupt.trigger(signal.SIGINT)  # the job ends either way
 
         threading.Thread(target=fire, daemon=True).start()
     result = job.run()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from waiting import wait_for
 
 from orchestrator.schedulers.kubernetes.stream import ContainerEnd, PodStream
 from worker_entry import protocol as p
@@ -82,10 +83,12 @@ def test_the_kubelets_sigterm_stops_the_whole_process_group_and_is_reported(tmp_
     while b'"type":"spawned"' not in seen and time.monotonic() < deadline:
         seen += os.read(proc.stdout.fileno(), 65536)
     # spawned: the shell runs; its two sleeps come a moment later — wait for what is asserted
-    children = psutil.Process(proc.pid).children(recursive=True)
-    while len(children) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-        children = psutil.Process(proc.pid).children(recursive=True)
+    children = wait_for(
+        lambda: (lambda c: c if len(c) >= 2 else None)(psutil.Process(proc.pid).children(recursive=True)),
+        max(0.0, deadline - time.monotonic()),
+        "the pod's two sleeps",
+        interval=0.05,
+    )
     assert len(children) >= 2
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=20)

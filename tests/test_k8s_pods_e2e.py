@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +29,7 @@ import yaml
 from conftest import assert_no_job_processes
 from test_supervisor import Recorder
 from testbed_fixtures import requires_netns
+from waiting import wait_for
 
 from orchestrator.backends import Backend
 from orchestrator.core.states import JobState, TaskState
@@ -269,11 +269,9 @@ def _run_and_kill(sup, backend, rec, task: str, killed: list[int]):
     """Run the attempt; SIGKILL ``task``'s training process once the coordinator did 20 steps."""
 
     def kill() -> None:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and b"step 20/" not in rec.lines.get("chief:0", b""):
-            time.sleep(0.2)
+        wait_for(lambda: b"step 20/" in rec.lines.get("chief:0", b""), 240, "the coordinator's step 20", interval=0.2)
         pid = next((e.pid for e in list(rec.events) if e.event == "task_spawned" and e.task == task), None)
-        if pid is not None and b"step 20/" in rec.lines.get("chief:0", b""):
+        if pid is not None:
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import jsonl
 from k8s_fake import FakeCluster, exited_line, started_lines
+from waiting import wait_for
 
 from orchestrator.cli.exitcodes import exit_code_for
 from orchestrator.core.states import JobState, TaskState
@@ -235,12 +235,8 @@ def when(run_dir, seen, then) -> None:
     """Call ``then`` once ``seen(events)`` holds for the launcher's events.jsonl."""
 
     def wait() -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if seen(jsonl(run_dir / "events.jsonl")):
-                then()
-                return
-            time.sleep(0.05)
+        wait_for(lambda: seen(jsonl(run_dir / "events.jsonl")), 30, "the launcher's events to say so", interval=0.05)
+        then()
 
     threading.Thread(target=wait, daemon=True).start()
 

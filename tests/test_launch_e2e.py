@@ -10,8 +10,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import PY, WORKLOADS, assert_no_job_processes, read_events, run_launch, start_launch, wait_until
+from conftest import PY, WORKLOADS, assert_no_job_processes, read_events, run_launch, start_launch
 from testbed_fixtures import requires_netns
+from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -87,10 +88,8 @@ def test_launcher_sigkill_leaves_no_orphans(testbed_factory, tmp_path):
     run_dir = tmp_path / "run"
     p = start_launch(tb, spec, run_dir, "-q")
     try:
-        wait_until(
-            lambda: sum(1 for e in read_events(run_dir) if e["event"] == "task_started") == 3,
-            120,
-            what="3 tasks started",
+        wait_for(
+            lambda: sum(1 for e in read_events(run_dir) if e["event"] == "task_started") == 3, 120, "3 tasks started"
         )
         before = {name: len(procs) for name, procs in tb.processes_by_host().items()}
         assert all(n >= 2 for n in before.values()), before
@@ -201,9 +200,7 @@ def test_signal_on_launcher_tears_down_cleanly(testbed_factory, tmp_path, sig, c
     run_dir = tmp_path / "run"
     p = start_launch(tb, spec, run_dir)
     try:
-        wait_until(
-            lambda: sum(1 for e in read_events(run_dir) if e["event"] == "task_spawned") == 2, 60, what="spawned"
-        )
+        wait_for(lambda: sum(1 for e in read_events(run_dir) if e["event"] == "task_spawned") == 2, 60, "spawned")
         p.send_signal(sig)
         _, err = p.communicate(timeout=60)
     finally:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.request
 
 import pytest
 from fakenode import FakeBackend, FakeNode, make_plan, stopped
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_for
 
 from orchestrator.job import Job, LaunchOptions
 from worker_entry import protocol as p
@@ -62,21 +62,19 @@ def test_a_running_job_is_scraped_with_per_task_and_job_metrics(tmp_path):
             value(got, "tfcluster_task_step_part_seconds", task=t, part="collective") for t in ("worker:0", "worker:1")
         )
 
+    def scraped() -> bool:
+        launcher = tmp_path / "run" / "launcher.json"
+        info = json.loads(launcher.read_text()) if launcher.exists() else {}
+        got = scrape(info["metrics_url"]) if "metrics_url" in info else {}
+        if complete(got):
+            seen.update(got)
+        return complete(got)
+
     def scrape_then_stop() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            info = (
-                json.loads((tmp_path / "run" / "launcher.json").read_text())
-                if (tmp_path / "run" / "launcher.json").exists()
-                else {}
-            )
-            if "metrics_url" in info:
-                got = scrape(info["metrics_url"])
-                if complete(got):
-                    seen.update(got)
-                    break
-            time.sleep(0.2)
-        job.interrupt.trigger(15)
+        try:
+            wait_for(scraped, 60, "every figure of every task on /metrics", interval=0.2)
+        finally:
+            job.interrupt.trigger(15)  # the job ends either way (the assertions below say what was missing)
 
     t = threading.Thread(target=scrape_then_stop)
     t.start()
@@ -106,7 +104,7 @@ def p_task(text: str):
 
 @pytest.mark.e2e
 def test_a_real_training_job_is_scraped_while_it_trains(testbed_factory, tmp_path):
-    from conftest import PY, start_launch, wait_until
+    from conftest import PY, start_launch
 
     tb = testbed_factory(3)
     command = [PY, "-m", "worker_entry.examples.keras_synthetic", "--epochs", "4", "--steps-per-epoch", "100"]
@@ -114,12 +112,12 @@ def test_a_real_training_job_is_scraped_while_it_trains(testbed_factory, tmp_pat
     run = tmp_path / "run"
     proc = start_launch(tb, spec, run, "--metrics-port", "0", "-q")
     try:
-        url = wait_until(
+        url = wait_for(
             lambda: (
                 (run / "launcher.json").exists() and json.loads((run / "launcher.json").read_text()).get("metrics_url")
             ),
             60,
-            what="the metrics URL",
+            "the metrics URL",
         )
 
         def training():
@@ -131,7 +129,7 @@ def test_a_real_training_job_is_scraped_while_it_trains(testbed_factory, tmp_pat
             )
             return got if ok else None
 
-        got = wait_until(training, 120, interval=0.5, what="training metrics of every worker")
+        got = wait_for(training, 120, "training metrics of every worker", interval=0.5)
         _, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:

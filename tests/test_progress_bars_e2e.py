@@ -11,11 +11,11 @@ import re
 import shlex
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from conftest import PY, REPO, WORKLOADS, _env, assert_no_job_processes, launch_argv, run_cli, run_launch, wait_until
+from conftest import PY, REPO, WORKLOADS, _env, assert_no_job_processes, launch_argv, run_cli, run_launch
+from waiting import wait_for
 
 from orchestrator.core.terminal import safe_text
 
@@ -85,12 +85,15 @@ def test_in_tmux_at_80_and_160_columns_each_bar_keeps_its_prefix_and_the_table_f
         # mid-epoch, a task's bar is drawn in place with its prefix (the live region, above the table)
         mid = re.compile(rf"^\[worker:[01] \S+\]\s+\d+/{STEPS} ")
         for width in (80, 160):
-            live = wait_until(
-                lambda w=width: [ln for ln in capture(w) if mid.match(ln)], 180, 0.2, what=f"a bar at {width} columns"
+            live = wait_for(
+                lambda w=width: [ln for ln in capture(w) if mid.match(ln)],
+                180,
+                f"a bar at {width} columns",
+                interval=0.2,
             )
             assert all(len(ln) <= width for ln in live)
         for width, done in panes.items():
-            wait_until(done.exists, 240, 0.5, what=f"the launch at {width} columns")
+            wait_for(done.exists, 240, f"the launch at {width} columns", interval=0.5)
             assert done.read_text().strip() == "0", "\n".join(capture(width, history=True))[-3000:]
             screen = capture(width, history=True)
             _check_lines("\n".join(screen), f"tmux {width}")
@@ -100,5 +103,4 @@ def test_in_tmux_at_80_and_160_columns_each_bar_keeps_its_prefix_and_the_table_f
                 assert "rss MB" in head and "heartbeat" in head
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True, env=env)
-    time.sleep(0.1)
     assert_no_job_processes(tb, 10)

@@ -10,7 +10,8 @@ import re
 import signal
 
 import pytest
-from conftest import PY, assert_no_job_processes, backed_up_epochs, read_events, start_launch, training_pid, wait_until
+from conftest import PY, assert_no_job_processes, backed_up_epochs, read_events, start_launch, training_pid
+from waiting import wait_for
 
 from orchestrator.backends.ssh import close_all, connect_all
 from orchestrator.events import EventBus
@@ -49,8 +50,8 @@ def test_killed_worker_restarts_all_tasks_and_resumes_from_backup(testbed_factor
         # Let two epochs complete with their backups written, then kill worker:1 during the third. Keras
         # prints an epoch's line before BackupAndRestore saves it: wait for the save itself (the chief's
         # checkpoint state names the epoch's checkpoint once its files are written), not a guessed pause.
-        wait_until(lambda: backed_up_epochs(backup) >= 2, 240, what="the backup of epoch 2 written")
-        pid = wait_until(lambda: training_pid(tb, tb.hosts[1]), 60, what="training pid")
+        wait_for(lambda: backed_up_epochs(backup) >= 2, 240, "the backup of epoch 2 written")
+        pid = wait_for(lambda: training_pid(tb, tb.hosts[1]), 60, "training pid")
         os.kill(pid, signal.SIGKILL)
         _, err = proc.communicate(timeout=300)
     finally:

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PY, assert_no_job_processes, read_events, repo_python, run_cli, start_launch, wait_until
+from conftest import PY, assert_no_job_processes, read_events, repo_python, run_cli, start_launch
 from testbed_fixtures import requires_netns
+from waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, requires_netns]
 
@@ -92,7 +93,7 @@ def test_ps_worker_sigkilled_is_restarted_and_the_job_succeeds(testbed_factory, 
     )
 
     def kill_worker() -> None:
-        wait_until(lambda: "step 20/" in _log(run_dir, "chief-0"), 180, what="the coordinator's first steps")
+        wait_for(lambda: "step 20/" in _log(run_dir, "chief-0"), 180, "the coordinator's first steps")
         os.kill(_pid(run_dir, "worker:1"), signal.SIGKILL)
 
     _guarded(proc, kill_worker)
@@ -141,7 +142,7 @@ def test_ps_sigkilled_tears_the_job_down_with_the_ps_as_root_cause(testbed_facto
     )
 
     def kill_ps() -> None:
-        wait_until(lambda: "step 10/" in _log(run_dir, "chief-0"), 180, what="the coordinator's first steps")
+        wait_for(lambda: "step 10/" in _log(run_dir, "chief-0"), 180, "the coordinator's first steps")
         os.kill(_pid(run_dir, "ps:0"), signal.SIGKILL)
 
     _guarded(proc, kill_ps)
@@ -247,10 +248,10 @@ def test_mwms_sidecar_evaluator_evaluates_and_its_death_does_not_stop_training(t
     )
 
     def kill_evaluator() -> int:
-        wait_until(
+        wait_for(
             lambda: "evaluated the checkpoint of step" in _log(run_dir, "evaluator-0"),
             180,
-            what="the evaluator's first evaluation",
+            "the evaluator's first evaluation",
         )
         pid = _pid(run_dir, "evaluator:0")
         os.kill(pid, signal.SIGKILL)

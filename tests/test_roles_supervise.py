@@ -6,10 +6,11 @@ sidecar evaluator never holds the go, never fails the training, and is stopped w
 from __future__ import annotations
 
 import json
-import time
 
 from fakenode import FakeNode, healthy, obedient
+from test_supervisor import Recorder
 from test_supervisor import supervise as supervise_fakes
+from waiting import wait_for
 
 from orchestrator.core.states import JobState, TaskState
 from orchestrator.plan.roles import RULES, rule_of
@@ -27,9 +28,9 @@ EVAL_HOSTS = [
 ]
 
 
-def supervise(scripts, hosts, strategy="multi_worker_mirrored", **sections):
+def supervise(scripts, hosts, strategy="multi_worker_mirrored", rec=None, **sections):
     """test_supervisor's real supervisor over fake nodes, on hosts with roles."""
-    return supervise_fakes(scripts, hosts=hosts, tensorflow={"strategy": strategy}, **sections)
+    return supervise_fakes(scripts, hosts=hosts, tensorflow={"strategy": strategy}, rec=rec, **sections)
 
 
 def killed(n: FakeNode) -> None:
@@ -38,7 +39,7 @@ def killed(n: FakeNode) -> None:
     n.wait_for(p.Go)
     n.send(p.Spawned(pid=77))
     n.heartbeat(state="running")
-    time.sleep(0.1)
+    n.clock.advance(0.1)
     n.exited(None, signal=9, signal_name="SIGKILL")
 
 
@@ -117,15 +118,17 @@ def test_a_stopped_ps_worker_is_stopped_and_restarted():
 
 
 def test_the_evaluator_never_holds_the_go_and_its_failure_is_only_reported():
+    rec = Recorder()
+
     def late_and_failing(n: FakeNode) -> None:
-        time.sleep(0.4)
+        wait_for(lambda: len(rec.kinds("task_spawned")) == 2, 10, "both workers started without it")
         n.hello()
         n.wait_for(p.Go)
         n.send(p.Spawned(pid=9))
         n.exited(1, error="evaluator crashed")
 
     scripts = {"worker:0": healthy(1.0), "worker:1": healthy(1.0), "evaluator:0": late_and_failing}
-    res, rec, _ = supervise(scripts, EVAL_HOSTS)
+    res, rec, _ = supervise(scripts, EVAL_HOSTS, rec=rec)
     assert res.state == JobState.SUCCEEDED and res.root_cause is None
     (rf,) = rec.kinds("role_failure")
     assert (rf.task, rf.kind, rf.action) == ("evaluator:0", "exit", "report")
@@ -154,7 +157,7 @@ def test_the_evaluator_is_not_judged_as_a_worker_and_is_stopped_when_training_en
 
 def test_a_restarted_worker_has_the_startup_deadline_to_say_hello():
     def slow_start(n: FakeNode) -> None:
-        time.sleep(1.5)  # past heartbeat.timeout_s (1.0), within job.startup_timeout_s (5)
+        n.let_pass(1.5)  # past heartbeat.timeout_s (1.0), within job.startup_timeout_s (5)
         obedient(n)
 
     res, rec, backend = supervise(
@@ -182,7 +185,15 @@ def _node_built_tf_config(scripts, *, lie: str | None = None):
         worker0.tf_config["cluster"] = {"worker": [lie]}  # what its fake node reports
     backend, rec = FakeBackend(scripts), Recorder()
     sup = Supervisor(
-        loaded.spec, plan, backend, attempt=0, bus=EventBus([rec]), logs=rec, heartbeats=rec, interrupt=Interrupt()
+        loaded.spec,
+        plan,
+        backend,
+        attempt=0,
+        bus=EventBus([rec]),
+        logs=rec,
+        heartbeats=rec,
+        interrupt=Interrupt(),
+        clock=backend.clock,
     )
     try:
         return sup.run(), rec, backend, plan

@@ -9,7 +9,8 @@ import subprocess
 
 import psutil
 import pytest
-from conftest import PY, assert_no_job_processes, start_launch, wait_until
+from conftest import PY, assert_no_job_processes, start_launch
+from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -58,11 +59,11 @@ def test_a_full_run_directory_does_not_stop_the_job_and_loses_nothing(testbed_fa
     run = small_fs / "run"
     proc = start_launch(tb, spec, run, "-q")
     try:
-        wait_until(lambda: _free(small_fs) < (64 << 10), 60, what="the run directory's disk full")
+        wait_for(lambda: _free(small_fs) < (64 << 10), 60, "the run directory's disk full")
         # full until each task's log has been refused (the launcher then closes it), however long the
         # launcher takes to write: both logs must be completed from the nodes' copies
         logs = {os.path.realpath(run / "logs" / f"worker-{i}.log") for i in range(2)}
-        wait_until(lambda: not logs & _open_files(proc.pid), 60, what="the full disk to refuse both task logs")
+        wait_for(lambda: not logs & _open_files(proc.pid), 60, "the full disk to refuse both task logs")
         filler.unlink()  # room again: the end of the run (result.json, the completed logs) must land
         _, err = proc.communicate(timeout=120)
     finally:

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PY, run_cli, start_launch, wait_until
+from conftest import PY, run_cli, start_launch
+from waiting import wait_for
 
 from orchestrator.runs import RunDir
 from orchestrator.runs.launcher import process_start_time
@@ -171,7 +172,7 @@ def test_a_real_run_is_listed_live_and_after(testbed_factory, tmp_path):
             rows = json.loads(res.stdout)["runs"] if res.returncode == 0 else []
             return rows[0] if rows else None
 
-        row = wait_until(running, 120, interval=0.5, what="the run listed as running")
+        row = wait_for(running, 120, "the run listed as running", interval=0.5)
         assert row["job"] == "listed" and row["tasks"] == 2 and row["run_dir"] == str(run_dir)
         assert run_cli("stop", str(run_dir)).returncode == 0
         p.communicate(timeout=60)

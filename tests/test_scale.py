@@ -8,12 +8,12 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from fakenode import healthy, make_plan
 from test_supervisor import supervise
+from waiting import wait_for
 
 from orchestrator.cli.exitcodes import exit_code_for_sweep
 from orchestrator.core.errors import UsageError
@@ -336,10 +336,7 @@ def test_the_page_renders_in_headless_chromium(tmp_path):
         except ProcessLookupError:
             pass
         proc.communicate()
-    deadline = time.monotonic() + 5
-    while not shot.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert shot.exists(), "chromium wrote no screenshot"
+    wait_for(shot.exists, 5, "chromium's screenshot")
     img = mpimg.imread(shot)[:, :, :3]
     rgb = (img * 255).round().astype(int)
     colours = {tuple(c) for c in rgb.reshape(-1, 3)[::7]}

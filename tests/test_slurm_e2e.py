@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_fixtures import PY, cli, env_for, events, finish, launch_argv, result, start, wait_for, write_spec
+from slurm_fixtures import PY, cli, env_for, events, finish, launch_argv, result, start, write_spec
+from waiting import wait_for
 
 from orchestrator.supervise.figures import FIGURE_KEYS
 

@@ -14,7 +14,8 @@ import sys
 import psutil
 import pytest
 from netattack import Slowloris
-from slurm_fixtures import REPO, cli, events, finish, launch_argv, result, start, wait_for, write_spec
+from slurm_fixtures import REPO, cli, events, finish, launch_argv, result, start, write_spec
+from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

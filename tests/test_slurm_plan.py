@@ -456,6 +456,7 @@ def _end_allocation(job):
     """The attempt the USR2 interrupted, concluded by the job's policy; then the job's one end."""
     from orchestrator.core.result import AttemptResult
 
+    job.result.become(JobState.STARTING)  # the attempt ran
     decision = job.conclude(AttemptResult(0, JobState.INTERRUPTED_SIGTERM, 1.0, 2.0, {}))
     return job.end(decision)
 
@@ -631,6 +632,7 @@ def test_tasks_that_exit_0_during_a_preemption_completed_their_training(tmp_path
         assert "completed its training" in decision.completed and "not requeued" in decision.completed
         res = _attempt(states)
         job.policy = scheduling.policy(loaded.spec)
+        job.result.become(JobState.STARTING)  # the attempt ran
         job.conclude(res)
         assert res.state == JobState.SUCCEEDED and job.result.state == JobState.SUCCEEDED
     else:

@@ -17,8 +17,9 @@ import re
 import signal
 
 import pytest
-from slurm_fixtures import PY, REPO, events, finish, launch_argv, result, start, wait_for, write_spec
+from slurm_fixtures import PY, REPO, events, finish, launch_argv, result, start, write_spec
 from test_roles_e2e import PS_LOOP, _log, _pid  # the same job's log and pid readers
+from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -21,9 +21,9 @@ from conftest import (
     run_cli,
     run_launch,
     start_launch,
-    wait_until,
 )
 from testbed_fixtures import requires_netns
+from waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, requires_netns]
 
@@ -67,11 +67,11 @@ def test_slowed_input_pipeline_is_flagged_as_straggler(testbed_factory, tmp_path
     run_dir = tmp_path / "run"
     p = start_launch(tb, spec, run_dir, "-q", "--no-gather")
     try:
-        ev = wait_until(
+        ev = wait_for(
             lambda: next((e for e in read_events(run_dir) if e["event"] == "straggler"), None),
             150,
+            "straggler event",
             interval=0.5,
-            what="straggler event",
         )
         p.send_signal(signal.SIGINT)
         p.communicate(timeout=60)

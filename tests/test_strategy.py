@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from worker_entry.instrument import progress, strategy
 
@@ -193,11 +194,13 @@ def test_heartbeat_preconfiguration_detects_a_stopped_peer_fast(tmp_path):
                 env.pop("TFCLUSTER_PROGRESS_FD", None)
                 argv = [sys.executable, "-m", "worker_entry.examples.keras_synthetic", "--epochs", "200"]
                 procs.append(subprocess.Popen(argv, env=env, stdout=logs[i], stderr=subprocess.STDOUT, cwd=ROOT))
-            deadline = time.monotonic() + 90
-            while "epoch 2/" not in (tmp_path / "worker0.log").read_text():
-                assert procs[0].poll() is None, "worker:0 died before training"
-                assert time.monotonic() < deadline, "training never started"
-                time.sleep(0.2)
+            wait_for(
+                lambda: "epoch 2/" in (tmp_path / "worker0.log").read_text() or procs[0].poll() is not None,
+                90,
+                "worker:0's epoch 2",
+                interval=0.2,
+            )
+            assert procs[0].poll() is None, "worker:0 died before training"
             os.kill(procs[1].pid, signal.SIGSTOP)
             stopped = time.monotonic()
             rc = procs[0].wait(timeout=30)

@@ -10,10 +10,10 @@ import dataclasses
 import json
 import signal
 import threading
-import time
 
 import pytest
-from fakenode import FakeBackend, FakeNode, healthy, make_plan, obedient, stopped
+from fakenode import FakeBackend, FakeClock, FakeNode, healthy, make_plan, obedient, stopped
+from waiting import wait_for
 
 from orchestrator.cli.exitcodes import exit_code_for
 from orchestrator.core.states import JobState, TaskState
@@ -53,10 +53,14 @@ class Recorder:
         return [e for e in self.events if e.event == kind]
 
 
-def supervise(scripts, n_hosts=3, interrupt=None, bound=None, **sections):
+def supervise(scripts, n_hosts=3, interrupt=None, bound=None, rec=None, frozen=False, **sections):
+    """The real supervisor over fake nodes, on the backend's ``FakeClock`` (scripts move it on; ``frozen``:
+    only they do); ``rec``: the recorder to use (a script may wait for what the supervisor has heard)."""
     loaded, plan = make_plan(n_hosts, **sections)
-    backend = FakeBackend(scripts)
-    rec = Recorder()
+    backend = FakeBackend(scripts, clock=FakeClock())
+    if frozen:
+        backend.clock.freeze()
+    rec = rec if rec is not None else Recorder()
     sup = Supervisor(
         loaded.spec,
         plan,
@@ -66,6 +70,7 @@ def supervise(scripts, n_hosts=3, interrupt=None, bound=None, **sections):
         logs=rec,
         heartbeats=rec,
         interrupt=interrupt or Interrupt(),
+        clock=backend.clock,
         bound=bound,
     )
     try:
@@ -104,11 +109,15 @@ def test_a_failing_task_is_the_root_cause_and_its_peers_are_stopped_after_it():
 
 
 def test_startup_deadline_when_a_node_never_says_hello():
+    rec = Recorder()
+
     def silent(n: FakeNode) -> None:
         n.raw(p.MARKER)
+        wait_for(lambda: len(rec.kinds("task_ready")) == 2, 10, "the other two nodes' hellos")
+        n.clock.advance(6.0)  # past job.startup_timeout_s for the supervisor, however slow the others were
         n.idle(10)  # never says hello; leaves on the stop (or EOF)
 
-    res, rec, backend = supervise({"worker:2": silent}, job={"startup_timeout_s": 0.5})
+    res, rec, backend = supervise({"worker:2": silent}, rec=rec, job={"startup_timeout_s": 5})
     assert res.root_cause.kind == "startup_timeout" and res.root_cause.task == "worker:2"
     (gone,) = [e for e in rec.kinds("task_exited") if e.task == "worker:2"]  # its channel closed, no exit status
     assert gone.to_dict() | {"ts": 0} == {
@@ -132,7 +141,8 @@ def test_a_silent_worker_is_lost_and_blamed():
         n.wait_for(p.Go)
         n.send(p.Spawned(pid=5))
         n.heartbeat(state="running")
-        n.idle(30)  # the network is gone: nothing more from here
+        n.let_pass(1.5)  # the network is gone: nothing more from here, past heartbeat.timeout_s (1.0)
+        n.idle(30)
 
     res, rec, _ = supervise({"worker:0": goes_silent})
     assert res.root_cause.kind == "lost" and res.root_cause.task == "worker:0"
@@ -153,30 +163,28 @@ def test_a_stopped_process_is_hung():
 
 
 def test_a_peer_silent_before_the_failure_is_blamed_instead_of_the_one_that_failed():
-    silent_since = threading.Event()
+    rec = Recorder()
 
     def dies_quietly(n: FakeNode) -> None:
         n.hello()
         n.wait_for(p.Go)
         n.send(p.Spawned(pid=5))
         n.heartbeat(state="running")
-        silent_since.set()
         n.idle(30)
 
     def fails_later(n: FakeNode) -> None:
         n.hello()
         n.wait_for(p.Go)
         n.send(p.Spawned(pid=6))
-        silent_since.wait(5)
-        end = time.monotonic() + 0.5  # > 3 heartbeat intervals (0.3 s) of silence from worker:0, < its 5 s timeout
-        while time.monotonic() < end:
-            n.heartbeat(state="running")
-            n.next_command(0.05)
+        wait_for(lambda: any(t == "worker:0" for t, _ in rec.beats), 5, "worker:0's last heartbeat, heard")
+        n.heartbeat(state="running")
+        n.clock.advance(0.5)  # > 3 heartbeat intervals (0.3 s) of silence from worker:0, < its 5 s timeout
+        n.heartbeat(state="running")
         n.log("UnavailableError: peer worker:0 is gone", p.STDERR)
         n.exited(1)
 
     res, _rec, _ = supervise(
-        {"worker:0": dies_quietly, "worker:1": fails_later}, n_hosts=2, heartbeat={"timeout_s": 5.0}
+        {"worker:0": dies_quietly, "worker:1": fails_later}, n_hosts=2, rec=rec, heartbeat={"timeout_s": 5.0}
     )
     rc = res.root_cause
     assert rc.task == "worker:0" and rc.kind == "lost", rc
@@ -275,7 +283,15 @@ def test_status_reports_examples_per_second_from_progress_records():
     backend = FakeBackend({"worker:0": trains})
     rec = Recorder()
     sup = Supervisor(
-        loaded.spec, plan, backend, attempt=0, bus=EventBus([rec]), logs=rec, heartbeats=rec, interrupt=Interrupt()
+        loaded.spec,
+        plan,
+        backend,
+        attempt=0,
+        bus=EventBus([rec]),
+        logs=rec,
+        heartbeats=rec,
+        interrupt=Interrupt(),
+        clock=backend.clock,
     )
     seen = []
 
@@ -349,3 +365,71 @@ def exit_code_for_state(state: JobState) -> int:
     from orchestrator.cli.exitcodes import STATE_EXIT_CODES
 
     return STATE_EXIT_CODES[state]
+
+
+def _output_ends_then(status_after, then=None):
+    """A node whose channel ends after the go without an ``exited`` (its worker_entry died); once the
+    launcher asked for the exit status, ``status_after(n)`` (the status that follows, or the supervisor's
+    time moving on), then ``then``."""
+
+    def script(n: FakeNode) -> None:
+        n.hello()
+        n.wait_for(p.Go)
+        n.send(p.Spawned(pid=5))
+        n.log("worker_entry: going away")
+        n.chan.end_output()
+        wait_for(lambda: n.chan.asked, 10, "the launcher to ask for the exit status")
+        status_after(n)
+        if then is not None:
+            then.set()
+        n.idle(30)  # until the launcher closes the channel (its status stays as it is meanwhile)
+
+    return script
+
+
+def test_a_closed_channel_is_decided_when_its_exit_status_comes_without_sleeping_for_it():
+    """The exit status arrives after the end of the output: the loop looks again on its next passes (it
+    does not sleep-poll), and the status names the cause (127: the interpreter is missing)."""
+
+    def status_127(n: FakeNode) -> None:
+        n.clock.advance(0.1)  # within the wait for it (0.2 s of the supervisor's time)
+        n.chan.status = 127
+
+    res, rec, _ = supervise({"worker:0": _output_ends_then(status_127)}, n_hosts=1, frozen=True)
+    rc = res.root_cause
+    assert (rc.kind, rc.task, rc.exit_code) == ("lost", "worker:0", 127)
+    assert rc.message == "cannot run 'python3' on the host (exit 127)" and "job.python" in rc.hint
+    assert [e.status for e in rec.kinds("task_lost")] == [127]
+
+
+def test_a_closed_channel_whose_exit_status_never_comes_is_lost_after_its_wait():
+    def time_passes(n: FakeNode) -> None:
+        n.clock.advance(0.3)  # past the wait for it
+
+    res, _rec, _ = supervise({"worker:0": _output_ends_then(time_passes)}, n_hosts=1, frozen=True)
+    rc = res.root_cause
+    assert (rc.kind, rc.exit_code) == ("lost", None)
+    assert rc.message == "connection closed without an exit status (channel status None)"
+    assert rc.last_lines[-1] == "worker_entry: going away"
+
+
+def test_a_channel_that_closed_first_is_the_root_cause_even_while_its_exit_status_is_awaited():
+    """worker:0's channel ends (its status never comes: the clock stands still); then worker:1 exits 1:
+    worker:0 is decided first — it came first — so it is the root cause and worker:1 was stopped by the
+    teardown it started, as when the loop slept until it knew worker:0's status."""
+    closed = threading.Event()
+
+    def fails_after(n: FakeNode) -> None:
+        n.hello()
+        n.wait_for(p.Go)
+        n.send(p.Spawned(pid=6))
+        closed.wait(10)
+        n.exited(1)
+
+    scripts = {"worker:0": _output_ends_then(lambda n: None, then=closed), "worker:1": fails_after}
+    res, rec, _ = supervise(scripts, n_hosts=2, frozen=True)
+    assert (res.root_cause.task, res.root_cause.kind) == ("worker:0", "lost")
+    assert [f.task for f in res.failures] == ["worker:0"]
+    assert res.tasks["worker:1"].state == TaskState.STOPPED
+    (teardown,) = rec.kinds("teardown")
+    assert teardown.reason.startswith("worker:0 (10.0.0.1): connection closed without an exit status")

@@ -14,12 +14,12 @@ import queue
 import resource
 import socket
 import threading
-import time
 
 import pytest
 from conftest import jsonl
 from fakenode import make_plan
 from loadfleet import LoadGenBackend, run_job
+from waiting import wait_for
 
 from orchestrator.backends import limits
 from orchestrator.backends.tcp import SocketChannel
@@ -84,13 +84,16 @@ def test_hundreds_of_tasks_over_descriptors_above_1024_and_a_dead_one_tears_the_
 
 def kill_when_all_running(backend: LoadGenBackend, run_dir, rank: int, timeout: float = 120) -> None:
     """Once every task of the job is running, the generator's ``rank`` dies of SIGKILL."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        path = run_dir / "events.jsonl"
-        if backend.generators and path.exists() and sum(e["event"] == "task_spawned" for e in events(run_dir)) == TASKS:
-            backend.gen.cue("kill", rank)
-            return
-        time.sleep(0.2)
+    path = run_dir / "events.jsonl"
+    wait_for(
+        lambda: (
+            backend.generators and path.exists() and sum(e["event"] == "task_spawned" for e in events(run_dir)) == TASKS
+        ),
+        timeout,
+        f"all {TASKS} tasks spawned",
+        interval=0.2,
+    )
+    backend.gen.cue("kill", rank)
 
 
 def test_the_pump_reads_a_channel_on_a_descriptor_above_1024():

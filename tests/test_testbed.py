@@ -16,6 +16,7 @@ import paramiko
 import psutil
 import pytest
 import yaml
+from waiting import wait_for
 
 import tfcluster_testbed.net as testbed_net
 import tfcluster_testbed.sshd as testbed_sshd
@@ -44,17 +45,6 @@ def run(client: paramiko.SSHClient, command: str) -> tuple[int, str]:
     _, out, _ = client.exec_command(command, timeout=30)
     text = out.read().decode()
     return out.channel.recv_exit_status(), text
-
-
-def wait_for(pred, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def named(procs: list[psutil.Process], name: str, *args: str) -> list[psutil.Process]:
@@ -123,7 +113,7 @@ def test_remote_process_is_tracked_and_ended_by_stop(testbed_factory):
     c = connect(tb, h0)
     try:
         c.exec_command("exec sleep 300")
-        sleeper = wait_for(lambda: named(tb.host_processes(h0), "sleep", "300"), what="sleep on host0")[0]
+        sleeper = wait_for(lambda: named(tb.host_processes(h0), "sleep", "300"), 10, "sleep on host0")[0]
         assert named(tb.host_processes(h1), "sleep", "300") == []
         assert sleeper.pid not in {p.pid for p in tb.host_processes(h1)}
         listener = psutil.Process(tb.sshd_pid(h0))
@@ -148,7 +138,7 @@ def test_escaped_process_is_found_by_env_marker(testbed_factory):
     with connect(tb, h) as c:
         # Daemonized: setsid + background, the shell exits, sleep is re-parented to PID 1.
         assert run(c, "setsid sleep 301 </dev/null >/dev/null 2>&1 & echo started")[1].strip() == "started"
-    sleeper = wait_for(lambda: named(tb.host_processes(h), "sleep", "301"), what="daemonized sleep")[0]
+    sleeper = wait_for(lambda: named(tb.host_processes(h), "sleep", "301"), 10, "daemonized sleep")[0]
     assert sleeper.ppid() != tb.sshd_pid(h)
     assert sleeper.environ()[MARKER_ENV] == tb.marker(h)
     tb.stop()
@@ -164,7 +154,8 @@ def test_stop_kills_processes_that_ignore_sigterm(testbed_factory):
             lambda: (lambda f: f if len(f) == 2 else None)(
                 named(tb.host_processes(h), "sleep", "309") + named(tb.host_processes(h), "sleep", "310")
             ),
-            what="two sleeps",
+            10,
+            "two sleeps",
         )
         t = time.monotonic()
         tb.stop()
@@ -194,7 +185,7 @@ def test_kill_sshd_leaves_user_process_and_restart_sshd(testbed_factory):
     c = connect(tb, h)
     try:
         c.exec_command("exec sleep 302")
-        wait_for(lambda: named(tb.host_processes(h), "sleep", "302"), what="sleep")
+        wait_for(lambda: named(tb.host_processes(h), "sleep", "302"), 10, "sleep")
         listener = psutil.Process(tb.sshd_pid(h))
         session = [p for p in tb.host_processes(h) if p.name() == "sshd"]
         survivors = tb.kill_sshd(h)
@@ -224,8 +215,8 @@ def test_single_sshd_serves_many_addresses(testbed_factory):
         assert run(cb, f"echo ${MARKER_ENV}")[1].strip() == tb.marker(b)  # Match LocalAddress
         ca.exec_command("exec sleep 303")
         cb.exec_command("exec sleep 304")
-        wait_for(lambda: named(tb.host_processes(a), "sleep", "303"), what="sleep on a")
-        wait_for(lambda: named(tb.host_processes(b), "sleep", "304"), what="sleep on b")
+        wait_for(lambda: named(tb.host_processes(a), "sleep", "303"), 10, "sleep on a")
+        wait_for(lambda: named(tb.host_processes(b), "sleep", "304"), 10, "sleep on b")
         assert named(tb.host_processes(a), "sleep", "304") == []
         assert named(tb.host_processes(b), "sleep", "303") == []
         assert tb.host_processes(tb.hosts[1]) == []
@@ -286,7 +277,8 @@ time.sleep(600)
     assert p.stdout.readline().strip() == "started"
     remote = wait_for(
         lambda: [x for x in named(tb.host_processes(h), Path(sys.executable).name) if "stdin" in str(x.cmdline())],
-        what="remote reader",
+        10,
+        "remote reader",
     )[0]
     if cut:
         tb.cut(h)
@@ -297,8 +289,8 @@ time.sleep(600)
         assert not flag.exists(), "EOF arrived through a cut link?"
         assert not gone(remote)
         tb.restore(h)  # the client kernel's FIN retransmission now gets through
-    wait_for(flag.exists, timeout=20, what="EOF on the remote stdin")  # seconds of slack on a loaded machine
-    wait_for(lambda: gone(remote), timeout=20, what="remote reader exit")
+    wait_for(flag.exists, 20, "EOF on the remote stdin")  # seconds of slack on a loaded machine
+    wait_for(lambda: gone(remote), 20, "remote reader exit")
 
 
 def test_start_failure_cleans_up(tmp_path, monkeypatch):
@@ -376,7 +368,7 @@ os.kill(os.getpid(), signal.SIGKILL)  # no stop(), no atexit
         ]
 
     try:
-        found = wait_for(lambda: (lambda f: f if len(f) == 2 else None)(sleepers()), what="2 remote sleeps")
+        found = wait_for(lambda: (lambda f: f if len(f) == 2 else None)(sleepers()), 10, "2 remote sleeps")
         assert Path(info["dir"]).exists() and all(not gone(s) for s in sshds)
         assert reap_stale(tmp_path) == [info["dir"]]
         assert all(gone(s) for s in sshds + found)
@@ -463,7 +455,7 @@ def test_netns_two_testbeds_coexist_and_processes_in_namespace_are_ended(testbed
     # A process started in a host namespace (not through sshd, no marker) is still "on" the host:
     sleeper = subprocess.Popen(["ip", "netns", "exec", b.hosts[0].netns, "sleep", "307"])
     try:
-        wait_for(lambda: named(b.host_processes(b.hosts[0]), "sleep", "307"), what="sleep in namespace")
+        wait_for(lambda: named(b.host_processes(b.hosts[0]), "sleep", "307"), 10, "sleep in namespace")
         assert named(a.host_processes(a.hosts[0]), "sleep", "307") == []
         res_a, res_b = ssh_from_controller(a, "hostname"), ssh_from_controller(b, "hostname")
         assert all(r.get("rc") == 0 for r in [*res_a.values(), *res_b.values()])

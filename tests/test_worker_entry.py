@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 from conftest import _env
+from waiting import wait_for
 
 from worker_entry import protocol as wire
 
@@ -100,11 +101,14 @@ def alive(pid: int) -> bool:
 
 
 def wait_dead(pids, timeout=10.0) -> list[int]:
-    deadline = time.monotonic() + timeout
+    """The processes of ``pids`` still alive: waits until there are none (a timeout fails the test)."""
     left = list(pids)
-    while left and time.monotonic() < deadline:
-        left = [p for p in left if alive(p)]
-        time.sleep(0.05)
+
+    def dead() -> bool:
+        left[:] = [p for p in left if alive(p)]
+        return not left
+
+    wait_for(dead, timeout, lambda: f"processes {left} to end", interval=0.05)
     return left
 
 

@@ -23,8 +23,11 @@ imports ``worker_entry``'s protocol and handshake and is not imported from here.
 
 Modules (each imports only those above it): ``base`` (error, host record, env marker), ``procs``
 (process identity, /proc scans, ordered kills), ``net`` (ports, subnets, namespaces), ``state``
-(state.json, teardown, reap_stale), ``keys``, ``sshd``, ``hostprocs`` (which process is on which
-host), ``spec``, ``bed`` (the Testbed class), ``leftovers``, ``cli`` (``python -m tfcluster_testbed``).
+(state.json, teardown, reap_stale), ``keys``, ``sshd``, ``faults`` (a host's sshd killed and
+restarted, its link cut, its rate limited), ``hostprocs`` (which process is on which host), ``spec``
+(the spec and the ssh command line for the hosts), ``bed`` (the Testbed class), ``leftovers``, ``cli``
+(``python -m tfcluster_testbed``); ``waiting`` (the one polling loop of the tests and benchmarks)
+imports nothing.
 Module-level settings are read through their defining module at call time, so tests patch them
 there: e.g. ``tfcluster_testbed.sshd.SSHD``, ``tfcluster_testbed.state.DIR_PREFIX``,
 ``tfcluster_testbed.net._free_port``.

@@ -26,14 +26,14 @@ from typing import Any
 import psutil
 import yaml
 
-from . import base
+from . import base, faults
 from .base import TestbedError, TestHost
 from .hostprocs import _processes_by_host
 from .keys import _generate_keys, _write_known_hosts
-from .net import _create_network, _plan_hosts, _run, netns_available, tbf_argv
+from .net import _create_network, _plan_hosts, netns_available
 from .procs import _alive, _ident
-from .spec import _spec_dict
-from .sshd import _check_prerequisites, _kill_tree, _listener_alive, _split_tree, _Sshd, _Sshds
+from .spec import _spec_dict, ssh_client_argv
+from .sshd import _check_prerequisites, _Sshd, _Sshds
 from .state import _create, _free_id, _State, _sync, _teardown
 
 log = logging.getLogger(__name__)
@@ -354,28 +354,14 @@ class Testbed:
         if self.single_sshd:
             raise TestbedError("kill_sshd needs one sshd per host (single_sshd=False)")
         h = self._host(host)
-        s = self._sshds[h.name]
-        if not _listener_alive(s):
-            return []
-        scan, sshd_pids, user = _split_tree(s)
-        for pid in user:
-            with contextlib.suppress(psutil.Error):
-                self._orphans[h.name].append(_ident(scan.procs[pid]))
-        self._sync_state()  # recorded before the kill, so stop() and reap_stale() still find them
-        _kill_tree(scan, sshd_pids, s)
-        return [scan.procs[p] for p in user if _alive(scan.procs[p])]
+        return faults.kill_sshd(self._sshds[h.name], self._orphans[h.name], self._sync_state)
 
     def restart_sshd(self, host: TestHost | str | int) -> None:
         """Start the host's sshd again after kill_sshd (same address, port and host key)."""
         self._require_running()
-        h = self._host(host)
-        s = self._sshds[h.name]
-        if _listener_alive(s):
-            return
         assert self._fleet is not None
-        self._fleet.spawn(s)
-        self._fleet.wait_listening([s], retries=0)
-        self._sync_state()
+        if faults.restart_sshd(self._fleet, self._sshds[self._host(host).name]):
+            self._sync_state()
 
     def sshd_pid(self, host: TestHost | str | int) -> int | None:
         """PID of the host's listening sshd (None when it is not running)."""
@@ -385,28 +371,20 @@ class Testbed:
     def cut(self, host: TestHost | str | int) -> None:
         """Take the host's link down (netns mode): packets to and from it are dropped silently,
         open TCP connections hang instead of failing."""
-        self._link(host, "down")
+        self._require_running()
+        faults.set_link(self._host(host), "down")
 
     def restore(self, host: TestHost | str | int) -> None:
         """Bring the host's link back up after cut()."""
-        self._link(host, "up")
-
-    def _link(self, host: TestHost | str | int, state: str) -> None:
         self._require_running()
-        h = self._host(host)
-        if h.netns is None:
-            raise TestbedError("cut()/restore() need netns mode (loopback hosts share one stack)")
-        _run(["ip", "-n", h.netns, "link", "set", "eth0", state])
+        faults.set_link(self._host(host), "up")
 
     def rate_limit(
         self, host: TestHost | str | int, rate: str | None = "50mbit", burst: str = "64kb", latency: str = "50ms"
     ) -> None:
         """Shape what the host sends (netns mode): `tc tbf` on eth0, the host side of its veth, in its
         namespace (netem is not available here; tbf is). ``rate=None`` removes it."""
-        h = self._host(host)
-        if h.netns is None:
-            raise TestbedError("rate_limit() needs netns mode (loopback hosts share one stack)")
-        _run(tbf_argv(h.netns, rate, burst, latency))
+        faults.rate_limit(self._host(host), rate, burst, latency)
 
     def exec_on_host(self, host: TestHost | str | int, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess:
         """Run `argv` "on" the host without SSH: inside its namespace with its hostname in netns
@@ -429,21 +407,4 @@ class Testbed:
     def ssh_argv(self, host: TestHost | str | int, command: Sequence[str] = ()) -> list[str]:
         """An OpenSSH client command line for `host` (strict host key checking on), for humans and
         for tests that want the real ssh client; prefix with launcher_argv() in netns mode."""
-        h = self._host(host)
-        return [
-            "ssh",
-            "-i",
-            str(self.user_key),
-            "-p",
-            str(h.ssh_port),
-            "-o",
-            f"UserKnownHostsFile={self.known_hosts}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "IdentitiesOnly=yes",
-            "-o",
-            "BatchMode=yes",
-            f"{self.user}@{h.address}",
-            *command,
-        ]
+        return ssh_client_argv(self._host(host), self.user, self.user_key, self.known_hosts, command)

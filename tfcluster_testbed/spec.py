@@ -66,3 +66,25 @@ def _spec_dict(
         "job": {"command": list(command), "python": os.environ.get(PYTHON_ENV) or sys.executable},
     }
     return _deep_merge(spec, sections)
+
+
+def ssh_client_argv(h: TestHost, user: str, key: Path, known_hosts: Path, command: Sequence[str] = ()) -> list[str]:
+    """An OpenSSH client command line for ``h`` as ``user`` with the test bed's ``key``, strict host key
+    checking against ``known_hosts``."""
+    return [
+        "ssh",
+        "-i",
+        str(key),
+        "-p",
+        str(h.ssh_port),
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "BatchMode=yes",
+        f"{user}@{h.address}",
+        *command,
+    ]

@@ -8,6 +8,12 @@
 5   the job succeeded but gathering logs/checkpoints failed verification
 6   `tfcluster check` named a slow host, GPU or link (or a host without figures); `launch --check` refused
 130 / 143 interrupted by SIGINT (Ctrl-C) / SIGTERM (or `tfcluster stop`); SIGHUP does not stop a job
+
+A Slurm batch step whose allocation ended under it (preempted, time limit) and that handed the run to
+the next allocation (state ``requeued``) exits 0: it did its part, the run goes on, and its outcome is
+the last allocation's result.json (a non-zero exit would make sacct, ``--mail-type=FAIL`` and an
+``afterok`` dependency report a failure for every requeue). Every other live state never ends a
+command: meeting one here is a bug, refused with a message saying so.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ ERROR_EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (TfclusterError, EXIT_USAGE),
 ]
 
-#: Final job state -> exit code (every terminal JobState is here; a test checks it).
+#: Job state -> exit code: every outcome, and the one live state a command ends in (a test checks that
+#: these and ``REFUSED_STATES`` are every JobState, once).
 STATE_EXIT_CODES = {
     JobState.SUCCEEDED: EXIT_OK,
     JobState.FAILED: EXIT_JOB_FAILED,
@@ -45,7 +52,17 @@ STATE_EXIT_CODES = {
     JobState.PREFLIGHT_FAILED: EXIT_CONNECT,
     JobState.INTERRUPTED_SIGINT: EXIT_SIGINT,
     JobState.INTERRUPTED_SIGTERM: EXIT_SIGTERM,
+    JobState.REQUEUED: EXIT_OK,  # a Slurm batch step that handed the run to the next allocation
 }
+
+#: Live phases no command ends in: ``exit_code_for_state`` refuses them (an internal error, exit 1).
+REFUSED_STATES = frozenset(
+    {JobState.CONNECTING, JobState.STARTING, JobState.RUNNING, JobState.STOPPING, JobState.RESTARTING}
+)
+
+
+class LiveStateError(RuntimeError):
+    """A command ended while its run was still in a live phase: a bug, never an exit code of its own."""
 
 
 def exit_code_for(result: RunResult) -> int:
@@ -60,9 +77,11 @@ def exit_code_for_state(state: str, gather_error: bool = False) -> int:
         js = JobState(state)
     except ValueError:
         return EXIT_JOB_FAILED
+    if js in REFUSED_STATES:
+        raise LiveStateError(f"the run ended while still {js.value!r}: it has no outcome to exit with")
     if js == JobState.SUCCEEDED and gather_error:
         return EXIT_GATHER
-    return STATE_EXIT_CODES.get(js, EXIT_JOB_FAILED)
+    return STATE_EXIT_CODES[js]
 
 
 def exit_code_for_sweep(states: list[str], interrupted: bool) -> int:

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .diagnostics import Diagnostic
-from .states import JobState, TaskState
+from .states import JobState, TaskState, advance
 
 #: Failure.kind values (docs/events.md): what kind of thing went wrong.
 FAILURE_KINDS = frozenset(
@@ -100,6 +100,10 @@ class AttemptResult:
     def root_cause(self) -> Failure | None:
         return self.failures[0] if self.failures else None
 
+    def become(self, new: JobState) -> None:
+        """The policy's reading of the attempt (requeued, or completed after all): through the one table."""
+        self.state = advance(self.state, new)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "attempt": self.attempt,
@@ -137,6 +141,10 @@ class RunResult:
     gather: dict[str, Any] | None = None
     gather_error: str | None = None
     gather_interrupted: int | None = None  # the signal that stopped the gather (it resumes later)
+
+    def become(self, new: JobState) -> None:
+        """Every change of the run's state goes through the one table (``states.advance``)."""
+        self.state = advance(self.state, new)
 
     @property
     def root_cause(self) -> Failure | None:

@@ -85,7 +85,7 @@ class Job:
                 done = self.scheduling.completed_earlier(self)
                 if done is not None:  # an earlier allocation's tasks completed the training: nothing to run
                     self.bus.emit(ev.TrainingCompleted(message=done))
-                    self.result.state = JobState.SUCCEEDED
+                    self.result.become(JobState.SUCCEEDED)
                 else:
                     self.out.start_live()
                     if self._connect():
@@ -137,12 +137,12 @@ class Job:
             text = "\n".join([f"cannot reach {len(problems)} host(s):"] + ["  " + d.render() for d in problems])
             first = problems[0]
             self.result.failures.append(Failure("connect", text, time.time(), first.task, first.host, attempt=attempt))
-            self.result.state = JobState.CONNECT_FAILED
+            self.result.become(JobState.CONNECT_FAILED)
             return False
         if attempt == 0 and self.backend.reaches_nodes:
             self.bus.emit(ev.Connected(hosts=len(self.plan.nodes), seconds=round(time.monotonic() - t0, 3)))
         if self.interrupt.count:
-            self.result.state = interrupted_state(self.interrupt.signum or 2)
+            self.result.become(interrupted_state(self.interrupt.signum or 2))
             return False
         return True
 
@@ -150,7 +150,7 @@ class Job:
         """Attempts until the policy says otherwise; numbering goes on across a requeued run's allocations."""
         attempt = len(self.result.attempts)
         while True:
-            self.result.state = JobState.STARTING
+            self.result.become(JobState.STARTING)
             res, sup = self._attempt(attempt)
             decision = self.conclude(res)
             for note in list(self.backend.notes)[self._notes_seen :]:
@@ -167,7 +167,6 @@ class Job:
             if decision.action is not Action.RESTART:
                 return decision
             attempt += 1
-            self.result.state = JobState.RESTARTING
             self.bus.emit(
                 ev.Restart(
                     attempt=attempt,
@@ -180,16 +179,17 @@ class Job:
             self.transfers.before_restart()
 
     def conclude(self, res: AttemptResult) -> Decision:
-        """The policy's decision after an attempt, and the attempt recorded as it says."""
+        """The policy's decision after an attempt, and the attempt recorded as it says; the run restarts
+        or takes the attempt's state."""
         decision = self.policy.decide(res, self.result.attempts, self.interrupt)
         if decision.ended_by is not None:  # the allocation ended under it: a boundary, not an end
-            res.state = JobState.REQUEUED
+            res.become(JobState.REQUEUED)
             res.failures.insert(0, decision.ended_by)
         elif decision.completed is not None:  # its tasks completed their training: whatever the signal, it did
-            res.state = JobState.SUCCEEDED
+            res.become(JobState.SUCCEEDED)
             self.bus.emit(ev.TrainingCompleted(message=decision.completed))
         self.result.attempts.append(res)
-        self.result.state = res.state
+        self.result.become(JobState.RESTARTING if decision.action is Action.RESTART else res.state)
         return decision
 
     def _attempt(self, attempt: int) -> tuple[AttemptResult, Supervisor]:
@@ -222,13 +222,13 @@ class Job:
         result = self.result
         if decision.run_failure is not None:
             result.failures.append(decision.run_failure)
-            result.state = JobState.FAILED
+            result.become(JobState.FAILED)
         self.scheduling.settle(self, decision)
         ends = decision.action is not Action.REQUEUE
         if not ends:
-            result.state = JobState.REQUEUED
+            result.become(JobState.REQUEUED)
         elif result.failures and result.state == JobState.SUCCEEDED:
-            result.state = JobState.FAILED
+            result.become(JobState.FAILED)
         result.ended_ts = time.time()
         self.out.close_files()
         data = result.to_dict()

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .figures import job_step_ms
 from .gpus import CAUSES, GpuJudgement
 
 WAIT_ODDS_MIN = 1.0  # a starved worker's threads wait for a CPU at least as long as they run (50 %)
@@ -261,11 +262,10 @@ def explain(
     pre = {t: float(p["pre_collective_ms"]) for t, p in profiles.items() if p.get("pre_collective_ms") is not None}
     rest = [v for t, v in pre.items() if t != other.task]
     wait = max(0.0, pre.get(other.task, 0.0) - statistics.median(rest)) if rest and other.task in pre else 0.0
-    steps = [float(p.get("step_ms") or 0.0) for p in profiles.values()]
     return StragglerFinding(
         task=other.task,
         wait_ms=wait,
-        step_ms=statistics.median(steps) if steps else 0.0,
+        step_ms=job_step_ms(profiles.values()),
         cause=other.cause,
         pre_ms=pre,
         detail=other.detail,

@@ -299,6 +299,15 @@ def _final(t: _Task, acc: Sequence[float], no_examples: bool) -> TaskFigures:
     )
 
 
+def job_step_ms(windows: Iterable[Mapping[str, Any]]) -> float:
+    """The job's step time, in ms: the median of the workers' ``step_ms`` over one step-clock window
+    each (a window without one counts as 0; 0.0 without windows). Under synchronous all-reduce every
+    worker's step lasts as long as the job's, so one odd window does not move it. The one owner of
+    this figure: the live monitor (stragglers, slowing), the evidence and ``report`` (pace) read it."""
+    steps = [float(w.get("step_ms") or 0.0) for w in windows]
+    return statistics.median(steps) if steps else 0.0
+
+
 def job_rate(figures: Mapping[str, TaskFigures]) -> tuple[float | None, float | None]:
     """The job's (steps/s, examples/s): the workers' median (under MWMS every worker counts the
     global batch, so the job's rate is one worker's, never the sum)."""

@@ -1,4 +1,5 @@
-"""The gate before the go: compare every node's facts (versions, Keras, GPUs, ports, clocks, disk).
+"""The gate before the go: every task that holds it up, then every node's facts compared (versions, Keras,
+GPUs, ports, clocks, disk).
 
 MWMS cannot recover from a version mismatch or a busy port once TensorFlow started, so a blocking
 finding stops the job before any training command runs (nothing ran: exit code 4).
@@ -7,15 +8,18 @@ finding stops the job before any training command runs (nothing ran: exit code 4
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence, Set
 
 from ..core.result import Failure
+from ..core.states import TaskState
 from ..events import EventBus
 from ..events.kinds import HeterogeneousGpus, Preflight
 from ..plan import Plan
 from ..spec import ClusterSpec
 from .checks import evaluate, failed
 from .session import TaskSession
+
+_NOT_UP = (TaskState.PENDING, TaskState.STARTING)
 
 
 def check_before_go(
@@ -54,3 +58,43 @@ def check_before_go(
         f"{f.task or 'all'} ({f.host or '-'}): {f.message}" + (f" — fix: {f.hint}" if f.hint else "") for f in blocking
     )
     return Failure("preflight", msg, time.time(), first.task, first.host, attempt=attempt)
+
+
+class GoGate:
+    """When the go is sent: once every task whose role holds it (not a sidecar evaluator: it gets its
+    go when it is up) said hello and the cross-host checks pass; a failure naming the tasks that did not
+    report by the startup deadline, or the checks' blocking finding."""
+
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        plan: Plan,
+        bus: EventBus,
+        holds_go: Set[str],
+        *,
+        report: bool,
+        attempt: int,
+    ) -> None:
+        self.spec = spec
+        self.plan = plan
+        self.bus = bus
+        self.holds_go = holds_go
+        self.report = report
+        self.attempt = attempt
+
+    def decide(
+        self, now: float, deadline: float, sessions: Mapping[str, TaskSession]
+    ) -> list[TaskSession] | Failure | None:
+        """The tasks to give the go to now; the failure that stops the job; None: not yet (``deadline``:
+        for every hello, job.startup_timeout_s after the attempt started them)."""
+        if now < deadline and any(s.state in _NOT_UP and t in self.holds_go for t, s in sessions.items()):
+            return None  # stops at the first task not up yet: no scan of every task per tick while they come
+        waiting = [s for t, s in sessions.items() if s.state in _NOT_UP and t in self.holds_go]
+        if waiting:
+            names = ", ".join(s.task for s in waiting)
+            msg = f"worker_entry did not report within {self.spec.job.startup_timeout_s:g}s on {names}"
+            first = waiting[0]
+            return Failure("startup_timeout", msg, time.time(), first.task, first.host, attempt=self.attempt)
+        ready = [s for s in sessions.values() if s.state == TaskState.READY]
+        failure = check_before_go(ready, self.spec, self.plan, self.bus, report=self.report, attempt=self.attempt)
+        return failure if failure is not None else ready or None

@@ -15,6 +15,7 @@ import queue
 import selectors
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..backends import Channel
@@ -98,6 +99,22 @@ class ChannelPump(threading.Thread):
     def stop(self) -> None:
         self._stopping = True
         self._wake()
+
+    def leftovers(self) -> Iterator[Received]:
+        """After ``stop``: what was read but not taken yet (late lines, a task_files in flight), in order;
+        a channel that came up too late is closed."""
+        while True:
+            try:
+                item = self.out.get_nowait()
+            except queue.Empty:
+                if not self.spill:
+                    return
+                item = self.spill.pop(0)
+            if isinstance(item, ChannelReady):
+                if item.channel is not None:
+                    item.channel.close()
+                continue
+            yield item
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):  # a full pipe is awake already

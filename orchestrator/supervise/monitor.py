@@ -22,7 +22,6 @@ Why these rules:
 from __future__ import annotations
 
 import bisect
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 from worker_entry import protocol as p
 
 from .evidence import Scores, explain
+from .figures import job_step_ms
 from .gpuwatch import GpuWatch
 from .stragglers import StragglerFinding, find_straggler
 from .verdicts import Policy, Verdict
@@ -144,7 +144,7 @@ class Monitor:
         self.scores = self._scores.update(profiles)
         pol = self.policy.stragglers
         out = []
-        step = statistics.median(float(x.get("step_ms") or 0.0) for x in profiles.values()) if profiles else 0.0
+        step = job_step_ms(profiles.values())
         ranked = sorted(x["individual"] for x in self.scores.values())
         for t, s in self.scores.items():
             w = self.watch[t]

@@ -21,6 +21,7 @@ from typing import Any
 from worker_entry import protocol as p
 
 from ..backends import Channel, Placement
+from ..core.result import Failure
 from ..core.states import TaskState
 from ..plan import NodePlan
 
@@ -272,6 +273,11 @@ class TaskSession:
     def diag_text(self) -> str:
         """worker_entry's own stderr (and the shell's), the last 64 KiB."""
         return self._diag.decode("utf-8", "replace")
+
+    def failure(self, kind: str, message: str, **fields: Any) -> Failure:
+        """A failure of this task's attempt, attributed to it, with its last output lines (unless given)."""
+        fields.setdefault("last_lines", self.last_lines())
+        return Failure(kind, message, time.time(), self.task, self.host, attempt=self.attempt, **fields)
 
     def last_lines(self, n: int = LAST_LINES) -> tuple[str, ...]:
         text = b"".join(self._tail)[-TAIL_BYTES:].decode("utf-8", "replace")

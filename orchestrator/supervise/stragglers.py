@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..plan.policy import StragglerPolicy
+from .figures import job_step_ms
 
 DEFAULT_POLICY = StragglerPolicy()
 
@@ -47,7 +48,7 @@ def find_straggler(
     excess = pre[cand] - base
     if excess < policy.min_ms or pre[cand] < policy.ratio * max(base, 0.1):
         return None
-    step_ms = _median([float(p.get("step_ms") or 0.0) for p in profiles.values()])
+    step_ms = job_step_ms(profiles.values())
     if step_ms > 0 and excess < policy.min_share * step_ms:
         return None
 

@@ -1,9 +1,14 @@
 """The supervisor of one attempt: one decision loop over typed inputs — start, go, verdicts, teardown.
 
 Inputs arrive on one queue: channels as the backend brings tasks up (``ChannelReady``) and bytes the
-pump read (``Received``), which each task's ``TaskSession`` turns into typed messages. This loop is
-the only place that changes the job's state, so decisions are simple and ordered. Policy lives in
-``monitor``, cross-host rules in ``checks``, reporting in ``status``; here is the wiring.
+pump read (``Received``), which each task's ``TaskSession`` turns into typed messages. This loop owns
+the attempt's state — its phase (``JobState``, through the one table), its failures, the go, each
+task's current session — and is the only place that changes it, so decisions are simple and ordered.
+Its collaborators each own one part and are told or asked explicitly: ``Monitor`` (verdicts),
+``RoleCare`` (the role table: what a failure does, restarts in place, the training's end),
+``Teardown`` and ``Interrupts`` (stop orders, the deadline, giving up on tasks), ``Snapshots``
+(status). Nothing here waits on a task: a channel that closed before its exit status is known is
+looked at again on later passes, until a deadline, and decided before anything that came after it.
 """
 
 from __future__ import annotations
@@ -17,28 +22,32 @@ from worker_entry import protocol as p
 
 from ..backends import Backend, Channel, entry_failure
 from ..core.result import AttemptResult, Failure
-from ..core.states import JobState, TaskState
+from ..core.states import JobState, TaskState, advance
 from ..events import EventBus, HeartbeatSink, LogSink
 from ..events import kinds as ev
 from ..events.evaluations import Evaluations
 from ..plan import Plan
 from ..spec import ClusterSpec
 from .bound import BoundWatch, RunBound
+from .closed import EOF_POLL_S, ClosedChannels
 from .figures import Figures
-from .gate import check_before_go
+from .gate import GoGate
 from .inputs import QUEUE_ITEMS, ChannelPump, ChannelReady, Interrupt, Received
 from .monitor import Monitor
+from .observe import Observations
+from .reporting import Reporter
 from .rolecare import RoleCare
-from .session import PROTOCOL_HINT, Output, ShellNoise, TaskSession, Violation, record_of
+from .session import PROTOCOL_HINT, Output, ShellNoise, TaskSession, Violation
 from .status import Snapshots, attempt_result, status_period
-from .teardown import Teardown
+from .teardown import Interrupts, StopOrder, Teardown
 from .verdicts import VERDICT_EVENTS, Policy, Verdict
 
 TICK_S = 0.1  # the scans of every task (go, verdicts, teardown, flush, status): at most this often
-_NOT_UP = (TaskState.PENDING, TaskState.STARTING)
+#: Inputs that can lead to a decision: a channel closed earlier is decided before them, as it came first.
+_DECISIVE = (Violation, p.Hello, p.Profile, p.Exited)
 
 
-class Supervisor(Teardown, RoleCare):
+class Supervisor:
     def __init__(
         self,
         spec: ClusterSpec,
@@ -63,33 +72,34 @@ class Supervisor(Teardown, RoleCare):
         self.attempt = attempt
         self.bus = bus
         self.logs = logs
-        self.heartbeats = heartbeats
         self.interrupt = interrupt
-        self.preflight = preflight
         self.on_status = on_status
         self.clock = clock
         self.policy = Policy.from_spec(spec, plan.policy)
-        self.sessions = {str(n.task): TaskSession(n, attempt) for n in plan.nodes}
-        self._init_roles()  # each task's role rule (plan.roles), restarts in place
-        self.monitor = Monitor(list(self.sessions), self.policy, clock(), self._members())
+        self.sessions = {str(n.task): TaskSession(n, attempt) for n in plan.nodes}  # each task's current one
+        self.keys: dict[str, TaskSession] = dict(self.sessions)  # channel key -> session, restarted ones too
+        self.q: queue.Queue = queue.Queue(maxsize=QUEUE_ITEMS)
+        self.pump = ChannelPump(self.q)
+        self.roles = RoleCare(spec, self.sessions, backend, self.pump, bus, attempt=attempt, deliver=self._deliver)
+        self.monitor = Monitor(list(self.sessions), self.policy, clock(), self.roles.members())
         for s in self.sessions.values():
             s.on_terminal = self.monitor.on_terminal
-        self.q: queue.Queue = queue.Queue(maxsize=QUEUE_ITEMS)
-        self._settle = False  # a task became ready or terminal since the loop last looked
-        self.pump = ChannelPump(self.q)
+        self.teardown = Teardown(backend, bus, spec.job.stop_grace_s, clock)
+        self.interrupts = Interrupts(interrupt)
+        self.gate = GoGate(spec, plan, bus, self.roles.holding_go(), report=preflight, attempt=attempt)
+        self.closed = ClosedChannels(clock)  # channels that ended before their task's end was known
         self.failures: list[Failure] = []
         self.state = JobState.STARTING
-        self.stopping_reason: str | None = None
-        self.teardown_deadline: float | None = None
-        self.interrupted_by: int | None = None
         self.went_at: float | None = None
         self.started_ts = time.time()
-        self._handled_interrupts = 0
         self.bound = BoundWatch(bound, spec.job.startup_timeout_s) if bound is not None and bound.active else None
         self.bound_reached: str | None = None
         # the tasks' figures: the job's (across attempts) when it passes them, fed every record we write
         self.figures = figures if figures is not None else Figures()
         self.snapshots = Snapshots(self.sessions, self.figures, evaluations)
+        self.reporter = Reporter(self.snapshots, self.monitor, backend, bus, attempt=attempt)
+        self.observed = Observations(self.monitor, bus, heartbeats, self.figures, self.snapshots, attempt=attempt)
+        self._settle = False  # a task became ready or terminal since the loop last looked
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -106,13 +116,18 @@ class Supervisor(Teardown, RoleCare):
         try:
             while True:
                 try:
-                    self._handle(self.q.get(timeout=TICK_S))
+                    self._handle(self.q.get(timeout=EOF_POLL_S if self.closed else TICK_S))
                     for _ in range(256):  # what is already there, before deciding anything
                         self._handle(self.q.get_nowait())
                 except queue.Empty:
                     pass
                 now = self.clock()
-                self._check_interrupt()
+                if self.closed:
+                    self._settle_closed(now)
+                    if self.closed:
+                        continue  # nothing is decided while a closed channel's exit status is awaited
+                if (order := self.interrupts.order()) is not None:
+                    self._stop(order)
                 if self._settle:  # a task came up or ended (once per batch of inputs, not per task)
                     self._settle = False
                     if self.state == JobState.STARTING:
@@ -125,28 +140,28 @@ class Supervisor(Teardown, RoleCare):
                 if self.state == JobState.STARTING:
                     self._maybe_go(now, hello_deadline)
                 if now >= next_ping:
-                    self._broadcast(p.Ping())
+                    for s in self.sessions.values():
+                        if s.state.is_alive:
+                            s.send(p.Ping())
                     next_ping = now + self.policy.interval_s
                 if self.state == JobState.RUNNING:  # while stopping, the teardown deadline rules
                     for v in self.monitor.check(now):
                         self._verdict(v)
                     self._check_bound(now)
-                if self.teardown_deadline is not None:
-                    if now >= self.teardown_deadline:
-                        self._abandon_all("no exit confirmation before the teardown deadline")
-                    else:
-                        for task in self.monitor.silent_past_timeout(now):
-                            self._abandon(self.sessions[task], "silent past the heartbeat timeout during the teardown")
+                for task in self.teardown.give_up(now, self.sessions, self.monitor.silent_past_timeout):
+                    self.snapshots.touch(task)
                 self.logs.flush()
                 if now >= next_status:
-                    self._publish_status()
+                    self.reporter.publish(self.on_status, self.state, self.teardown.reason)
                     next_status = now + status_period(len(self.sessions))
                 if all(s.state.is_terminal for s in self.sessions.values()):
                     break
         finally:
             self.pump.stop()
             self.pump.join(2)
-            self._drain()
+            for item in self.pump.leftovers():  # late lines, a task_files in flight
+                self._handle(item)
+            self._settle_closed()
             for s in self.sessions.values():
                 if not s.handing_over:
                     s.close()
@@ -156,21 +171,6 @@ class Supervisor(Teardown, RoleCare):
                     s.close()
             self.logs.flush()
         return self._result()
-
-    def _drain(self) -> None:
-        """Decode what the pump read before it stopped (late lines, a task_files in flight)."""
-        while True:
-            try:
-                item = self.q.get_nowait()
-            except queue.Empty:
-                if not self.pump.spill:
-                    return
-                item = self.pump.spill.pop(0)
-            if isinstance(item, ChannelReady):
-                if item.channel is not None:
-                    item.channel.close()
-                continue
-            self._handle(item)
 
     def _deliver(self, task: str, chan: Channel | BaseException) -> None:
         """Called from the backend's threads: a task's channel (or why there is none)."""
@@ -188,10 +188,14 @@ class Supervisor(Teardown, RoleCare):
     def _handle_item(self, s: TaskSession, item: ChannelReady | Received) -> None:
         self.snapshots.touch(s.task)  # (its status entry is rebuilt at the next snapshot)
         if isinstance(item, ChannelReady):
+            self._settle_closed()
             self._on_channel(s, item)
             return
         retired = self._retired(s)
-        for x in s.receive(item.out, item.err):
+        items = s.receive(item.out, item.err)
+        if self.closed and (item.eof or any(isinstance(x, _DECISIVE) for x in items)):
+            self._settle_closed()
+        for x in items:
             if isinstance(x, Output):
                 self.logs.write(s.task, x.data)
             elif retired:
@@ -210,80 +214,35 @@ class Supervisor(Teardown, RoleCare):
             if s.channel is not None or s.state.is_terminal:
                 return  # it is up already (or given up on): a late error of the launcher is moot
             s.become(TaskState.NOT_STARTED)
-            self._fail(self._failure("spawn", f"cannot start worker_entry: {item.error}", s, last_lines=()))
+            self._fail(s.failure("spawn", f"cannot start worker_entry: {item.error}", last_lines=()))
             return
         if s.state.is_terminal:  # abandoned while it was starting
             item.channel.close()
             return
         s.attach(item.channel)
         self.pump.add(s.key, item.channel)
-        if self.stopping_reason is not None:  # the job is already being torn down: stop it before the go
+        if self.teardown.reason is not None:  # the job is already being torn down: stop it before the go
             s.stop_sent = True
-            s.send(p.Stop(grace_s=0, reason=self.stopping_reason))
+            s.send(p.Stop(grace_s=0, reason=self.teardown.reason))
 
     def _message(self, s: TaskSession, m: p.Message) -> None:
-        now = self.clock()
-        if s.state.is_alive:
-            self.monitor.seen(s.task, now)
-        if isinstance(m, p.Heartbeat):
-            self.monitor.on_heartbeat(s.task, m, now)
-            self._record(s.task, {**record_of(m), "attempt": self.attempt})
-        elif isinstance(m, p.Hello):
-            hostname = m.facts.hostname
-            gpus = [{"name": g.name, "memory_mb": g.memory_mb} for g in m.facts.gpus]
-            self.monitor.gpus.on_models(s.task, [{"index": g.index, "name": g.name} for g in m.facts.gpus])
-            self.bus.emit(ev.TaskReady(task=s.task, host=s.host, hostname=hostname, pid=m.pid, gpus=gpus))
-            self._late_go(s)
-        elif isinstance(m, p.Spawned):
-            self.bus.emit(ev.TaskSpawned(task=s.task, host=s.host, pid=m.pid))
-        elif isinstance(m, p.Started):
-            self.monitor.on_started(s.task, now)
-            self.bus.emit(ev.TaskStarted(task=s.task, host=s.host, how=m.how))
-        elif isinstance(m, p.StrategyInfo):
-            self.monitor.on_started(s.task, now)
-        elif isinstance(m, p.Profile):
-            record = record_of(m)
-            self._record(s.task, {**record, "kind": "profile", "attempt": self.attempt})
-            for v in self.monitor.on_profile(s.task, record, now):
-                self._verdict(v)
-        elif isinstance(m, p.Evaluation):  # an evaluator's metrics: an event, folded into its status entry
-            self.snapshots.evaluated(
-                self.bus.emit(
-                    ev.Evaluation(
-                        task=s.task,
-                        host=s.host,
-                        count=m.count,
-                        metrics=m.metrics,
-                        step=m.step,
-                        checkpoint=m.checkpoint,
-                        source=m.source,
-                        dropped=m.dropped,
-                    )
-                )
-            )
-        elif isinstance(m, p.Exited):
+        for v in self.observed.message(s, m, self.clock()):
+            self._verdict(v)
+        late = isinstance(m, p.Hello) and self.went_at is not None and self.teardown.reason is None
+        if isinstance(m, p.Exited):
             self._on_exited(s, m)
-
-    def _record(self, task: str, record: dict[str, Any]) -> None:
-        """Written to heartbeats.jsonl, and the very same record to the figures (`report` reads the file)."""
-        self.heartbeats.write(task, record)
-        self.figures.add(task, record)
+        elif late and s.state == TaskState.READY:  # said hello after the go (a sidecar evaluator, a restart)
+            s.send(p.Go())
 
     def _on_exited(self, s: TaskSession, m: p.Exited) -> None:
-        state = s.finish(m, job_stopping=self.stopping_reason is not None)
-        self.bus.emit(
-            ev.TaskExited(
-                task=s.task,
-                host=s.host,
-                code=m.code,
-                signal=m.signal,
-                signal_name=m.signal_name,
-                stopped=state == TaskState.STOPPED,
-                reason=m.reason,
-            )
-        )
+        state = s.finish(m, job_stopping=self.teardown.reason is not None)
+        stopped = state == TaskState.STOPPED
+        exited = {"code": m.code, "signal": m.signal, "signal_name": m.signal_name, "reason": m.reason}
+        self.bus.emit(ev.TaskExited(task=s.task, host=s.host, stopped=stopped, **exited))
         if state == TaskState.SUCCEEDED:
-            self._check_training_end()
+            end = self.roles.training_end(self.sessions, stopping=self.teardown.reason is not None)
+            if end is not None:
+                self._stop(end)
         if state != TaskState.FAILED:
             return
         if m.signal:
@@ -291,28 +250,37 @@ class Supervisor(Teardown, RoleCare):
         else:
             kind, msg = "exit", m.error or f"exited with code {m.code}"
         self._blame_suspects(s)
-        self._fail(self._failure(kind, msg, s, exit_code=m.code, signal=m.signal_name))
+        self._fail(s.failure(kind, msg, exit_code=m.code, signal=m.signal_name))
 
     def _on_eof(self, s: TaskSession) -> None:
-        s.abandoned = True  # nothing more will come on this channel
-        if s.state.is_terminal:
-            return
-        status = s.channel.exit_status() if s.channel else None
-        for _ in range(20):
-            if status is not None:
-                break
-            time.sleep(0.01)
-            status = s.channel.exit_status() if s.channel else None
-        if self.stopping_reason and s.stop_sent:
-            s.become(TaskState.STOPPED)
-            self._stopped_waiting(s, "channel closed during teardown")
-            return
+        """Nothing more comes on this channel: decided by ``_settle_closed``, at once or on a later pass."""
+        s.abandoned = True
+        if not s.state.is_terminal:
+            self.closed.add(s)
+            self._settle_closed(self.clock())
+
+    def _settle_closed(self, now: float | None = None) -> None:
+        """Decide the tasks whose channel closed without an exit (``closed``: in order, each once its
+        status came or it waited long enough; every one when ``now`` is None): one told to stop has
+        stopped, any other is lost."""
+        for s, stopped, status in self.closed.due(lambda s: bool(self.teardown.reason and s.stop_sent), now):
+            self._settle = True
+            self.snapshots.touch(s.task)
+            if s.state.is_terminal:
+                continue
+            if stopped:
+                s.become(TaskState.STOPPED)
+                self.teardown.stopped_waiting(s, "channel closed during teardown")
+            else:
+                self._lost(s, status)
+
+    def _lost(self, s: TaskSession, status: int | None) -> None:
         s.become(TaskState.LOST)
         diag = entry_failure(status, s.diag_text, s.node.argv[0], synced=s.decoder.synced)
         msg = diag.message if diag else f"connection closed without an exit status (channel status {status})"
         self.bus.emit(ev.TaskLost(task=s.task, host=s.host, message=msg, status=status))
         self._blame_suspects(s)
-        self._fail(self._failure("lost", msg, s, exit_code=status, hint=diag.hint if diag else ""))
+        self._fail(s.failure("lost", msg, exit_code=status, hint=diag.hint if diag else ""))
 
     def _on_violation(self, s: TaskSession, error: str) -> None:
         """The node broke the protocol: that task fails (its node stops it when its channel closes)."""
@@ -325,38 +293,25 @@ class Supervisor(Teardown, RoleCare):
         s.close()
         if was_alive:
             s.become(TaskState.FAILED)
-        self._fail(self._failure("protocol", msg, s, hint=PROTOCOL_HINT))
+        self._fail(s.failure("protocol", msg, hint=PROTOCOL_HINT))
 
     # --- decisions ---------------------------------------------------------------------------
 
     def _maybe_go(self, now: float, hello_deadline: float) -> None:
-        if self.stopping_reason:
+        if self.teardown.reason:
             return
-        # the go waits for the tasks whose role holds it (not a sidecar evaluator: it gets its go when it is up)
-        if now < hello_deadline and any(
-            s.state in _NOT_UP and self.rules[t].holds_go for t, s in self.sessions.items()
-        ):
-            return  # stops at the first task not up yet: no scan of every task per tick while they come
-        waiting = [s for t, s in self.sessions.items() if s.state in _NOT_UP and self.rules[t].holds_go]
-        if waiting:
-            names = ", ".join(s.task for s in waiting)
-            msg = f"worker_entry did not report within {self.policy.startup_timeout_s:g}s on {names}"
-            self._fail(self._failure("startup_timeout", msg, waiting[0], last_lines=()))
-            return
-        ready = [s for s in self.sessions.values() if s.state == TaskState.READY]
-        failure = check_before_go(ready, self.spec, self.plan, self.bus, report=self.preflight, attempt=self.attempt)
-        if failure is not None:
-            self._fail(failure)
-            return
-        if not ready:
-            return
-        for s in ready:
-            s.send(p.Go())
-        self.went_at = now
-        self.monitor.arm(now)
-        self.state = JobState.RUNNING
+        go = self.gate.decide(now, hello_deadline, self.sessions)
+        if isinstance(go, Failure):
+            self._fail(go)
+        elif go:
+            for s in go:
+                s.send(p.Go())
+            self.went_at = now
+            self.monitor.arm(now)
+            self.state = advance(self.state, JobState.RUNNING)
 
     def _verdict(self, v: Verdict) -> None:
+        self._settle_closed()
         s = self.sessions.get(v.task) if v.task else None
         self.snapshots.touch(v.task)
         self.bus.emit(VERDICT_EVENTS[v.kind](task=v.task, host=s.host if s else None, message=v.message, **v.data))
@@ -366,83 +321,86 @@ class Supervisor(Teardown, RoleCare):
             s.close()
             s.become(TaskState.LOST)
         if v.fatal:
-            self._fail(self._failure(v.kind, v.message, s))
+            self._fail(
+                s.failure(v.kind, v.message) if s else Failure(v.kind, v.message, time.time(), attempt=self.attempt)
+            )
 
     def _check_bound(self, now: float) -> None:
         """A bounded run that had enough stops like `tfcluster stop`, and counts as a success."""
-        if self.bound is None or self.stopping_reason:
+        if self.bound is None or self.teardown.reason:
             return
+        rules, live = self.roles.rules, self.figures.live
         running = {
-            t: self.figures.live(t).steps
-            for t, s in self.sessions.items()
-            if s.state == TaskState.RUNNING and self.rules[t].collective
-        }  # (a ps or an evaluator has no steps)
-        if (why := self.bound.check(running, now, self.went_at)) is not None:
+            t: live(t).steps for t, s in self.sessions.items() if s.state == TaskState.RUNNING and rules[t].collective
+        }
+        if (why := self.bound.check(running, now, self.went_at)) is not None:  # (a ps, an evaluator: no steps)
             self.bound_reached = why
-            self.bus.emit(ev.BoundReached(message=why, steps=min((n or 0 for n in running.values()), default=0)))
-            self._teardown(f"bounded run: {why}", bounded=True)
+            done = ev.BoundReached(message=why, steps=min((n or 0 for n in running.values()), default=0))
+            self._stop(StopOrder(f"bounded run: {why}", bounded=True, announce=done))
 
     def _blame_suspects(self, failed_task: TaskSession) -> None:
         """A peer that went silent or was stopped *before* this failure is the likelier cause."""
-        if self.failures or self.rules[failed_task.task].on_failure != "teardown":
+        if self.failures or self.roles.rules[failed_task.task].on_failure != "teardown":
             return
         for v in self.monitor.suspects(self.clock(), exclude=failed_task.task):
             self._verdict(v)
 
-    def _failure(self, kind: str, message: str, s: TaskSession | None, **fields: Any) -> Failure:
-        """A failure of this attempt, attributed to ``s`` (with its last output lines) when given."""
-        if s is not None:
-            fields.setdefault("last_lines", s.last_lines())
-        task, host = (s.task, s.host) if s is not None else (None, None)
-        return Failure(kind, message, time.time(), task, host, attempt=self.attempt, **fields)
-
     def _fail(self, failure: Failure) -> None:
-        if (fatal := self._tolerate(failure)) is None:
-            return  # its role does not take the job down: restarted in place, or reported
-        failure = fatal
+        """A failure: its role decides (``RoleCare.judge``) whether the job fails with it — the first is
+        the root cause, the tasks are stopped — or its task is restarted in place, or only reported."""
+        self._settle_closed()
+        decision = self.roles.judge(failure, stopping=self.teardown.reason is not None, went=self.went_at is not None)
+        if decision.action != "teardown":
+            s = self.sessions[str(failure.task)]
+            self.roles.absorb(s, decision)
+            if decision.action == "restart":
+                self._restart(s, decision.restarts)
+            self.snapshots.touch(s.task)
+            return
+        failure = decision.failure
         self.failures.append(failure)
-        if self.stopping_reason is None:
+        if self.teardown.reason is None:
             where = f"{failure.task} ({failure.host})" if failure.task else "the job"
-            self._teardown(f"{where}: {failure.message}", grace=self.spec.job.failure_grace_s)
+            self._stop(StopOrder(f"{where}: {failure.message}", grace=self.spec.job.failure_grace_s))
 
-    def _broadcast(self, command: p.Message) -> None:
-        for s in self.sessions.values():
-            if s.state.is_alive:
-                s.send(command)
+    def _restart(self, old: TaskSession, n: int) -> None:
+        """The task's next incarnation replaces it here; it gets the go as soon as it says hello."""
+        new, error = self.roles.restart(old, n, self.sessions.values())
+        new.on_terminal = self.monitor.on_terminal
+        self.sessions[old.task] = new
+        self.keys[new.key] = new
+        self.monitor.revive(old.task, self.clock())
+        if error is not None:  # no retry can mend it: the job fails now, saying why
+            new.become(TaskState.NOT_STARTED)
+            self._fail(new.failure("restart", error, last_lines=()))
+
+    def _retired(self, s: TaskSession) -> bool:
+        """An incarnation replaced by a restart: what it still sends is only logged."""
+        return self.sessions.get(s.task) is not s
+
+    def _stop(self, order: StopOrder) -> None:
+        """Carry out a stop order: its cause announced, the attempt stopping, every live task told."""
+        self._settle_closed()
+        if order.announce is not None:
+            self.bus.emit(order.announce)
+        self.snapshots.touch()
+        if self.teardown.reason is None:
+            self.state = advance(self.state, JobState.STOPPING)
+        self.teardown.stop(order, self.sessions.values())
 
     # --- status and result -------------------------------------------------------------------
-
-    def status(self) -> dict[str, Any]:
-        status = self.snapshots.build(
-            state=self.state,
-            attempt=self.attempt,
-            stopping_reason=self.stopping_reason,
-            straggler=self.monitor.straggler,
-            gpu_problems=self.monitor.gpus.judgement.by_task(),
-            scores=self.monitor.scores,
-        )
-        if (refusals := self.backend.refusals()) is not None:
-            status["refused_connections"] = refusals.summary()
-        return status
-
-    def _publish_status(self, final: bool = False) -> None:
-        refusals = self.backend.refusals()
-        if refusals is not None and (r := refusals.report(final=final)) is not None:  # rate-limited, not at the end
-            self.bus.emit(ev.ConnectionRefused(peer=r.peer, reason=r.reason, count=r.count, total=r.total))
-        if self.on_status is not None:
-            self.on_status(self.status())
 
     def _result(self) -> AttemptResult:
         result = attempt_result(
             self.sessions.values(),
             attempt=self.attempt,
             failures=self.failures,
-            interrupted_by=self.interrupted_by,
+            interrupted_by=self.interrupts.by,
             started_ts=self.started_ts,
             went=self.went_at is not None,
-            bounded=self.bound_reached is not None or self.training_ended,
-            optional={t for t, r in self.rules.items() if not r.trains},
+            bounded=self.bound_reached is not None or self.roles.training_ended,
+            optional=self.roles.optional(),
         )
-        self.state = result.state
-        self._publish_status(final=True)
+        self.state = advance(self.state, result.state)
+        self.reporter.publish(self.on_status, self.state, self.teardown.reason, final=True)
         return result

@@ -20,6 +20,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..supervise.figures import job_step_ms
+
 MIN_GAIN = 1.05  # below this the pace is even enough not to advise anything
 
 
@@ -47,7 +49,7 @@ def pace(
     if len(groups) < 2:
         return None
     allreduce = min(float(w["collective_ms"]) for w in have.values())
-    step = statistics.median(float(w["step_ms"]) for w in have.values())
+    step = job_step_ms(have.values())
     models = {}
     for m, tasks in groups.items():
         wait = statistics.median(float(have[t]["collective_ms"]) - allreduce for t in tasks)

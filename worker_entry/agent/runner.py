@@ -31,10 +31,10 @@ from .gpuowner import TaskTree
 from .handover import hand_over
 from .hoststats import HostSampler
 from .output import OutputPipes
+from .records import ProgressRecords
 from .sysinfo import GroupSampler, Nvml, listening, node_facts
 from .writer import FrameWriter
 
-MAX_RECORD = 64 * 1024  # a progress record longer than this is not one
 DRAIN_TIMEOUT_S = 3.0
 TREE_GONE_S = 2.0  # after SIGKILL: how long the task's processes may take to be gone
 
@@ -59,17 +59,14 @@ class Runner:
         self.nvml: Nvml | None = None
         self.tree: TaskTree | None = None  # whose a process on a GPU is
         self.stdin_buf = stdin_rest
-        self.progress_buf = b""
         self.progress_fd: int | None = None
+        self.records = ProgressRecords(self.msg, lambda text: self._emit(p.STDERR, text))
         self.last_launcher = time.monotonic()
         self.stop_reason: str | None = None
         self.launcher_gone = False  # EOF, broken channel or no ping: nobody will read what we send
         self.kill_at: float | None = None
-        self.started_how: str | None = None
-        self.progress: p.Progress | None = None
         self.seq = 0
         self.beats_running = 0  # heartbeats sent since the command started
-        self.bad_records = 0
         self.out: OutputPipes | None = None
         self.sig_r, self.sig_w = os.pipe()
 
@@ -300,43 +297,15 @@ class Runner:
             os.close(self.progress_fd)
             self.progress_fd = None
             return
-        self.progress_buf += data
-        *lines, self.progress_buf = self.progress_buf.split(b"\n")
-        if len(self.progress_buf) > MAX_RECORD:
-            self.progress_buf = b""  # not a record stream: a record is one short line
-        for line in lines:
-            self._progress_record(line)
-
-    def _progress_record(self, line: bytes) -> None:
-        """One record from the training process (docs/architecture.md); a bad one is skipped."""
-        try:
-            rec = json.loads(line)
-            kind = rec.get("kind") if isinstance(rec, dict) else None
-            if kind == "progress":
-                self.progress = p.Progress.from_dict(rec)
-                self._mark_started("progress")
-            elif kind == "strategy":
-                self._mark_started("strategy")
-                self.msg(p.StrategyInfo.from_dict(rec))
-            elif kind in ("profile", "evaluation"):
-                self.msg(p.NODE_MESSAGES[kind].from_dict(rec))
-        except (ValueError, RecursionError, p.ProtocolError) as exc:
-            self.bad_records += 1
-            if self.bad_records == 1:
-                self._emit(p.STDERR, f"worker_entry: ignoring a bad progress record ({str(exc)[:200]})\n".encode())
-
-    def _mark_started(self, how: str) -> None:
-        if self.started_how is None:
-            self.started_how = how
-            self.msg(p.Started(how=how))  # type: ignore[arg-type]
+        self.records.feed(data)
 
     def _next_seq(self) -> int:
         self.seq += 1
         return self.seq
 
     def _heartbeat(self) -> None:
-        if self.started_how is None and self.tf_port and listening(int(self.tf_port)):
-            self._mark_started("tf_server")
+        if self.records.started_how is None and self.tf_port and listening(int(self.tf_port)):
+            self.records.mark_started("tf_server")
         # The beat sent as the task starts carries no process sample (no rate yet, and psutil's
         # import would delay every host's start); a task that ends within an interval needs none.
         sample = self.sampler.sample() if self.sampler is not None and self.beats_running > 0 else {}
@@ -349,7 +318,7 @@ class Runner:
                 ts=time.time(),
                 load1=round(os.getloadavg()[0], 2),
                 gpus=[p.GpuSample.from_dict(g) for g in gpus] if gpus is not None else None,
-                progress=self.progress,
+                progress=self.records.progress,
                 host=p.HostSample.from_dict(host) if host else None,
                 **sample,
             )
@@ -384,7 +353,7 @@ class Runner:
                 f"{TREE_GONE_S:g}s after SIGKILL: pids {' '.join(map(str, left[:20]))}\n".encode(),
             )
         self.out.flush_partials()
-        if self.progress is not None:
+        if self.records.progress is not None:
             self._heartbeat()
         code = rc if rc >= 0 else None
         sig = -rc if rc < 0 else None

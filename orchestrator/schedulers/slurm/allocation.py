@@ -190,7 +190,7 @@ class SlurmScheduling(RunScheduling):
             self.state.preemptions += 1
         stop = stop_requested(self.rundir)
         if stop == "SIGINT" and job.result.state == JobState.INTERRUPTED_SIGTERM:
-            job.result.state = interrupted_state(signal.SIGINT)  # Ctrl-C on the follower, delivered as scancel
+            job.result.become(interrupted_state(signal.SIGINT))  # Ctrl-C on the follower, delivered as scancel
         self.state.save(self.rundir)
 
     def hand_off(self, job: RunContext, decision: Decision) -> None:
