@@ -15,7 +15,6 @@ can never stop the loop from enforcing the timeouts.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import selectors
 import signal
@@ -31,10 +30,11 @@ from .gpuowner import TaskTree
 from .handover import hand_over
 from .hoststats import HostSampler
 from .output import OutputPipes
+from .progressin import ProgressPipe
 from .sysinfo import GroupSampler, Nvml, listening, node_facts
+from .taskdir import TaskDir
 from .writer import FrameWriter
 
-MAX_RECORD = 64 * 1024  # a progress record longer than this is not one
 DRAIN_TIMEOUT_S = 3.0
 TREE_GONE_S = 2.0  # after SIGKILL: how long the task's processes may take to be gone
 
@@ -59,8 +59,8 @@ class Runner:
         self.nvml: Nvml | None = None
         self.tree: TaskTree | None = None  # whose a process on a GPU is
         self.stdin_buf = stdin_rest
-        self.progress_buf = b""
         self.progress_fd: int | None = None
+        self.progress_in: ProgressPipe | None = None
         self.last_launcher = time.monotonic()
         self.stop_reason: str | None = None
         self.launcher_gone = False  # EOF, broken channel or no ping: nobody will read what we send
@@ -69,8 +69,9 @@ class Runner:
         self.progress: p.Progress | None = None
         self.seq = 0
         self.beats_running = 0  # heartbeats sent since the command started
-        self.bad_records = 0
+        self.bad_told = False
         self.out: OutputPipes | None = None
+        self.task_dir: TaskDir | None = None
         self.sig_r, self.sig_w = os.pipe()
 
     # --- plumbing --------------------------------------------------------------------------
@@ -94,10 +95,12 @@ class Runner:
         self.writer.start()
         self.writer.send(p.MARKER)
         self._install_signals()
-        os.makedirs(self.remote_dir, mode=0o700, exist_ok=True)
-        self.out = OutputPipes(self.sel, self.writer, os.path.join(self.remote_dir, "output.log"))
+        self.task_dir = TaskDir(self.remote_dir, self.cfg.env)  # nothing another user planted is followed
+        self.out = OutputPipes(self.sel, self.writer, self.task_dir.open_log())
         self.nvml = Nvml()
-        facts = p.NodeFacts.from_dict(node_facts(self._probe_config(), self.nvml))
+        found = node_facts(self._probe_config(), self.nvml)
+        found["problems"] += self.task_dir.problems  # an unsafe task or backup directory: no go
+        facts = p.NodeFacts.from_dict(found)
         self.nvml.restrict(self.cfg.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")))
         self.msg(
             p.Hello(
@@ -161,8 +164,7 @@ class Runner:
             raise
         finally:
             os.close(pw)
-        self.progress_fd = pr
-        os.set_blocking(pr, False)
+        self.progress_fd, self.progress_in = pr, ProgressPipe(pr)
         self.sel.register(pr, selectors.EVENT_READ, "progress")
         assert self.out is not None
         self.out.add(p.STDOUT, self.child.stdout)
@@ -287,43 +289,27 @@ class Runner:
         else:
             self.writer.send(p.log_frame(stream, data))
 
-    def _read_progress(self) -> None:
-        assert self.progress_fd is not None
-        try:
-            data = os.read(self.progress_fd, 65536)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self.sel.unregister(self.progress_fd)
-            os.close(self.progress_fd)
-            self.progress_fd = None
-            return
-        self.progress_buf += data
-        *lines, self.progress_buf = self.progress_buf.split(b"\n")
-        if len(self.progress_buf) > MAX_RECORD:
-            self.progress_buf = b""  # not a record stream: a record is one short line
-        for line in lines:
-            self._progress_record(line)
-
-    def _progress_record(self, line: bytes) -> None:
-        """One record from the training process (docs/architecture.md); a bad one is skipped."""
-        try:
-            rec = json.loads(line)
-            kind = rec.get("kind") if isinstance(rec, dict) else None
-            if kind == "progress":
-                self.progress = p.Progress.from_dict(rec)
+    def _read_progress(self) -> bool:
+        """Read and act on what the pipe holds; False when it is empty for now or closed."""
+        pipe = self.progress_in
+        records = pipe.read() if pipe is not None else None
+        if records is None:
+            if pipe is not None and self.progress_in is not None:
+                self.sel.unregister(self.progress_fd)
+                self.progress_in = self.progress_fd = None
+            return False
+        for rec in records:  # docs/architecture.md, "Progress records"
+            if isinstance(rec, p.Progress):
+                self.progress = rec
                 self._mark_started("progress")
-            elif kind == "strategy":
-                self._mark_started("strategy")
-                self.msg(p.StrategyInfo.from_dict(rec))
-            elif kind in ("profile", "evaluation"):
-                self.msg(p.NODE_MESSAGES[kind].from_dict(rec))
-        except (ValueError, RecursionError, p.ProtocolError) as exc:
-            self.bad_records += 1
-            if self.bad_records == 1:
-                self._emit(p.STDERR, f"worker_entry: ignoring a bad progress record ({str(exc)[:200]})\n".encode())
+            else:
+                if isinstance(rec, p.StrategyInfo):
+                    self._mark_started("strategy")
+                self.msg(rec)
+        if pipe.bad and not self.bad_told:
+            self.bad_told = True
+            self._emit(p.STDERR, f"worker_entry: ignoring a bad progress record ({pipe.error})\n".encode())
+        return pipe.got > 0
 
     def _mark_started(self, how: str) -> None:
         if self.started_how is None:
@@ -375,6 +361,9 @@ class Runner:
                 elif key.data == "progress":
                     self._read_progress()
         self._kill_group(signal.SIGKILL)
+        for _ in range(64):  # the last record (written at the process's exit) counts its last steps
+            if not self._read_progress():
+                break
         # Exit only once the task's processes are gone: worker_entry's exit is the launcher's confirmation.
         left = wait_gone(self.child.pid, self.sampler.seen if self.sampler is not None else {}, TREE_GONE_S)
         if left:
@@ -411,13 +400,8 @@ class Runner:
     def _write_exit(self, status: dict[str, Any]) -> int | None:
         log_bytes = self.out.close() if self.out is not None else None
         status["log_bytes"] = log_bytes
-        path = os.path.join(self.remote_dir, "exit.json")
-        with contextlib.suppress(OSError):
-            with open(path + ".tmp", "w") as f:
-                json.dump(status, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(path + ".tmp", path)
+        if self.task_dir is not None:
+            self.task_dir.write_exit(status)
         return log_bytes
 
 
