@@ -64,7 +64,9 @@ class Job:
             started_ts=started,
             ended_ts=started,
         )
-        self.out = RunOutputs(self.rundir, plan, live=opts.live, echo_logs=opts.echo_logs)
+        self.out = RunOutputs(
+            self.rundir, plan, live=opts.live, echo_logs=opts.echo_logs, max_log_bytes=self.spec.logs.max_bytes_per_task
+        )
         self.bus = self.out.bus
         self.logs = self.out.logs
         self.transfers = transfers_for(self)

@@ -4,7 +4,9 @@ RUN/
   spec.yaml  plan.json  launcher.json  status.json  events.jsonl  heartbeats.jsonl
   combined.log            every task's lines, prefixed with time, task and host
   logs/<type>-<index>.log raw lines of a task (attempt 0); logs/<type>-<index>.attempt-N.log after restarts
+  logs/cuts.json          tasks whose output passed logs.max_bytes_per_task (cut from that attempt on)
   result.json             written once, at the end (``sinks.record``)
+  .reserve                space held for result.json and status.json on a full disk (``runs.reserve``), until the end
   tensorboard/            TensorBoard scalars per task and for the job (``sinks.tensorboard``; or the user's dir)
   checkpoints/            the chief's checkpoint directory, gathered and verified
   nodes/                  node-side task directories (exit.json, complete logs) copied back
@@ -27,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import RunNotFound, UsageError
+from .reserve import NAME as RESERVE
+from .reserve import make_reserve, with_reserve
 
 SLURM_DIR = "slurm"  # RUN/slurm/: the Slurm batch script, sbatch's argv and answer, srun's and the job's output
 
@@ -120,6 +124,22 @@ class RunDir:
         """Kubernetes: the objects applied and every pod's phase, node and exit."""
         return self.path / "kubernetes.json"
 
+    @property
+    def reserve(self) -> Path:
+        """Space held for result.json and status.json on a full disk (``runs.reserve``), until the run's end."""
+        return self.path / RESERVE
+
+    @property
+    def log_cuts(self) -> Path:
+        """Tasks whose output passed logs.max_bytes_per_task: task -> the attempt it was cut in."""
+        return self.logs_dir / "cuts.json"
+
+    def cut_from(self, task: str) -> int | None:
+        """The attempt from which ``task``'s log was cut (its later logs too), or None."""
+        cuts = self.read_json(self.log_cuts)
+        attempt = cuts.get(task) if isinstance(cuts, dict) else None
+        return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt >= 0 else None
+
     def task_log(self, slug: str, attempt: int = 0) -> Path:
         name = f"{slug}.log" if attempt == 0 else f"{slug}.attempt-{attempt}.log"
         return self.logs_dir / name
@@ -130,7 +150,7 @@ class RunDir:
         ``adopt``: it may already exist holding only launcher.log (made for a --detach launcher)."""
         p = Path(path)
         existing = check_new_dir(p)
-        allowed = {"launcher.log", "logs"} if adopt else set()
+        allowed = {"launcher.log", "logs", RESERVE} if adopt else set()
         if any(name not in allowed for name in existing):
             raise UsageError(f"run directory {p} already exists and is not empty; choose another --run-dir")
         try:
@@ -139,6 +159,7 @@ class RunDir:
             (p / "logs").mkdir(exist_ok=True, mode=0o700)
         except OSError as exc:
             raise UsageError(f"cannot create run directory {p}: {exc.strerror}") from None
+        make_reserve(p)  # space for result.json and status.json, whatever fills the disk later
         return cls(p)
 
     def read_json(self, path: Path) -> Any:
@@ -187,7 +208,15 @@ def write_private(path: Path, text: str, mode: int = 0o600) -> None:
 def write_bytes_atomic(path: Path, data: bytes | Iterable[bytes], *, durable: bool = True) -> None:
     """``path`` holds ``data`` (bytes, or chunks streamed from a large file) whole, or is left as it
     was: a temp file in the same directory, renamed over it. Private (0600) like the run directory.
-    The one atomic writer of the launcher: JSON records, pages, PNGs, a log completed from its node."""
+    The one atomic writer of the launcher: JSON records, pages, PNGs, a log completed from its node.
+    A record (bytes) that finds the disk full uses the run directory's reserve (``runs.reserve``)."""
+    if isinstance(data, bytes | bytearray):
+        with_reserve(path, len(data), lambda: _write_atomic(path, data, durable))
+    else:
+        _write_atomic(path, data, durable)
+
+
+def _write_atomic(path: Path, data: bytes | Iterable[bytes], durable: bool) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:

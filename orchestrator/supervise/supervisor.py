@@ -26,7 +26,7 @@ from ..spec import ClusterSpec
 from .bound import BoundWatch, RunBound
 from .figures import Figures
 from .gate import check_before_go
-from .inputs import QUEUE_ITEMS, ChannelPump, ChannelReady, Interrupt, Received
+from .inputs import ChannelPump, ChannelReady, InputQueue, Interrupt, Received
 from .monitor import Monitor
 from .rolecare import RoleCare
 from .session import PROTOCOL_HINT, Output, ShellNoise, TaskSession, Violation, record_of
@@ -74,7 +74,7 @@ class Supervisor(Teardown, RoleCare):
         self.monitor = Monitor(list(self.sessions), self.policy, clock(), self._members())
         for s in self.sessions.values():
             s.on_terminal = self.monitor.on_terminal
-        self.q: queue.Queue = queue.Queue(maxsize=QUEUE_ITEMS)
+        self.q: queue.Queue = InputQueue()  # bounded by items and bytes: a flood cannot grow the launcher
         self._settle = False  # a task became ready or terminal since the loop last looked
         self.pump = ChannelPump(self.q)
         self.failures: list[Failure] = []
