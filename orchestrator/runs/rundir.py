@@ -20,13 +20,15 @@ Every path of a run is a property here; nothing else spells a file name of the r
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..core.errors import RunNotFound, UsageError
 from .reserve import NAME as RESERVE
@@ -164,8 +166,10 @@ class RunDir:
 
     def read_json(self, path: Path) -> Any:
         try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
+            with open_regular(path) as f:
+                data = f.read(MAX_JSON + 1)
+            return json.loads(data) if len(data) <= MAX_JSON else None
+        except (OSError, ValueError, RecursionError):
             return None
 
     def is_finished(self) -> bool:
@@ -236,8 +240,9 @@ def _write_atomic(path: Path, data: bytes | Iterable[bytes], durable: bool) -> N
 
 def resolve_run(arg: str, runs_dir: str | Path = "runs") -> RunDir:
     """A run directory path, or a job name meaning its newest run under `runs_dir` that this user can
-    read: run directories are private (0700), so another user's run in a shared `runs/` is passed over
-    (and named in the message if nothing else matches), never an error for everyone."""
+    read — this user's own runs first: in a shared `runs/` another user may plant a run of any name
+    (``foreign_owner`` says whose a run is, for the caller to tell). Another user's private (0700)
+    run is passed over (and named in the message if nothing else matches), never an error for everyone."""
     p = Path(arg)
     try:
         if p.is_dir():
@@ -260,7 +265,8 @@ def resolve_run(arg: str, runs_dir: str | Path = "runs") -> RunDir:
             if not plan.is_file():
                 continue
             if named or _job_of(plan) == arg:
-                candidates.append((plan.stat().st_mtime, d.name, d))
+                mine = d.stat().st_uid == os.getuid()
+                candidates.append((mine, plan.stat().st_mtime, d.name, d))
         except PermissionError:
             if named:
                 private.append(d)
@@ -275,7 +281,17 @@ def resolve_run(arg: str, runs_dir: str | Path = "runs") -> RunDir:
             )
         raise RunNotFound(f"no run directory or job named {arg!r} (looked in {base}/); pass the run directory path")
     candidates.sort()
-    return RunDir(candidates[-1][2])
+    return RunDir(candidates[-1][3])
+
+
+def foreign_owner(run: RunDir) -> str | None:
+    """``user (uid N)`` when ``run`` is not the caller's own run directory (None: it is)."""
+    try:
+        if run.path.stat().st_uid == os.getuid():
+            return None
+    except OSError:
+        return None
+    return _owner(run.path)
 
 
 def _readable_run(path: Path, arg: str) -> None:
@@ -323,17 +339,38 @@ def wait_for_run(arg: str, runs_dir: str | Path = "runs", timeout_s: float = 120
 
 def _job_of(plan: Path) -> str | None:
     try:
-        return json.loads(plan.read_text()).get("job")
-    except (OSError, ValueError, AttributeError):
+        with open_regular(plan) as f:
+            return json.loads(f.read(MAX_JSON)).get("job")
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
+
+
+#: A run's JSON file larger than this is not one (plan.json of 4,096 tasks is a few MB).
+MAX_JSON = 64 << 20
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading only if it is a regular file: never blocking on a FIFO or a device
+    planted in a shared runs directory (O_NONBLOCK at the open, then S_ISREG), never through a link."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     """The JSON objects of a .jsonl file; a torn or foreign line (a crash mid-write, or nesting too deep
     for the parser) is skipped."""
-    if not path.exists():
+    try:
+        f = open_regular(path)
+    except OSError:
         return
-    with open(path, "rb") as f:
+    with f:
         yield from json_objects(f)
 
 
