@@ -25,6 +25,7 @@ from ..plan.roles import RoleRule, rule_of
 from ..spec import ClusterSpec
 from .inputs import ChannelPump
 from .monitor import Monitor
+from .placement import endpoint_problem
 from .session import TaskSession
 
 #: A TF endpoint a node may report: HOST:PORT or [IPV6]:PORT (anything else is not used).
@@ -182,6 +183,9 @@ class RoleCare:
         ]
         if missing:
             raise ValueError(f"cannot rebuild TF_CONFIG: {', '.join(missing[:3])} never said where it listens")
+        for s, ep in zip(order, endpoints, strict=True):  # a node speaks only for where it is itself
+            if ep and (why := endpoint_problem(ep, s.channel)):
+                raise ValueError(f"cannot rebuild TF_CONFIG: {s.task}: {why}")
         config.env[p.Env.TF_CONFIG] = json.dumps(
             tf_config_of(tf_cluster(tasks, endpoints), config.task), separators=(",", ":")
         )
