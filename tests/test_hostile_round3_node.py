@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import time
 
 import pytest
 
@@ -109,3 +110,79 @@ def test_the_steps_made_are_the_most_any_record_said(tmp_path):
         figs.add("worker:0", {"seq": seq, "ts": ts + 1, "progress": {"steps": steps, "ts": ts, "phase": "train"}})
     assert figs.final()["worker:0"].steps == 300 and figs.live("worker:0").steps == 300
     json.dumps(figs.final()["worker:0"].to_dict())
+
+
+# --- item 9: a host an hour ahead -------------------------------------------------------------------
+
+HOUR = 3600.0
+
+
+def _ahead(n):
+    """A worker whose clock is an hour ahead: every time it sends is the launcher's plus an hour."""
+    from fakenode import FakeNode  # noqa: F401 - the type of n
+
+    from worker_entry import protocol as p
+
+    n.hello(time=time.time() + HOUR)
+    n.wait_for(p.Go)
+    n.send(p.Spawned(pid=5))
+    n.send(p.Started(how="strategy"))
+    steps = 0
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end:
+        steps += 5
+        now = time.time() + HOUR
+        n.seq += 1
+        progress = p.Progress(steps=steps, examples=steps * 32, ts=now)
+        n.send(p.Heartbeat(seq=n.seq, ts=now, state="running", progress=progress))
+        if n.next_command(0.05) is not None and n.eof:
+            return
+    n.exited(0)
+
+
+def _on_time(n):
+    from worker_entry import protocol as p
+
+    n.hello()
+    n.wait_for(p.Go)
+    n.send(p.Spawned(pid=5))
+    n.send(p.Started(how="strategy"))
+    steps = 0
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end:
+        steps += 5
+        n.heartbeat(state="running", progress=p.Progress(steps=steps, examples=steps * 32, ts=time.time()))
+        if n.next_command(0.05) is not None and n.eof:
+            return
+    n.exited(0)
+
+
+def test_a_host_an_hour_ahead_keeps_the_whole_runs_figures(tmp_path):
+    """The issue's case: with one host an hour off, every task's and the job's steps/s and examples/s
+    were None in status, report, goodput and TensorBoard. Through the real Job (fake nodes)."""
+    from fakenode import FakeBackend, make_plan
+
+    from orchestrator.job import Job, LaunchOptions
+    from orchestrator.runs import RunDir
+    from orchestrator.views.report import build_report
+
+    loaded, plan = make_plan(3, heartbeat={"interval_s": 0.1, "timeout_s": 5.0})
+    backend = FakeBackend({"worker:0": _on_time, "worker:1": _ahead, "worker:2": _on_time})
+    run = tmp_path / "run"
+    result = Job(
+        loaded, plan, LaunchOptions(run_dir=str(run), gather=False, live=False, echo_logs=False), backend
+    ).run()
+    assert result.state.value == "succeeded", result.root_cause
+    status = json.loads((run / "status.json").read_text())
+    rates = {t: v["steps_per_s"] for t, v in status["tasks"].items()}
+    assert all(r is not None and r > 10 for r in rates.values()), rates
+    assert abs(rates["worker:1"] - rates["worker:0"]) < 0.5 * rates["worker:0"], rates
+    assert status["throughput"]["steps_per_s"] is not None
+    report = build_report(RunDir(run))
+    assert report["throughput"]["steps_per_s"] == status["throughput"]["steps_per_s"]
+    records = [json.loads(x) for x in (run / "heartbeats.jsonl").read_text().splitlines()]
+    ahead = [r for r in records if r["task"] == "worker:1" and "progress" in r]
+    assert ahead and all(abs(r["clock_skew_s"] - HOUR) < 5 for r in ahead)
+    assert all(abs(r["ts"] - time.time()) < 120 for r in ahead)  # on the launcher's clock now
+    events = (run / "events.jsonl").read_text()
+    assert "clock is +3600" in events and "put on the launcher's clock" in events

@@ -24,6 +24,7 @@ from ..events.evaluations import Evaluations
 from ..plan import Plan
 from ..spec import ClusterSpec
 from .bound import BoundWatch, RunBound
+from .clock import on_launcher_clock
 from .figures import Figures
 from .gate import check_before_go
 from .inputs import ChannelPump, ChannelReady, InputQueue, Interrupt, Received
@@ -227,7 +228,7 @@ class Supervisor(Teardown, RoleCare):
             self.monitor.seen(s.task, now)
         if isinstance(m, p.Heartbeat):
             self.monitor.on_heartbeat(s.task, m, now)
-            self._record(s.task, {**record_of(m), "attempt": self.attempt})
+            self._record(s.task, on_launcher_clock({**record_of(m), "attempt": self.attempt}, s))
         elif isinstance(m, p.Hello):
             hostname = m.facts.hostname
             gpus = [{"name": g.name, "memory_mb": g.memory_mb} for g in m.facts.gpus]
@@ -243,7 +244,7 @@ class Supervisor(Teardown, RoleCare):
             self.monitor.on_started(s.task, now)
         elif isinstance(m, p.Profile):
             record = record_of(m)
-            self._record(s.task, {**record, "kind": "profile", "attempt": self.attempt})
+            self._record(s.task, on_launcher_clock({**record, "kind": "profile", "attempt": self.attempt}, s))
             for v in self.monitor.on_profile(s.task, record, now):
                 self._verdict(v)
         elif isinstance(m, p.Evaluation):  # an evaluator's metrics: an event, folded into its status entry
