@@ -225,3 +225,47 @@ def test_node_chosen_label_values_cannot_grow_the_series_without_bound():
     assert len(series) <= 3 * MAX_LABEL_VALUES, len(series)
     assert m.labels.dropped > 0
     assert 'tfcluster_metric_labels_dropped_total{job="j"}' in generate_latest(reg).decode()
+
+
+def test_the_input_queue_is_bounded_in_bytes_not_only_in_reads():
+    """1,024 reads of a flooding task held 576 MiB; now a put waits once 32 MiB are queued."""
+    import queue
+
+    from orchestrator.supervise.inputs import QUEUE_BYTES, InputQueue, Received
+
+    q = InputQueue()
+    chunk = b"x" * (1 << 20)
+    puts = 0
+    with pytest.raises(queue.Full):
+        for _ in range(1024):
+            q.put(Received("worker:0", chunk, b"", False), block=False)
+            puts += 1
+    assert puts == QUEUE_BYTES >> 20 and q.bytes == QUEUE_BYTES
+    q.get()
+    q.put(Received("worker:0", chunk, b"", False), block=False)  # room again once the loop took one
+    big = InputQueue(max_bytes=10)
+    big.put(Received("worker:0", chunk, b"", False), block=False)  # one read larger than the bound goes in alone
+
+
+def test_a_record_is_written_from_the_reserve_when_the_disk_is_full(tmp_path, monkeypatch):
+    import errno as _errno
+
+    from orchestrator.runs import RunDir, write_json_atomic
+    from orchestrator.runs import rundir as rd
+    from orchestrator.runs.reserve import RESERVE_BYTES
+
+    run = RunDir.create(tmp_path / "run")
+    assert run.reserve.stat().st_size == RESERVE_BYTES
+    real = rd._write_atomic
+    calls = []
+
+    def full_once(path, data, durable):  # the first try finds the disk full, as on a flooded tmpfs
+        calls.append(path)
+        if len(calls) == 1:
+            raise OSError(_errno.ENOSPC, "No space left on device")
+        real(path, data, durable)
+
+    monkeypatch.setattr(rd, "_write_atomic", full_once)
+    write_json_atomic(run.result_json, {"state": "succeeded"})
+    assert json.loads(run.result_json.read_text()) == {"state": "succeeded"} and len(calls) == 2
+    assert run.reserve.stat().st_size == RESERVE_BYTES  # taken back once the write was done
