@@ -93,18 +93,28 @@ def test_a_bad_evaluation_is_one_protocol_error_naming_its_field(record, field):
 
 
 def test_the_runner_skips_a_bad_evaluation_record_and_says_so_once():
+    import os
+
+    from worker_entry.agent.progressin import ProgressPipe
     from worker_entry.agent.runner import Runner
 
     sent: list = []
     said: list[bytes] = []
-    runner = Runner.__new__(Runner)  # only what _progress_record uses
-    runner.bad_records, runner.started_how = 0, None
+    r, w = os.pipe()
+    runner = Runner.__new__(Runner)  # only what _read_progress uses
+    runner.bad_told, runner.started_how = False, None
+    runner.progress_in, runner.progress_fd = ProgressPipe(r), r
     runner.msg, runner._emit = sent.append, lambda stream, data: said.append(data)
-    runner._progress_record(b'{"kind":"evaluation","count":1,"metrics":{"loss":1e999}}')
-    runner._progress_record(b'{"kind":"evaluation","count":2,"metrics":{"' + b"x" * 99 + b'":1}}')
-    runner._progress_record(b'{"kind":"evaluation","count":3,"metrics":{"loss":0.5},"step":7}')
+    os.write(w, b'{"kind":"evaluation","count":1,"metrics":{"loss":1e999}}\n')
+    os.write(w, b'{"kind":"evaluation","count":2,"metrics":{"' + b"x" * 99 + b'":1}}\n')
+    os.write(w, b'{"kind":"evaluation","count":3,"metrics":{"loss":0.5},"step":7}\n')
+    try:
+        assert runner._read_progress()
+    finally:
+        os.close(w)
+        os.close(r)
     assert [type(m).__name__ for m in sent] == ["Evaluation"] and sent[0].metrics == {"loss": 0.5} and sent[0].step == 7
-    assert runner.bad_records == 2 and len(said) == 1 and b"ignoring a bad progress record" in said[0]
+    assert runner.progress_in.bad == 2 and len(said) == 1 and b"ignoring a bad progress record" in said[0]
 
 
 def _fake_model():
