@@ -186,3 +186,18 @@ def test_a_host_an_hour_ahead_keeps_the_whole_runs_figures(tmp_path):
     assert all(abs(r["ts"] - time.time()) < 120 for r in ahead)  # on the launcher's clock now
     events = (run / "events.jsonl").read_text()
     assert "clock is +3600" in events and "put on the launcher's clock" in events
+
+
+def test_a_pods_own_empty_dir_is_not_a_shared_scratch(tmp_path):
+    """The kubelet makes a pod's emptyDir mode 0777 (only the pod's containers see it): a pod's task
+    directory there is used; the same directory on a host is refused."""
+    from worker_entry.agent.taskdir import TaskDir
+
+    empty_dir = tmp_path / "tfcluster"
+    empty_dir.mkdir()
+    os.chmod(empty_dir, 0o777)
+    pod = TaskDir(str(empty_dir / "worker-0"), {}, pod=True)
+    assert pod.problems == [] and pod.fd is not None
+    os.close(pod.open_log())
+    host = TaskDir(str(empty_dir / "worker-1"), {})
+    assert host.fd is None and "without the sticky bit" in host.problems[0]["message"]

@@ -95,7 +95,8 @@ class Runner:
         self.writer.start()
         self.writer.send(p.MARKER)
         self._install_signals()
-        self.task_dir = TaskDir(self.remote_dir, self.cfg.env)  # nothing another user planted is followed
+        # nothing another user planted is followed (a pod's filesystem is its own: in_fd None)
+        self.task_dir = TaskDir(self.remote_dir, self.cfg.env, pod=self.in_fd is None)
         self.out = OutputPipes(self.sel, self.writer, self.task_dir.open_log())
         self.nvml = Nvml()
         found = node_facts(self._probe_config(), self.nvml)

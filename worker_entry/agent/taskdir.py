@@ -22,16 +22,18 @@ EXIT = "exit.json"
 
 
 class TaskDir:
-    def __init__(self, remote_dir: str, env: dict[str, str]) -> None:
+    def __init__(self, remote_dir: str, env: dict[str, str], *, pod: bool = False) -> None:
+        """``pod``: a Kubernetes pod's own filesystem (its emptyDir is mode 0777 by the kubelet's making,
+        and only the pod's containers see it): no other user to defend against, nothing checked."""
         self.path = remote_dir
         self.fd: int | None = None
         self.problems: list[dict[str, str]] = []
         try:
-            self.fd = open_dir(remote_dir)
+            self.fd = _pod_dir(remote_dir) if pod else open_dir(remote_dir)
         except OSError as exc:
             self._problem("task_dir", f"task directory {remote_dir}: {_text(exc)}", "job.remote_dir")
         backup = env.get(Env.BACKUP_DIR)
-        if backup:
+        if backup and not pod:
             try:
                 os.close(open_dir(backup))
             except OSError as exc:
@@ -61,6 +63,11 @@ class TaskDir:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(EXIT + ".tmp", EXIT, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+
+
+def _pod_dir(path: str) -> int:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
 def _text(exc: OSError) -> str:
