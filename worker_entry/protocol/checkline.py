@@ -80,6 +80,7 @@ class CheckReport(Record):
     links_error: str | None = field(default=None, metadata=spec(max_len=LONG))
     links_s: float | None = field(default=None, metadata=spec(lo=0, hi=S_MAX))
     probe_bind: str | None = field(default=None, metadata=spec(max_len=300))
+    probe_refused: int | None = field(default=None, metadata=spec(lo=0, hi=COUNT_MAX))  # strangers closed unheard
     communication: str | None = field(default=None, metadata=spec(max_len=32))
     device: Literal["CPU", "GPU"] | None = None
     gflops: float | None = field(default=None, metadata=spec(lo=0, hi=GFLOPS_MAX))
