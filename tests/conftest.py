@@ -24,6 +24,13 @@ WORKLOADS = REPO / "tests" / "workloads"
 PY = sys.executable
 
 
+@pytest.fixture(autouse=True)
+def _private_state(tmp_path_factory, monkeypatch):
+    """The launcher's private state (Kubernetes ownership records) of each test in a directory of its
+    own, never the real ~/.local/state (subprocesses started with ``_env()`` inherit it)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -23,6 +23,7 @@ import itertools
 import json
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,10 @@ RECORDED = Path(__file__).resolve().parent / "k8s_recorded"
 ACCEPTED = {
     "create_namespaced_secret": {"_preload_content"},
     "read_namespaced_secret": {"_preload_content"},
-    "delete_namespaced_secret": {"_preload_content"},
+    "delete_namespaced_secret": {"body", "_preload_content"},
     "create_namespaced_service": {"_preload_content"},
     "read_namespaced_service": {"_preload_content"},
-    "delete_namespaced_service": {"_preload_content"},
+    "delete_namespaced_service": {"body", "_preload_content"},
     "list_namespaced_pod": {"label_selector", "_preload_content"},
     "read_namespaced_pod": {"_preload_content"},
     "delete_namespaced_pod": {"grace_period_seconds", "_preload_content"},
@@ -52,12 +53,19 @@ ACCEPTED = {
     },
     "create_namespaced_job": {"_preload_content"},
     "read_namespaced_job": {"_preload_content"},
-    "delete_namespaced_job": {"propagation_policy", "_preload_content"},
+    "delete_namespaced_job": {"propagation_policy", "body", "_preload_content"},
     "create_namespaced_custom_object": {"_preload_content"},
     "get_namespaced_custom_object": {"_preload_content"},
-    "delete_namespaced_custom_object": {"propagation_policy", "_preload_content"},
+    "delete_namespaced_custom_object": {"propagation_policy", "body", "_preload_content"},
     "list_namespaced_custom_object": {"limit", "_preload_content"},
 }
+
+
+def workload(spec: Any, plan: Any, attempt: int = 0) -> list[dict[str, Any]]:
+    """The rendering without its NetworkPolicy (tested on its own: test_hostile_round3_k8s.py)."""
+    from orchestrator.schedulers.kubernetes import render
+
+    return [d for d in render(spec, plan, attempt) if d["kind"] != "NetworkPolicy"]
 
 
 def recorded(name: str) -> dict[str, Any]:
@@ -142,6 +150,7 @@ class FakeCluster:
         self.drop_log_after: dict[str, int] = {}  # pod prefix -> cut the followed stream after N lines, once
         self.index_failures: dict[tuple[str, str, str], int] = {}  # (job, attempt, index) -> failed pods
         self.replaced: set[str] = set()  # failed pods their Job started again
+        self.reconcile: list[Callable[[], None]] = []  # what the controllers do at their next reconcile
         self.cond = threading.Condition(threading.RLock())
         self._ids = itertools.count()
         self.core, self.batch, self.custom = _Core(self), _Batch(self), _Custom(self)
@@ -158,6 +167,35 @@ class FakeCluster:
 
     def called(self, method: str) -> list[tuple[tuple, dict]]:
         return [(a, k) for m, a, k in self.calls if m == method]
+
+    def store(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A created object as the API server keeps it: with the uid it assigned."""
+        obj = copy.deepcopy(body)
+        obj["metadata"]["uid"] = str(uuid.uuid4())
+        self.objects[(kind, obj["metadata"]["name"])] = obj
+        return obj
+
+    def precondition(self, kind: str, name: str, kw: dict) -> None:
+        """A delete's ``preconditions.uid``: the API server refuses (409) when the object's differs."""
+        want = ((kw.get("body") or {}).get("preconditions") or {}).get("uid")
+        have = ((self.objects.get((kind, name)) or {}).get("metadata") or {}).get("uid")
+        if want is not None and have is not None and want != have:
+            body = recorded("status-409.json") | {"message": f"Precondition failed: UID in precondition: {want}"}
+            raise FakeApiException(409, body)
+
+    def forge_pod(self, name: str, task: str, attempt: int = 0, owner: dict | None = None) -> None:
+        """A pod someone created by hand with the job's labels and annotations (not by its Job)."""
+        with self.cond:
+            like = next(p for p in self.pods.values() if p["_task"] == task)
+            pod = copy.deepcopy(like)
+            pod["metadata"]["name"] = name
+            pod["metadata"]["uid"] = str(uuid.uuid4())
+            pod["metadata"]["ownerReferences"] = [owner] if owner else []
+            pod["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] = str(attempt)
+            pod["status"] = recorded("status-running.json")
+            self.pods[name] = pod
+            self.logs[name] = []
+            self.cond.notify_all()
 
     def not_found(self, name: str) -> FakeApiException:
         body = recorded("status-404.json")
@@ -221,6 +259,9 @@ class FakeCluster:
         meta["annotations"].update(extra)
         meta["annotations"]["batch.kubernetes.io/job-completion-index"] = str(index)
         meta["ownerReferences"][0]["name"] = job
+        owner = self.objects.get(("Job", job))  # the Job controller's pods point at their Job's uid
+        meta["ownerReferences"][0]["uid"] = owner["metadata"]["uid"] if owner else "no-such-job"
+        meta["uid"] = str(uuid.uuid4())
         pod["spec"]["hostname"], pod["spec"]["subdomain"] = f"{job}-{index}", subdomain
         task = f"{meta['labels'].get('tfcluster/task-type')}:{index}"
         pod["status"] = recorded(self.start_state.get(task, "status-pending-creating.json"))
@@ -231,6 +272,9 @@ class FakeCluster:
     def advance(self) -> None:
         """Pods waiting for their container start (the kubelet got to them); their scripts run."""
         with self.cond:
+            todo, self.reconcile = self.reconcile, []
+            for step in todo:
+                step()
             for name, pod in list(self.pods.items()):
                 if pod["_task"] in self.start_state or name in self.ended:
                     continue
@@ -242,6 +286,7 @@ class FakeCluster:
 
     def create_jobset(self, body: dict[str, Any]) -> None:
         body = copy.deepcopy(body)
+        body["metadata"].setdefault("uid", str(uuid.uuid4()))
         body["status"] = recorded("jobset-status-running.json")
         self.objects[("JobSet", body["metadata"]["name"])] = body
         self._jobset_pods(body, 0)
@@ -257,11 +302,26 @@ class FakeCluster:
                 "jobset.sigs.k8s.io/restart-attempt": str(attempt),
             }
             template = rj["template"]["spec"]["template"]
+            # the JobSet controller's Job (made again, new uid, for each restart), controlled by the JobSet
+            ref = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": name, "controller": True}
+            self.objects[("Job", job)] = {
+                "kind": "Job",
+                "metadata": {
+                    "name": job,
+                    "uid": str(uuid.uuid4()),
+                    "labels": dict(extra),
+                    "ownerReferences": [{**ref, "uid": js["metadata"]["uid"]}],
+                },
+                "spec": rj["template"]["spec"],
+                "status": {},
+                "_jobset": name,
+            }
             for i in range(rj["template"]["spec"]["completions"]):
                 self._new_pod(job, template, i, extra, js["spec"]["network"]["subdomain"])
 
     def create_job(self, body: dict[str, Any]) -> None:
         body = copy.deepcopy(body)
+        body["metadata"].setdefault("uid", str(uuid.uuid4()))
         body["status"] = {"active": body["spec"]["completions"]}
         self.objects[("Job", body["metadata"]["name"])] = body
         template = body["spec"]["template"]
@@ -293,8 +353,8 @@ class FakeCluster:
                     restart = False
                 for peer in peers:
                     self.sigterm(peer["metadata"]["name"])
-                if restart:
-                    self._jobset_pods(js, js["status"]["restarts"])
+                if restart:  # at the controller's next reconcile (the next call), as a real one does
+                    self.reconcile.append(lambda js=js: self._jobset_pods(js, js["status"]["restarts"]))
             else:
                 self._success_policy(js, peers)
             return
@@ -371,6 +431,9 @@ class FakeCluster:
     def delete_owned(self, kind: str, name: str) -> None:
         with self.cond:
             self.objects.pop((kind, name), None)
+            if kind == "JobSet":  # its Jobs go with it
+                for key in [k for k, o in self.objects.items() if o.get("_jobset") == name]:
+                    del self.objects[key]
             key = "jobset.sigs.k8s.io/jobset-name" if kind == "JobSet" else "job-name"
             for pod in self.pods_of(**{key: name}):
                 self.sigterm(pod["metadata"]["name"])
@@ -431,8 +494,7 @@ class _Core:
         if ("Secret", body["metadata"]["name"]) in self.c.objects:
             raise FakeApiException(409, recorded("status-409.json"))
         self.c.created.append(copy.deepcopy(body))
-        self.c.objects[("Secret", body["metadata"]["name"])] = copy.deepcopy(body)
-        return FakeResponse(body)
+        return FakeResponse(self.c.store("Secret", body))
 
     def read_namespaced_secret(self, name, namespace, **kw):
         self.c.call("read_namespaced_secret", (name, namespace), kw)
@@ -442,6 +504,7 @@ class _Core:
 
     def delete_namespaced_secret(self, name, namespace, **kw):
         self.c.call("delete_namespaced_secret", (name, namespace), kw)
+        self.c.precondition("Secret", name, kw)
         if self.c.objects.pop(("Secret", name), None) is None:
             raise self.c.not_found(name)
         return FakeResponse({})
@@ -449,8 +512,7 @@ class _Core:
     def create_namespaced_service(self, namespace, body, **kw):
         self.c.call("create_namespaced_service", (namespace,), kw)
         self.c.created.append(copy.deepcopy(body))
-        self.c.objects[("Service", body["metadata"]["name"])] = copy.deepcopy(body)
-        return FakeResponse(body)
+        return FakeResponse(self.c.store("Service", body))
 
     def read_namespaced_service(self, name, namespace, **kw):
         self.c.call("read_namespaced_service", (name, namespace), kw)
@@ -460,6 +522,7 @@ class _Core:
 
     def delete_namespaced_service(self, name, namespace, **kw):
         self.c.call("delete_namespaced_service", (name, namespace), kw)
+        self.c.precondition("Service", name, kw)
         if self.c.objects.pop(("Service", name), None) is None:
             raise self.c.not_found(name)
         return FakeResponse(recorded("status-404.json") | {"status": "Success", "code": 200})
@@ -469,7 +532,8 @@ class _Core:
         self.c.advance()
         key, _, value = kw.get("label_selector", "").partition("=")
         with self.c.cond:
-            items = [{k: v for k, v in pod.items() if k != "_task"} for pod in self.c.pods_of(**{key: value})]
+            pods = sorted(self.c.pods_of(**{key: value}), key=lambda pod: pod["metadata"]["name"])  # as the API server
+            items = [{k: v for k, v in pod.items() if k != "_task"} for pod in pods]
             # ended pods disappear a moment later (their Job's finalizer is gone)
             for name in [
                 n for n in self.c.ended if n in self.c.pods and self.c.pods[n]["metadata"].get("deletionTimestamp")
@@ -512,7 +576,7 @@ class _Batch:
             raise FakeApiException(409, recorded("status-409.json"))
         self.c.created.append(copy.deepcopy(body))
         self.c.create_job(body)
-        return FakeResponse(body)
+        return FakeResponse(self.c.objects[("Job", body["metadata"]["name"])])
 
     def read_namespaced_job(self, name, namespace, **kw):
         self.c.call("read_namespaced_job", (name, namespace), kw)
@@ -524,40 +588,59 @@ class _Batch:
         self.c.call("delete_namespaced_job", (name, namespace), kw)
         if ("Job", name) not in self.c.objects:
             raise self.c.not_found(name)
+        self.c.precondition("Job", name, kw)
         self.c.delete_owned("Job", name)
         return FakeResponse({})
 
 
 class _Custom:
+    """CustomObjectsApi: JobSets, and NetworkPolicies (the launcher reaches them through the same
+    generic path: /apis/networking.k8s.io/v1/namespaces/NS/networkpolicies)."""
+
+    KINDS = {
+        ("jobset.x-k8s.io", "v1alpha2", "jobsets"): "JobSet",
+        ("networking.k8s.io", "v1", "networkpolicies"): "NetworkPolicy",
+    }
+
     def __init__(self, c: FakeCluster) -> None:
         self.c = c
 
-    def _check(self, group, version, plural) -> None:
-        assert (group, version, plural) == ("jobset.x-k8s.io", "v1alpha2", "jobsets")
+    def _kind(self, group, version, plural) -> str:
+        assert (group, version, plural) in self.KINDS, (group, version, plural)
+        return self.KINDS[(group, version, plural)]
 
     def create_namespaced_custom_object(self, group, version, namespace, plural, body, **kw):
         self.c.call("create_namespaced_custom_object", (group, version, namespace, plural), kw)
-        self._check(group, version, plural)
-        if ("JobSet", body["metadata"]["name"]) in self.c.objects:
+        kind = self._kind(group, version, plural)
+        if (kind, body["metadata"]["name"]) in self.c.objects:
             raise FakeApiException(409, recorded("status-409.json"))
         self.c.created.append(copy.deepcopy(body))
+        if kind == "NetworkPolicy":
+            return FakeResponse(self.c.store(kind, body))
         self.c.create_jobset(body)
-        return FakeResponse(body)
+        return FakeResponse(self.c.objects[("JobSet", body["metadata"]["name"])])
 
     def get_namespaced_custom_object(self, group, version, namespace, plural, name, **kw):
         self.c.call("get_namespaced_custom_object", (group, version, namespace, plural, name), kw)
-        if ("JobSet", name) not in self.c.objects:
+        kind = self._kind(group, version, plural)
+        if (kind, name) not in self.c.objects:
             raise self.c.not_found(name)
-        return FakeResponse(self.c.objects[("JobSet", name)])
+        return FakeResponse(self.c.objects[(kind, name)])
 
     def delete_namespaced_custom_object(self, group, version, namespace, plural, name, **kw):
         self.c.call("delete_namespaced_custom_object", (group, version, namespace, plural, name), kw)
-        if ("JobSet", name) not in self.c.objects:
+        kind = self._kind(group, version, plural)
+        if (kind, name) not in self.c.objects:
             raise self.c.not_found(name)
-        self.c.delete_owned("JobSet", name)
+        self.c.precondition(kind, name, kw)
+        if kind == "NetworkPolicy":
+            del self.c.objects[(kind, name)]
+        else:
+            self.c.delete_owned("JobSet", name)
         return FakeResponse({})
 
     def list_namespaced_custom_object(self, group, version, namespace, plural, **kw):
         self.c.call("list_namespaced_custom_object", (group, version, namespace, plural), kw)
+        self._kind(group, version, plural)
         items = [o for (k, _), o in self.c.objects.items() if k == "JobSet"]
         return FakeResponse({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSetList", "items": items})

@@ -46,7 +46,18 @@ def _four(gflops=(100, 100, 100, 100), bw=None):
         "worker:2": [("worker:3", bw["23"])],
         "worker:3": [],
     }
-    return {t: _node(t, g, links[t]) for t, g in zip(HOSTS, gflops, strict=True)}
+    return _served({t: _node(t, g, links[t]) for t, g in zip(HOSTS, gflops, strict=True)})
+
+
+def _served(nodes):
+    """Each link's server reports what it timed of the upload (an honest server: the client's figure)."""
+    for n in list(nodes.values()):
+        for link in n["links"]:
+            if link["b"] in nodes:
+                nodes[link["b"]].setdefault("served", []).append(
+                    {"a": link["a"], "b": link["b"], "round": link["round"], "up_Bps": link["bandwidth_Bps"]}
+                )
+    return nodes
 
 
 def test_healthy_figures_name_nothing():
@@ -143,16 +154,22 @@ def test_link_rounds_on_loopback_measure_every_pair_and_free_the_ports():
     peers = [(f"worker:{i}", "127.0.0.1", p) for i, p in enumerate(_free_ports(3))]
     found: dict[int, list] = {}
     threads = [
-        threading.Thread(target=lambda r=r: found.__setitem__(r, link_rounds(peers, r, time.monotonic() + 30)))
+        threading.Thread(
+            target=lambda r=r: found.__setitem__(r, link_rounds(peers, r, time.monotonic() + 30, b"s" * 32))
+        )
         for r in range(3)
     ]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    links = sorted((x["a"], x["b"]) for ls in found.values() for x in ls)
+    links = sorted((x["a"], x["b"]) for r in found.values() for x in r["links"])
     assert links == [("worker:0", "worker:1"), ("worker:0", "worker:2"), ("worker:1", "worker:2")]
-    assert all(x["bandwidth_Bps"] > 0 and 0 < x["latency_s"] < 1 for ls in found.values() for x in ls)
+    assert all(x["bandwidth_Bps"] > 0 and 0 < x["latency_s"] < 1 for r in found.values() for x in r["links"])
+    # every server timed what it received: the same three links, seen from their other end
+    served = sorted((x["a"], x["b"]) for r in found.values() for x in r["served"])
+    assert served == links and all(x["up_Bps"] > 0 for r in found.values() for x in r["served"])
+    assert all(r["probe_bind"] == f"127.0.0.1:{peers[i][2]}" for i, r in found.items())
     for _, _, port in peers:  # TensorFlow's gRPC server binds the same port next (SO_REUSEADDR, as gRPC does)
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -25,6 +25,7 @@ from orchestrator.events import EventBus
 from orchestrator.supervise import Interrupt, Supervisor
 from worker_entry import protocol as p
 from worker_entry.agent.modes.connect import HandshakeError, Refused, connect_back, mac
+from worker_entry.protocol import handshake as hs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -176,7 +177,7 @@ def test_a_restarted_rank_connects_once_more_to_its_own_deliver_and_a_given_up_r
         {0: ("worker:0", p.NodeConfig(argv=["true"], remote_dir="/tmp/y", attempt=1))},
         lambda task, chan: fresh.append((task, chan)),
     )
-    link = connect_back(("127.0.0.1", server.port), b"s" * 32, 0)
+    link = connect_back(("127.0.0.1", server.port), b"s" * 32, 0, attempt=1)  # a node of attempt 1 (its proof says so)
     assert p.NodeConfig.parse_line(link.config_line).attempt == 1
     wait_for(lambda: fresh, 10, "the new attempt's channel delivered", interval=0.01)
     assert [t for t, _ in fresh] == ["worker:0"] and not lost
@@ -210,7 +211,7 @@ def test_the_node_refuses_a_supervisor_without_the_secret():
     def impostor() -> None:
         conn, _ = lsock.accept()
         with conn:
-            conn.sendall(json.dumps({"tfcluster": "connect", "v": 2, "nonce": "a" * 64}).encode() + b"\n")
+            conn.sendall(json.dumps({"tfcluster": "connect", "v": hs.VERSION, "nonce": "a" * 64}).encode() + b"\n")
             answer = json.loads(conn.makefile().readline())
             forged = mac(b"not-the-secret-at-all", b"supervisor", answer["nonce"], "a" * 64, answer["rank"])
             conn.sendall(json.dumps({"ok": True, "mac": forged}).encode() + b"\n")

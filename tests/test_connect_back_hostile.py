@@ -91,7 +91,7 @@ def test_a_handshake_has_one_deadline_however_its_bytes_trickle(server, monkeypa
 def test_a_non_ascii_mac_is_refused_without_a_traceback(server, capfd):
     with socket.create_connection(("127.0.0.1", server.port)) as s:
         s.recv(4096)
-        s.sendall(json.dumps({"rank": 0, "nonce": "a" * 64, "mac": "é" * 64}).encode() + b"\n")
+        s.sendall(json.dumps({"rank": 0, "attempt": 0, "nonce": "a" * 64, "mac": "é" * 64}).encode() + b"\n")
         with contextlib.suppress(ConnectionResetError):
             s.recv(4096)
     wait_for(lambda: server.rejected, 10, "a refusal recorded", interval=0.01)

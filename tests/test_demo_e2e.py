@@ -4,6 +4,7 @@ throwaway test bed, gathers the chief's checkpoint, explains the run, and leaves
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -51,6 +52,12 @@ def test_demo_runs_explains_and_cleans_up(tmp_path):
         assert f"[worker:{i} 127.0.0." in r.stderr + r.stdout
         log = (run_dir / "logs" / f"worker-{i}.log").read_text()
         assert f"[worker:{i}] epoch 2/2" in log and f"[worker:{i}] done: 2 epoch(s)" in log
+    # every worker's final step count is the steps its script ran (issue 31: 300 / 273 / 299 before)
+    status = json.loads((run_dir / "status.json").read_text())
+    for i in range(3):
+        log = (run_dir / "logs" / f"worker-{i}.log").read_text()
+        ran = sum(int(n) for n in re.findall(r"\] epoch \d+/\d+ loss=\S+ steps=(\d+)", log))
+        assert ran == 200 and status["tasks"][f"worker:{i}"]["steps"] == ran, (i, ran, status["tasks"])
     summary = json.loads((run_dir / "checkpoints" / "summary.json").read_text())
     assert summary["epochs"] == 2 and len(summary["losses"]) == 2
     report = json.loads(

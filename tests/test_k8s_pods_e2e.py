@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import assert_no_job_processes
+from k8s_fake import workload
 from test_supervisor import Recorder
 from testbed_fixtures import requires_netns
 from waiting import wait_for
@@ -34,7 +35,7 @@ from waiting import wait_for
 from orchestrator.backends import Backend
 from orchestrator.core.states import JobState, TaskState
 from orchestrator.events import EventBus
-from orchestrator.schedulers.kubernetes import kubernetes_plan, render
+from orchestrator.schedulers.kubernetes import kubernetes_plan
 from orchestrator.schedulers.kubernetes.channel import PodChannel
 from orchestrator.schedulers.kubernetes.stream import ContainerEnd
 from orchestrator.spec import load_spec_text
@@ -197,7 +198,7 @@ def test_three_pods_train_mwms_from_the_rendered_jobset(testbed_factory, pod_dns
     }
     loaded = load_spec_text(yaml.safe_dump(spec_doc), "pods.yaml")
     plan = kubernetes_plan(loaded.spec, run_id="pods-1")
-    (jobset,) = render(loaded.spec, plan)
+    (jobset,) = workload(loaded.spec, plan)
     names = [n.host for n in plan.nodes]
     assert names == [f"mwms-worker-0-{i}.mwms" for i in range(3)]
     for h in tb.hosts:
@@ -251,7 +252,7 @@ def _ps_pods(tb, pod_dns, tmp_path, steps: int):
     }
     loaded = load_spec_text(yaml.safe_dump(spec_doc), "pods.yaml")
     plan = kubernetes_plan(loaded.spec, run_id="pods-ps")
-    (jobset,) = render(loaded.spec, plan)
+    (jobset,) = workload(loaded.spec, plan)
     names = [n.host for n in plan.nodes]
     tasks = [str(n.task) for n in plan.nodes]
     assert tasks == ["chief:0", "worker:0", "worker:1", "ps:0"]

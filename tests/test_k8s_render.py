@@ -31,9 +31,10 @@ FLAVORS = ["jobset", "indexed-job"]
 
 
 def rendered(path: Path, flavor: str, run_id: str = "r1"):
+    """The workload's documents (the NetworkPolicy beside them: test_hostile_round3_k8s.py)."""
     spec = with_flavor(load_spec(path).spec, flavor)
     plan = kubernetes_plan(spec, run_id=run_id)
-    return spec, plan, render(spec, plan)
+    return spec, plan, [d for d in render(spec, plan) if d["kind"] != "NetworkPolicy"]
 
 
 def pod_templates(docs: list[dict]) -> dict[str, dict]:
@@ -59,8 +60,9 @@ def test_the_cli_renders_every_example_and_both_validators_accept_it(flavor, cap
     docs = [d for d in yaml.safe_load_all(out) if d]
     assert validate_manifests(docs) == []
     assert err.count(f"valid for Kubernetes {KUBE_VERSION} and JobSet {JOBSET_RELEASE}") == len(SPECS)
-    kinds = sorted(d["kind"] for d in docs)
+    kinds = sorted(d["kind"] for d in docs if d["kind"] != "NetworkPolicy")
     assert kinds == (["JobSet", "JobSet"] if flavor == "jobset" else ["Job", "Job", "Job", "Service", "Service"])
+    assert sum(d["kind"] == "NetworkPolicy" for d in docs) == len(SPECS)
 
 
 def test_render_writes_one_applyable_file_per_job(tmp_path, capsys):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import jsonl
-from k8s_fake import FakeCluster, exited_line, started_lines
+from k8s_fake import FakeCluster, exited_line, started_lines, workload
 from waiting import wait_for
 
 from orchestrator.cli.exitcodes import exit_code_for
@@ -23,7 +23,7 @@ from orchestrator.core.states import JobState, TaskState
 from orchestrator.job import LaunchOptions
 from orchestrator.job.job import Job
 from orchestrator.runs import RunDir
-from orchestrator.schedulers.kubernetes import kubernetes_plan, render, with_flavor
+from orchestrator.schedulers.kubernetes import kubernetes_plan, with_flavor
 from orchestrator.schedulers.kubernetes.api import KubeApi
 from orchestrator.schedulers.kubernetes.backend import KubernetesBackend
 from orchestrator.spec import check_spec_text, load_spec_text
@@ -116,7 +116,7 @@ def test_one_job_per_role_valid_and_every_pods_tf_config_through_tensorflow(flav
     spec = with_flavor(load_spec_text(spec_text(PS), "s.yaml").spec, flavor)
     plan = kubernetes_plan(spec, run_id="r1")
     assert [str(n.task) for n in plan.nodes] == ["chief:0", "worker:0", "worker:1", "ps:0", "ps:1", "evaluator:0"]
-    docs = render(spec, plan)
+    docs = workload(spec, plan)
     assert validate_manifests(docs) == []
     jobs = templates(docs)
     assert list(jobs) == ["chief", "worker", "ps", "evaluator"]
@@ -175,7 +175,7 @@ def test_failure_and_success_policies_follow_the_role_table():
     by its Job (same index) and never fails the JobSet; the evaluator's failures are ignored by its Job;
     the JobSet succeeds with its training roles: the chief (PS), chief and workers (MWMS)."""
     spec = load_spec_text(spec_text(PS, restart={"max_task_restarts": 2, "max_restarts": 1}), "s.yaml").spec
-    (js,) = render(spec, kubernetes_plan(spec, run_id="r1"))
+    (js,) = workload(spec, kubernetes_plan(spec, run_id="r1"))
     jobs = templates([js])
     assert js["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["chief"]}
     assert js["spec"]["failurePolicy"] == {"maxRestarts": 1}
@@ -191,11 +191,11 @@ def test_failure_and_success_policies_follow_the_role_table():
     mwms = load_spec_text(
         spec_text("roles: {chief: 1, worker: 2, evaluator: 1}", "multi_worker_mirrored"), "s.yaml"
     ).spec
-    (js,) = render(mwms, kubernetes_plan(mwms, run_id="r1"))
+    (js,) = workload(mwms, kubernetes_plan(mwms, run_id="r1"))
     assert js["spec"]["successPolicy"]["targetReplicatedJobs"] == ["chief", "worker"]
     assert [j["backoffLimit"] for j in templates([js]).values()] == [0, 0, 0]
     plain = load_spec_text(spec_text("workers: 2", "multi_worker_mirrored"), "s.yaml").spec
-    (js,) = render(plain, kubernetes_plan(plain, run_id="r1"))
+    (js,) = workload(plain, kubernetes_plan(plain, run_id="r1"))
     assert "successPolicy" not in js["spec"]  # as before: every Job completes
 
 

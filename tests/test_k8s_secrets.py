@@ -10,10 +10,10 @@ import re
 
 import pytest
 import yaml
-from k8s_fake import FakeCluster
+from k8s_fake import FakeCluster, workload
 from test_k8s_launch import launch, succeed
 
-from orchestrator.schedulers.kubernetes import kubernetes_plan, render
+from orchestrator.schedulers.kubernetes import kubernetes_plan
 from orchestrator.schedulers.kubernetes.validate import validate_manifests
 from orchestrator.spec import check_spec_text, load_spec_text
 from worker_entry.agent.modes.kubernetes import pod_node_config
@@ -52,7 +52,7 @@ def spec_text(flavor: str, command=COMMAND, **kube) -> str:
 def rendered(flavor: str, command=COMMAND, **kube):
     spec = load_spec_text(spec_text(flavor, command, **kube)).spec
     plan = kubernetes_plan(spec, run_id="r1")
-    return spec, plan, render(spec, plan)
+    return spec, plan, workload(spec, plan)
 
 
 def by_type(docs) -> dict[str, dict]:
@@ -151,7 +151,7 @@ def test_a_spec_without_credentials_renders_no_secret():
         .replace("GITHUB_PAT", "X3")
         .replace("tok-0a1b2c3d@", "")
     ).spec
-    docs = render(spec, kubernetes_plan(spec, run_id="r1"))
+    docs = workload(spec, kubernetes_plan(spec, run_id="r1"))
     assert [d["kind"] for d in docs] == ["JobSet"]
 
 
@@ -178,11 +178,11 @@ def test_launch_applies_the_secret_first_and_deletes_it_with_the_rest(tmp_path):
     cluster = FakeCluster(behaviour=succeed)
     result, run, _ = launch(tmp_path, cluster, env=dict(SECRETS))
     assert result.state.value == "succeeded", result.root_cause
-    assert [b["kind"] for b in cluster.created] == ["Secret", "JobSet"]
+    assert [b["kind"] for b in cluster.created] == ["Secret", "NetworkPolicy", "JobSet"]
     assert not cluster.objects  # the Secret went with the JobSet
     assert ("delete_namespaced_secret") in {m for m, _, _ in cluster.calls}
     record = json.loads((run.path / "kubernetes.json").read_text())
-    assert [o["kind"] for o in record["objects"]] == ["Secret", "JobSet"]
+    assert [o["kind"] for o in record["objects"]] == ["Secret", "NetworkPolicy", "JobSet"]
     stored = "".join(p.read_text(errors="replace") for p in run.path.rglob("*") if p.is_file())
     for secret in SECRETS.values():
         assert secret not in stored and not re.search(

@@ -57,7 +57,8 @@ class Frames:
 
 def _pipes(tmp_path: Path) -> tuple[output.OutputPipes, Frames, int, int]:
     w = Frames()
-    pipes = output.OutputPipes(selectors.DefaultSelector(), w, str(tmp_path / "node.log"))
+    log_fd = os.open(tmp_path / "node.log", os.O_WRONLY | os.O_CREAT, 0o600)
+    pipes = output.OutputPipes(selectors.DefaultSelector(), w, log_fd)
     r, wfd = os.pipe()
     os.set_blocking(r, False)
     pipes.fds[r] = p.STDOUT  # (``add`` registers a pipe object; the fd is enough here)

@@ -365,7 +365,9 @@ def test_a_requeue_in_the_last_epoch_does_not_train_again(slurm, tmp_path):
         job = json.loads((run_dir / "slurm" / "submitted.json").read_text())["job_id"]
         slurm.run(["scontrol", "requeue", job])
         rc, _out, err = finish(proc, timeout=150)
-        wait_for(lambda: not slurm.jobs(), 60, "Slurm's requeued job to end (it has nothing to run)")
+        # Slurm requeued the job, but the run is done: launch cancelled it before returning, and said so
+        assert not slurm.jobs(), slurm.jobs()
+        assert f"cancelled Slurm job {job}: Slurm requeued it" in err, err[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -378,6 +380,7 @@ def test_a_requeue_in_the_last_epoch_does_not_train_again(slurm, tmp_path):
         assert all(e == [] for e in epochs[1:]), epochs  # nothing was trained again
     kinds = [e["event"] for e in events(run_dir)]
     assert "training_completed" in kinds and "requeued" not in kinds, kinds
+    assert any("Slurm requeued it" in e.get("message", "") for e in events(run_dir) if e["event"] == "warning")
     assert "completed its training" in err
     assert not (run_dir / "slurm" / "private-spec.json").exists()
 

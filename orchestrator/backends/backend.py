@@ -62,6 +62,11 @@ class Backend(abc.ABC):
         objects, pod states) for ``status`` and ``stop``. Default: nothing to record."""
         return None
 
+    def bind_events(self, emit: Callable[[object], None]) -> None:
+        """The run's event bus (``EventBus.emit``): what a backend refuses as it happens (a forged pod)
+        is reported there. Default: nothing to report."""
+        return None
+
     @abc.abstractmethod
     def connect(self, nodes: Sequence[NodePlan]) -> list[Diagnostic]:
         """Make ``nodes`` reachable (idempotent: nodes already reachable are kept). Returns one

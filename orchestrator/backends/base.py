@@ -52,6 +52,10 @@ class ConnectFailure(Exception):
 class Channel(abc.ABC):
     """One remote process: its stdin, stdout, stderr and exit status."""
 
+    #: The node's hello answers the config sent as the channel opened, so its time measures the node's
+    #: clock against ours (``supervise.clock``). A pod's hello was printed whenever its container started.
+    times_hello: bool = True
+
     @abc.abstractmethod
     def filenos(self) -> list[int]:
         """fds that poll readable when stdout/stderr data or EOF is available."""

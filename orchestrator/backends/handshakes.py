@@ -239,30 +239,32 @@ class HandshakeServer:
     def _answer(self, conn: _Conn, line: bytes) -> None:
         """Check the node's proof; reply with ours and its configuration, or refuse."""
         try:
-            rank, theirs, their_mac = hs.parse_answer(line)
+            rank, attempt, theirs, their_mac = hs.parse_answer(line)
         except hs.HandshakeError as exc:
             self._refuse(conn, str(exc))
             return
         conn.rank = rank
-        if not hs.same_mac(hs.mac(self.secret, b"node", conn.nonce, theirs, rank), their_mac):
+        if not hs.same_mac(hs.mac(self.secret, b"node", conn.nonce, theirs, rank, attempt=attempt), their_mac):
             conn.out = hs.refused_unsigned("wrong secret")
             self._refuse_after_reply(conn, f"rank {rank}: wrong secret")
             return
         with self._lock:
             target = self.expected.get(rank)
             why = None if target is not None else f"rank {rank} is not a task of this run"
+            if why is None and target is not None and target[1].attempt != attempt:
+                why = f"rank {rank} dialed for attempt {attempt}, this is attempt {target[1].attempt}"
             if why is None and rank in self.connected:
                 why = f"rank {rank} is already connected"
             if why is None:
                 self.connected.add(rank)
         if why is not None or target is None:
-            conn.out = hs.refused(self.secret, rank, conn.nonce, theirs, why or "")
+            conn.out = hs.refused(self.secret, rank, conn.nonce, theirs, why or "", attempt)
             self._refuse_after_reply(conn, why or "")
             return
         to_node, to_supervisor = channel_keys(self.secret, conn.nonce, theirs, rank)
         sealer, opener = Sealer(to_node), Opener(to_supervisor)
         task, config = target
-        conn.out = hs.accepted(self.secret, rank, conn.nonce, theirs) + sealer.seal(command_line(config))
+        conn.out = hs.accepted(self.secret, rank, conn.nonce, theirs, attempt) + sealer.seal(command_line(config))
         conn.proven = (task, sealer, opener)
         del self._pending[conn]
         self._replying.add(conn)

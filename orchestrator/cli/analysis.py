@@ -16,12 +16,12 @@ from .exitcodes import EXIT_OK, exit_code_for_sweep
 
 def cmd_report(args: argparse.Namespace) -> int:
     """`tfcluster report RUN`: why a run does (not) scale, from its run directory alone (text, --json, --html)."""
-    from ..runs import resolve_run
     from ..views.logs import parse_duration
     from ..views.report import build_report, report_text
+    from .commands import resolved_run
 
     last_s = parse_duration(args.last, "--last") if args.last else None
-    run = resolve_run(args.run, args.runs_dir)
+    run = resolved_run(args)
     report = build_report(run, last_s=last_s)
     text = report_text(report)
     if args.html:

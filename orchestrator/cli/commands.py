@@ -204,11 +204,24 @@ def _run_id_from_dir(run_dir: str | None) -> str | None:
 
 def _run_and_handle(args: argparse.Namespace, wait: bool = False) -> tuple[Any, Any]:
     """The run named on the command line and its handle (its scheduler's view of it)."""
-    from ..runs import resolve_run, wait_for_run
+    from ..runs import wait_for_run
     from ..schedulers import scheduler_of
 
-    run = wait_for_run(args.run, args.runs_dir) if wait else resolve_run(args.run, args.runs_dir)
+    run = wait_for_run(args.run, args.runs_dir) if wait else resolved_run(args)
     return run, scheduler_of(run).handle(run)
+
+
+def resolved_run(args: argparse.Namespace) -> Any:
+    """The run named on the command line (this user's own runs first); whose it is, said on stderr when
+    it is another user's (a shared runs directory: anyone may plant a run of any name there)."""
+    from ..runs import resolve_run
+    from ..runs.rundir import foreign_owner
+
+    run = resolve_run(args.run, args.runs_dir)
+    owner = foreign_owner(run)
+    if owner is not None:
+        print(f"tfcluster: note: {run.path} is a run of {owner}, not one of yours", file=sys.stderr)
+    return run
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -268,10 +281,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_gather(args: argparse.Namespace) -> int:
     """`tfcluster gather RUN`: finish or redo a run's gather (where its scheduler can reach the nodes)."""
-    from ..runs import resolve_run
     from ..schedulers import scheduler_of
 
-    run = resolve_run(args.run, args.runs_dir)
+    run = resolved_run(args)
     scheduler_of(run).gather(run)
     return EXIT_OK
 

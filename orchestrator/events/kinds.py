@@ -16,6 +16,11 @@ from worker_entry.protocol import spec
 from worker_entry.protocol.metrics import METRICS_MAX
 
 from .base import COUNT, MANY, TEXT, BaseEvent, gpu_models
+from .defences import DEFENCES
+from .defences import ConnectionRefused as ConnectionRefused
+from .defences import LogCut as LogCut
+from .defences import NodeProtocolError as NodeProtocolError
+from .defences import PodIgnored as PodIgnored
 from .outcomes import (
     AttemptFinished,
     GatherFailed,
@@ -201,27 +206,6 @@ class ExitUnconfirmed(BaseEvent):
     message: str = field(metadata=TEXT)
 
 
-@dataclass(frozen=True, kw_only=True)
-class NodeProtocolError(BaseEvent):
-    """A node sent something the protocol does not allow: that task fails, the job tears down."""
-
-    KIND: ClassVar[str] = "protocol_error"
-    message: str = field(metadata=TEXT)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ConnectionRefused(BaseEvent):
-    """The connect-back port refused connections (no proof of the run's secret, a wrong rank, a
-    handshake too slow or malformed): the first at once, then at most one event per 10 s summing up
-    ``count`` refusals since the last one, ``peer`` and ``reason`` those of the first of them."""
-
-    KIND: ClassVar[str] = "connection_refused"
-    peer: str
-    reason: str = field(metadata=TEXT)
-    count: int = field(metadata=COUNT)
-    total: int = field(metadata=COUNT)
-
-
 # --- stopping ---------------------------------------------------------------------------------------
 
 
@@ -281,8 +265,6 @@ EVENT_TYPES: dict[str, type[BaseEvent]] = {
         TaskExited,
         TaskLost,
         ExitUnconfirmed,
-        NodeProtocolError,
-        ConnectionRefused,
         WorkerLost,
         WorkerHung,
         JobStalled,
@@ -307,6 +289,7 @@ EVENT_TYPES: dict[str, type[BaseEvent]] = {
         SlurmAllocation,
         Requeued,
         CheckFinding,
+        *DEFENCES,
     )
 }
 EVENT_KINDS = frozenset(EVENT_TYPES)

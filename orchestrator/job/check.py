@@ -12,15 +12,20 @@ ended, ``CheckScheduling.settle`` reads each task's ``TFCLUSTER_CHECK`` line fro
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from worker_entry.protocol.checkline import find_line
+from worker_entry.protocol.env import Env
+
 from ..core.errors import UsageError
 from ..events.verdicts import CheckFinding
 from ..runs import write_json_atomic
 from ..spec import LoadedSpec
+from .checkclaims import node_result
 from .checkjudge import judge
 from .scheduling import RunScheduling
 
@@ -28,7 +33,9 @@ if TYPE_CHECKING:
     from .context import RunContext
     from .policy import Decision
 
-PREFIX = "TFCLUSTER_CHECK "
+#: how much of a task's log the launcher reads for its check line (the line is printed last; a node
+#: that printed gigabytes does not make the launcher read them)
+LOG_TAIL = 4 << 20
 #: what the launch itself needs beyond the nodes' deadline (SSH, worker_entry's start, the teardown)
 LAUNCH_MARGIN_S = 15.0
 
@@ -44,9 +51,13 @@ def check_spec(loaded: LoadedSpec, timeout_s: float) -> LoadedSpec:
     """The spec with the check workload as its command, bounded by ``timeout_s``."""
     spec = loaded.spec
     command = [spec.job.python, "-m", "worker_entry.check", "--deadline-s", f"{timeout_s:g}"]
+    # the probes' per-run secret: in each task's environment (NodeConfig, never a command line; named
+    # like a secret, so plan.json redacts it and Kubernetes keeps it in the job's Secret)
+    env = {**spec.job.env, Env.CHECK_SECRET: secrets.token_hex(32)}
     job = spec.job.model_copy(
         update={
             "command": command,
+            "env": env,
             "instrument": False,  # the check times its own collectives
             "startup_timeout_s": min(spec.job.startup_timeout_s, timeout_s),
             "stop_grace_s": min(spec.job.stop_grace_s, 2.0),
@@ -65,14 +76,14 @@ def check_spec(loaded: LoadedSpec, timeout_s: float) -> LoadedSpec:
 
 def parse_line(text: str) -> dict[str, Any] | None:
     """The last ``TFCLUSTER_CHECK`` object in a task's log text (None: none, or not an object)."""
-    for line in reversed(text.splitlines()):
-        if line.startswith(PREFIX):
-            try:
-                obj = json.loads(line[len(PREFIX) :])
-            except ValueError:
-                return None
-            return obj if isinstance(obj, dict) else None
-    return None
+    payload = find_line(text)
+    if payload is None:
+        return None
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 class CheckScheduling(RunScheduling):
@@ -105,9 +116,10 @@ class CheckScheduling(RunScheduling):
         results: dict[str, dict[str, Any]] = {}
         for n in job.plan.nodes:
             try:
-                found = parse_line(job.rundir.task_log(n.task.slug).read_text(errors="replace"))
+                text = read_tail(job.rundir.task_log(n.task.slug), LOG_TAIL)
             except OSError:
-                found = None
+                continue
+            found = node_result(str(n.task), text, hosts)  # validated, and only what this node may claim
             if found is not None:
                 results[str(n.task)] = found
         if not results and job.result.failures and not any(f.task for f in job.result.failures):
@@ -119,7 +131,7 @@ class CheckScheduling(RunScheduling):
         check = judge(results, hosts)
         check["run_dir"] = str(job.rundir.path)
         check["wall_s"] = round(time.time() - job.result.started_ts, 2)
-        check["nodes"] = {t: {k: v for k, v in r.items() if k not in ("links",)} for t, r in results.items()}
+        check["nodes"] = {t: {k: v for k, v in r.items() if k not in ("links", "served")} for t, r in results.items()}
         write_json_atomic(job.rundir.path / "check.json", check)
         for f in check["findings"]:
             job.bus.emit(
@@ -134,6 +146,15 @@ class CheckScheduling(RunScheduling):
                 )
             )
         self.outcome.check = check
+
+
+def read_tail(path: Any, limit: int) -> str:
+    """The last ``limit`` bytes of a file, as text."""
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(max(0, size - limit))
+        return f.read().decode(errors="replace")
 
 
 def run_check(

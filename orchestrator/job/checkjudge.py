@@ -10,6 +10,13 @@ moves fewer bytes): that is how a slow link is told from a slow host. A link bel
 x the median link whose two ends are both fine is named as a link. With two hosts a slow link cannot
 be pinned to either: its figures are reported, not judged.
 
+A node may lie (docs/security.md): its figures reach the judgement only validated and limited to its
+own (``checkclaims``), and no single node's claim can get another host named. A link's figure is its
+client's, held to what its server timed of the same transfer (``corroborated_links``); a host is named
+for its links only when two partners measured it; compute is judged against the median of three hosts
+or more (one inflated figure cannot move it past an honest host), and two hosts that differ are named
+as the pair, which ``check.without_named_hosts`` refuses to act on.
+
 All-reduce figures follow nccl-tests (doc/PERFORMANCE.md): ``algbw = S / t`` and, for all-reduce,
 ``busbw = algbw * 2(n-1)/n`` (n: the ranks in the collective), S the bytes per rank.
 """
@@ -17,6 +24,7 @@ All-reduce figures follow nccl-tests (doc/PERFORMANCE.md): ``algbw = S / t`` and
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +36,9 @@ SLOW_HOST = "slow_host"
 SLOW_GPU = "slow_gpu"
 SLOW_LINK = "slow_link"
 NO_RESULT = "no_result"
+BAD_CLAIM = "bad_claim"
+#: a client's link figure may exceed its server's own view of the upload by this much (timing noise)
+SERVED_TOLERANCE = 1.5
 
 
 def busbw_factor(n: int) -> float:
@@ -46,8 +57,12 @@ def _finding(
 
 
 def judge(results: Mapping[str, Mapping[str, Any]], hosts: Mapping[str, str]) -> dict[str, Any]:
-    """check.json from each task's ``TFCLUSTER_CHECK`` line (``results``, by task) and each task's host
-    (``hosts``, by task, in rank order: every task of the plan, also those that sent nothing)."""
+    """check.json from each task's verified figures (``results``, by task: ``checkclaims.node_result``)
+    and each task's host (``hosts``, by task, in rank order: every task of the plan, also those that
+    sent nothing). One node's figures cannot get another host named: a link counts for its partner
+    only as far as the partner's own view confirms it (``corroborated_links``), a host is named for
+    its links only when two partners measured it, and for its compute only against the median of
+    three hosts or more (with two, the pair is named: the check cannot tell which one is off)."""
     findings: list[dict[str, Any]] = []
     for task, host in hosts.items():
         r = results.get(task)
@@ -56,29 +71,18 @@ def judge(results: Mapping[str, Mapping[str, Any]], hosts: Mapping[str, str]) ->
                 "error"
             ) or "no result from this task (it did not start, was stopped with the others, or its check failed)"
             findings.append(_finding(NO_RESULT, f"no figures from {host} ({task}): {why}", host, None, None, task))
-    # --- links: every client's measurements, by host ---------------------------------------------
-    links = []
-    for r in results.values():
-        for link in r.get("links") or []:
-            a, b = str(link.get("a")), str(link.get("b"))
-            links.append(
-                {
-                    "a": hosts.get(a, a),
-                    "b": hosts.get(b, b),
-                    "task_a": a,
-                    "task_b": b,
-                    "round": link.get("round"),
-                    "latency_s": float(link["latency_s"]),
-                    "bandwidth_Bps": float(link["bandwidth_Bps"]),
-                    "up_Bps": link.get("up_Bps"),
-                    "down_Bps": link.get("down_Bps"),
-                }
-            )
-    links.sort(key=lambda x: (x["round"] or 0, x["task_a"], x["task_b"]))
+        elif r.get("ignored"):
+            what = f"{host} ({task}) claimed what it cannot know, ignored: " + "; ".join(r["ignored"][:3])
+            findings.append(_finding(BAD_CLAIM, what, host, None, None, task))
+    links = corroborated_links(results, hosts)
+    # a link counts for both ends when the server's own view confirms it, else for its client only
     best: dict[str, float] = {}
+    partners: dict[str, set[str]] = {}
     for link in links:
-        for t in (link["task_a"], link["task_b"]):
-            best[t] = max(best.get(t, 0.0), link["bandwidth_Bps"])
+        for t, other in ((link["task_a"], link["task_b"]), (link["task_b"], link["task_a"])):
+            if t == link["task_a"] or link["confirmed"]:
+                best[t] = max(best.get(t, 0.0), link["bandwidth_Bps"])
+                partners.setdefault(t, set()).add(other)
     # --- hosts: the matmul rate against the median host -------------------------------------------
     rated = {t: float(r["gflops"]) for t, r in results.items() if r.get("gflops") is not None and not r.get("error")}
     median_gflops = statistics.median(rated.values()) if rated else None
@@ -101,8 +105,10 @@ def judge(results: Mapping[str, Mapping[str, Any]], hosts: Mapping[str, str]) ->
             }
         )
     slow_hosts = set()
+    if len(rated) == 2:
+        findings += _uneven_pair(rows, hosts)
     for row in rows:
-        if row["score"] is None or row["score"] >= HOST_SCORE_MIN or len(rated) < 2:
+        if row["score"] is None or row["score"] >= HOST_SCORE_MIN or len(rated) < 3:
             continue
         slow_hosts.add(row["task"])
         gpu = row["device"] == "GPU"
@@ -126,8 +132,8 @@ def judge(results: Mapping[str, Mapping[str, Any]], hosts: Mapping[str, str]) ->
     named_links = set()
     if median_best and len(best) > 2:
         for task, b in best.items():
-            if task in slow_hosts or b >= LINK_RATIO_MIN * median_best:
-                continue
+            if task in slow_hosts or b >= LINK_RATIO_MIN * median_best or len(partners.get(task, ())) < 2:
+                continue  # one partner alone cannot pin a slow link on a host (it may be the partner, or lie)
             mine = [x for x in links if task in (x["task_a"], x["task_b"])]
             worst = min(mine, key=lambda x: x["bandwidth_Bps"])
             named_links.update(id(x) for x in mine)
@@ -138,9 +144,10 @@ def judge(results: Mapping[str, Mapping[str, Any]], hosts: Mapping[str, str]) ->
                 f"({worst['a']}<->{worst['b']}: {_gbps(worst['bandwidth_Bps'])}), median host's best link {_gbps(median_best)}{compute}"
             )
             findings.append(_finding(SLOW_LINK, what, hosts.get(task, task), b, median_best, task))
-    median_link = statistics.median(x["bandwidth_Bps"] for x in links) if links else None
-    if median_link and len(links) > 2:
-        for x in links:
+    confirmed = [x for x in links if x["confirmed"]]
+    median_link = statistics.median(x["bandwidth_Bps"] for x in confirmed) if confirmed else None
+    if median_link and len(confirmed) > 2:
+        for x in confirmed:
             ends_fine = x["task_a"] not in slow_hosts and x["task_b"] not in slow_hosts
             if id(x) not in named_links and ends_fine and x["bandwidth_Bps"] < LINK_RATIO_MIN * median_link:
                 what = f"slow link: {x['a']}<->{x['b']}: {_gbps(x['bandwidth_Bps'])}, median link {_gbps(median_link)}; both hosts are fine elsewhere"
@@ -149,7 +156,7 @@ def judge(results: Mapping[str, Mapping[str, Any]], hosts: Mapping[str, str]) ->
                 )
     return {
         "hosts": rows,
-        "allreduce": allreduce_rows(results),
+        "allreduce": allreduce_rows(results, len(hosts)),
         "links": [{k: v for k, v in x.items()} for x in links],
         "network": network(links),
         "findings": findings,
@@ -157,16 +164,70 @@ def judge(results: Mapping[str, Mapping[str, Any]], hosts: Mapping[str, str]) ->
     }
 
 
-def allreduce_rows(results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per size: the median task's mean time per all-reduce, algbw and busbw (GB/s, nccl-tests')."""
-    by_size: dict[int, list[float]] = {}
-    ranks = max((int(r.get("workers") or 0) for r in results.values()), default=0) or len(results)
-    impl = next((r.get("communication") for r in results.values() if r.get("communication")), None)
+def corroborated_links(results: Mapping[str, Mapping[str, Any]], hosts: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Every link its client measured, held to its server's own view of the upload: the figure is at
+    most ``SERVED_TOLERANCE`` x what the server timed (``confirmed``), so a client cannot inflate a
+    link beyond what its partner saw; a link no server view confirms is ``confirmed: False``."""
+    served: dict[tuple[str, str, int], float] = {}
     for r in results.values():
-        for x in r.get("allreduce") or []:
+        for s in r.get("served") or []:
+            key = (str(s["a"]), str(s["b"]), int(s.get("round") or 1))
+            served[key] = min(served.get(key, float("inf")), float(s["up_Bps"]))
+    links = []
+    for r in results.values():
+        for link in r.get("links") or []:
+            a, b, rnd = str(link["a"]), str(link["b"]), int(link.get("round") or 1)
+            claim = float(link["bandwidth_Bps"])
+            seen = served.get((a, b, rnd))
+            links.append(
+                {
+                    "a": hosts.get(a, a),
+                    "b": hosts.get(b, b),
+                    "task_a": a,
+                    "task_b": b,
+                    "round": rnd,
+                    "latency_s": float(link["latency_s"]),
+                    "bandwidth_Bps": claim if seen is None else min(claim, SERVED_TOLERANCE * seen),
+                    "up_Bps": link.get("up_Bps"),
+                    "down_Bps": link.get("down_Bps"),
+                    "confirmed": seen is not None,
+                }
+            )
+    links.sort(key=lambda x: (x["round"], x["task_a"], x["task_b"]))
+    return links
+
+
+def _uneven_pair(rows: list[dict[str, Any]], hosts: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Two hosts whose compute differs beyond the tolerance, named as the pair: with two, the check
+    cannot tell a slow host from a node that overstates its own figure."""
+    low, high = sorted((r for r in rows if r["gflops"] is not None), key=lambda r: r["gflops"])
+    if high["gflops"] <= 0 or low["gflops"] >= HOST_SCORE_MIN * high["gflops"]:
+        return []
+    what = (
+        f"uneven hosts: {low['host']} ({low['task']}) {low['gflops']:.3g} GFLOP/s, {high['host']} ({high['task']}) "
+        f"{high['gflops']:.3g} GFLOP/s ({low['gflops'] / high['gflops']:.2f}x): with two hosts the check cannot tell "
+        "a slow host from one that overstates its figure, so neither is named alone"
+    )
+    median = (low["gflops"] + high["gflops"]) / 2
+    return [_finding(SLOW_HOST, what, f"{low['host']}<->{high['host']}", low["gflops"], median, None)]
+
+
+def allreduce_rows(results: Mapping[str, Mapping[str, Any]], tasks: int = 0) -> list[dict[str, Any]]:
+    """Per size: the median task's mean time per all-reduce, algbw and busbw (GB/s, nccl-tests'). The
+    ranks and the implementation are what most nodes say (one node's claim moves neither)."""
+    by_size: dict[int, list[float]] = {}
+    said = [int(r["workers"]) for r in results.values() if r.get("workers")]
+    ranks = statistics.median_low(said) if said else (tasks or len(results))
+    impls = Counter(str(r["communication"]) for r in results.values() if r.get("communication"))
+    impl = impls.most_common(1)[0][0] if impls else None
+    measured = [r for r in results.values() if r.get("allreduce")]
+    for r in measured:
+        for x in r["allreduce"]:
             by_size.setdefault(int(x["bytes"]), []).append(float(x["latency_s"]))
     rows = []
     for size, times in sorted(by_size.items()):
+        if len(times) * 2 < len(measured):
+            continue  # a size only a minority measured is not one the check asked for
         t = statistics.median(times)
         algbw = size / t / 1e9 if t > 0 else None
         rows.append(

@@ -64,8 +64,12 @@ class Job:
             started_ts=started,
             ended_ts=started,
         )
-        self.out = RunOutputs(self.rundir, plan, live=opts.live, echo_logs=opts.echo_logs)
+        self.out = RunOutputs(
+            self.rundir, plan, live=opts.live, echo_logs=opts.echo_logs, max_log_bytes=self.spec.logs.max_bytes_per_task
+        )
         self.bus = self.out.bus
+        if hasattr(backend, "bind_events"):  # a forged pod is reported as it is seen (test doubles may lack it)
+            backend.bind_events(self.bus.emit)
         self.logs = self.out.logs
         self.transfers = transfers_for(self)
         self._notes_seen = 0

@@ -54,7 +54,9 @@ class _Tee:
 
 
 class RunOutputs:
-    def __init__(self, rundir: RunDir, plan: Plan, *, live: bool, echo_logs: bool) -> None:
+    def __init__(
+        self, rundir: RunDir, plan: Plan, *, live: bool, echo_logs: bool, max_log_bytes: int | None = None
+    ) -> None:
         self.plan = plan
         self.live: Any = None
         if live and echo_logs and use_color(sys.stdout) and sys.stdout.isatty():
@@ -64,6 +66,7 @@ class RunOutputs:
         self.guard = WriteGuard()  # the run directory may fill up mid-run: one warning, the job goes on
         self.bus = EventBus([EventFileSink(rundir.events_jsonl, self.guard), ConsoleSink()])
         self.logs = LogRouter(rundir, echo=echo_logs, guard=self.guard)
+        self.logs.limit(max_log_bytes, self._log_cut)  # a flooding task costs neither disk nor memory
         if self.live is not None:
             self.logs.console_hook = self.live.print_log
             self.logs.progress_hook = self.live.progress  # progress bars redrawn in place above the table
@@ -77,6 +80,18 @@ class RunOutputs:
         self.metrics_server: Any = None
         self.tensorboard: Any = None
         self.rundir = rundir
+
+    def _log_cut(self, task: str, host: str | None, limit: int, attempt: int) -> None:
+        self.bus.emit(
+            ev.LogCut(
+                task=task,
+                host=host,
+                message=f"{task}'s output passed logs.max_bytes_per_task ({limit} bytes): the launcher keeps no "
+                "more of it; its node keeps its own complete log",
+                limit=limit,
+                attempt=attempt,
+            )
+        )
 
     def start_metrics(self, spec: ClusterSpec, port: int | None) -> dict[str, Any]:
         """Serve Prometheus metrics while the job runs (when asked); what launcher.json records."""

@@ -4,7 +4,9 @@ RUN/
   spec.yaml  plan.json  launcher.json  status.json  events.jsonl  heartbeats.jsonl
   combined.log            every task's lines, prefixed with time, task and host
   logs/<type>-<index>.log raw lines of a task (attempt 0); logs/<type>-<index>.attempt-N.log after restarts
+  logs/cuts.json          tasks whose output passed logs.max_bytes_per_task (cut from that attempt on)
   result.json             written once, at the end (``sinks.record``)
+  .reserve                space held for result.json and status.json on a full disk (``runs.reserve``), until the end
   tensorboard/            TensorBoard scalars per task and for the job (``sinks.tensorboard``; or the user's dir)
   checkpoints/            the chief's checkpoint directory, gathered and verified
   nodes/                  node-side task directories (exit.json, complete logs) copied back
@@ -18,15 +20,19 @@ Every path of a run is a property here; nothing else spells a file name of the r
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..core.errors import RunNotFound, UsageError
+from .reserve import NAME as RESERVE
+from .reserve import make_reserve, with_reserve
 
 SLURM_DIR = "slurm"  # RUN/slurm/: the Slurm batch script, sbatch's argv and answer, srun's and the job's output
 
@@ -120,6 +126,22 @@ class RunDir:
         """Kubernetes: the objects applied and every pod's phase, node and exit."""
         return self.path / "kubernetes.json"
 
+    @property
+    def reserve(self) -> Path:
+        """Space held for result.json and status.json on a full disk (``runs.reserve``), until the run's end."""
+        return self.path / RESERVE
+
+    @property
+    def log_cuts(self) -> Path:
+        """Tasks whose output passed logs.max_bytes_per_task: task -> the attempt it was cut in."""
+        return self.logs_dir / "cuts.json"
+
+    def cut_from(self, task: str) -> int | None:
+        """The attempt from which ``task``'s log was cut (its later logs too), or None."""
+        cuts = self.read_json(self.log_cuts)
+        attempt = cuts.get(task) if isinstance(cuts, dict) else None
+        return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt >= 0 else None
+
     def task_log(self, slug: str, attempt: int = 0) -> Path:
         name = f"{slug}.log" if attempt == 0 else f"{slug}.attempt-{attempt}.log"
         return self.logs_dir / name
@@ -130,7 +152,7 @@ class RunDir:
         ``adopt``: it may already exist holding only launcher.log (made for a --detach launcher)."""
         p = Path(path)
         existing = check_new_dir(p)
-        allowed = {"launcher.log", "logs"} if adopt else set()
+        allowed = {"launcher.log", "logs", RESERVE} if adopt else set()
         if any(name not in allowed for name in existing):
             raise UsageError(f"run directory {p} already exists and is not empty; choose another --run-dir")
         try:
@@ -139,12 +161,15 @@ class RunDir:
             (p / "logs").mkdir(exist_ok=True, mode=0o700)
         except OSError as exc:
             raise UsageError(f"cannot create run directory {p}: {exc.strerror}") from None
+        make_reserve(p)  # space for result.json and status.json, whatever fills the disk later
         return cls(p)
 
     def read_json(self, path: Path) -> Any:
         try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
+            with open_regular(path) as f:
+                data = f.read(MAX_JSON + 1)
+            return json.loads(data) if len(data) <= MAX_JSON else None
+        except (OSError, ValueError, RecursionError):
             return None
 
     def is_finished(self) -> bool:
@@ -187,7 +212,15 @@ def write_private(path: Path, text: str, mode: int = 0o600) -> None:
 def write_bytes_atomic(path: Path, data: bytes | Iterable[bytes], *, durable: bool = True) -> None:
     """``path`` holds ``data`` (bytes, or chunks streamed from a large file) whole, or is left as it
     was: a temp file in the same directory, renamed over it. Private (0600) like the run directory.
-    The one atomic writer of the launcher: JSON records, pages, PNGs, a log completed from its node."""
+    The one atomic writer of the launcher: JSON records, pages, PNGs, a log completed from its node.
+    A record (bytes) that finds the disk full uses the run directory's reserve (``runs.reserve``)."""
+    if isinstance(data, bytes | bytearray):
+        with_reserve(path, len(data), lambda: _write_atomic(path, data, durable))
+    else:
+        _write_atomic(path, data, durable)
+
+
+def _write_atomic(path: Path, data: bytes | Iterable[bytes], durable: bool) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -207,8 +240,9 @@ def write_bytes_atomic(path: Path, data: bytes | Iterable[bytes], *, durable: bo
 
 def resolve_run(arg: str, runs_dir: str | Path = "runs") -> RunDir:
     """A run directory path, or a job name meaning its newest run under `runs_dir` that this user can
-    read: run directories are private (0700), so another user's run in a shared `runs/` is passed over
-    (and named in the message if nothing else matches), never an error for everyone."""
+    read — this user's own runs first: in a shared `runs/` another user may plant a run of any name
+    (``foreign_owner`` says whose a run is, for the caller to tell). Another user's private (0700)
+    run is passed over (and named in the message if nothing else matches), never an error for everyone."""
     p = Path(arg)
     try:
         if p.is_dir():
@@ -231,7 +265,8 @@ def resolve_run(arg: str, runs_dir: str | Path = "runs") -> RunDir:
             if not plan.is_file():
                 continue
             if named or _job_of(plan) == arg:
-                candidates.append((plan.stat().st_mtime, d.name, d))
+                mine = d.stat().st_uid == os.getuid()
+                candidates.append((mine, plan.stat().st_mtime, d.name, d))
         except PermissionError:
             if named:
                 private.append(d)
@@ -246,7 +281,17 @@ def resolve_run(arg: str, runs_dir: str | Path = "runs") -> RunDir:
             )
         raise RunNotFound(f"no run directory or job named {arg!r} (looked in {base}/); pass the run directory path")
     candidates.sort()
-    return RunDir(candidates[-1][2])
+    return RunDir(candidates[-1][3])
+
+
+def foreign_owner(run: RunDir) -> str | None:
+    """``user (uid N)`` when ``run`` is not the caller's own run directory (None: it is)."""
+    try:
+        if run.path.stat().st_uid == os.getuid():
+            return None
+    except OSError:
+        return None
+    return _owner(run.path)
 
 
 def _readable_run(path: Path, arg: str) -> None:
@@ -294,17 +339,38 @@ def wait_for_run(arg: str, runs_dir: str | Path = "runs", timeout_s: float = 120
 
 def _job_of(plan: Path) -> str | None:
     try:
-        return json.loads(plan.read_text()).get("job")
-    except (OSError, ValueError, AttributeError):
+        with open_regular(plan) as f:
+            return json.loads(f.read(MAX_JSON)).get("job")
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
+
+
+#: A run's JSON file larger than this is not one (plan.json of 4,096 tasks is a few MB).
+MAX_JSON = 64 << 20
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading only if it is a regular file: never blocking on a FIFO or a device
+    planted in a shared runs directory (O_NONBLOCK at the open, then S_ISREG), never through a link."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     """The JSON objects of a .jsonl file; a torn or foreign line (a crash mid-write, or nesting too deep
     for the parser) is skipped."""
-    if not path.exists():
+    try:
+        f = open_regular(path)
+    except OSError:
         return
-    with open(path, "rb") as f:
+    with f:
         yield from json_objects(f)
 
 

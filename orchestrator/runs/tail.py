@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from .rundir import open_regular
+
 MAX_CHUNK = 4 << 20
 
 
@@ -21,7 +23,7 @@ class Tail:
         """Complete lines written since the last call, up to the end of the file as it is now (read
         ``MAX_CHUNK`` bytes at a time: memory stays bounded however much was written)."""
         try:
-            f = open(self.path, "rb")  # noqa: SIM115 - closed below; lines are yielded while it is open
+            f = open_regular(self.path)  # closed below; never a FIFO another user planted
         except OSError:
             return
         with f:

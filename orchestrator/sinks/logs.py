@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import IO, Any
 
 from ..core.terminal import redraw, redraw_lines, safe_bytes
-from ..runs import RunDir, logline
+from ..runs import RunDir, logline, write_json_atomic
 from .guard import GuardedFile, WriteGuard
 from .style import PALETTE, use_color
 
@@ -47,6 +48,12 @@ class LogRouter:
         self.console_hook: Any = None  # set by the live display to print above its table
         self.progress_hook: Any = None  # set by the live display: (task, prefixed text or None)
         self.pending: dict[str, bytes] = {}  # task -> its unfinished line's current text (progress frames)
+        self.max_bytes: int | None = None  # logs.max_bytes_per_task (``limit``)
+        self.kept: dict[str, int] = {}  # task -> bytes of its lines kept so far, over the run
+        self.cuts: dict[str, int] = {}  # task -> the attempt its output was cut in
+        self.on_cut: Any = None  # (task, host, limit, attempt): the run's event
+        self.hosts: dict[str, str] = {}
+        self.attempt = 0
         self._dirty = False
         self._unflushed: set[GuardedFile] = set()
         self._closed = False
@@ -57,7 +64,9 @@ class LogRouter:
         for f in self.files.values():
             f.close()
         self.files = {}
+        self.attempt = attempt
         for i, (task, slug, host) in enumerate(tasks):
+            self.hosts[task] = host
             self.files[task] = GuardedFile(self.rundir.task_log(slug, attempt), "ab", self.guard)
             tag = logline.tag(task, host)
             self.prefix[task] = tag.encode()
@@ -75,10 +84,43 @@ class LogRouter:
         if cut < len(data):  # a progress frame (or an unfinished line from elsewhere): shown in place only
             self._progress(task, data[cut:])
 
-    def _lines(self, task: str, data: bytes, ts: float | None) -> None:
+    def limit(self, max_bytes: int | None, on_cut: Any = None) -> None:
+        """Keep at most ``max_bytes`` of each task's lines over the run (None: all); ``on_cut`` is told
+        once per task when its output is cut."""
+        self.max_bytes, self.on_cut = max_bytes, on_cut
+
+    def _room(self, task: str, data: bytes) -> bytes | None:
+        """What of ``data`` (whole lines) fits under the task's cap; None when all of it does. Past the
+        cap the cut is written once, and recorded; from then on nothing of the task is kept."""
+        if task in self.cuts:
+            return b""
+        kept = self.kept.get(task, 0)
+        if self.max_bytes is None or kept + len(data) <= self.max_bytes:
+            self.kept[task] = kept + len(data)
+            return None
+        part = data[: max(0, self.max_bytes - kept)]
+        part = part[: part.rfind(b"\n") + 1]  # the lines that fit, whole
+        self.kept[task] = kept + len(part)
+        self.cuts[task] = self.attempt
+        if part:
+            self._lines(task, part, None, counted=True)
+        text = (
+            f"tfcluster: {task}'s output is cut here: it passed logs.max_bytes_per_task ({self.max_bytes} bytes); "
+            "the launcher keeps no more of it, its node keeps its own complete log\n"
+        ).encode()
+        self._lines(task, text, None, counted=True)
+        with contextlib.suppress(OSError):
+            write_json_atomic(self.rundir.log_cuts, self.cuts, durable=False)
+        if self.on_cut is not None:
+            self.on_cut(task, self.hosts.get(task), self.max_bytes, self.attempt)
+        return b""
+
+    def _lines(self, task: str, data: bytes, ts: float | None, counted: bool = False) -> None:
         if self.pending.pop(task, None) is not None and self.progress_hook is not None:
             self.progress_hook(task, None)  # its line is complete: printed below like any other
         data = redraw_lines(data)
+        if not counted and self._room(task, data) is not None:
+            return  # what fitted is written; a flood past the cap costs the launcher neither disk nor memory
         f = self.files.get(task)
         if f is not None:
             f.write(data)

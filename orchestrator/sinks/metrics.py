@@ -32,12 +32,39 @@ SPLIT_PARTS = (
 )
 
 
+#: Label values a node chooses (a GPU's index, its clock-event reasons, an evaluation's metric names): at
+#: most this many distinct values per label and task over the run. A node that changes them every
+#: heartbeat would otherwise make a new series each time in the Prometheus that scrapes us.
+MAX_LABEL_VALUES = 32
+
+
+class LabelBound:
+    """The distinct node-chosen label values admitted so far, per (label, task); later new ones are dropped
+    (counted: ``tfcluster_metric_labels_dropped_total``)."""
+
+    def __init__(self, limit: int = MAX_LABEL_VALUES) -> None:
+        self.limit = limit
+        self.seen: dict[tuple[str, str], set[str]] = {}
+        self.dropped = 0
+
+    def admit(self, label: str, task: str, value: str) -> bool:
+        values = self.seen.setdefault((label, task), set())
+        if value in values:
+            return True
+        if len(values) >= self.limit:
+            self.dropped += 1
+            return False
+        values.add(value)
+        return True
+
+
 class JobMetrics:
     """The state the collector reads: the latest status and counters from events. Also an event sink."""
 
     def __init__(self, job: str, run_id: str) -> None:
         self.job = job
         self.run_id = run_id
+        self.labels = LabelBound()
         self.status: dict[str, Any] = {}
         self.profiles: dict[str, dict[str, Any]] = {}
         self.restarts = 0
@@ -115,7 +142,17 @@ class _Collector:
             d.add_metric([job], detection)
         yield d
         yield from _job_figures(job, status)
-        yield from _task_metrics(job, status.get("tasks") or {}, profiles)
+        with self.m._lock:  # scrapes may come from several threads: the bound is one
+            families = list(_task_metrics(job, status.get("tasks") or {}, profiles, self.m.labels))
+            dropped = self.m.labels.dropped
+        yield from families
+        c = CounterMetricFamily(
+            "tfcluster_metric_labels_dropped",
+            f"Samples left out: a node-chosen label value beyond {MAX_LABEL_VALUES} distinct ones per label and task",
+            labels=["job"],
+        )
+        c.add_metric([job], dropped)
+        yield c
 
 
 def _job_figures(job: str, status: dict[str, Any]) -> Iterator[Any]:
@@ -145,7 +182,9 @@ def _job_figures(job: str, status: dict[str, Any]) -> Iterator[Any]:
     yield fam
 
 
-def _task_metrics(job: str, tasks: dict[str, Any], profiles: dict[str, dict[str, Any]]) -> Iterator[Any]:
+def _task_metrics(
+    job: str, tasks: dict[str, Any], profiles: dict[str, dict[str, Any]], bound: LabelBound
+) -> Iterator[Any]:
     from prometheus_client.core import GaugeMetricFamily
 
     labels = ["job", "task", "host"]
@@ -201,6 +240,8 @@ def _task_metrics(job: str, tasks: dict[str, Any], profiles: dict[str, dict[str,
             put("part", (profiles.get(task) or {}).get(part), 0.001, (part.removesuffix("_ms"),))
         for g in t.get("gpus") or []:
             idx = (str(g.get("index")),)
+            if not bound.admit("gpu", task, idx[0]):
+                continue
             put("gpu_util", g.get("util"), 0.01, idx)
             put("gpu_mem", g.get("mem_used_mb"), 1 << 20, idx)
             put("gpu_clock", g.get("sm_clock_mhz"), 1e6, idx)
@@ -212,7 +253,7 @@ def _task_metrics(job: str, tasks: dict[str, Any], profiles: dict[str, dict[str,
             put("gpu_xid", g.get("xid_errors"), 1.0, idx)
             put("gpu_ecc", g.get("ecc_uncorrected"), 1.0, idx)
             for reason in g.get("throttle") or []:
-                if isinstance(reason, str):
+                if isinstance(reason, str) and bound.admit("reason", task, reason):
                     put("gpu_event", 1, 1.0, (*idx, reason))
         for prob in t.get("gpu_problems") or []:
             put("gpu_problem", 1, 1.0, (str(prob.get("gpu")), str(prob.get("problem"))))
@@ -220,7 +261,8 @@ def _task_metrics(job: str, tasks: dict[str, Any], profiles: dict[str, dict[str,
             put("evaluations", e.get("evaluations"))
             put("eval_step", e.get("step"))
             for metric, value in (e.get("metrics") if isinstance(e.get("metrics"), dict) else {}).items():
-                put("eval_metric", value, 1.0, (str(metric),))
+                if bound.admit("metric", task, str(metric)):
+                    put("eval_metric", value, 1.0, (str(metric),))
     yield from fams.values()
 
 

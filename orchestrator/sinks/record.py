@@ -15,6 +15,7 @@ from ..core.result import Failure, RunResult
 from ..events import EventBus
 from ..events import kinds as ev
 from ..runs import RunDir, write_json_atomic
+from ..runs.reserve import release
 from .files import EventFileSink
 
 
@@ -37,7 +38,8 @@ def record_result(rundir: RunDir, result: RunResult, bus: EventBus | None = None
     finally:
         if own:
             bus.close()
-    write_json_atomic(rundir.result_json, data)
+    write_json_atomic(rundir.result_json, data)  # on a full disk, with the run's reserve
+    release(rundir.path)
     return data
 
 

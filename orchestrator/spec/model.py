@@ -20,6 +20,7 @@ from pydantic import (
     field_validator,
 )
 
+from .logs import LogsSpec
 from .scheduler import KubernetesSpec, Role, SlurmSpec
 
 JOB_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -401,6 +402,7 @@ class ClusterSpec(_Model):
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     tensorboard: TensorboardSpec = Field(default_factory=TensorboardSpec)
     check: CheckSpec = Field(default_factory=CheckSpec)
+    logs: LogsSpec = Field(default_factory=LogsSpec)
 
     @field_validator("name", mode="before")
     @classmethod

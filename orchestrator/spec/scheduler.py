@@ -197,3 +197,8 @@ class KubernetesSpec(_Model):
     flavor: Literal["jobset", "indexed-job"] = Field(
         "jobset", description="jobset (needs the JobSet controller) or indexed-job (plain Kubernetes)."
     )
+    network_policy: bool = Field(
+        True,
+        description="A NetworkPolicy admitting ingress to the job's pods only from the job's own pods (TF's "
+        "gRPC server runs any client's ops); false: none (pods reachable as the cluster's policies allow).",
+    )

@@ -181,7 +181,8 @@ def evaluate(
                 finding(
                     "clock",
                     False,
-                    f"clock is {skew:+.1f}s off the launcher's: timestamps across hosts will not line up",
+                    f"clock is {skew:+.1f}s off the launcher's: its records are put on the launcher's clock "
+                    "(shifted by the skew measured at its hello), its own log's times are not",
                     t,
                     hosts.get(t),
                     severity="warning",

@@ -102,9 +102,11 @@ class _Span:
     """One task's training points in one attempt (thinned past MAX_POINTS; first and last kept)."""
 
     points: list[Point] = field(default_factory=list)
+    top: int = 0  # the most steps any record said: the steps made, whatever its time
 
     def add(self, pt: Point) -> None:
         last = self.points[-1] if self.points else None
+        self.top = max(self.top, pt.steps)
         if last is not None and (pt.ts <= last.ts or pt.steps < last.steps):
             return  # the same record again (every heartbeat carries the last one), or out of order
         self.points.append(pt)
@@ -232,7 +234,7 @@ class Figures:
         now = t.current()
         base = t.base if now is None else None  # before the first step: the counters at 0
         return TaskFigures(
-            steps=now.steps if now else (base.steps if base else None),
+            steps=t.spans[t.attempt].top if now else (base.steps if base else None),
             epoch=t.epoch,
             step_time_s=now.step_time_s if now else None,
             steps_per_s=t.rates[0],
@@ -286,7 +288,7 @@ def _final(t: _Task, acc: Sequence[float], no_examples: bool) -> TaskFigures:
     else:
         times = [p.step_time_s for s in t.spans.values() for p in s.points if p.step_time_s is not None]
         step_time = round(statistics.median(times), 6) if times else None
-    made = [s.points[-1].steps for s in t.spans.values() if s.points]
+    made = [s.top for s in t.spans.values() if s.points]
     seconds = acc[2]
     return TaskFigures(
         steps=sum(made) if made else (0 if t.base is not None else None),

@@ -28,7 +28,8 @@ def check_before_go(
     """Evaluate the cross-host checks; emit the ``preflight`` event (when ``report``); the failure
     that must stop the job, or None."""
     facts = {s.task: s.facts for s in ready if s.facts is not None}
-    skews = {s.task: s.skew_s for s in ready if s.skew_s is not None}
+    # a pod's hello is from its container's start, not an answer to us: no skew can be read from it
+    skews = {s.task: s.skew_s for s in ready if s.skew_s is not None and getattr(s.channel, "times_hello", False)}
     findings = evaluate(
         facts,
         {s.task: s.host for s in ready},

@@ -21,6 +21,36 @@ from dataclasses import dataclass
 from ..backends import Channel
 
 QUEUE_ITEMS = 1024
+#: Bytes read and not yet handled, at most (a flooding task's reads are up to a few MiB each: 1,024 of
+#: them held 576 MiB of the launcher's memory); past it the pump waits, and back-pressure does the rest.
+QUEUE_BYTES = 32 << 20
+
+
+class InputQueue(queue.Queue):
+    """The decision loop's input queue, bounded by items and by the bytes of what was read: a put
+    waits while either is full (one read larger than the bound still goes in alone)."""
+
+    def __init__(self, maxsize: int = QUEUE_ITEMS, max_bytes: int = QUEUE_BYTES) -> None:
+        super().__init__(maxsize)
+        self.max_bytes = max_bytes
+        self.bytes = 0
+
+    def _put(self, item: object) -> None:
+        self.bytes += _size(item)
+        super()._put(item)
+
+    def _get(self) -> object:
+        item = super()._get()
+        self.bytes -= _size(item)
+        return item
+
+    def _qsize(self) -> int:
+        n = len(self.queue)
+        return self.maxsize if n and self.bytes >= self.max_bytes else n  # full by bytes: put waits
+
+
+def _size(item: object) -> int:
+    return len(item.out) + len(item.err) if isinstance(item, Received) else 0
 
 
 class Interrupt:

@@ -14,6 +14,7 @@ from worker_entry import protocol as p
 
 from ..events import EventBus, HeartbeatSink
 from ..events import kinds as ev
+from .clock import on_launcher_clock
 from .figures import Figures
 from .monitor import Monitor
 from .session import TaskSession, record_of
@@ -49,7 +50,7 @@ class Observations:
             self.monitor.seen(s.task, now)
         if isinstance(m, p.Heartbeat):
             self.monitor.on_heartbeat(s.task, m, now)
-            self._record(s.task, {**record_of(m), "attempt": self.attempt})
+            self._record(s.task, on_launcher_clock({**record_of(m), "attempt": self.attempt}, s))
         elif isinstance(m, p.Hello):
             facts = m.facts
             gpus = [{"name": g.name, "memory_mb": g.memory_mb} for g in facts.gpus]
@@ -64,7 +65,7 @@ class Observations:
             self.monitor.on_started(s.task, now)
         elif isinstance(m, p.Profile):
             record = record_of(m)
-            self._record(s.task, {**record, "kind": "profile", "attempt": self.attempt})
+            self._record(s.task, on_launcher_clock({**record, "kind": "profile", "attempt": self.attempt}, s))
             return self.monitor.on_profile(s.task, record, now)
         elif isinstance(m, p.Evaluation):  # an evaluator's metrics: an event, folded into its status entry
             fields = {k: getattr(m, k) for k in _EVALUATION}

@@ -26,6 +26,7 @@ from ..plan.build import tf_cluster, tf_config_of
 from ..plan.roles import RoleRule, rule_of
 from ..spec import ClusterSpec
 from .inputs import ChannelPump
+from .placement import endpoint_problem
 from .session import TaskSession
 from .teardown import StopOrder, never_start
 from .tolerance import Tolerance, tolerate
@@ -171,6 +172,9 @@ class RoleCare:
         ]
         if missing:
             raise ValueError(f"cannot rebuild TF_CONFIG: {', '.join(missing[:3])} never said where it listens")
+        for s, ep in zip(order, endpoints, strict=True):  # a node speaks only for where it is itself
+            if ep and (why := endpoint_problem(ep, s.channel)):
+                raise ValueError(f"cannot rebuild TF_CONFIG: {s.task}: {why}")
         config.env[p.Env.TF_CONFIG] = json.dumps(
             tf_config_of(tf_cluster(tasks, endpoints), config.task), separators=(",", ":")
         )

@@ -32,7 +32,7 @@ from .bound import BoundWatch, RunBound
 from .closed import EOF_POLL_S, ClosedChannels
 from .figures import Figures
 from .gate import GoGate
-from .inputs import QUEUE_ITEMS, ChannelPump, ChannelReady, Interrupt, Received
+from .inputs import ChannelPump, ChannelReady, InputQueue, Interrupt, Received
 from .monitor import Monitor
 from .observe import Observations
 from .reporting import Reporter
@@ -78,7 +78,7 @@ class Supervisor:
         self.policy = Policy.from_spec(spec, plan.policy)
         self.sessions = {str(n.task): TaskSession(n, attempt) for n in plan.nodes}  # each task's current one
         self.keys: dict[str, TaskSession] = dict(self.sessions)  # channel key -> session, restarted ones too
-        self.q: queue.Queue = queue.Queue(maxsize=QUEUE_ITEMS)
+        self.q: queue.Queue = InputQueue()  # bounded by items and bytes: a flood cannot grow the launcher
         self.pump = ChannelPump(self.q)
         self.roles = RoleCare(spec, self.sessions, backend, self.pump, bus, attempt=attempt, deliver=self._deliver)
         self.monitor = Monitor(list(self.sessions), self.policy, clock(), self.roles.members())

@@ -83,7 +83,11 @@ def gather_after_run(
             live = rundir.task_log(node.task.slug, a)
             live_size = live.stat().st_size if live.is_file() else -1
             node_log = next((i for i in items if i.rel == "output.log"), None)
-            if node_log is not None and node_log.size == live_size:
+            cut = rundir.cut_from(str(node.task))
+            if node_log is not None and cut is not None and a >= cut:
+                items.remove(node_log)  # the launcher's cap, not a loss: the node keeps it
+                logs_summary[key] = f"cut by logs.max_bytes_per_task; the node keeps its complete log in {m.root}"
+            elif node_log is not None and node_log.size == live_size:
                 items.remove(node_log)
                 logs_summary[key] = f"complete: all {live_size} bytes arrived live"
             elif node_log is not None:

@@ -111,7 +111,10 @@ def _one(
     node_dir = rundir.gather_dir / s.node.task.slug / f"attempt-{attempt}"
     live = rundir.task_log(s.node.task.slug, attempt)
     live_size = live.stat().st_size if live.is_file() else 0
-    if files.log_bytes is not None and files.log_bytes <= live_size:
+    cut = rundir.cut_from(s.task)
+    if cut is not None and attempt >= cut:
+        logs[key] = f"cut by logs.max_bytes_per_task; the node keeps its complete log in {files.task_dir.root}"
+    elif files.log_bytes is not None and files.log_bytes <= live_size:
         logs[key] = f"complete: all {live_size} bytes arrived live"
     elif files.log_bytes is not None:
         missed = files.log_bytes - live_size

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..core.text import table
 from ..runs import RunDir
+from ..runs.rundir import open_regular
 from .handle import RunHandle
 
 MAX_JSON_BYTES = 16 << 20  # a run's JSON file larger than this is damaged (plan.json of 10,000 tasks: ~10 MB)
@@ -69,7 +70,7 @@ class _Unreadable(Exception):
 def _read(path: Path) -> Any:
     """A run's JSON file: None when absent; ValueError when damaged; _Unreadable when not ours to read."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO or device planted in a shared runs/ cannot hang us
             data = f.read(MAX_JSON_BYTES + 1)
     except FileNotFoundError:
         return None

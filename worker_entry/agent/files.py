@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import protocol as p
+from .safedir import open_dir
 
 CHUNK = 1024 * 1024
 TEMP_PREFIX = "workertemp_"
@@ -151,7 +152,10 @@ def receive(root: str, in_fd: int, first: bytes = b"") -> dict[str, Any]:
     """
     root = _root(root)
     parent = os.path.dirname(root)
-    os.makedirs(parent, exist_ok=True)
+    try:
+        os.close(open_dir(parent))  # made if missing; refused where another user could plant in it (safedir)
+    except OSError as exc:
+        return {"ok": False, "error": str(exc), "root": root}
     incoming = f"{root}.incoming-{os.getpid()}"
     shutil.rmtree(incoming, ignore_errors=True)
     os.makedirs(incoming, mode=0o700)

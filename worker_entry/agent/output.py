@@ -45,10 +45,11 @@ def squash(partial: bytes) -> bytes:
 
 
 class OutputPipes:
-    def __init__(self, sel: selectors.BaseSelector, writer: FrameWriter, log_path: str) -> None:
+    def __init__(self, sel: selectors.BaseSelector, writer: FrameWriter, log_fd: int | None) -> None:
+        """``log_fd``: the node's own log of the task (``taskdir``; None: lines go to the launcher only)."""
         self.sel = sel
         self.writer = writer
-        self.log: IO[bytes] | None = open(log_path, "wb", buffering=0)  # noqa: SIM115 - the task's lifetime
+        self.log: IO[bytes] | None = os.fdopen(log_fd, "wb", buffering=0) if log_fd is not None else None
         self.partial = {p.STDOUT: b"", p.STDERR: b""}
         self.shown = {p.STDOUT: b"", p.STDERR: b""}  # the unfinished line's text as last sent
         self.shown_at = {p.STDOUT: 0.0, p.STDERR: 0.0}

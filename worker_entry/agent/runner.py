@@ -15,7 +15,6 @@ can never stop the loop from enforcing the timeouts.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import selectors
 import signal
@@ -33,6 +32,7 @@ from .hoststats import HostSampler
 from .output import OutputPipes
 from .records import ProgressRecords
 from .sysinfo import GroupSampler, Nvml, listening, node_facts
+from .taskdir import TaskDir
 from .writer import FrameWriter
 
 DRAIN_TIMEOUT_S = 3.0
@@ -68,6 +68,7 @@ class Runner:
         self.seq = 0
         self.beats_running = 0  # heartbeats sent since the command started
         self.out: OutputPipes | None = None
+        self.task_dir: TaskDir | None = None
         self.sig_r, self.sig_w = os.pipe()
 
     # --- plumbing --------------------------------------------------------------------------
@@ -91,10 +92,13 @@ class Runner:
         self.writer.start()
         self.writer.send(p.MARKER)
         self._install_signals()
-        os.makedirs(self.remote_dir, mode=0o700, exist_ok=True)
-        self.out = OutputPipes(self.sel, self.writer, os.path.join(self.remote_dir, "output.log"))
+        # nothing another user planted is followed (a pod's filesystem is its own: in_fd None)
+        self.task_dir = TaskDir(self.remote_dir, self.cfg.env, pod=self.in_fd is None)
+        self.out = OutputPipes(self.sel, self.writer, self.task_dir.open_log())
         self.nvml = Nvml()
-        facts = p.NodeFacts.from_dict(node_facts(self._probe_config(), self.nvml))
+        found = node_facts(self._probe_config(), self.nvml)
+        found["problems"] += self.task_dir.problems  # an unsafe task or backup directory: no go
+        facts = p.NodeFacts.from_dict(found)
         self.nvml.restrict(self.cfg.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")))
         self.msg(
             p.Hello(
@@ -284,20 +288,23 @@ class Runner:
         else:
             self.writer.send(p.log_frame(stream, data))
 
-    def _read_progress(self) -> None:
-        assert self.progress_fd is not None
+    def _read_progress(self) -> bool:
+        """Read and act on what the pipe holds; False when it is empty for now or closed."""
+        if self.progress_fd is None:
+            return False
         try:
             data = os.read(self.progress_fd, 65536)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             data = b""
         if not data:
             self.sel.unregister(self.progress_fd)
             os.close(self.progress_fd)
             self.progress_fd = None
-            return
+            return False
         self.records.feed(data)
+        return True
 
     def _next_seq(self) -> int:
         self.seq += 1
@@ -344,6 +351,9 @@ class Runner:
                 elif key.data == "progress":
                     self._read_progress()
         self._kill_group(signal.SIGKILL)
+        for _ in range(64):  # the last record (written at the process's exit) counts its last steps
+            if not self._read_progress():
+                break
         # Exit only once the task's processes are gone: worker_entry's exit is the launcher's confirmation.
         left = wait_gone(self.child.pid, self.sampler.seen if self.sampler is not None else {}, TREE_GONE_S)
         if left:
@@ -380,13 +390,8 @@ class Runner:
     def _write_exit(self, status: dict[str, Any]) -> int | None:
         log_bytes = self.out.close() if self.out is not None else None
         status["log_bytes"] = log_bytes
-        path = os.path.join(self.remote_dir, "exit.json")
-        with contextlib.suppress(OSError):
-            with open(path + ".tmp", "w") as f:
-                json.dump(status, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(path + ".tmp", path)
+        if self.task_dir is not None:
+            self.task_dir.write_exit(status)
         return log_bytes
 
 

@@ -13,7 +13,10 @@ never share a host while measuring).
 A probe (the lower rank is the client): ``PINGS`` ping-pongs of 64 bytes (one-way latency: half the
 median round trip), then one upload and one download sized from a 256 KiB trial to last about
 ``TARGET_S`` (bandwidth: bytes over the time to the last byte, less a round trip). A link's bandwidth
-is the slower direction: ``tc tbf`` and most shapers limit what a host sends.
+is the slower direction: ``tc tbf`` and most shapers limit what a host sends. The server end
+(``probeserver``) admits only the job's tasks (each connection proves the run's secret) and times the
+upload it receives: the launcher holds each client's figure to that (``served``), so a node that
+lies about its links cannot make another host's look good or bad on its own.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ import json
 import socket
 import statistics
 import struct
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
+
+from .probeserver import Coordinator, LinkError, ProbeServer, sign
 
 PINGS = 20
 TRIAL_BYTES = 256 * 1024
@@ -34,10 +38,6 @@ MAX_BYTES = 64 * 1024 * 1024
 CHUNK = 256 * 1024
 MAX_ROUNDS = 4
 _LEN = struct.Struct("!Q")
-
-
-class LinkError(RuntimeError):
-    """A probe or the coordination failed (peer gone, timeout): the check reports it, never hangs."""
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -89,27 +89,7 @@ def _send_payload(sock: socket.socket, n: int) -> None:
         left -= k
 
 
-# --- the two ends of a probe --------------------------------------------------------------------
-
-
-def _serve_probe(sock: socket.socket) -> None:
-    """Server side: echo pings, sink uploads (ack each), source downloads, until the client says done."""
-    while True:
-        op = _recv_exact(sock, 1)
-        if op == b"p":
-            sock.sendall(_recv_exact(sock, 63) + b"p")
-        elif op == b"u":
-            (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
-            _drain(sock, min(n, MAX_BYTES))
-            sock.sendall(b"k")
-        elif op == b"d":
-            (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
-            _send_payload(sock, min(n, MAX_BYTES))
-        elif op == b"q":
-            sock.recv(1)  # the client closes first: the TIME_WAIT stays on its side, not on our TF port
-            return
-        else:
-            raise LinkError(f"unknown probe op {op!r}")
+# --- the client end of a probe ------------------------------------------------------------
 
 
 def _timed(fn: Any) -> float:
@@ -137,11 +117,25 @@ def _rate(sock: socket.socket, direction: bytes, rtt: float) -> float:
     return n / transfer(n)
 
 
-def probe(address: str, port: int, timeout_s: float) -> dict[str, float]:
-    """Client side: latency and the two directions' rates to a peer's probe server."""
-    with socket.create_connection((address, port), timeout=timeout_s) as sock:
+def _open(address: str, port: int, timeout_s: float, secret: bytes, head: dict[str, Any]) -> socket.socket:
+    """A connection to a peer's probe server, authenticated: its nonce, then our signed head."""
+    sock = socket.create_connection((address, port), timeout=timeout_s)
+    try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _send_line(sock, {"op": "probe"})
+        try:
+            nonce = str(_recv_line(sock, 4096).get("nonce", ""))
+        except LinkError:  # closed before its nonce: the server made room for others; try again
+            raise ConnectionRefusedError("the probe server closed the connection before its nonce") from None
+        _send_line(sock, {**head, "mac": sign(secret, nonce, head)})
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def probe(address: str, port: int, timeout_s: float, secret: bytes, rank: int, round_no: int) -> dict[str, float]:
+    """Client side: latency and the two directions' rates to a peer's probe server."""
+    with _open(address, port, timeout_s, secret, {"op": "probe", "rank": rank, "round": round_no}) as sock:
         rtts = []
         payload = b"x" * 63
         for _ in range(PINGS):
@@ -183,111 +177,24 @@ def next_pairs(n: int, figures: dict[int, float], met: dict[int, set[int]], roun
     return pairs
 
 
-class Coordinator:
-    """Rank 0's book of the rounds: collects every task's report, then answers all with the next pairs."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.cond = threading.Condition()
-        self.round = 1
-        self.reports: dict[int, list[dict[str, Any]]] = {}
-        self.answer: dict[int, list[tuple[int, int]]] = {}
-        self.figures: dict[int, float] = {}
-        self.met: dict[int, set[int]] = {}
-
-    def report(self, rank: int, round_no: int, links: list[dict[str, Any]], timeout_s: float) -> list[tuple[int, int]]:
-        with self.cond:
-            if round_no != self.round:
-                raise LinkError(f"rank {rank} reported round {round_no} during round {self.round}")
-            self.reports[rank] = links
-            if len(self.reports) == self.n:
-                for link in (x for ls in self.reports.values() for x in ls):
-                    a, b, bw = int(link["ra"]), int(link["rb"]), float(link["bandwidth_Bps"])
-                    for x, y in ((a, b), (b, a)):
-                        self.met.setdefault(x, set()).add(y)
-                        self.figures[x] = max(self.figures.get(x, 0.0), bw)
-                self.answer[round_no] = next_pairs(self.n, self.figures, self.met, round_no + 1)
-                self.reports = {}
-                self.round += 1
-                self.cond.notify_all()
-            elif not self.cond.wait_for(lambda: round_no in self.answer, timeout=timeout_s):
-                raise LinkError(f"round {round_no}: not every task reported within {timeout_s:.0f} s")
-            return self.answer[round_no]
-
-
-class ProbeServer:
-    """This task's listener on its TF port: probes from its round's partner, reports (rank 0)."""
-
-    def __init__(self, port: int, coordinator: Coordinator | None, timeout_s: float) -> None:
-        self.coordinator = coordinator
-        self.timeout_s = timeout_s
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("", port))
-        self.sock.listen(128)
-        self.errors: list[str] = []
-        self._handlers: list[threading.Thread] = []
-        self._thread = threading.Thread(target=self._accept, name="check-probe", daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return  # closed
-            handler = threading.Thread(target=self._handle, args=(conn,), daemon=True)
-            self._handlers.append(handler)
-            handler.start()
-
-    def _handle(self, conn: socket.socket) -> None:
-        try:
-            with conn:
-                conn.settimeout(self.timeout_s)
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                head = _recv_line(conn)
-                if head.get("op") == "probe":
-                    _serve_probe(conn)
-                elif head.get("op") == "report" and self.coordinator is not None:
-                    pairs = self.coordinator.report(
-                        int(head["rank"]), int(head["round"]), list(head["links"]), self.timeout_s
-                    )
-                    _send_line(conn, {"pairs": pairs})
-                    _recv_exact(conn, 1)  # the client closes first (its side keeps the TIME_WAIT)
-        except (OSError, LinkError, ValueError, KeyError, TypeError) as exc:
-            if not isinstance(exc, LinkError) or "closed" not in str(exc):
-                self.errors.append(repr(exc))
-
-    def close(self) -> None:
-        """Free the port for TensorFlow: shutdown wakes the thread blocked in accept (a plain close
-        would leave the listening socket open until accept returns)."""
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-        self._thread.join(timeout=5)
-        deadline = time.monotonic() + 2.0  # the accepted connections too: their clients are done and close
-        for handler in self._handlers:
-            handler.join(timeout=max(0.0, deadline - time.monotonic()))
-
-
 def _report(
-    coord: tuple[str, int], rank: int, round_no: int, links: list[dict[str, Any]], timeout_s: float
+    coord: tuple[str, int], secret: bytes, rank: int, round_no: int, links: list[dict[str, Any]], timeout_s: float
 ) -> list[tuple[int, int]]:
-    with socket.create_connection(coord, timeout=timeout_s) as sock:
-        _send_line(sock, {"op": "report", "rank": rank, "round": round_no, "links": links})
+    head = {"op": "report", "rank": rank, "round": round_no, "links": links}
+    with _open(coord[0], coord[1], timeout_s, secret, head) as sock:
         answer = _recv_line(sock)
     return [(int(a), int(b)) for a, b in answer["pairs"]]
 
 
-def link_rounds(peers: Sequence[tuple[str, str, int]], rank: int, deadline: float) -> list[dict[str, Any]]:
-    """Run every round; the links this task measured as a client: ``{a, b, ra, rb, round, latency_s,
-    bandwidth_Bps, up_Bps, down_Bps}`` (``a``/``b``: task names). ``peers``: (task, address, port) in
-    rank order. Every wait is bounded by ``deadline`` (time.monotonic())."""
+def link_rounds(peers: Sequence[tuple[str, str, int]], rank: int, deadline: float, secret: bytes) -> dict[str, Any]:
+    """Run every round: ``links``, those this task measured as a client (``{a, b, ra, rb, round,
+    latency_s, bandwidth_Bps, up_Bps, down_Bps}``, ``a``/``b``: task names); ``served``, its own view
+    of the probes it served; ``probe_bind``, where it listened; ``probe_refused``, connections it
+    closed unheard (strangers). ``peers``: (task, address, port) in rank order; ``secret``: the run's
+    (every connection proves it). Every wait is bounded by ``deadline`` (time.monotonic())."""
     n = len(peers)
     if n < 2:
-        return []
+        return {"links": [], "served": []}
 
     def left() -> float:
         rest = deadline - time.monotonic()
@@ -295,7 +202,17 @@ def link_rounds(peers: Sequence[tuple[str, str, int]], rank: int, deadline: floa
             raise LinkError("the check's deadline passed during the link rounds")
         return rest
 
-    server = ProbeServer(peers[rank][2], Coordinator(n) if rank == 0 else None, left())
+    left()
+    server = ProbeServer(
+        peers[rank][1],
+        peers[rank][2],
+        secret,
+        peers[rank][0],
+        [p[0] for p in peers],
+        Coordinator(n, next_pairs) if rank == 0 else None,
+        deadline,
+        max_conns=n + 32,
+    )
     mine: list[dict[str, Any]] = []
     try:
         # every listener must be up before the first probe: retry connecting until the deadline
@@ -305,17 +222,21 @@ def link_rounds(peers: Sequence[tuple[str, str, int]], rank: int, deadline: floa
             for a, b in pairs:
                 if a == rank:
                     _, addr, port = peers[b]
-                    figures = _retrying(lambda addr=addr, port=port: probe(addr, port, min(left(), 30.0)), left)
+                    figures = _retrying(
+                        lambda addr=addr, port=port, r=round_no: probe(addr, port, min(left(), 30.0), secret, rank, r),
+                        left,
+                    )
                     links.append({"a": peers[a][0], "b": peers[b][0], "ra": a, "rb": b, "round": round_no, **figures})
             mine += links
             pairs = _retrying(
-                lambda r=round_no, ls=links: _report((peers[0][1], peers[0][2]), rank, r, ls, left()), left
+                lambda r=round_no, ls=links: _report((peers[0][1], peers[0][2]), secret, rank, r, ls, left()), left
             )
             if not pairs:
-                return mine
+                break
             round_no += 1
     finally:
         server.close()
+    return {"links": mine, "served": server.served, "probe_bind": server.bound, "probe_refused": server.refused}
 
 
 def _retrying(fn: Any, left: Any) -> Any:

@@ -4,7 +4,8 @@ Started by an ordinary launch in place of the job's command (same backend, super
 measures, in this order, and prints one line ``TFCLUSTER_CHECK {json}`` the launcher reads from the
 task's log (``orchestrator.job.check``):
 
-1. the link rounds (``checklinks``: stdlib TCP on this task's TF port, before TensorFlow binds it);
+1. the link rounds (``links``: stdlib TCP on this task's TF port, before TensorFlow binds it; only the
+   job's tasks get in: ``probeserver``);
 2. the compute benchmark: a chain of TensorFlow matmuls for ``--matmul-s`` on every local GPU (float16,
    4096²; one thread per GPU) or, without one, on the CPU (float32, 512², one intra-op thread), started
    on every host at once
@@ -28,9 +29,10 @@ import threading
 import time
 from typing import Any
 
+from ..protocol.checkline import PREFIX
+from ..protocol.env import Env
 from .links import LinkError, link_rounds
 
-PREFIX = "TFCLUSTER_CHECK "
 EXIT_DEADLINE = 3
 WINDOWS = 6
 _result: dict[str, Any] = {}
@@ -200,8 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=_watchdog, args=(args.deadline_s,), daemon=True).start()
     peers, rank = peers_from_tf_config()
     _result.update(task=peers[rank][0] if peers else "worker:0", rank=rank, hostname=socket.gethostname())
+    secret = os.environ.pop(Env.CHECK_SECRET, "")  # the run's (the launcher's NodeConfig env); not for TF
     try:
-        _result["links"] = link_rounds(peers, rank, deadline)
+        if not secret:
+            raise LinkError(f"no {Env.CHECK_SECRET} in the environment: the probes would admit anyone")
+        _result.update(link_rounds(peers, rank, deadline, secret.encode()))
     except (LinkError, OSError, ValueError) as exc:
         _result.update(links=[], links_error=f"{type(exc).__name__}: {exc}")
     _result["links_s"] = round(time.monotonic() - started, 3)

@@ -199,6 +199,7 @@ class StepCounter:
         self.owner = source
         if examples is None and self.examples_per_step and source == "stamps":
             examples = self.examples_per_step * int(steps)
+        self._at = at  # the record that counts these steps carries their time (None: when it is written)
         if self._window_start is None:
             self._window_start = self._clock()
             if source == "stamps":  # counted by a poll: their duration is unknown, keep them out of the window
@@ -207,7 +208,6 @@ class StepCounter:
                     self.examples = (self.examples or 0) + int(examples)
                 return False
         steps = int(steps)
-        self._at = at
         self.steps += steps
         self._window_steps += steps
         if examples is not None:

@@ -36,6 +36,7 @@ class Env:
     SECRET_ARG = "TFCLUSTER_SECRET_ARG"  # Kubernetes: _<i>: a credential word of the command, from the job's Secret
     POD = "TFCLUSTER_POD"  # Kubernetes: the pod's worker_entry settings (JSON, rendered into the pod spec)
     JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"  # Kubernetes: set by the Job controller (Indexed Jobs)
+    CHECK_SECRET = "TFCLUSTER_CHECK_SECRET"  # tfcluster check: the probes' per-run secret (its NodeConfig env)
     SCALE_WORKERS = "TFCLUSTER_SCALE_WORKERS"  # tfcluster scale: the workers of this size of the sweep
     SCALE_BASE_WORKERS = "TFCLUSTER_SCALE_BASE_WORKERS"  # ... its smallest size (the baseline)
     SCALE_MODE = "TFCLUSTER_SCALE_MODE"  # ... weak (same per-worker batch) or strong (same global batch)

@@ -59,7 +59,12 @@ def _json(resp: Any) -> dict[str, Any]:
 
 
 #: The only kinds tfcluster creates, reads or deletes.
-MANAGED_KINDS = ("Secret", "Service", "Job", "JobSet")
+MANAGED_KINDS = ("Secret", "Service", "Job", "JobSet", "NetworkPolicy")
+#: Kinds reached through the generic objects API: (group, version, plural).
+GENERIC = {
+    "JobSet": (JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL),
+    "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
+}
 
 
 def _managed(kind: str) -> None:
@@ -128,9 +133,9 @@ class KubeApi:
                 resp = self.core.create_namespaced_service(self.ns, doc, _preload_content=False)
             elif kind == "Job":
                 resp = self.batch.create_namespaced_job(self.ns, doc, _preload_content=False)
-            elif kind == "JobSet":
+            elif kind in GENERIC:
                 resp = self.custom.create_namespaced_custom_object(
-                    JOBSET_GROUP, JOBSET_VERSION, self.ns, JOBSET_PLURAL, doc, _preload_content=False
+                    *GENERIC[kind][:2], self.ns, GENERIC[kind][2], doc, _preload_content=False
                 )
             else:
                 raise KubeError(f"cannot create a {kind}")
@@ -152,8 +157,9 @@ class KubeApi:
             elif kind == "Job":
                 resp = self.batch.read_namespaced_job(name, self.ns, _preload_content=False)
             else:
+                group, version, plural = GENERIC[kind]
                 resp = self.custom.get_namespaced_custom_object(
-                    JOBSET_GROUP, JOBSET_VERSION, self.ns, JOBSET_PLURAL, name, _preload_content=False
+                    group, version, self.ns, plural, name, _preload_content=False
                 )
         except Exception as exc:
             if getattr(exc, "status", None) == 404:
@@ -161,27 +167,26 @@ class KubeApi:
             raise _error(f"reading {kind} {self.ns}/{name}", exc) from None
         return _json(resp)
 
-    def delete(self, kind: str, name: str, *, foreground: bool = False) -> bool:
+    def delete(self, kind: str, name: str, *, foreground: bool = False, uid: str | None = None) -> bool:
         """Delete it and what it owns (``foreground``: the object goes only after its pods); False if
-        it was already gone."""
+        it was already gone. ``uid``: only the object with that uid (the API server checks it: one
+        deleted and made again by someone else in between is refused, HTTP 409)."""
         policy = "Foreground" if foreground else "Background"
         _managed(kind)
+        kw: dict[str, Any] = {"_preload_content": False}
+        if uid is not None:
+            kw["body"] = {"preconditions": {"uid": uid}}
         try:
             if kind == "Secret":
-                self.core.delete_namespaced_secret(name, self.ns, _preload_content=False)
+                self.core.delete_namespaced_secret(name, self.ns, **kw)
             elif kind == "Service":
-                self.core.delete_namespaced_service(name, self.ns, _preload_content=False)
+                self.core.delete_namespaced_service(name, self.ns, **kw)
             elif kind == "Job":
-                self.batch.delete_namespaced_job(name, self.ns, propagation_policy=policy, _preload_content=False)
+                self.batch.delete_namespaced_job(name, self.ns, propagation_policy=policy, **kw)
             else:
+                group, version, plural = GENERIC[kind]
                 self.custom.delete_namespaced_custom_object(
-                    JOBSET_GROUP,
-                    JOBSET_VERSION,
-                    self.ns,
-                    JOBSET_PLURAL,
-                    name,
-                    propagation_policy=policy,
-                    _preload_content=False,
+                    group, version, self.ns, plural, name, propagation_policy=policy, **kw
                 )
         except Exception as exc:
             if getattr(exc, "status", None) == 404:
@@ -245,3 +250,19 @@ class KubeApi:
                     "the JobSet API (jobset.x-k8s.io/v1alpha2) is not installed in this cluster", 404, "no_jobset"
                 ) from None
             raise _error(f"listing JobSets in {self.ns}", exc) from None
+
+
+def hint(exc: KubeError) -> str:
+    """What to do about an API error, for the connect diagnostic."""
+    if exc.reason == "not_installed":
+        return "pip install 'tfcluster[kubernetes]' on the launcher"
+    if exc.reason == "no_jobset":
+        return (
+            "install the JobSet controller (kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/"
+            "releases/download/v0.12.0/manifests.yaml) or set kubernetes.flavor: indexed-job"
+        )
+    if exc.reason == "config":
+        return "set KUBECONFIG or the current context (kubectl config use-context), or run inside the cluster"
+    if exc.status in (401, 403):
+        return "your credentials may not list pods or create Jobs in this namespace (kubectl auth can-i)"
+    return "check kubectl get pods -n NAMESPACE works from this machine"

@@ -28,16 +28,18 @@ from worker_entry.protocol import NodeConfig
 from ...backends.backend import Backend, Deliver, Placement
 from ...backends.base import Channel
 from ...core.diagnostics import Diagnostic
+from ...events.kinds import PodIgnored
 from ...plan import NodePlan, Plan
 from ...runs import RunDir, write_json_atomic
 from ...spec import ClusterSpec
-from .api import KubeApi, KubeError
+from .api import KubeApi, KubeError, hint
+from .applied import Applied
 from .channel import PodChannel, follow
+from .owners import OwnerChain, controller, describe
 from .pods import PodView, pod_view
-from .render import JOBSET_API, LABEL_JOB, render
+from .render import JOBSET_API, LABEL_JOB
 
 SETTLE_S = 5.0  # a failed JobSet/Job: how long its pods that ran may take to report before the others fail
-GONE_WAIT_S = 120.0  # an Indexed Job deleted for a restart: how long its pods may take to go
 
 
 class KubernetesBackend(Backend):
@@ -63,7 +65,6 @@ class KubernetesBackend(Backend):
         self.selector = f"{LABEL_JOB}={spec.name}"
         self.poll_s, self.sleep, self.clock = poll_s, sleep, clock
         self.channels: dict[str, PodChannel] = {}
-        self.applied: list[dict[str, str]] = []
         self.record_path: Path | None = None
         self.pods: dict[str, dict[str, Any]] = {}  # "attempt/task" -> pod summary
         self._lock = threading.RLock()
@@ -71,12 +72,22 @@ class KubernetesBackend(Backend):
         self._connected = False
         self._generation = 0
         self._followed: set[str] = set()  # every pod ever followed: a restarted task's pod is a new one
+        self.chain = OwnerChain(self.flavor)  # only pods of the objects created here are followed
+        # what was created, with the proof `stop` needs (ownership: the private state, outside the run dir)
+        self.objects = Applied(spec, plan, self.chain, self._record, lambda: self.sleep(self.poll_s), clock)
+        self.ignored: dict[str, str] = {}  # pod -> why it is not followed
+        self.emit: Callable[[Any], None] | None = None
 
     # --- the seam --------------------------------------------------------------------------------
 
     def bind_run(self, run_dir: Path) -> None:
         self.record_path = RunDir(Path(run_dir)).kubernetes_json
+        self.objects.bind(Path(run_dir))
         self._record()
+
+    def bind_events(self, emit: Callable[[Any], None]) -> None:
+        """The run's event bus (a forged pod is reported as it is seen)."""
+        self.emit = emit
 
     def connect(self, nodes: Sequence[NodePlan]) -> list[Diagnostic]:
         if self._connected:
@@ -87,7 +98,7 @@ class KubernetesBackend(Backend):
             self.api.check(self.flavor)
         except KubeError as exc:
             return [
-                Diagnostic(str(exc), _hint(exc), host=f"kubernetes/{self.namespace}", code=exc.reason or "kubernetes")
+                Diagnostic(str(exc), hint(exc), host=f"kubernetes/{self.namespace}", code=exc.reason or "kubernetes")
             ]
         self._connected = True
         return []
@@ -128,7 +139,7 @@ class KubernetesBackend(Backend):
         problem = ""
         try:
             while not self._closed:
-                views = [pod_view(pod, self.flavor) for pod in self.api.list_pods(self.selector)]
+                views = self._views()
                 with self._lock:
                     new = [
                         v
@@ -143,7 +154,7 @@ class KubernetesBackend(Backend):
                         deliver(task, OSError(f"pod {v.name} cannot start: {v.problem}"))
                         return
                     problem = f"pod {v.name} is {v.phase}: {v.problem}" if v.problem else problem
-                ended = self._failed_state()
+                ended = self.objects.failed_state(self.api)
                 if ended or self.clock() >= deadline:
                     why = ended or f"no new pod of {task} running within {self.spec.job.startup_timeout_s:g}s"
                     deliver(task, OSError(problem or f"{task} cannot be restarted: {why}"))
@@ -164,16 +175,15 @@ class KubernetesBackend(Backend):
             chan.close()
         self._record_ends()
         if self.api is not None:
-            for obj in reversed(self.applied):
-                with contextlib.suppress(KubeError):
-                    obj["deleted"] = "yes" if self.api.delete(obj["kind"], obj["name"]) else "already gone"
+            self.objects.delete_all(self.api)
         self._record()
 
     # --- an attempt ------------------------------------------------------------------------------
 
     def _attempt(self, attempt: int, generation: int, wanted: list[str], deliver: Deliver) -> None:
         try:
-            self._apply(attempt)
+            assert self.api is not None
+            self.objects.apply(self.api, attempt)
         except KubeError as exc:
             for task in wanted:
                 deliver(task, OSError(str(exc)))
@@ -186,52 +196,6 @@ class KubernetesBackend(Backend):
                 if task not in delivered:
                     deliver(task, OSError(f"watching the pods failed: {exc}"))
 
-    def _apply(self, attempt: int) -> None:
-        assert self.api is not None
-        docs = render(self.spec, self.plan, attempt)
-        once = [d for d in docs if d["kind"] in ("Secret", "Service", "JobSet")]  # the credentials first
-        jobs = [d for d in docs if d["kind"] == "Job"]
-        if attempt == 0:
-            for doc in once:
-                self._create(doc)
-        if self.flavor == "jobset":
-            if attempt > 0 and self.api.get("JobSet", self.spec.name) is None:
-                raise KubeError(f"JobSet {self.namespace}/{self.spec.name} is gone: it cannot restart")
-            return  # a restart is the JobSet controller's (failurePolicy.maxRestarts)
-        for job in jobs:
-            name = job["metadata"]["name"]
-            if attempt > 0:
-                self.api.delete("Job", name, foreground=True)
-                self._wait_gone("Job", name)
-            self._create(job)
-
-    def _create(self, doc: dict[str, Any]) -> None:
-        assert self.api is not None
-        kind, name = doc["kind"], doc["metadata"]["name"]
-        try:
-            self.api.create(doc)
-        except KubeError as exc:
-            if exc.status == 409:
-                raise KubeError(
-                    f"{kind} {self.namespace}/{name} already exists (an earlier run?): delete it first "
-                    f"(kubectl delete {kind.lower()} {name} -n {self.namespace}) or rename the job",
-                    409,
-                    "exists",
-                ) from None
-            raise
-        with self._lock:
-            if not any(o["kind"] == kind and o["name"] == name for o in self.applied):
-                self.applied.append({"kind": kind, "name": name, "apiVersion": doc["apiVersion"]})
-        self._record()
-
-    def _wait_gone(self, kind: str, name: str) -> None:
-        assert self.api is not None
-        deadline = self.clock() + GONE_WAIT_S + self.spec.job.stop_grace_s
-        while self.api.get(kind, name) is not None:
-            if self.clock() > deadline:
-                raise KubeError(f"{kind} {self.namespace}/{name} was not deleted within {GONE_WAIT_S:g}s")
-            self.sleep(self.poll_s)
-
     def _watch(self, attempt: int, generation: int, wanted: list[str], deliver: Deliver, mine: set[str]) -> None:
         """Deliver each task's channel as its container runs (``mine``: those delivered); then keep
         the record current until they end, the backend closes, or a later attempt starts."""
@@ -243,7 +207,7 @@ class KubernetesBackend(Backend):
         deadline = self.clock() + max(self.poll_s, self.spec.job.startup_timeout_s - 2.0)
         while not self._closed and generation == self._generation:
             try:
-                views = [pod_view(pod, self.flavor) for pod in self.api.list_pods(self.selector)]
+                views = self._views()
             except KubeError as exc:
                 views = []
                 problems = {t: str(exc) for t in pending}
@@ -270,7 +234,7 @@ class KubernetesBackend(Backend):
                 elif v.problem:
                     problems[task] = f"pod {v.name} is {v.phase}: {v.problem}"
             late = self.clock() >= deadline
-            failed = self._failed_state() if pending and not late else None
+            failed = self.objects.failed_state(self.api) if pending and not late else None
             if failed and not self._settled(mine, failed_since := failed_since or self.clock()):
                 failed = None  # first let the pods that ran report why: that is the root cause, not this
             if pending and (late or failed):
@@ -282,6 +246,30 @@ class KubernetesBackend(Backend):
                 self._record_ends()
                 return
             self.sleep(self.poll_s if pending else 5 * self.poll_s)  # then only the record needs it
+
+    def _views(self) -> list[PodView]:
+        """The job's pods that the objects created here made; any other with its labels is ignored."""
+        assert self.api is not None
+        out = []
+        for pod in self.api.list_pods(self.selector):
+            why = self.chain.why_not(pod, self.api)
+            if why is None:
+                out.append(pod_view(pod, self.flavor))
+            else:
+                self._ignore(pod, why)
+        return out
+
+    def _ignore(self, pod: dict[str, Any], why: str) -> None:
+        name = str((pod.get("metadata") or {}).get("name", "?"))
+        with self._lock:
+            if name in self.ignored:
+                return
+            self.ignored[name] = why
+        v = pod_view(pod, self.flavor)
+        message = f"pod {name} carries the job's labels ({v.task or 'no task'}) but is not followed: {why}"
+        if self.emit is not None:
+            self.emit(PodIgnored(task=None, message=message, pod=name, owner=describe(controller(pod))))
+        self._record()
 
     def _by_task(self, views: list[PodView], attempt: int) -> dict[str, PodView]:
         """Each task's pod of the attempt; of a task restarted in place, the one followed now."""
@@ -323,26 +311,6 @@ class KubernetesBackend(Backend):
         ).start()
         return chan
 
-    def _failed_state(self) -> str | None:
-        """Why no more pods will come: the JobSet or a Job ended (Failed or Complete)."""
-        assert self.api is not None
-        kinds = ["JobSet"] if self.flavor == "jobset" else ["Job"]
-        for obj in self.applied:
-            if obj["kind"] not in kinds:
-                continue
-            try:
-                current = self.api.get(obj["kind"], obj["name"])
-            except KubeError:
-                continue
-            if current is None:
-                return f"{obj['kind']} {obj['name']} was deleted"
-            for cond in (current.get("status") or {}).get("conditions") or []:
-                if cond.get("type") in ("Failed", "Complete", "Completed") and cond.get("status") == "True":
-                    return f"{obj['kind']} {obj['name']} is {cond['type']}: {cond.get('message') or cond.get('reason') or ''}".rstrip(
-                        ": "
-                    )
-        return None
-
     def _delete_pod(self, pod: str, grace_s: int) -> None:
         if self.api is not None:
             with contextlib.suppress(KubeError):
@@ -380,8 +348,9 @@ class KubernetesBackend(Backend):
                 "namespace": self.namespace,
                 "flavor": self.flavor,
                 "api_version": JOBSET_API if self.flavor == "jobset" else "batch/v1",
-                "objects": [dict(o) for o in self.applied],
+                "objects": [dict(o) for o in self.objects.objects],
                 "pods": dict(self.pods),
+                "ignored_pods": dict(self.ignored),
                 "closed": self._closed,
                 "updated": time.time(),
             }
@@ -391,18 +360,3 @@ class KubernetesBackend(Backend):
             return
         with contextlib.suppress(OSError):
             write_json_atomic(self.record_path, self.record(), durable=False)
-
-
-def _hint(exc: KubeError) -> str:
-    if exc.reason == "not_installed":
-        return "pip install 'tfcluster[kubernetes]' on the launcher"
-    if exc.reason == "no_jobset":
-        return (
-            "install the JobSet controller (kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/"
-            "releases/download/v0.12.0/manifests.yaml) or set kubernetes.flavor: indexed-job"
-        )
-    if exc.reason == "config":
-        return "set KUBECONFIG or the current context (kubectl config use-context), or run inside the cluster"
-    if exc.status in (401, 403):
-        return "your credentials may not list pods or create Jobs in this namespace (kubectl auth can-i)"
-    return "check kubectl get pods -n NAMESPACE works from this machine"

@@ -4,16 +4,11 @@ them."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-import yaml
+from typing import Any
 
 from ...core.text import table
 from ...runs import write_json_atomic
 from ...views.handle import RunHandle
-
-if TYPE_CHECKING:
-    from .ownership import RunOwner
 
 
 class KubernetesHandle(RunHandle):
@@ -41,35 +36,14 @@ class KubernetesHandle(RunHandle):
         kube = self.record()
         if kube is None or not kube.get("objects") or kube.get("closed"):
             return super().stop_without_launcher()
-        from .ownership import delete_recorded
-
-        owner = self.owner()
-        done = (
-            delete_recorded(kube, owner)
-            if owner is not None
-            else [
-                "refusing: the run directory's plan.json or spec.yaml does not say which job, run and namespace it is"
-            ]
-        )
-        write_json_atomic(self.run.kubernetes_json, {**kube, "closed": True, "stopped": done}, durable=False)
-        return "the launcher is not running; deleted what it applied: " + "; ".join(done)
-
-    def owner(self) -> RunOwner | None:
-        """The run's job, run id (plan.json) and namespace (its spec copy): what its objects must carry."""
-        from .ownership import RunOwner
+        from .ownership import stop_recorded
 
         plan = self.run.read_json(self.run.plan_json)
-        try:
-            data = yaml.safe_load(self.run.spec_yaml.read_text()) if self.run.spec_yaml.is_file() else None
-        except (OSError, yaml.YAMLError):
-            data = None
-        kube = data.get("kubernetes") if isinstance(data, dict) else None
-        if not isinstance(plan, dict) or not isinstance(kube, dict):
-            return None
-        job, run_id, namespace = plan.get("job"), plan.get("run_id"), kube.get("namespace", "default")
-        if not all(isinstance(v, str) and v for v in (job, run_id, namespace)):
-            return None
-        return RunOwner(namespace=namespace, job=job, run_id=run_id)
+        run_id = plan.get("run_id") if isinstance(plan, dict) else None
+        # what to delete comes from this user's private record of the run, never from the run directory
+        done = stop_recorded(run_id, self.run.path)
+        write_json_atomic(self.run.kubernetes_json, {**kube, "closed": True, "stopped": done}, durable=False)
+        return "the launcher is not running; deleted what it applied: " + "; ".join(done)
 
 
 def pods_text(kube: Any) -> list[str]:

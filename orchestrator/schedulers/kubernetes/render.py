@@ -52,6 +52,8 @@ def render(spec: ClusterSpec, plan: Plan, attempt: int = 0) -> list[dict[str, An
     creds = credentials(spec)
     types = [t for t in ROLES if any(n.task.type == t for n in plan.nodes)]
     first = [secret_doc(creds, _meta(spec, creds.secret, plan))] if creds else []
+    if k8s.network_policy:  # before any pod exists: no moment when the TF port is open to the cluster
+        first.append(_network_policy(spec, plan))
     if k8s.flavor == "jobset":
         return [*first, _jobset(spec, plan, names, types, creds)]
     jobs = [_job(spec, plan, names, t, attempt, creds) for t in types]
@@ -94,6 +96,18 @@ def _service(spec: ClusterSpec, names: PodNames, plan: Plan) -> dict[str, Any]:
             "selector": {LABEL_JOB: spec.name},
             "ports": [{"name": PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}],
         },
+    }
+
+
+def _network_policy(spec: ClusterSpec, plan: Plan) -> dict[str, Any]:
+    """Ingress to the job's pods only from the job's own pods (every port: the TF port, where TF's gRPC
+    server runs any client's ops, and NCCL's sockets between them), from nowhere else."""
+    job = {"matchLabels": {LABEL_JOB: spec.name}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(spec, spec.name, plan),
+        "spec": {"podSelector": job, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": job}]}]},
     }
 
 

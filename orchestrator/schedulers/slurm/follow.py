@@ -15,19 +15,23 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from ...events import parse_events
+from ...events import EventBus, parse_events
+from ...events.kinds import JobWarning
 from ...plan import Plan
 from ...runs import RunDir, json_objects
 from ...runs.tail import Tail
-from ...sinks import ConsoleSink, use_color
+from ...sinks import ConsoleSink, EventFileSink, use_color
 from ...views.logs import LogQuery
 from . import commands as sc
 from .commands import SlurmError
 from .handle import cancel, current_job, finalize, job_info, scancel_checked
+from .private_spec import remove_private_spec
 
 POLL_S = 0.2
 SLURM_POLL_S = 1.0
 JOB_END_WAIT_S = 20.0  # after result.json: how long to wait for Slurm to end the job
+#: A job waiting for another allocation after Slurm requeued it.
+REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 
 
 class Follower:
@@ -127,16 +131,43 @@ class Follower:
 
     def _wait_job_end(self) -> None:
         """result.json is the supervisor's last act; wait (bounded) until Slurm has let the job go too,
-        so that once ``launch`` returns the job is gone from squeue, as after ``srun``."""
+        so that once ``launch`` returns the job is gone from squeue, as after ``srun``. A job Slurm
+        requeued although the run is done (a preemption in the last epoch, whose tasks completed during
+        the stop) would take an allocation for nothing: it is cancelled, and the run says so."""
         job = current_job(self.run)
         if not job:
             return
+        deadline = time.monotonic() + JOB_END_WAIT_S
         try:
-            info = sc.wait_gone(job, JOB_END_WAIT_S)
+            info = sc.job_info(job)
+            while info.active and time.monotonic() < deadline:
+                if info.state in REQUEUED_STATES:
+                    self._cancel_requeued(job, info.state)
+                    info = sc.wait_gone(job, max(1.0, deadline - time.monotonic()))
+                    break
+                time.sleep(0.5)
+                info = sc.job_info(job)
         except (SlurmError, KeyboardInterrupt):
             return
         if info.active:
             self.note(f"slurm job {job} is still {info.state} after {JOB_END_WAIT_S:g}s; the run itself has ended")
+
+    def _cancel_requeued(self, job: str, state: str) -> None:
+        why = (
+            f"cancelled Slurm job {job}: Slurm requeued it ({state}), but the run is done "
+            "(it would take an allocation for nothing)"
+        )
+        try:
+            scancel_checked(self.run, job)
+            remove_private_spec(self.run)  # no allocation will run it again: the run's credentials go
+        except SlurmError as exc:
+            why = f"Slurm job {job} was requeued ({state}) although the run is done, and could not be cancelled: {exc}"
+        self.note(why)
+        bus = EventBus([EventFileSink(self.run.events_jsonl)])  # the supervisor is gone: the run's one writer now
+        try:
+            bus.emit(JobWarning(message=why))
+        finally:
+            bus.close()
 
     def _interrupted(self) -> bool:
         """Ctrl-C: cancel (keep following the teardown) or detach (False)."""

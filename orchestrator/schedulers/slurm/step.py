@@ -118,7 +118,7 @@ class SlurmStepBackend(ConnectBackBackend):
         if s is not None and len(nodes) > s.nodes:  # the plan named these: the step must run there
             argv.insert(2, f"--nodelist={','.join(nodes[: s.nodes])}")
         self.step_name = argv[1].split("=", 1)[1]
-        env = {**self.env, **self.connect_env()}
+        env = {**self.env, **self.connect_env(), Env.ATTEMPT: str(attempt)}  # bound into each node's proof
         if self.node_addrs and len(self.node_addrs) < MAX_ADDRS_ENV:
             env[Env.SLURM_NODE_ADDRS] = self.node_addrs
         if self.log_dir is None:
@@ -152,7 +152,13 @@ class SlurmStepBackend(ConnectBackBackend):
             n = 1 + sum(1 for t, _, _ in self.restarts if t == task)
             argv = restart_srun_argv(self.spec, node.argv[0], attempt=config.attempt, restart=n, node=name, slug=slug)
             per_node = self.spec.slurm.tasks_per_node if self.spec.slurm else 1
-            env = {**self.env, **self.connect_env(), Env.RANK: str(rank), Env.GPU_SLOT: f"{rank % per_node}/{per_node}"}
+            env = {
+                **self.env,
+                **self.connect_env(),
+                Env.RANK: str(rank),
+                Env.GPU_SLOT: f"{rank % per_node}/{per_node}",
+                Env.ATTEMPT: str(config.attempt),
+            }
             assert self.log_dir is not None  # bound before the first step
             log = self.log_dir / f"srun-attempt-{config.attempt}-{slug}-restart-{n}.log"
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -84,7 +84,9 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _attempt(address: tuple[str, int], secret: bytes, rank: int, timeout: float, reached: list[int]) -> Link:
+def _attempt(
+    address: tuple[str, int], secret: bytes, rank: int, timeout: float, reached: list[int], attempt: int = 0
+) -> Link:
     """One dial: both proofs, the channel's keys, the configuration line. ``reached[0]``: how far it got
     (0 connecting, 1 connected, 2 a supervisor's hello)."""
     deadline = time.monotonic() + timeout
@@ -97,8 +99,8 @@ def _attempt(address: tuple[str, int], secret: bytes, rank: int, timeout: float,
         server_nonce = hs.parse_hello(reader.line())
         reached[0] = 2
         nonce = hs.new_nonce()
-        sock.sendall(hs.answer(secret, rank, server_nonce, nonce))
-        hs.parse_reply(reader.line(), secret, rank, server_nonce, nonce)
+        sock.sendall(hs.answer(secret, rank, server_nonce, nonce, attempt))
+        hs.parse_reply(reader.line(), secret, rank, server_nonce, nonce, attempt)
         to_node, to_supervisor = seal.channel_keys(secret, server_nonce, nonce, rank)
         opener, sealer = seal.Opener(to_node), seal.Sealer(to_supervisor)
         try:
@@ -117,9 +119,12 @@ def _attempt(address: tuple[str, int], secret: bytes, rank: int, timeout: float,
         raise
 
 
-def connect_back(address: tuple[str, int], secret: bytes, rank: int, deadline_s: float = CONNECT_DEADLINE_S) -> Link:
+def connect_back(
+    address: tuple[str, int], secret: bytes, rank: int, deadline_s: float = CONNECT_DEADLINE_S, attempt: int = 0
+) -> Link:
     """Dial the supervisor until both sides are proven or ``deadline_s`` passed (then the most telling
-    error of the attempts); a refusal the supervisor signed ends it at once (``Refused``)."""
+    error of the attempts); a refusal the supervisor signed ends it at once (``Refused``). ``attempt``:
+    the run's attempt this node was started for (``TFCLUSTER_ATTEMPT``), bound into its proof."""
     seal.check_available()
     end = time.monotonic() + deadline_s
     delay = BACKOFF_S[0]
@@ -130,7 +135,7 @@ def connect_back(address: tuple[str, int], secret: bytes, rank: int, deadline_s:
         tries += 1
         left = end - time.monotonic()
         try:
-            return _attempt(address, secret, rank, max(0.1, min(ATTEMPT_TIMEOUT_S, left)), reached)
+            return _attempt(address, secret, rank, max(0.1, min(ATTEMPT_TIMEOUT_S, left)), reached, attempt)
         except Refused:
             raise
         except OSError as exc:
@@ -187,7 +192,7 @@ def main(rank: int | None = None, env: Mapping[str, str] = os.environ, stdin_fd:
         print(f"worker_entry connect: {exc}", file=sys.stderr)
         return 2
     try:
-        link = connect_back(address, secret, rank)
+        link = connect_back(address, secret, rank, attempt=dial_attempt(env))
     except OSError as exc:
         print(f"worker_entry connect: cannot reach the supervisor at {address[0]}:{address[1]}: {exc}", file=sys.stderr)
         return 3
@@ -201,6 +206,12 @@ def main(rank: int | None = None, env: Mapping[str, str] = os.environ, stdin_fd:
     if share is not None:
         config.env["CUDA_VISIBLE_DEVICES"] = share
     return serve(config, link)
+
+
+def dial_attempt(env: Mapping[str, str]) -> int:
+    """The attempt the scheduler started this node for (``TFCLUSTER_ATTEMPT``; 0 when unset)."""
+    raw = env.get(Env.ATTEMPT, "0")
+    return int(raw) if raw.isdigit() and len(raw) <= 4 else 0
 
 
 def gpu_share(env: Mapping[str, str], per_task: int) -> str | None:

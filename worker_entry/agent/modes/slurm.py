@@ -277,7 +277,7 @@ def main(env: Mapping[str, str] = os.environ, stdin_fd: int = 0) -> int:
     supervisor's to every task), run the task."""
     from ...protocol import NodeConfig, ProtocolError
     from ...protocol.seal import CryptoUnavailable, check_available
-    from .connect import connect_back, parse_address, read_secret, serve
+    from .connect import connect_back, dial_attempt, parse_address, read_secret, serve
 
     try:
         step = step_from_env(env)
@@ -290,7 +290,7 @@ def main(env: Mapping[str, str] = os.environ, stdin_fd: int = 0) -> int:
         print(f"worker_entry slurm: {exc}", file=sys.stderr)
         return 2
     try:
-        link = connect_back(address, secret, step.rank)
+        link = connect_back(address, secret, step.rank, attempt=dial_attempt(env))
     except OSError as exc:
         print(
             f"worker_entry slurm: rank {step.rank}: cannot reach the supervisor at {address[0]}:{address[1]}: {exc}",
