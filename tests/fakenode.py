@@ -10,7 +10,6 @@ real sshd, processes and TensorFlow.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import threading
@@ -24,7 +23,7 @@ from orchestrator.plan import NodePlan
 from orchestrator.schedulers.ssh import ssh_plan
 from orchestrator.spec import load_spec_text
 from worker_entry import protocol as p
-from worker_entry.protocol.cluster import own_endpoint
+from worker_entry.protocol.cluster import cluster_endpoint
 
 
 class FakeChannel(Channel):
@@ -91,8 +90,11 @@ class FakeChannel(Channel):
 class FakeNode:
     """One node's worker_entry, scripted. Helpers send real frames; ``commands`` are parsed for real."""
 
-    def __init__(self, node: NodePlan, config: p.NodeConfig, chan: FakeChannel, script: Script) -> None:
+    def __init__(
+        self, node: NodePlan, config: p.NodeConfig, chan: FakeChannel, script: Script, endpoint: str | None = None
+    ) -> None:
         self.node = node
+        self.claimed_endpoint = endpoint
         self.config = config
         self.chan = chan
         self.script = script
@@ -108,8 +110,9 @@ class FakeNode:
 
     @property
     def endpoint(self) -> str | None:
-        """Where its TF server listens, as a real node reports it (its entry of the plan's cluster)."""
-        return own_endpoint(json.dumps(self.node.tf_config), self.node.task)
+        """Where its TF server listens, as a real node reports it (its entry of the plan's cluster), or what
+        its backend was told it claims instead."""
+        return self.claimed_endpoint or cluster_endpoint(self.node.common.cluster, self.node.task)
 
     def _run(self) -> None:
         try:
@@ -256,9 +259,12 @@ def obedient(n: FakeNode) -> None:
 class FakeBackend(PerTaskBackend):
     name = "fake"
 
-    def __init__(self, scripts: dict[str, Script], unreachable: Sequence[str] = ()) -> None:
+    def __init__(
+        self, scripts: dict[str, Script], unreachable: Sequence[str] = (), endpoints: dict[str, str] | None = None
+    ) -> None:
         self.scripts = scripts
         self.unreachable = set(unreachable)
+        self.endpoints = dict(endpoints or {})  # task -> the endpoint its node claims in its hello
         self.nodes: dict[str, FakeNode] = {}
         self.history: list[FakeNode] = []
         self.closed = False
@@ -276,7 +282,8 @@ class FakeBackend(PerTaskBackend):
             if self.closed:
                 raise OSError("the backend is closed")
             chan = FakeChannel()
-            fake = FakeNode(node, config, chan, self.scripts.get(str(node.task), obedient))
+            script = self.scripts.get(str(node.task), obedient)
+            fake = FakeNode(node, config, chan, script, self.endpoints.get(str(node.task)))
             self.nodes[str(node.task)] = fake
             self.history.append(fake)
             fake.thread.start()

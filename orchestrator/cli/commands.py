@@ -59,16 +59,29 @@ def _usage_problem(path: str, message: str) -> Diagnostic:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """`tfcluster plan SPEC`: what launch would run on every node, from the spec's scheduler's planner."""
+    """`tfcluster plan SPEC`: what launch would run on every node, from the spec's scheduler's planner;
+    ``--task``: one task in full; ``--json``: the plan record (what RUN/plan.json holds)."""
+    from ..plan.record import PlanRecord
+    from ..plan.render import find_task, task_dict
     from ..schedulers import load_plan, scheduler_for
 
     loaded, plan = load_plan(args.spec, args.run_id)
     for w in loaded.warnings:
         print(str(w), file=sys.stderr)
-    if args.json:
-        print(plan.to_json(show_secrets=args.show_secrets))
+    scheduler = scheduler_for(loaded.spec)
+    if args.task is not None:
+        try:
+            node = find_task(plan, args.task)
+        except ValueError as exc:
+            raise UsageError(f"--task {args.task}: {exc}") from None
+        if args.json:
+            print(json.dumps(task_dict(node, show_secrets=args.show_secrets), indent=2))
+        else:
+            print(scheduler.describe_task(plan, node, show_secrets=args.show_secrets))
+    elif args.json:
+        sys.stdout.write(PlanRecord.from_plan(plan, show_secrets=args.show_secrets).to_json())
     else:
-        print(scheduler_for(loaded.spec).describe(plan, show_secrets=args.show_secrets))
+        print(scheduler.describe(plan, show_secrets=args.show_secrets, every_task=args.all))
     return EXIT_OK
 
 

@@ -62,11 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = _cmd(
         sub,
         "plan",
-        "Dry run: show the TF_CONFIG, environment and remote command of every node. Touches no host.",
-        "tfcluster plan cluster_specs/gpu-4x8.yaml\ntfcluster plan cluster.yaml --json | jq '.nodes[0].tf_config'",
+        "Dry run: the cluster, the command, the environment and where every task runs (summarised past "
+        "256 tasks); one task in full with --task. Touches no host.",
+        "tfcluster plan cluster_specs/gpu-4x8.yaml\n"
+        "tfcluster plan cluster.yaml --all                # every task a row, however many\n"
+        "tfcluster plan cluster.yaml --task worker:17     # its whole TF_CONFIG and environment\n"
+        "tfcluster plan cluster.yaml --task worker:0 --json | jq .tf_config\n"
+        "tfcluster plan cluster.yaml --json | jq '.tasks | length'   # the plan record, as RUN/plan.json",
     )
     p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--json", action="store_true", help="print the plan record (what RUN/plan.json holds) as JSON")
+    p.add_argument("--task", metavar="TASK", help="show one task in full: its TF_CONFIG and whole environment")
+    p.add_argument("--all", action="store_true", help="list every task (a large job's table is summarised)")
     p.add_argument("--show-secrets", action="store_true", help="do not redact env values named like *KEY*/*TOKEN*")
     p.add_argument("--run-id", help="run id to plan with (default: NAME-<UTC timestamp>, as launch would)")
     p.set_defaults(func=c.cmd_plan)

@@ -11,7 +11,7 @@ import importlib
 
 from ..core.errors import UsageError
 from ..plan import Plan, default_run_id, with_command
-from ..runs import RunDir
+from ..runs import RunDir, plan_or_none
 from ..spec import ClusterSpec, LoadedSpec, load_spec
 from .base import Scheduler
 
@@ -36,10 +36,10 @@ def scheduler_for(spec: ClusterSpec) -> Scheduler:
 
 
 def scheduler_of(run: RunDir) -> Scheduler:
-    """The scheduler of a run directory (its plan.json; runs of versions before schedulers were recorded: ssh)."""
-    plan = run.read_json(run.plan_json)
-    name = plan.get("scheduler", "ssh") if isinstance(plan, dict) else "ssh"
-    return scheduler_named(name if isinstance(name, str) else "ssh")
+    """The scheduler of a run directory (its plan record; runs of versions before schedulers were recorded,
+    and a damaged plan.json: ssh)."""
+    plan = plan_or_none(run)
+    return scheduler_named(plan.scheduler if plan else "ssh")
 
 
 def plan_spec(loaded: LoadedSpec, run_id: str | None = None) -> Plan:

@@ -6,7 +6,6 @@ and the attempt is a success. Mixed into the supervisor, like ``teardown``."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +19,7 @@ from ..core.states import JobState, TaskState
 from ..events import EventBus
 from ..events import kinds as ev
 from ..plan import Plan
-from ..plan.build import tf_cluster, tf_config_of
+from ..plan.build import tf_cluster
 from ..plan.roles import RoleRule, rule_of
 from ..spec import ClusterSpec
 from .inputs import ChannelPump
@@ -160,8 +159,8 @@ class RoleCare:
             self._deliver(key, chan)
 
         try:
-            if p.Env.TF_CONFIG not in config.env:  # its node built it (Slurm): the same cluster, as the nodes said
-                self._with_tf_config(config, old)
+            if not config.cluster:  # its node built it (Slurm): the same cluster, as the nodes said
+                self._with_cluster(config, old)
         except ValueError as exc:  # no retry can mend it: the job fails now, saying why
             new.become(TaskState.NOT_STARTED)
             self._fail(self._failure("restart", f"cannot restart {old.task} in place: {exc}", new, last_lines=()))
@@ -171,9 +170,9 @@ class RoleCare:
         except OSError as exc:
             deliver(old.task, exc)
 
-    def _with_tf_config(self, config: p.NodeConfig, old: TaskSession) -> None:
-        """The restarted task's TF_CONFIG from the endpoints every task's node reported in its hello:
-        where its peers listen, and its own old place (its port is free again)."""
+    def _with_cluster(self, config: p.NodeConfig, old: TaskSession) -> None:
+        """The restarted task's cluster (worker_entry builds its TF_CONFIG) from the endpoints every task's
+        node reported in its hello: where its peers listen, and its own old place (its port is free again)."""
         order = list(self.sessions.values())
         endpoints = [_endpoint(s.placement.tf_endpoint) for s in order]
         tasks = [s.node.task for s in order]
@@ -182,9 +181,7 @@ class RoleCare:
         ]
         if missing:
             raise ValueError(f"cannot rebuild TF_CONFIG: {', '.join(missing[:3])} never said where it listens")
-        config.env[p.Env.TF_CONFIG] = json.dumps(
-            tf_config_of(tf_cluster(tasks, endpoints), config.task), separators=(",", ":")
-        )
+        config.cluster = tf_cluster(tasks, endpoints)
         own = _endpoint(old.placement.tf_endpoint)
         port = own.rpartition(":")[2]
         config.tf_port = int(port) if port.isdigit() and 0 < int(port) < 65536 else None

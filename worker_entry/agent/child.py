@@ -41,9 +41,14 @@ def _pdeathsig_preexec() -> Any:
 
 
 def child_env(config: p.NodeConfig, base: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The training command's environment: ours, the plan's, expanded paths, the instrumentation."""
+    """The training command's environment: ours, the plan's, the task's TF_CONFIG (built here from the
+    config's cluster: the plan sends the cluster once, never a TF_CONFIG per task), expanded paths, the
+    instrumentation."""
     env = dict(base)
     env.update(config.env)
+    tf_config = config.tf_config_json()
+    if tf_config is not None:
+        env[p.Env.TF_CONFIG] = tf_config
     for key in p.PATH_VARS:
         if key in env:
             env[key] = os.path.expanduser(env[key])

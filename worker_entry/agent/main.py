@@ -15,10 +15,10 @@ import sys
 
 def _read_config() -> tuple[dict, bytes]:
     """Read exactly the first line of stdin with raw reads; return the rest for the runner."""
-    from ..protocol import MAX_COMMAND_LINE
+    from ..protocol import MAX_CONFIG_LINE
 
     buf = b""
-    while b"\n" not in buf and len(buf) <= MAX_COMMAND_LINE:
+    while b"\n" not in buf and len(buf) <= MAX_CONFIG_LINE:
         chunk = os.read(0, 65536)
         if not chunk:
             break

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from ...core.text import table
-from ...runs import write_json_atomic
+from ...runs import plan_or_none, write_json_atomic
 from ...views.handle import RunHandle
 
 if TYPE_CHECKING:
@@ -58,15 +58,15 @@ class KubernetesHandle(RunHandle):
         """The run's job, run id (plan.json) and namespace (its spec copy): what its objects must carry."""
         from .ownership import RunOwner
 
-        plan = self.run.read_json(self.run.plan_json)
+        plan = plan_or_none(self.run)
         try:
             data = yaml.safe_load(self.run.spec_yaml.read_text()) if self.run.spec_yaml.is_file() else None
         except (OSError, yaml.YAMLError):
             data = None
         kube = data.get("kubernetes") if isinstance(data, dict) else None
-        if not isinstance(plan, dict) or not isinstance(kube, dict):
+        if plan is None or not isinstance(kube, dict):
             return None
-        job, run_id, namespace = plan.get("job"), plan.get("run_id"), kube.get("namespace", "default")
+        job, run_id, namespace = plan.job, plan.run_id, kube.get("namespace", "default")
         if not all(isinstance(v, str) and v for v in (job, run_id, namespace)):
             return None
         return RunOwner(namespace=namespace, job=job, run_id=run_id)

@@ -8,7 +8,7 @@ from typing import Any
 from ...backends import Backend
 from ...core.errors import UsageError
 from ...plan import Plan, PlanNotes
-from ...runs import RunDir
+from ...runs import RunDir, plan_or_none
 from ...spec import LoadedSpec
 from ..base import Scheduler
 from .plan import ssh_plan
@@ -44,9 +44,9 @@ class SshScheduler(Scheduler):
         from ...spec import load_spec
         from .gather import gather_run
 
-        plan_data = run.read_json(run.plan_json) or {}
+        recorded = plan_or_none(run)
         loaded = load_spec(str(run.spec_yaml))
-        return gather_run(run, loaded, self.plan(loaded, str(plan_data.get("run_id") or run.path.name)))
+        return gather_run(run, loaded, self.plan(loaded, recorded.run_id if recorded else run.path.name))
 
     def check_sweep(self, loaded: LoadedSpec) -> None:
         if not loaded.spec.hosts:

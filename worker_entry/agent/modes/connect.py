@@ -29,7 +29,7 @@ from typing import Any
 from ...protocol import handshake as hs
 from ...protocol import seal
 from ...protocol.env import Env
-from ...protocol.frames import MAX_COMMAND_LINE
+from ...protocol.frames import MAX_CONFIG_LINE
 from .relay import Link
 
 HandshakeError = hs.HandshakeError
@@ -104,7 +104,7 @@ def _attempt(address: tuple[str, int], secret: bytes, rank: int, timeout: float,
         try:
             plain = bytearray(opener.feed(reader.rest()))
             while b"\n" not in plain:
-                if len(plain) > MAX_COMMAND_LINE:
+                if len(plain) > MAX_CONFIG_LINE:
                     raise HandshakeError("the configuration line is too long")
                 plain += opener.feed(reader.recv())
         except seal.SealError as exc:
