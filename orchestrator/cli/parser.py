@@ -80,22 +80,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _cmd(
         sub,
-        "render",
-        "Kubernetes: print the manifests of scheduler: kubernetes specs (a JobSet, or Indexed Jobs + a Service).",
-        "tfcluster render cluster_specs/k8s-jobset.yaml | kubectl apply -f -\n"
-        "tfcluster render cluster_specs/k8s-*.yaml --flavor indexed-job -o manifests/ --validate",
-    )
-    p.add_argument("specs", nargs="+", metavar="SPEC")
-    p.add_argument("--flavor", choices=["jobset", "indexed-job"], help="override kubernetes.flavor")
-    p.add_argument("-o", "--output-dir", metavar="DIR", help="write DIR/NAME.yaml per spec instead of printing")
-    p.add_argument("--run-id", help="TFCLUSTER_RUN_ID of the pods (default: the job name)")
-    p.add_argument(
-        "--validate", action="store_true", help="check offline against the Kubernetes and JobSet schemas (dev extra)"
-    )
-    p.set_defaults(func=c.cmd_render)
-
-    p = _cmd(
-        sub,
         "schema",
         "Print the JSON Schema of the cluster spec (for editor completion and checks).",
         "tfcluster schema > cluster.schema.json   # then: # yaml-language-server: $schema=cluster.schema.json",
@@ -313,17 +297,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="run directory (default: ./runs/demo-<UTC timestamp>)")
     p.set_defaults(func=c.cmd_demo)
 
-    # Hidden: the one line of the batch script tfcluster submits (RUN/slurm/job.sh), not for users.
-    p = _cmd(
-        sub,
-        "slurm-batch",
-        "Internal: supervise one Slurm allocation of a submitted run (what RUN/slurm/job.sh runs).",
-        "tfcluster slurm-batch /home/me/runs/resnet-4x8-20261122T101500Z",
-    )
-    p.add_argument("run", metavar="RUN")
-    p.set_defaults(func=c.cmd_slurm_batch)
-    sub._choices_actions = [a for a in sub._choices_actions if a.dest != "slurm-batch"]  # not in --help
+    _scheduler_commands(sub)
     return parser
+
+
+def _scheduler_commands(sub: argparse._SubParsersAction) -> None:
+    """The commands the registered schedulers add (``render``, the hidden ``slurm-batch``, ...)."""
+    from ..schedulers import scheduler_commands
+
+    hidden = set()
+    for command in scheduler_commands():
+        p = _cmd(sub, command.name, command.summary, command.example)
+        command.arguments(p)
+        p.set_defaults(func=c.scheduler_command(command))
+        if command.hidden:
+            hidden.add(command.name)
+    sub._choices_actions = [a for a in sub._choices_actions if a.dest not in hidden]  # not in --help
 
 
 def _network_args(p: argparse.ArgumentParser, purpose: str) -> None:

@@ -215,7 +215,7 @@ class Plan:
     nodes: tuple[NodePlan, ...]
     common: Common
     warnings: tuple[str, ...] = field(default=())
-    scheduler: str = "ssh"
+    scheduler: str = ""  # its spec's scheduler: (build_plan)
     extras: dict[str, Any] | None = None
     policy: StragglerPolicy = field(default_factory=StragglerPolicy)  # how stragglers are judged, live and by `report`
     strategy: str = "multi_worker_mirrored"  # tensorflow.strategy: what each role's failure and end mean (plan.roles)

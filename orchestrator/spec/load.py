@@ -19,6 +19,7 @@ from ..core.diagnostics import Diagnostic
 from ..core.errors import SpecError, UsageError
 from .model import ClusterSpec
 from .rules import cross_field_problems, format_path
+from .sections import spec_model
 from .yamlpos import Positions, YamlSyntaxError, load
 
 MAX_SPEC_BYTES = 10_000_000  # 10,000 hosts take ~0.4 MB
@@ -156,7 +157,7 @@ def _checked(text: str, filename: str) -> tuple[list[Diagnostic], ClusterSpec | 
 
     spec = None
     try:
-        spec = ClusterSpec.model_validate(data)
+        spec = spec_model().model_validate(data)
     except ValidationError as exc:
         for err in exc.errors(include_url=False):
             problems.append(_problem_from_pydantic(err, filename, positions, data))
@@ -172,7 +173,7 @@ def _checked(text: str, filename: str) -> tuple[list[Diagnostic], ClusterSpec | 
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The model class that owns the last element of `loc` (to list allowed fields)."""
-    model: Any = ClusterSpec
+    model: Any = spec_model()
     for part in loc[:-1]:
         if isinstance(part, int):
             continue

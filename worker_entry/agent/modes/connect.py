@@ -229,3 +229,8 @@ def serve(config: Any, link: Any) -> int:
             with contextlib.suppress(OSError):
                 os.close(fd)
         relay.finish(30.0)
+
+
+def run(argv: list[str]) -> int:
+    """``python -m worker_entry connect ...`` (``agent.main`` finds this mode by its name)."""
+    return main()

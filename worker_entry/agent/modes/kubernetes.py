@@ -177,3 +177,8 @@ def main(argv: list[str], env: Mapping[str, str] = os.environ) -> int:
     for name in [n for n in os.environ if n.startswith(p.Env.SECRET_ARG + "_")]:
         os.environ.pop(name)  # the kubelet already put these credentials into the command's words
     return serve_pod(config)
+
+
+def run(argv: list[str]) -> int:
+    """``python -m worker_entry kubernetes ...`` (``agent.main`` finds this mode by its name)."""
+    return main(argv)

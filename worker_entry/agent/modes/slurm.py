@@ -316,3 +316,8 @@ def main(env: Mapping[str, str] = os.environ, stdin_fd: int = 0) -> int:
     port = ports[step.rank] if config.task.type in CLUSTER_ROLES else None  # an evaluator runs no TF server
     # worker_entry builds the task's TF_CONFIG from the cluster (``NodeConfig.tf_config_json``)
     return serve(dataclasses.replace(config, env=task_env, cluster=cfg["cluster"], tf_port=port), link)
+
+
+def run(argv: list[str]) -> int:
+    """``python -m worker_entry slurm ...`` (``agent.main`` finds this mode by its name)."""
+    return main()
