@@ -262,6 +262,7 @@ def test_no_tfcluster_environment_name_is_spelled_outside_the_protocol():
 def test_sitecustomize_reads_the_same_instrument_variable():
     text = (ROOT / "worker_entry" / "_site" / "sitecustomize.py").read_text()
     assert f'"{protocol.Env.INSTRUMENT}"' in text
+    assert f'"{protocol.Env.TF_CONFIG_FILE}"' in text and f'"{protocol.Env.TF_CONFIG}"' in text
 
 
 SCHEDULER_NAMES = frozenset({"ssh", "slurm", "kubernetes"})

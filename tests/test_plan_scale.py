@@ -17,6 +17,7 @@ from orchestrator.spec import load_spec_text
 from worker_entry import protocol as p
 from worker_entry.agent.child import child_env
 from worker_entry.agent.modes import slurm as node_slurm
+from worker_entry.protocol.env import ENV_STRING_MAX
 
 #: 1,024 -> 4,096 tasks may grow plan.json and the dry run at most this much (4x is linear).
 LINEAR = 5.0
@@ -130,3 +131,37 @@ def test_a_16384_task_cluster_fits_the_protocol_and_its_limits_are_bounded():
     assert p.MAX_CONFIG_LINE == p.MAX_COMMAND_LINE + p.MAX_TASKS * 128
     with pytest.raises(p.ProtocolError, match="oversized frame"):
         p.FrameDecoder(synced=True).feed(p.HEADER.pack(p.T_MSG, 0, (1 << 20) + 1))
+
+
+def test_a_16384_task_tf_config_reaches_the_training_process_past_the_kernels_limit(tmp_path):
+    """A TF_CONFIG of 16,384 tasks (~480 KB) is longer than one environment string may be (128 KiB): the
+    task's own file carries it and the bootstrap sets it before the script runs, instrumented or not."""
+    import os
+    import sys
+
+    from worker_entry.agent.child import spawn
+
+    cluster = {"worker": [f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:23456" for i in range(16384)]}
+    script = "import json, os; c = json.loads(os.environ['TF_CONFIG']); print(len(c['cluster']['worker']), c['task'])"
+    for instrument in (False, True):
+        config = p.NodeConfig(
+            argv=[sys.executable, "-c", script],
+            remote_dir=str(tmp_path / f"task-{instrument}"),
+            task=p.TaskRef("worker", 16383),
+            cluster=cluster,
+            instrument=instrument,
+            env={"TFCLUSTER_INSTRUMENT": "1" if instrument else "0"},
+        )
+        assert len(config.tf_config_json()) > ENV_STRING_MAX
+        env = child_env(config)
+        assert "TF_CONFIG" not in env and env["TFCLUSTER_TF_CONFIG_FILE"].startswith(str(tmp_path))
+        r, w = os.pipe()
+        try:
+            child = spawn(config, w)
+            out, err = child.communicate(timeout=60)
+        finally:
+            os.close(r)
+            os.close(w)
+        assert child.returncode == 0, err
+        assert out.decode().split() == ["16384", "{'type':", "'worker',", "'index':", "16383}"]
+        assert oct(os.stat(env["TFCLUSTER_TF_CONFIG_FILE"]).st_mode & 0o777) == "0o600"

@@ -163,21 +163,17 @@ def _task_table(nodes: Sequence[NodePlan], every_task: bool) -> list[str]:
     edge = set(range(EDGE_ROWS)) | set(range(len(nodes) - EDGE_ROWS, len(nodes)))
     odd = [i for i, n in enumerate(nodes) if i not in edge and _shape(n) != usual]
     shown = sorted(edge | set(odd[:DIFFERENT_ROWS]))
-    rows, gaps = [head], []
-    last = -1
-    for i in shown:
+    lines = table([head, *(_row(nodes[i]) for i in shown)])  # column widths from real rows only
+    out, last = [lines[0]], -1
+    for i, line in zip(shown, lines[1:], strict=True):
         if i > last + 1:
-            gaps.append(len(rows))
-            rows.append((f"... {i - last - 1} more like these", "", "", "", ""))
-        rows.append(_row(nodes[i]))
+            out.append(f"... {i - last - 1} more like these")
+        out.append(line)
         last = i
-    lines = table(rows)
-    for g in gaps:  # a gap line is not a row: no padding
-        lines[g] = lines[g].rstrip()
     more = len(odd) - DIFFERENT_ROWS
     note = f"{len(nodes)} tasks: the first and last {EDGE_ROWS} and every task that differs from the rest shown"
     note += f" ({more} more that differ not shown)" if more > 0 else ""
-    return [*lines, f"({note}; --all lists every task)"]
+    return [*out, f"({note}; --all lists every task)"]
 
 
 def _cluster_lines(plan: Plan) -> list[str]:
