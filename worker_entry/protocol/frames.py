@@ -56,6 +56,8 @@ def msg_frame(msg: Any) -> bytes:
 
 def command_line(obj: Any) -> bytes:
     """One launcher → node line from a command, a config (anything with ``to_dict``) or a dict."""
+    if hasattr(obj, "to_line"):  # the NodeConfig: its cluster encoded once for every task
+        return obj.to_line()
     data = obj.to_dict() if hasattr(obj, "to_dict") else obj
     return json.dumps(data, separators=(",", ":"), allow_nan=False).encode() + b"\n"
 
