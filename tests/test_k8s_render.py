@@ -234,7 +234,7 @@ def test_rendering_and_the_ssh_path_never_import_the_kubernetes_client():
     code = (
         "import sys\n"
         "from orchestrator.cli.main import main\n"
-        "import orchestrator.job.job, orchestrator.backends.ssh, orchestrator.schedulers.kubernetes.render\n"
+        "import orchestrator.job.job, orchestrator.backends.ssh, orchestrator.schedulers.kubernetes.manifests\n"
         f"main(['render', {str(SPECS[0])!r}])\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'kubernetes_validate')]\n"
         "assert not bad, bad\n"

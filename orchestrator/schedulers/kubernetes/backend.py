@@ -33,8 +33,8 @@ from ...runs import RunDir, write_json_atomic
 from ...spec import ClusterSpec
 from .api import KubeApi, KubeError
 from .channel import PodChannel, follow
+from .manifests import JOBSET_API, LABEL_JOB, render
 from .pods import PodView, pod_view
-from .render import JOBSET_API, LABEL_JOB, render
 
 SETTLE_S = 5.0  # a failed JobSet/Job: how long its pods that ran may take to report before the others fail
 GONE_WAIT_S = 120.0  # an Indexed Job deleted for a restart: how long its pods may take to go

@@ -21,8 +21,8 @@ def render_specs(
     from ... import __version__
     from ...runs import write_private
     from ...spec import load_spec
+    from .manifests import render, to_yaml, with_flavor
     from .plan import kubernetes_plan
-    from .render import render, to_yaml, with_flavor
 
     if output_dir:
         _check_output_dir(output_dir)

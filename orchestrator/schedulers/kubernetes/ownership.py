@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .api import KubeApi, KubeError
-from .render import ANNOTATION_RUN_ID, LABEL_JOB, MANAGED_BY
+from .manifests import ANNOTATION_RUN_ID, LABEL_JOB, MANAGED_BY
 
 
 def delete_recorded(record: dict[str, Any], owner: RunOwner, api: KubeApi | None = None) -> list[str]:

@@ -19,7 +19,7 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # after the import: ``render`` is the function, not the module of that name
+    globals()[name] = value  # looked up once: later imports find it here
     return value
 
 
