@@ -14,7 +14,7 @@ heartbeat interval 0.5 s, timeout 5 s. Once every worker is past its first epoch
 tfcluster: time from the fault until the launcher has exited AND no process of the job is left on
 any host (the test bed's view: every process in each host namespace, sshd's own processes and
 zombies ignored), plus when the launcher's first verdict/teardown event came.
-By hand: the same job started with the TF_CONFIGs of `tfcluster plan --json`, as plain processes in
+By hand: the same job started with the TF_CONFIGs built from `tfcluster plan --json` (its cluster), as plain processes in
 the host namespaces (no tfcluster); time until the surviving workers exit, and until every process
 is gone, up to --cap seconds (then the benchmark kills them itself).
 
@@ -51,6 +51,7 @@ from common import (
 )
 
 from tfcluster_testbed import MARKER_ENV, netns_available
+from worker_entry.protocol.cluster import tf_config
 
 INTERVAL = 0.5
 TIMEOUT = 5.0
@@ -323,7 +324,9 @@ def main() -> int:
             cwd=str(REPO),
             check=True,
         )
-        tf_configs = [n["tf_config"] for n in json.loads(plan.stdout)["nodes"]]
+        record = json.loads(plan.stdout)  # the plan record: the cluster once, each task's TF_CONFIG from it
+        tasks = [t["task"].partition(":") for t in record["tasks"]]
+        tf_configs = [tf_config(record["cluster"], kind, int(index)) for kind, _, index in tasks]
         for fault in faults:
             for method in ("tfcluster", "hand"):
                 say(f"{fault}: {method} ...")

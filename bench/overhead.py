@@ -10,7 +10,7 @@ bench/workloads/mwms_loop_steps.py (a custom loop: strategy.run, tape.gradient, 
 strategy.reduce). Two warm-up epochs, then --epochs measured epochs of --steps steps; each task prints
 its own steps/s, the chief's figure is used. Variants per workload, run in ABBA order (drift cancels):
 
-* by hand: three local processes with the TF_CONFIGs of `tfcluster plan --json` (no tfcluster);
+* by hand: three local processes with the TF_CONFIGs built from `tfcluster plan --json` (no tfcluster);
 * tfcluster default: instrumentation on: the step clock (stamps at every collective and replica
   function, the reader thread: progress and a profile record every heartbeat.profile_interval_s),
   host evidence in every heartbeat;
@@ -53,6 +53,8 @@ from common import (
     set_verbose,
     testbed,
 )
+
+from worker_entry.protocol.cluster import tf_config
 
 WARMUP = 2
 WORKLOADS = {
@@ -276,7 +278,9 @@ def main() -> int:
             cwd=str(REPO),
             check=True,
         )
-        tf_configs = [n["tf_config"] for n in json.loads(plan.stdout)["nodes"]]
+        record = json.loads(plan.stdout)  # the plan record: the cluster once, each task's TF_CONFIG from it
+        tasks = [t["task"].partition(":") for t in record["tasks"]]
+        tf_configs = [tf_config(record["cluster"], kind, int(index)) for kind, _, index in tasks]
         order = []
         for rep in range(reps):
             order += names if rep % 2 == 0 else names[::-1]  # ABCD DCBA ...: linear drift cancels

@@ -15,7 +15,6 @@ what the supervisor judges does not depend on how fast this machine runs the thr
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import threading
@@ -30,7 +29,7 @@ from orchestrator.schedulers.ssh import ssh_plan
 from orchestrator.spec import load_spec_text
 from tfcluster_testbed.waiting import wait_for
 from worker_entry import protocol as p
-from worker_entry.protocol.cluster import own_endpoint
+from worker_entry.protocol.cluster import cluster_endpoint
 
 
 class FakeClock:
@@ -133,8 +132,10 @@ class FakeNode:
         chan: FakeChannel,
         script: Script,
         backend: FakeBackend | None = None,
+        endpoint: str | None = None,
     ) -> None:
         self.node = node
+        self.claimed_endpoint = endpoint
         self.config = config
         self.chan = chan
         self.script = script
@@ -175,8 +176,9 @@ class FakeNode:
 
     @property
     def endpoint(self) -> str | None:
-        """Where its TF server listens, as a real node reports it (its entry of the plan's cluster)."""
-        return own_endpoint(json.dumps(self.node.tf_config), self.node.task)
+        """Where its TF server listens, as a real node reports it (its entry of the plan's cluster), or what
+        its backend was told it claims instead."""
+        return self.claimed_endpoint or cluster_endpoint(self.node.common.cluster, self.node.task)
 
     def _run(self) -> None:
         try:
@@ -331,11 +333,16 @@ class FakeBackend(PerTaskBackend):
     name = "fake"
 
     def __init__(
-        self, scripts: dict[str, Script], unreachable: Sequence[str] = (), clock: FakeClock | None = None
+        self,
+        scripts: dict[str, Script],
+        unreachable: Sequence[str] = (),
+        clock: FakeClock | None = None,
+        endpoints: dict[str, str] | None = None,
     ) -> None:
         self.scripts = scripts
         self.unreachable = set(unreachable)
         self.clock = clock if clock is not None else FakeClock()  # the supervisor's, when the test gives it one
+        self.endpoints = dict(endpoints or {})  # task -> the endpoint its node claims in its hello
         self.nodes: dict[str, FakeNode] = {}
         self.history: list[FakeNode] = []
         self.closed = False
@@ -353,7 +360,8 @@ class FakeBackend(PerTaskBackend):
             if self.closed:
                 raise OSError("the backend is closed")
             chan = FakeChannel()
-            fake = FakeNode(node, config, chan, self.scripts.get(str(node.task), obedient), self)
+            script = self.scripts.get(str(node.task), obedient)
+            fake = FakeNode(node, config, chan, script, self, self.endpoints.get(str(node.task)))
             self.nodes[str(node.task)] = fake
             self.history.append(fake)
             fake.thread.start()

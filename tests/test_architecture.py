@@ -295,6 +295,7 @@ def test_no_tfcluster_environment_name_is_spelled_outside_the_protocol():
 def test_sitecustomize_reads_the_same_instrument_variable():
     text = (ROOT / "worker_entry" / "_site" / "sitecustomize.py").read_text()
     assert f'"{protocol.Env.INSTRUMENT}"' in text
+    assert f'"{protocol.Env.TF_CONFIG_FILE}"' in text and f'"{protocol.Env.TF_CONFIG}"' in text
 
 
 SCHEDULER_NAMES = frozenset({"ssh", "slurm", "kubernetes"})
@@ -338,15 +339,13 @@ def _scheduler_comparisons(paths) -> list[str]:
     return bad
 
 
-def test_the_scheduler_is_compared_only_in_the_scheduler_packages_and_the_spec():
-    """What differs per scheduler is decided by its package's ``Scheduler`` object, never by comparing
-    its name elsewhere (the spec validates the name; the registry maps it to a package)."""
-    allowed = (ROOT / "orchestrator" / "schedulers", ROOT / "orchestrator" / "spec")
+def test_the_scheduler_is_compared_only_in_the_scheduler_packages():
+    """What differs per scheduler is decided by its package (its ``Scheduler`` object, its spec section and
+    rules), never by comparing its name elsewhere: not in the spec either (``spec.sections``)."""
+    allowed = (ROOT / "orchestrator" / "schedulers",)
     paths = [p for p in (ROOT / "orchestrator").rglob("*.py") if not any(p.is_relative_to(a) for a in allowed)]
     bad = _scheduler_comparisons(paths)
-    assert not bad, "scheduler names compared outside orchestrator/schedulers and orchestrator/spec:\n  " + "\n  ".join(
-        bad
-    )
+    assert not bad, "scheduler names compared outside orchestrator/schedulers:\n  " + "\n  ".join(bad)
 
 
 def test_the_scheduler_check_catches_every_form():
@@ -424,3 +423,52 @@ def test_the_node_side_check_catches_each_violation():
         "worker_entry.agent.modes.slurm imports worker_entry.instrument.progress",
         "worker_entry.instrument.hooks imports worker_entry.agent.writer",
     ]
+
+
+#: The plan record's own modules: the one writer and the one reader of RUN/plan.json (and where its path is).
+PLAN_RECORD_MODULES = ("orchestrator/plan/record.py", "orchestrator/runs/planfile.py", "orchestrator/runs/rundir.py")
+#: What a module may ask of plan.json's path without reading it: whether a directory is a run.
+PATH_ONLY = frozenset({"exists", "is_file", "stat"})
+
+
+def _raw_plan_reads(tree: ast.AST) -> list[int]:
+    """Lines where a module touches plan.json other than to test that it exists: ``run.plan_json`` or
+    the name ``"plan.json"`` anywhere but under ``.exists()``, ``.is_file()`` or ``.stat()``."""
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    bad = []
+    for node in ast.walk(tree):
+        names_it = (isinstance(node, ast.Attribute) and node.attr == "plan_json") or (
+            isinstance(node, ast.Constant) and node.value == "plan.json"
+        )
+        if not names_it:
+            continue
+        up = parents.get(node)
+        while isinstance(up, ast.BinOp) and isinstance(up.op, ast.Div):  # run / "plan.json"
+            up = parents.get(up)
+        if not (isinstance(up, ast.Attribute) and up.attr in PATH_ONLY and isinstance(parents.get(up), ast.Call)):
+            bad.append(node.lineno)
+    return bad
+
+
+def test_plan_json_is_read_only_through_the_typed_record():
+    """Every view and scheduler reads ``runs.read_plan``'s ``PlanRecord``, never the raw file's dict."""
+    bad = []
+    for path in sorted((ROOT / "orchestrator").rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        if rel in PLAN_RECORD_MODULES:
+            continue
+        bad += [f"{rel}:{line}" for line in _raw_plan_reads(ast.parse(path.read_text(), rel))]
+    assert not bad, "plan.json read outside the plan record (use runs.read_plan):\n  " + "\n  ".join(bad)
+
+
+def test_the_plan_json_check_catches_every_raw_read():
+    for form in (
+        "plan = run.read_json(run.plan_json)",
+        "data = json.loads(run.plan_json.read_text())",
+        "data = json.loads((path / 'plan.json').read_text())",
+        "with open(run.path / 'plan.json') as f: pass",
+        "p = rd.plan_json",
+    ):
+        assert _raw_plan_reads(ast.parse(form)), form
+    for fine in ("run.plan_json.exists()", "(d / 'plan.json').is_file()", "run.plan_json.stat().st_mtime"):
+        assert not _raw_plan_reads(ast.parse(fine)), fine

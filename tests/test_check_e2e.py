@@ -15,6 +15,8 @@ from cpu_quota import cpu_cgroup, cpu_quota
 from testbed_fixtures import requires_netns
 from waiting import wait_for
 
+from orchestrator.runs import RunDir, read_plan
+
 pytestmark = [pytest.mark.e2e, requires_netns]
 
 EXIT_CHECK_FINDINGS = 6
@@ -77,8 +79,8 @@ def test_cpu_quota_host_is_named_slow_host(bed, tmp_path):
     assert named == [("slow_host", slow)], check["findings"]
     assert check["findings"][0]["figure"] < 0.5 * check["findings"][0]["median"]
     assert launched.returncode == 0, (launched.returncode, launched.stderr[-3000:])
-    plan = json.loads((run / "plan.json").read_text())
-    assert sorted(n["host"] for n in plan["nodes"]) == sorted(h.address for h in bed.hosts if h.address != slow)
+    plan = read_plan(RunDir(run))
+    assert sorted(t.host for t in plan.tasks) == sorted(h.address for h in bed.hosts if h.address != slow)
     events = read_events(run)
     left_out = [e for e in events if e["event"] == "check_finding"]
     assert [(e["code"], e["host"], e.get("task")) for e in left_out] == [("slow_host", slow, None)], left_out

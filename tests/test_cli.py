@@ -80,12 +80,23 @@ def test_validate_all_examples_exit_zero(capsys):
 def test_plan_json_is_the_documented_shape(capsys):
     assert main(["plan", str(REPO / "cluster_specs" / "gpu-4x8.yaml"), "--json", "--run-id", "r1"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["job"] == "resnet-4x8" and data["run_id"] == "r1"
-    node = data["nodes"][0]
+    assert data["job"] == "resnet-4x8" and data["run_id"] == "r1" and data["version"] == 2
+    assert data["tasks"][0]["task"] == "chief:0" and len(data["tasks"]) == len(data["cluster"]["worker"]) + 1
+    assert data["common"]["env"]["TFCLUSTER_COMMUNICATION"] == "nccl"
+    assert data["common"]["argv"] == ["/opt/venv/bin/python", "-m", "worker_entry"]
+    # one task in full: its TF_CONFIG (built from the cluster) and whole environment
+    assert (
+        main(["plan", str(REPO / "cluster_specs" / "gpu-4x8.yaml"), "--json", "--run-id", "r1", "--task", "worker:2"])
+        == 0
+    )
+    node = json.loads(capsys.readouterr().out)
     assert set(node) >= {"host", "ssh_port", "user", "task", "tf_config", "env", "argv"}
-    assert node["task"] == {"type": "chief", "index": 0}
-    assert node["env"]["TFCLUSTER_COMMUNICATION"] == "nccl"
-    assert node["argv"] == ["/opt/venv/bin/python", "-m", "worker_entry"]
+    assert node["tf_config"] == {
+        "cluster": data["cluster"],
+        "task": {"type": "worker", "index": 2},
+        "rpc_layer": "grpc",
+    }
+    assert node["env"]["TFCLUSTER_TASK_INDEX"] == "2" and node["env"]["TFCLUSTER_COMMUNICATION"] == "nccl"
 
 
 def test_plan_human_table(capsys):
@@ -93,6 +104,12 @@ def test_plan_human_table(capsys):
     out = capsys.readouterr().out
     assert "TASK" in out and "worker:2" in out and "127.0.0.4:23458" in out
     assert "TF_CONFIG:" in out and "TFCLUSTER_COMMUNICATION=ring" in out
+    assert out.count("127.0.0.4:23458") == 2  # in the table and once in the cluster, not in every task's TF_CONFIG
+    assert main(["plan", str(REPO / "cluster_specs" / "loopback-3.yaml"), "--run-id", "r1", "--task", "worker:1"]) == 0
+    one = capsys.readouterr().out
+    assert '"task":{"type":"worker","index":1}' in one and "TFCLUSTER_TASK_INDEX=1" in one
+    assert main(["plan", str(REPO / "cluster_specs" / "loopback-3.yaml"), "--task", "worker:3"]) == 2
+    assert "worker:3 is not a task of this plan (it has worker:0..worker:2)" in capsys.readouterr().err
 
 
 def test_plan_of_invalid_spec_exits_2(tmp_path, capsys):

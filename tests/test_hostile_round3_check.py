@@ -25,6 +25,7 @@ from orchestrator.core.errors import UsageError
 from orchestrator.job import Job, LaunchOptions
 from orchestrator.job.check import CheckOutcome, CheckScheduling, check_spec, without_hosts
 from orchestrator.job.scheduling import RunScheduling
+from orchestrator.plan.record import PlanRecord
 from orchestrator.schedulers.ssh import ssh_plan
 from worker_entry import protocol as p
 from worker_entry.check.links import link_rounds
@@ -100,7 +101,7 @@ def test_the_secret_for_the_probes_travels_in_the_environment_and_is_redacted(tm
     plan = ssh_plan(checked.spec, run_id="check-run", local_user="me", ssh_lookup=None)
     secret = plan.nodes[0].env[p.Env.CHECK_SECRET]
     assert len(secret) == 64 and all(n.env[p.Env.CHECK_SECRET] == secret for n in plan.nodes)
-    assert secret not in " ".join(plan.nodes[0].argv) and secret not in plan.to_json()
+    assert secret not in " ".join(plan.nodes[0].argv) and secret not in PlanRecord.from_plan(plan).to_json()
 
 
 @pytest.mark.parametrize(

@@ -24,13 +24,18 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def pod(tmp_path: Path, *command: str, **env: str) -> subprocess.Popen:
-    cfg = {
-        "job": "j",
-        "task_type": "worker",
-        "cluster": {"worker": ["localhost:1", "x:1"]},
+    cfg = {  # a PodConfig (version 2): the task type's NodeConfig, as the launcher renders it
+        "v": 2,
+        "config": {
+            "argv": [],
+            "remote_dir": "",
+            "job": "j",
+            "task": {"type": "worker", "index": 0},
+            "cluster": {"worker": ["localhost:1", "x:1"]},
+            "heartbeat_interval_s": 0.2,
+            "stop_grace_s": 2.0,
+        },
         "remote_dir": str(tmp_path),
-        "heartbeat_interval_s": 0.2,
-        "stop_grace_s": 2.0,
     }
     full_env = {
         "PATH": os.environ["PATH"],

@@ -230,7 +230,7 @@ def test_three_pods_train_mwms_from_the_rendered_jobset(testbed_factory, pod_dns
     # the chief (worker 0) saved its checkpoint into the pod's emptyDir (TFCLUSTER_CHECKPOINT_DIR)
     assert any((tmp_path / "pod-0" / "tfcluster" / "checkpoints").iterdir())
     pod_config = json.loads(backend.envs["worker:2"]["TFCLUSTER_POD"])
-    assert pod_config["cluster"] == plan.nodes[2].tf_config["cluster"]
+    assert pod_config["config"]["cluster"] == plan.nodes[2].tf_config["cluster"]
     assert_no_job_processes(tb)
 
 

@@ -19,6 +19,7 @@ from orchestrator.core.errors import UsageError
 from orchestrator.schedulers.kubernetes import kubernetes_plan, render, with_flavor
 from orchestrator.schedulers.kubernetes.validate import JOBSET_RELEASE, KUBE_VERSION, SCHEMA_PATH, validate_manifests
 from orchestrator.spec import load_spec, load_spec_text
+from worker_entry.agent.child import child_env
 from worker_entry.agent.modes.kubernetes import pod_node_config
 
 pytest.importorskip("kubernetes_validate")
@@ -160,13 +161,15 @@ def test_a_pod_computes_exactly_the_plans_tf_config_and_environment(path, flavor
         env["JOB_COMPLETION_INDEX"] = str(node.task.index)
         env["TFCLUSTER_ATTEMPT"] = "0"
         config = pod_node_config(c["args"], env)
+        given = child_env(config, base={})  # what worker_entry gives the command: TF_CONFIG from the cluster
+        want = {**node.env, "TF_CONFIG": json.dumps(node.tf_config, separators=(",", ":"))}
         for key in ("TF_CONFIG", "TFCLUSTER_TASK_INDEX", "TFCLUSTER_IS_CHIEF"):
-            assert config.env[key] == node.env[key], (node.task, key)
+            assert given[key] == want[key], (node.task, key)
         static = {
             k: v for k, v in node.env.items() if k not in ("TF_CONFIG", "TFCLUSTER_TASK_INDEX", "TFCLUSTER_IS_CHIEF")
         }
         assert {k: env[k] for k in static} == static
-        assert json.loads(config.env["TF_CONFIG"]) == node.tf_config
+        assert json.loads(given["TF_CONFIG"]) == node.tf_config
         assert (config.task.type, config.task.index, config.tf_port, config.gpus) == (
             node.task.type,
             node.task.index,
@@ -233,7 +236,7 @@ def test_rendering_and_the_ssh_path_never_import_the_kubernetes_client():
     code = (
         "import sys\n"
         "from orchestrator.cli.main import main\n"
-        "import orchestrator.job.job, orchestrator.backends.ssh, orchestrator.schedulers.kubernetes.render\n"
+        "import orchestrator.job.job, orchestrator.backends.ssh, orchestrator.schedulers.kubernetes.manifests\n"
         f"main(['render', {str(SPECS[0])!r}])\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'kubernetes_validate')]\n"
         "assert not bad, bad\n"

@@ -27,6 +27,7 @@ from orchestrator.schedulers.kubernetes import kubernetes_plan, with_flavor
 from orchestrator.schedulers.kubernetes.api import KubeApi
 from orchestrator.schedulers.kubernetes.backend import KubernetesBackend
 from orchestrator.spec import check_spec_text, load_spec_text
+from worker_entry.agent.child import child_env
 from worker_entry.agent.modes.kubernetes import pod_node_config
 
 pytestmark = pytest.mark.timeout(120)
@@ -138,13 +139,14 @@ def test_one_job_per_role_valid_and_every_pods_tf_config_through_tensorflow(flav
         env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
         env |= {"JOB_COMPLETION_INDEX": str(node.task.index), "TFCLUSTER_ATTEMPT": "0"}
         config = pod_node_config(c["args"], env)  # what worker_entry computes in that pod
-        assert config.env["TF_CONFIG"] == node.env["TF_CONFIG"]
+        tf_config = child_env(config, base={})["TF_CONFIG"]  # what it gives the command
+        assert json.loads(tf_config) == node.tf_config
         assert (config.task.type, config.task.index, config.tf_port) == (
             node.task.type,
             node.task.index,
             node.tf_port or None,
         )
-        monkeypatch.setenv("TF_CONFIG", config.env["TF_CONFIG"])
+        monkeypatch.setenv("TF_CONFIG", tf_config)
         r = resolver_cls()
         assert r.cluster_spec().as_dict() == cluster  # the evaluator is in no list
         assert (r.task_type, r.task_id) == (node.task.type, node.task.index)

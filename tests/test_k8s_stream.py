@@ -16,6 +16,7 @@ from orchestrator.schedulers.kubernetes.stream import ContainerEnd, PodStream
 from orchestrator.spec import load_spec_text
 from orchestrator.supervise.session import Output, TaskSession, Violation
 from worker_entry import protocol as p
+from worker_entry.agent.child import child_env
 from worker_entry.agent.modes.kubernetes import pod_node_config
 from worker_entry.protocol.podlog import decode_line, encode_message, encode_output
 
@@ -168,15 +169,14 @@ def test_log_timestamps_are_split_off_for_resuming(line, expected):
     assert split_timestamp(line) == expected
 
 
+def pod_json(task_type: str, cluster: dict, **more) -> str:
+    """A PodConfig (version 2): its task type's NodeConfig as the launcher renders it."""
+    config = {"argv": [], "remote_dir": "", "job": "j", "task": {"type": task_type, "index": 0}, "cluster": cluster}
+    return json.dumps({"v": 2, "config": config, "remote_dir": "/tfcluster", **more})
+
+
 POD_ENV = {
-    "TFCLUSTER_POD": json.dumps(
-        {
-            "job": "j",
-            "task_type": "worker",
-            "cluster": {"chief": ["c-0.j:1"], "worker": ["w-0.j:1", "w-1.j:1"]},
-            "remote_dir": "/tfcluster",
-        }
-    ),
+    "TFCLUSTER_POD": pod_json("worker", {"chief": ["c-0.j:1"], "worker": ["w-0.j:1", "w-1.j:1"]}),
     "JOB_COMPLETION_INDEX": "1",
     "TFCLUSTER_ATTEMPT": "2",
 }
@@ -185,7 +185,7 @@ POD_ENV = {
 def test_a_pod_finds_its_task_from_its_completion_index():
     config = pod_node_config(["python", "t.py"], POD_ENV)
     assert (config.task.type, config.task.index, config.attempt) == ("worker", 1, 2)
-    assert json.loads(config.env["TF_CONFIG"])["task"] == {"type": "worker", "index": 1}
+    assert json.loads(child_env(config, base={})["TF_CONFIG"])["task"] == {"type": "worker", "index": 1}
     assert config.env["TFCLUSTER_IS_CHIEF"] == "0" and config.remote_dir == "/tfcluster/worker-1"
 
 
@@ -197,11 +197,12 @@ def test_a_pod_finds_its_task_from_its_completion_index():
         ({"JOB_COMPLETION_INDEX": "-1"}, "not a non-negative integer"),
         ({"TFCLUSTER_POD": None}, "not rendered by tfcluster"),
         ({"TFCLUSTER_POD": "[1]"}, "not a JSON object"),
-        ({"TFCLUSTER_POD": '{"job":"j","task_type":"boss","cluster":{},"remote_dir":"/x"}'}, "task_type"),
-        ({"TFCLUSTER_POD": '{"job":"j","task_type":"ps","cluster":{},"remote_dir":"/x"}'}, "the cluster has 0 ps task"),
-        (
-            {"TFCLUSTER_POD": '{"job":"j","task_type":"evaluator","cluster":{},"remote_dir":"/x"}'},
-            "the job has 0 evaluator",
+        ({"TFCLUSTER_POD": pod_json("boss", {})}, "config.task.type"),
+        ({"TFCLUSTER_POD": pod_json("ps", {})}, "the cluster has 0 ps task"),
+        ({"TFCLUSTER_POD": pod_json("evaluator", {})}, "the job has 0 evaluator"),
+        (  # rendered by a tfcluster before PodConfig 2
+            {"TFCLUSTER_POD": '{"job":"j","task_type":"worker","cluster":{},"remote_dir":"/x"}'},
+            "version 1, but this worker_entry reads version 2: render the manifests again",
         ),
     ],
 )

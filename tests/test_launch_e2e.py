@@ -14,6 +14,8 @@ from conftest import PY, WORKLOADS, assert_no_job_processes, read_events, run_la
 from testbed_fixtures import requires_netns
 from waiting import wait_for
 
+from orchestrator.runs import RunDir, read_plan
+
 pytestmark = pytest.mark.e2e
 
 KERAS_DEMO = [PY, "-m", "worker_entry.examples.keras_synthetic", "--epochs", "2", "--steps-per-epoch", "10"]
@@ -145,12 +147,12 @@ def test_env_and_tf_config_reach_the_worker_byte_for_byte(testbed_factory, tmp_p
     )
     r = run_launch(tb, spec, tmp_path / "run")
     assert r.rc == 0, r.stderr[-2000:]
-    plan = json.loads((r.run_dir / "plan.json").read_text())
+    plan = read_plan(RunDir(r.run_dir))  # the run's own record: its cluster, each task's TF_CONFIG on demand
     for i in range(2):
         line = next(ln for ln in r.log(f"worker-{i}").splitlines() if ln.startswith("ENV "))
         got = json.loads(line[4:])
         assert {k: got[k] for k in env} == env
-        assert json.loads(got["TF_CONFIG"]) == {**plan["nodes"][i]["tf_config"], "cluster": plan["cluster"]}
+        assert json.loads(got["TF_CONFIG"]) == plan.tf_config(f"worker:{i}")
     assert not marker.exists()
     assert not (Path.home() / "pwned").exists()
 

@@ -8,8 +8,11 @@ import pytest
 
 from orchestrator.plan import TaskId, redact_env, resolve_communication
 from orchestrator.plan.quoting import exec_line, quote_arg
+from orchestrator.plan.record import PlanRecord
+from orchestrator.plan.render import task_dict
 from orchestrator.schedulers.ssh import ssh_plan
 from orchestrator.spec import load_spec_text
+from worker_entry.agent.child import child_env
 from worker_entry.protocol import NodeConfig, command_line
 
 
@@ -33,6 +36,13 @@ def resolve(resolver_cls, monkeypatch, tf_config: str):
     return resolver_cls()
 
 
+def node_tf_config(node) -> str:
+    """The TF_CONFIG the training command gets: the plan's NodeConfig through its wire format, then what
+    worker_entry builds from it (the plan itself keeps no TF_CONFIG per task)."""
+    config = NodeConfig.parse_line(command_line(node.node_config(0)))
+    return child_env(config, base={})["TF_CONFIG"]
+
+
 @pytest.mark.parametrize("chief", [False, True])
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_tf_config_through_tensorflow_resolver(resolver_cls, monkeypatch, chief, n):
@@ -42,7 +52,7 @@ def test_tf_config_through_tensorflow_resolver(resolver_cls, monkeypatch, chief,
     expected_cluster = {"chief": endpoints[:1], "worker": endpoints[1:]} if chief else {"worker": endpoints}
     expected_cluster = {k: v for k, v in expected_cluster.items() if v}
     for i, node in enumerate(plan.nodes):
-        r = resolve(resolver_cls, monkeypatch, node.env["TF_CONFIG"])
+        r = resolve(resolver_cls, monkeypatch, node_tf_config(node))
         assert r.cluster_spec().as_dict() == expected_cluster
         want = (("chief", 0) if i == 0 else ("worker", i - 1)) if chief else ("worker", i)
         assert (r.task_type, r.task_id) == want
@@ -51,7 +61,8 @@ def test_tf_config_through_tensorflow_resolver(resolver_cls, monkeypatch, chief,
         # TensorFlow treats a one-task cluster as local (no master address).
         assert r.master() == ("" if n == 1 else f"grpc://{endpoints[i]}")
         assert r.num_accelerators() == {}  # TF looks for local GPUs; none here, and none invented
-        assert json.loads(node.env["TF_CONFIG"]) == node.tf_config
+        assert json.loads(node_tf_config(node)) == node.tf_config  # `plan --task` shows what the node builds
+        assert "TF_CONFIG" not in node.env  # never stored per task: it names every task
 
 
 def test_tf_ports_and_tf_address_override(resolver_cls, monkeypatch):
@@ -59,7 +70,7 @@ def test_tf_ports_and_tf_address_override(resolver_cls, monkeypatch):
         "  - {address: a.example, tf_port: 5000}\n  - {address: b.example, tf_address: 192.168.5.2}\n  - {address: '::1', port: 2200, tf_port: 7000}",
         "tensorflow: {port: 6000}\n",
     )
-    r = resolve(resolver_cls, monkeypatch, plan.nodes[2].env["TF_CONFIG"])
+    r = resolve(resolver_cls, monkeypatch, node_tf_config(plan.nodes[2]))
     assert r.cluster_spec().as_dict() == {"worker": ["a.example:5000", "192.168.5.2:6000", "[::1]:7000"]}
     assert (r.task_type, r.task_id) == ("worker", 2)
 
@@ -180,8 +191,8 @@ def test_defaults_without_ssh_config():
 
 def test_plan_is_pure():
     spec = spec_of("  - {address: a}\n  - {address: b}")
-    one = ssh_plan(spec, run_id="r", local_user="u").to_dict()
-    two = ssh_plan(spec, run_id="r", local_user="u").to_dict()
+    one = PlanRecord.from_plan(ssh_plan(spec, run_id="r", local_user="u")).to_json()
+    two = PlanRecord.from_plan(ssh_plan(spec, run_id="r", local_user="u")).to_json()
     assert one == two
 
 
@@ -194,16 +205,24 @@ def test_secrets_redacted_in_printed_plan():
         "NCCL_DEBUG": "WARN",
         "DB_PASSWORD": "<redacted>",
     }
-    assert plan.to_dict()["nodes"][0]["task"] == {"type": "worker", "index": 0}
+    plan = plan_of("  - {address: a}", "  env: {WANDB_API_KEY: s3cr3t}\n")
+    assert PlanRecord.from_plan(plan).common["env"]["WANDB_API_KEY"] == "<redacted>"
+    assert task_dict(plan.nodes[0])["env"]["WANDB_API_KEY"] == "<redacted>"
+    assert task_dict(plan.nodes[0], show_secrets=True)["env"]["WANDB_API_KEY"] == "s3cr3t"
 
 
 def test_plan_json_shape():
-    d = plan_of("  - {address: a}\n  - {address: b, port: 2222}").to_dict()
-    assert d["job"] == "job"
-    n = d["nodes"][1]
+    """The record keeps what every task shares once, and each task as its name, host, endpoint, GPUs."""
+    d = json.loads(PlanRecord.from_plan(plan_of("  - {address: a}\n  - {address: b, port: 2222}")).to_json())
+    assert d["job"] == "job" and d["version"] == 2
+    assert d["cluster"] == {"worker": ["a:12345", "b:12345"]}
+    assert d["tasks"][1] == {"task": "worker:1", "host": "b", "gpus": 0, "tf_address": "b:12345", "ssh": "me@b:2222"}
+    assert d["common"]["argv"] == ["python3", "-m", "worker_entry"] and "TF_CONFIG" not in d["common"]["env"]
+    one = task_dict(plan_of("  - {address: a}\n  - {address: b, port: 2222}").nodes[1])  # plan --task
     for key in ("host", "ssh_port", "user", "task", "tf_config", "env", "argv"):
-        assert key in n
-    assert n["ssh_port"] == 2222 and n["host"] == "b" and n["user"] == "me"
+        assert key in one
+    assert one["ssh_port"] == 2222 and one["host"] == "b" and one["user"] == "me"
+    assert one["tf_config"]["cluster"] == d["cluster"] and one["env"]["TFCLUSTER_TASK_INDEX"] == "1"
 
 
 def test_task_id_parse():

@@ -97,8 +97,9 @@ def test_backup_sync_copies_the_chiefs_backup_where_storage_is_not_shared(testbe
     spec = load_spec(spec_path).spec
     plan = ssh_plan(spec, run_id="bsync-1", local_user=tb.user)
     dirs = [tmp_path / f"host{i}" / "backup" for i in range(3)]
+    local = [dataclasses.replace(n.common, backup_dir=str(d)) for n, d in zip(plan.nodes, dirs, strict=True)]
     plan = dataclasses.replace(
-        plan, nodes=tuple(dataclasses.replace(n, backup_dir=str(d)) for n, d in zip(plan.nodes, dirs, strict=True))
+        plan, nodes=tuple(dataclasses.replace(n, common=c) for n, c in zip(plan.nodes, local, strict=True))
     )
     chief_dir = dirs[0] / "chief"
     (chief_dir / "sub").mkdir(parents=True)

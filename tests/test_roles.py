@@ -9,8 +9,10 @@ import textwrap
 
 import pytest
 
+from orchestrator.plan.record import PlanRecord
 from orchestrator.schedulers.ssh import ssh_plan
 from orchestrator.spec import check_spec_text, load_spec_text
+from worker_entry.agent.child import child_env
 from worker_entry.protocol import NodeConfig, command_line
 
 PS = """\
@@ -38,6 +40,11 @@ job: {command: [python, train.py]}
 
 def errors(text: str) -> list[str]:
     return [str(p) for p in check_spec_text(textwrap.dedent(text), "s.yaml") if p.severity == "error"]
+
+
+def node_tf_config(node) -> str:
+    """The TF_CONFIG worker_entry gives the task: from the NodeConfig the node receives."""
+    return child_env(NodeConfig.parse_line(command_line(node.node_config(0))), base={})["TF_CONFIG"]
 
 
 def plan_of(text: str):
@@ -68,11 +75,11 @@ def test_ps_plan_ranks_ports_and_tf_config_through_tensorflow(resolver_cls, monk
         "ps": ["10.0.0.2:3002", "10.0.0.3:2223"],
     }
     for n in plan.nodes:
-        monkeypatch.setenv("TF_CONFIG", n.env["TF_CONFIG"])
+        monkeypatch.setenv("TF_CONFIG", node_tf_config(n))
         r = resolver_cls()
         assert r.cluster_spec().as_dict() == cluster  # the evaluator is in no cluster list
         assert (r.task_type, r.task_id) == (n.task.type, n.task.index)
-        assert json.loads(n.env["TF_CONFIG"]) == n.tf_config
+        assert json.loads(node_tf_config(n)) == n.tf_config
         assert n.env["TFCLUSTER_IS_CHIEF"] == ("1" if n.task.type == "chief" else "0")
     evaluator = plan.nodes[-1]
     assert evaluator.tf_port == 0 and evaluator.node_config(0).tf_port is None  # no TF server of its own
@@ -85,7 +92,7 @@ def test_ps_plan_ranks_ports_and_tf_config_through_tensorflow(resolver_cls, monk
 def test_mwms_with_sidecar_evaluator(resolver_cls, monkeypatch):
     plan = plan_of(MWMS_EVAL)
     assert [str(n.task) for n in plan.nodes] == ["chief:0", "worker:0", "evaluator:0"]
-    monkeypatch.setenv("TF_CONFIG", plan.nodes[-1].env["TF_CONFIG"])
+    monkeypatch.setenv("TF_CONFIG", node_tf_config(plan.nodes[-1]))
     r = resolver_cls()
     assert r.cluster_spec().as_dict() == {"chief": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222"]}
     assert (r.task_type, r.task_id) == ("evaluator", 0)
@@ -232,12 +239,13 @@ def test_plan_json_and_text_say_what_each_role_means():
     from orchestrator.plan.render import PlanNotes, plan_text
 
     plan = plan_of(PS)
-    d = plan.to_dict()
+    d = PlanRecord.from_plan(plan).to_dict()
     assert d["strategy"] == "parameter_server"
     assert d["roles"]["worker"] == {"on_failure": "restart", "trains": False, "collective": False, "holds_go": True}
     assert d["roles"]["ps"]["on_failure"] == "teardown" and d["roles"]["chief"]["trains"] is True
     text = plan_text(plan, PlanNotes(started_by=lambda n: "  remote: -"))
     assert "  worker     restarted alone, in place, when it fails; stopped when the training ended" in text
     assert "evaluator:0  10.0.0.3" in text and "- (not in the cluster)" in text
-    plain = plan_of("version: 1\nname: j\nhosts:\n  - {address: a}\njob: {command: [x]}\n").to_dict()
+    plain = plan_of("version: 1\nname: j\nhosts:\n  - {address: a}\njob: {command: [x]}\n")
+    plain = PlanRecord.from_plan(plain).to_dict()
     assert "roles" not in plain and "strategy" not in plain  # plan.json of plain MWMS jobs as before

@@ -26,6 +26,8 @@ from conftest import PY, assert_no_job_processes, read_events, repo_python, run_
 from testbed_fixtures import requires_netns
 from waiting import wait_for
 
+from orchestrator.runs import RunDir, read_plan
+
 pytestmark = [pytest.mark.e2e, requires_netns]
 
 
@@ -108,10 +110,7 @@ def test_ps_worker_sigkilled_is_restarted_and_the_job_succeeds(testbed_factory, 
     assert "step 240/240" in _log(run_dir, "chief-0")
     assert _log(run_dir, "worker-1").count("server up at") == 2  # it came back on its own port
     # its first incarnation's task directory moved into the restarted one's (earlier/), gathered with it
-    plan = json.loads((run_dir / "plan.json").read_text())
-    remote = Path(
-        next(n["remote_dir"] for n in plan["nodes"] if n["task"] == {"type": "worker", "index": 1})
-    ).expanduser()
+    remote = Path(read_plan(RunDir(run_dir)).task_dir("worker:1")).expanduser()
     first = remote / "attempt-0-restart-1" / "earlier" / "attempt-0" / "output.log"
     assert "server up at" in first.read_text() and not (remote / "attempt-0").exists()
     (end,) = [e for e in events if e["event"] == "training_ended"]

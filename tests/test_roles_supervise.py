@@ -178,12 +178,9 @@ def _node_built_tf_config(scripts, *, lie: str | None = None):
     from orchestrator.supervise import Interrupt, Supervisor
 
     loaded, plan = make_plan(hosts=PS_HOSTS, tensorflow={"strategy": "parameter_server"})
-    for node in plan.nodes:
-        node.env.pop(p.Env.TF_CONFIG)
-    if lie is not None:
-        worker0 = next(n for n in plan.nodes if str(n.task) == "worker:0")
-        worker0.tf_config["cluster"] = {"worker": [lie]}  # what its fake node reports
-    backend, rec = FakeBackend(scripts), Recorder()
+    object.__setattr__(plan.common, "node_builds_cluster", True)  # no cluster in the NodeConfigs: as under Slurm
+    assert all(not n.node_config(0).cluster for n in plan.nodes)
+    backend, rec = FakeBackend(scripts, endpoints={"worker:0": lie} if lie else None), Recorder()
     sup = Supervisor(
         loaded.spec,
         plan,
@@ -211,7 +208,8 @@ def test_a_restart_of_a_task_whose_node_built_its_tf_config_gets_the_cluster_the
         "task": {"type": "worker", "index": 1},
         "rpc_layer": "grpc",
     }
-    assert json.loads(again.env[p.Env.TF_CONFIG]) == expected
+    assert p.Env.TF_CONFIG not in again.env and again.cluster == expected["cluster"]  # worker_entry builds it:
+    assert json.loads(again.tf_config_json()) == expected
     assert again.tf_port == int(expected["cluster"]["worker"][1].rsplit(":", 1)[1])  # its old port
 
 

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 from orchestrator.core.states import JobState
+from orchestrator.plan.record import PlanRecord
 from orchestrator.runs import RunDir
 from orchestrator.schedulers import plan_spec, scheduler_named
 from orchestrator.schedulers.slurm import commands as sc
@@ -83,21 +84,19 @@ def plan_for(extra_slurm: str = "", extra: str = "", **kw):
 
 def test_the_plan_has_every_task_in_rank_order_without_a_tf_config():
     spec, plan = plan_for(extra="tensorflow: {chief: true}\n")
-    assert plan_spec(load_spec_text(spec_text(extra="tensorflow: {chief: true}\n")), "sl-1").to_dict() == plan.to_dict()
+    again = plan_spec(load_spec_text(spec_text(extra="tensorflow: {chief: true}\n")), "sl-1")
+    assert PlanRecord.from_plan(again).to_json() == PlanRecord.from_plan(plan).to_json()
     assert [str(n.task) for n in plan.nodes] == ["chief:0", "worker:0", "worker:1", "worker:2"]
     assert [n.host for n in plan.nodes] == ["node0", "node0", "node1", "node1"]
     assert all(Env.TF_CONFIG not in n.env and n.ssh is None for n in plan.nodes)
+    assert all(n.node_config(0).cluster == {} for n in plan.nodes)  # the nodes build it: nothing to send
     assert {n.env[Env.NUM_TASKS] for n in plan.nodes} == {"4"}
     assert plan.nodes[0].argv == ("python3", "-m", "worker_entry", "slurm") and plan.chief.task.type == "chief"
     named = slurm_plan(spec, run_id="sl-1", node_names=["gpu-a1", "gpu-a2"])
     assert [n.host for n in named.nodes] == ["gpu-a1", "gpu-a1", "gpu-a2", "gpu-a2"]
-    assert plan.slurm["tf_port_base"] is None
-    assert (
-        slurm_plan(load_spec_text(spec_text(extra="tensorflow: {port: 23000}\n")).spec, run_id="x").slurm[
-            "tf_port_base"
-        ]
-        == 23000
-    )
+    assert plan.extras["tf_port_base"] is None
+    fixed = slurm_plan(load_spec_text(spec_text(extra="tensorflow: {port: 23000}\n")).spec, run_id="x")
+    assert fixed.extras["tf_port_base"] == 23000
 
 
 def test_sbatch_gets_every_option_as_one_argument_and_the_script_only_quoted_paths():
@@ -210,7 +209,7 @@ def test_plan_shows_the_sbatch_script_srun_and_how_tf_config_is_built():
     text = scheduler_named("slurm").describe(plan)
     assert "sbatch --parsable --job-name=sl" in text and "exec python3 -m orchestrator slurm-batch runs/sl-1" in text
     assert "srun --job-name=sl-a0" in text and "TF_CONFIG: built by each task" in text
-    assert json.loads(plan.to_json())["slurm"]["ntasks"] == 4
+    assert json.loads(PlanRecord.from_plan(plan).to_json())["slurm"]["ntasks"] == 4
 
 
 def test_a_save_grace_longer_than_the_signal_lead_is_warned_about():

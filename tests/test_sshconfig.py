@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 from orchestrator.core.errors import UsageError
+from orchestrator.plan.render import task_dict
 from orchestrator.schedulers.ssh import ssh_plan
 from orchestrator.schedulers.ssh.sshconfig import SshConfig, SshConfigError, ssh_config_lookup
 from orchestrator.spec import load_spec_text
@@ -93,7 +94,7 @@ def test_proxyjump_chain_is_resolved_through_the_config_and_verified_per_hop(tmp
     assert [(j.hostname, j.port, j.user) for j in jumps] == [("10.0.0.1", 22, "jumper"), ("10.0.0.2", 2022, "ops")]
     assert jumps[1].identity_files == ("~/.ssh/b2",)
     assert p.nodes[0].ssh.proxy_command is None
-    assert p.to_dict()["nodes"][0]["jumps"] == ["jumper@10.0.0.1:22", "ops@10.0.0.2:2022"]
+    assert task_dict(p.nodes[0])["jumps"] == ["jumper@10.0.0.1:22", "ops@10.0.0.2:2022"]  # plan --task
 
 
 def test_the_first_of_proxycommand_and_proxyjump_wins(tmp_path):

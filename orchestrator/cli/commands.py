@@ -6,12 +6,12 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.diagnostics import Diagnostic
 from ..core.errors import SpecError, UsageError
-from ..core.states import JobState
 from ..core.terminal import safe_text
 from .exitcodes import EXIT_CONNECT, EXIT_OK, EXIT_USAGE, exit_code_for
 
@@ -59,32 +59,37 @@ def _usage_problem(path: str, message: str) -> Diagnostic:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """`tfcluster plan SPEC`: what launch would run on every node, from the spec's scheduler's planner."""
+    """`tfcluster plan SPEC`: what launch would run on every node, from the spec's scheduler's planner;
+    ``--task``: one task in full; ``--json``: the plan record (what RUN/plan.json holds)."""
+    from ..plan.record import PlanRecord
+    from ..plan.render import find_task, task_dict
     from ..schedulers import load_plan, scheduler_for
 
     loaded, plan = load_plan(args.spec, args.run_id)
     for w in loaded.warnings:
         print(str(w), file=sys.stderr)
-    if args.json:
-        print(plan.to_json(show_secrets=args.show_secrets))
+    scheduler = scheduler_for(loaded.spec)
+    if args.task is not None:
+        try:
+            node = find_task(plan, args.task)
+        except ValueError as exc:
+            raise UsageError(f"--task {args.task}: {exc}") from None
+        if args.json:
+            print(json.dumps(task_dict(node, show_secrets=args.show_secrets), indent=2))
+        else:
+            print(scheduler.describe_task(plan, node, show_secrets=args.show_secrets))
+    elif args.json:
+        sys.stdout.write(PlanRecord.from_plan(plan, show_secrets=args.show_secrets).to_json())
     else:
-        print(scheduler_for(loaded.spec).describe(plan, show_secrets=args.show_secrets))
-    return EXIT_OK
-
-
-def cmd_render(args: argparse.Namespace) -> int:
-    """`tfcluster render SPEC...`: Kubernetes manifests (a Kubernetes-only command)."""
-    from ..schedulers.kubernetes.cli import render_specs
-
-    render_specs(args.specs, flavor=args.flavor, output_dir=args.output_dir, run_id=args.run_id, check=args.validate)
+        print(scheduler.describe(plan, show_secrets=args.show_secrets, every_task=args.all))
     return EXIT_OK
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
     """`tfcluster schema`: the JSON Schema of a cluster spec (for editors)."""
-    from ..spec import ClusterSpec
+    from ..spec.sections import spec_schema
 
-    print(json.dumps(ClusterSpec.model_json_schema(), indent=2))
+    print(json.dumps(spec_schema(), indent=2))
     return EXIT_OK
 
 
@@ -298,17 +303,22 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_CONNECT
 
 
-def cmd_slurm_batch(args: argparse.Namespace) -> int:
-    """The batch script's one command: supervise this allocation's share of the run (hidden)."""
-    from ..schedulers.slurm.batch import run_batch
+def scheduler_command(command: Any) -> Callable[[argparse.Namespace], int]:
+    """A scheduler's own command (``schedulers.command``) as a CLI command: what it returns, as an exit
+    code (a run it supervised: the run's own; its end recorded once the run is over)."""
 
-    if not os.path.isabs(args.run):
-        print("tfcluster slurm-batch: RUN must be an absolute path", file=sys.stderr)
-        return EXIT_USAGE
-    result = run_batch(args.run)
-    if result is not None and result.state is not JobState.REQUEUED:  # the run goes on in the next allocation
-        after_run(result.run_dir)
-    return EXIT_OK if result is None else exit_code_for(result)
+    def run(args: argparse.Namespace) -> int:
+        from ..core.result import RunResult
+        from ..runs import RunDir
+
+        result = command.run(args)
+        if not isinstance(result, RunResult):
+            return EXIT_OK
+        if RunDir(Path(result.run_dir)).is_finished():  # not a run going on in the scheduler's next allocation
+            after_run(result.run_dir)
+        return exit_code_for(result)
+
+    return run
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -62,30 +62,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = _cmd(
         sub,
         "plan",
-        "Dry run: show the TF_CONFIG, environment and remote command of every node. Touches no host.",
-        "tfcluster plan cluster_specs/gpu-4x8.yaml\ntfcluster plan cluster.yaml --json | jq '.nodes[0].tf_config'",
+        "Dry run: the cluster, the command, the environment and where every task runs (summarised past "
+        "256 tasks); one task in full with --task. Touches no host.",
+        "tfcluster plan cluster_specs/gpu-4x8.yaml\n"
+        "tfcluster plan cluster.yaml --all                # every task a row, however many\n"
+        "tfcluster plan cluster.yaml --task worker:17     # its whole TF_CONFIG and environment\n"
+        "tfcluster plan cluster.yaml --task worker:0 --json | jq .tf_config\n"
+        "tfcluster plan cluster.yaml --json | jq '.tasks | length'   # the plan record, as RUN/plan.json",
     )
     p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--json", action="store_true", help="print the plan record (what RUN/plan.json holds) as JSON")
+    p.add_argument("--task", metavar="TASK", help="show one task in full: its TF_CONFIG and whole environment")
+    p.add_argument("--all", action="store_true", help="list every task (a large job's table is summarised)")
     p.add_argument("--show-secrets", action="store_true", help="do not redact env values named like *KEY*/*TOKEN*")
     p.add_argument("--run-id", help="run id to plan with (default: NAME-<UTC timestamp>, as launch would)")
     p.set_defaults(func=c.cmd_plan)
-
-    p = _cmd(
-        sub,
-        "render",
-        "Kubernetes: print the manifests of scheduler: kubernetes specs (a JobSet, or Indexed Jobs + a Service).",
-        "tfcluster render cluster_specs/k8s-jobset.yaml | kubectl apply -f -\n"
-        "tfcluster render cluster_specs/k8s-*.yaml --flavor indexed-job -o manifests/ --validate",
-    )
-    p.add_argument("specs", nargs="+", metavar="SPEC")
-    p.add_argument("--flavor", choices=["jobset", "indexed-job"], help="override kubernetes.flavor")
-    p.add_argument("-o", "--output-dir", metavar="DIR", help="write DIR/NAME.yaml per spec instead of printing")
-    p.add_argument("--run-id", help="TFCLUSTER_RUN_ID of the pods (default: the job name)")
-    p.add_argument(
-        "--validate", action="store_true", help="check offline against the Kubernetes and JobSet schemas (dev extra)"
-    )
-    p.set_defaults(func=c.cmd_render)
 
     p = _cmd(
         sub,
@@ -306,17 +297,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="run directory (default: ./runs/demo-<UTC timestamp>)")
     p.set_defaults(func=c.cmd_demo)
 
-    # Hidden: the one line of the batch script tfcluster submits (RUN/slurm/job.sh), not for users.
-    p = _cmd(
-        sub,
-        "slurm-batch",
-        "Internal: supervise one Slurm allocation of a submitted run (what RUN/slurm/job.sh runs).",
-        "tfcluster slurm-batch /home/me/runs/resnet-4x8-20261122T101500Z",
-    )
-    p.add_argument("run", metavar="RUN")
-    p.set_defaults(func=c.cmd_slurm_batch)
-    sub._choices_actions = [a for a in sub._choices_actions if a.dest != "slurm-batch"]  # not in --help
+    _scheduler_commands(sub)
     return parser
+
+
+def _scheduler_commands(sub: argparse._SubParsersAction) -> None:
+    """The commands the registered schedulers add (``render``, the hidden ``slurm-batch``, ...)."""
+    from ..schedulers import scheduler_commands
+
+    hidden = set()
+    for command in scheduler_commands():
+        p = _cmd(sub, command.name, command.summary, command.example)
+        command.arguments(p)
+        p.set_defaults(func=c.scheduler_command(command))
+        if command.hidden:
+            hidden.add(command.name)
+    sub._choices_actions = [a for a in sub._choices_actions if a.dest not in hidden]  # not in --help
 
 
 def _network_args(p: argparse.ArgumentParser, purpose: str) -> None:

@@ -18,7 +18,7 @@ from ..core.result import AttemptResult, Failure, RunResult
 from ..core.states import JobState, interrupted_state
 from ..events import kinds as ev
 from ..plan import Plan
-from ..runs import RunDir, launcher_info, write_json_atomic, write_private
+from ..runs import RunDir, launcher_info, write_json_atomic, write_plan, write_private
 from ..sinks.record import print_root_cause, record_result
 from ..spec import LoadedSpec
 from ..spec.redact import redacted_text
@@ -105,7 +105,7 @@ class Job:
         rd = self.rundir
         if not continuing:
             write_private(rd.spec_yaml, redacted_text(self.loaded))
-            write_json_atomic(rd.plan_json, self.plan.to_dict(record=True), durable=False)
+            write_plan(rd, self.plan)
         metrics = self.out.start_metrics(self.spec, self.opts.metrics_port)
         metrics.update(self.out.start_tensorboard(self.spec, self.opts.tensorboard_dir))
         write_json_atomic(rd.launcher_json, launcher_info(**metrics), durable=False)

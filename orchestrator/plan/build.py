@@ -1,18 +1,20 @@
-"""The parts every scheduler's planner shares: tasks in order, TF_CONFIG, directories, the runtime and the
-environment of a task. Pure. The planners themselves live in their scheduler's package
-(``orchestrator/schedulers/<name>/plan.py``)."""
+"""The parts every scheduler's planner shares: tasks in order, the cluster, directories, the runtime, the
+environment, and the one builder of a plan from a planner's placements (``build_plan``). Pure. The
+planners themselves live in their scheduler's package (``orchestrator/schedulers/<name>/plan.py``):
+each decides where its tasks run, nothing more."""
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 from typing import Any
 
 from worker_entry.protocol import Env
-from worker_entry.protocol.cluster import is_chief, task_order
+from worker_entry.protocol.cluster import task_order
 from worker_entry.protocol.roles import CLUSTER_ROLES, ROLES
 
 from ..spec import ClusterSpec
-from .model import Runtime, TaskId
+from .model import WORKER_ENTRY_MODULE, Common, NodePlan, Plan, Runtime, SshTarget, TaskId
+from .policy import StragglerPolicy
 
 
 def assign_tasks(n: int, chief: bool) -> list[TaskId]:
@@ -48,8 +50,76 @@ def tf_cluster(tasks: list[TaskId], endpoints: list[str]) -> dict[str, list[str]
     return cluster
 
 
-def tf_config_of(cluster: dict[str, list[str]], task: TaskId) -> dict[str, Any]:
-    return {"cluster": cluster, "task": {"type": task.type, "index": task.index}, "rpc_layer": "grpc"}
+@dataclass(frozen=True)
+class Placement:
+    """Where one task runs, as its scheduler's planner decides: everything else of a ``NodePlan`` is the
+    same for every scheduler (``build_plan``)."""
+
+    task: TaskId
+    host: str  # as the user names it: the spec address, a Slurm node, a pod's DNS name
+    tf_address: str
+    tf_port: int  # 0: none of its own (an evaluator), or derived on the node
+    gpus: int
+    endpoint: str  # what its peers dial, as TF_CONFIG's cluster names it (a template where the node fills it in)
+    ssh: SshTarget | None = None
+
+
+def build_plan(
+    spec: ClusterSpec,
+    run_id: str,
+    placements: list[Placement],
+    *,
+    entry: tuple[str, ...] = (),
+    task_root: str,
+    dirs: tuple[str, str],
+    communication: str,
+    warnings: list[str],
+    extras: dict[str, Any] | None = None,
+    node_builds_cluster: bool = False,
+    roles: dict[str, int] | None = None,
+) -> Plan:
+    """The one builder of a ``Plan`` and its ``NodePlan``s from a planner's placements (rank order):
+    the cluster, the environment and the directories every task shares, kept once (``Common``).
+    ``entry``: worker_entry's mode (``slurm``, ``kubernetes``); ``dirs``: (checkpoint, backup)."""
+    cluster = tf_cluster([pl.task for pl in placements], [pl.endpoint for pl in placements])
+    checkpoint_dir, backup_dir = dirs
+    common = Common(
+        argv=(spec.job.python, "-m", WORKER_ENTRY_MODULE, *entry),
+        command=tuple(spec.job.command),
+        workdir=spec.job.workdir,
+        task_root=task_root,
+        checkpoint_dir=checkpoint_dir,
+        backup_dir=backup_dir,
+        runtime=runtime_of(spec),
+        env=common_env(spec, communication, run_id, len(placements), checkpoint_dir, backup_dir),
+        cluster=cluster,
+        node_builds_cluster=node_builds_cluster,
+        roles=dict(roles or {}),
+    )
+    nodes = tuple(
+        NodePlan(
+            task=pl.task,
+            host=pl.host,
+            ssh=pl.ssh,
+            tf_address=pl.tf_address,
+            tf_port=pl.tf_port,
+            gpus=pl.gpus,
+            common=common,
+        )
+        for pl in placements
+    )
+    return Plan(
+        job=spec.name,
+        run_id=run_id,
+        communication=communication,
+        nodes=nodes,
+        common=common,
+        warnings=tuple(warnings),
+        scheduler=spec.scheduler,
+        extras=extras,
+        policy=StragglerPolicy.from_spec(spec),
+        strategy=spec.tensorflow.strategy,
+    )
 
 
 def job_dirs(spec: ClusterSpec, run_id: str) -> tuple[str, str, str]:
@@ -84,41 +154,23 @@ def resolve_communication(setting: str, gpus: int) -> str:
     return setting
 
 
-def node_env(
-    spec: ClusterSpec,
-    task: TaskId,
-    tf_config: dict | None,
-    communication: str,
-    run_id: str,
-    num_tasks: int,
-    gpus: int,
-    checkpoint_dir: str,
-    backup_dir: str,
-    *,
-    has_chief: bool | None = None,
+def common_env(
+    spec: ClusterSpec, communication: str, run_id: str, num_tasks: int, checkpoint_dir: str, backup_dir: str
 ) -> dict[str, str]:
-    """The environment of a task's training command (TF_CONFIG omitted when the node builds it;
-    ``has_chief`` then says whether its cluster has a chief)."""
+    """The environment every task's training command gets; with ``task_env`` a task's whole environment
+    but TF_CONFIG, which worker_entry builds on the node from the cluster."""
     hb = spec.heartbeat
-    if has_chief is None:
-        has_chief = spec.tensorflow.chief or (tf_config is not None and "chief" in tf_config["cluster"])
     env: dict[str, str] = {
         # Lines must reach the launcher as they are printed, not when a 8 KiB buffer fills.
         "PYTHONUNBUFFERED": "1",
     }
-    if tf_config is not None:
-        env[Env.TF_CONFIG] = json.dumps(tf_config, separators=(",", ":"))
     if spec.tensorflow.legacy_keras:
         env[Env.LEGACY_KERAS] = "1"
     env.update(
         {
             Env.JOB: spec.name,
             Env.RUN_ID: run_id,
-            Env.TASK_TYPE: task.type,
-            Env.TASK_INDEX: str(task.index),
             Env.NUM_TASKS: str(num_tasks),
-            Env.IS_CHIEF: "1" if is_chief(task.type, task.index, has_chief) else "0",
-            Env.NUM_GPUS: str(gpus),
             Env.COMMUNICATION: communication,
             Env.CHECKPOINT_DIR: checkpoint_dir,
             Env.BACKUP_DIR: backup_dir,

@@ -1,11 +1,12 @@
 """The plan: what every node will run, as a pure function of the spec (and of ~/.ssh/config, if given).
 
-Nothing here touches the network or the clock; `tfcluster plan` prints exactly what `launch` uses.
+Nothing here touches the network or the clock; `tfcluster plan` prints exactly what `launch` uses. Its
+record in the run directory (plan.json) is ``record.PlanRecord``; the planners build it through
+``build.build_plan``.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,6 @@ from worker_entry import protocol as p
 from .policy import StragglerPolicy
 from .quoting import exec_line
 from .roles import rules_table
-from .secrets import redact_argv, redact_env
 
 WORKER_ENTRY_MODULE = "worker_entry"
 
@@ -82,8 +82,36 @@ class Runtime:
 
 
 @dataclass(frozen=True)
+class Common:
+    """What every task of a plan shares, kept once: a plan grows with its tasks, not with their square.
+
+    The cluster (every task's endpoint by role) is here, not in each task: a task's TF_CONFIG is built
+    where it is used (``tf_config``: ``plan --task``, worker_entry on the node)."""
+
+    argv: tuple[str, ...]  # remote worker_entry invocation
+    command: tuple[str, ...]  # the user's training command
+    workdir: str | None
+    task_root: str  # each task's directory on its node: TASK_ROOT/<type>-<index> (may start with ~)
+    checkpoint_dir: str
+    backup_dir: str
+    runtime: Runtime
+    env: dict[str, str]  # every task's environment but its own part (``model.task_env``), without TF_CONFIG
+    # TF_CONFIG's cluster (an evaluator is outside it); every NodeConfig of the plan refers to this one object
+    cluster: dict[str, list[str]]
+    # the nodes build their cluster themselves (Slurm: ``cluster`` is a template for display, never sent)
+    node_builds_cluster: bool = False
+    # the job's tasks by role, for nodes that build their own TF_CONFIG from their rank (Slurm with roles)
+    roles: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def has_chief(self) -> bool:
+        return "chief" in self.cluster
+
+
+@dataclass(frozen=True)
 class NodePlan:
-    """The blueprint of one task (what runs where); the live task is the supervisor's business."""
+    """The blueprint of one task (what runs where); the live task is the supervisor's business. What all
+    tasks share is the plan's ``Common``, one object."""
 
     task: TaskId
     host: str  # where it runs, as the user names it: the spec address (ssh) or a scheduler slot
@@ -91,32 +119,62 @@ class NodePlan:
     tf_address: str
     tf_port: int
     gpus: int
-    tf_config: dict[str, Any]
-    env: dict[str, str]
-    argv: tuple[str, ...]  # remote worker_entry invocation
-    command: tuple[str, ...]  # the user's training command
-    workdir: str | None
-    remote_dir: str  # per-job, per-task directory on the node (may start with ~)
-    checkpoint_dir: str
-    backup_dir: str
-    runtime: Runtime
-    # the job's tasks by role, for nodes that build their own TF_CONFIG from their rank (Slurm with roles)
-    roles: dict[str, int] = field(default_factory=dict)
+    common: Common = field(repr=False, compare=False)
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return self.common.argv
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        return self.common.command
+
+    @property
+    def workdir(self) -> str | None:
+        return self.common.workdir
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.common.runtime
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.common.checkpoint_dir
+
+    @property
+    def backup_dir(self) -> str:
+        return self.common.backup_dir
+
+    @property
+    def remote_dir(self) -> str:
+        """Its per-job, per-task directory on the node."""
+        return f"{self.common.task_root}/{self.task.slug}"
 
     @property
     def is_chief(self) -> bool:
         """The task whose checkpoints are the real ones (MWMS: chief, or worker 0 without a chief)."""
-        return p.is_chief(self.task.type, self.task.index, "chief" in self.tf_config["cluster"])
+        return p.is_chief(self.task.type, self.task.index, self.common.has_chief)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Its training command's environment, TF_CONFIG aside (``tf_config``; the node adds it)."""
+        return {**self.common.env, **task_env(self.task, self.gpus, self.common.has_chief)}
+
+    @property
+    def tf_config(self) -> dict[str, Any]:
+        """Its TF_CONFIG, built on demand (it names every task: never stored per task)."""
+        return p.tf_config(self.common.cluster, self.task.type, self.task.index)
 
     def shell_line(self) -> str:
         """The one line the login shell runs: no user data in it, only the interpreter."""
         return exec_line(self.argv)
 
     def node_config(self, attempt: int, *, wait_for_go: bool = True) -> p.NodeConfig:
-        """What worker_entry reads from stdin: everything it needs, nothing through a shell."""
-        env = dict(self.env)
+        """What worker_entry reads from stdin: everything it needs, nothing through a shell. The one
+        builder of a ``NodeConfig`` (a pod's comes from its task type's, ``PodConfig``)."""
+        env = self.env
         env[p.Env.ATTEMPT] = str(attempt)
-        rt = self.runtime
+        rt, common = self.runtime, self.common
         return p.NodeConfig(
             argv=list(self.command),
             remote_dir=f"{self.remote_dir}/attempt-{attempt}",
@@ -125,6 +183,7 @@ class NodePlan:
             attempt=attempt,
             workdir=self.workdir,
             env=env,
+            cluster={} if common.node_builds_cluster else common.cluster,
             tf_port=self.tf_port or None,  # an evaluator has no TF server
             gpus=self.gpus,
             heartbeat_interval_s=rt.heartbeat_interval_s,
@@ -136,56 +195,34 @@ class NodePlan:
             checkpoint_dir=self.checkpoint_dir if self.is_chief and rt.gather_checkpoint else None,
             # MWMS makes every non-chief write a temporary copy of each checkpoint: not worth keeping
             clean_dirs=[] if self.is_chief else [self.checkpoint_dir, self.backup_dir],
-            roles=dict(self.roles),
+            roles=dict(common.roles),
         )
 
-    def to_dict(self, *, show_secrets: bool = False, cluster: bool = True) -> dict[str, Any]:
-        """``cluster`` False: its TF_CONFIG without the cluster, which names every task (the run's
-        plan.json keeps the cluster once: written per task, it grows with the square of the tasks)."""
-        env = self.env if show_secrets else redact_env(self.env)
-        tf_config = self.tf_config
-        if not cluster:
-            tf_config = {k: v for k, v in tf_config.items() if k != "cluster"}
-            env = {k: v for k, v in env.items() if k != p.Env.TF_CONFIG}
-        return {
-            "host": self.host,
-            **(
-                {
-                    "ssh_host": self.ssh.hostname,
-                    "ssh_port": self.ssh.port,
-                    "user": self.ssh.user,
-                    "proxy_command": self.ssh.proxy_command,
-                    "jumps": [f"{j.user}@{j.hostname}:{j.port}" for j in self.ssh.jumps],
-                }
-                if self.ssh is not None
-                else {}
-            ),
-            "task": {"type": self.task.type, "index": self.task.index},
-            "tf_address": f"{bracket(self.tf_address)}:{self.tf_port}",
-            "gpus": self.gpus,
-            "tf_config": tf_config,
-            "env": env,
-            "argv": list(self.argv),
-            "shell_line": self.shell_line(),
-            "command": list(self.command) if show_secrets else redact_argv(self.command),
-            "workdir": self.workdir,
-            "remote_dir": self.remote_dir,
-            "checkpoint_dir": self.checkpoint_dir,
-            "backup_dir": self.backup_dir,
-        }
+    @property
+    def tf_endpoint(self) -> str:
+        """``ADDRESS:PORT`` as the plan shows it (IPv6 in brackets)."""
+        return f"{bracket(self.tf_address)}:{self.tf_port}"
 
 
 @dataclass(frozen=True)
 class Plan:
+    """Every task in rank order, and what they share once (``common``). ``extras``: the scheduler's own
+    part (Slurm: the allocation, the sbatch and srun lines), kept in plan.json under its name."""
+
     job: str
     run_id: str
     communication: str
     nodes: tuple[NodePlan, ...]
+    common: Common
     warnings: tuple[str, ...] = field(default=())
-    scheduler: str = "ssh"
-    slurm: dict[str, Any] | None = None  # scheduler slurm: allocation, sbatch/srun lines (plan.slurm)
+    scheduler: str = ""  # its spec's scheduler: (build_plan)
+    extras: dict[str, Any] | None = None
     policy: StragglerPolicy = field(default_factory=StragglerPolicy)  # how stragglers are judged, live and by `report`
     strategy: str = "multi_worker_mirrored"  # tensorflow.strategy: what each role's failure and end mean (plan.roles)
+
+    @property
+    def cluster(self) -> dict[str, list[str]]:
+        return self.common.cluster
 
     @property
     def chief(self) -> NodePlan:
@@ -194,31 +231,25 @@ class Plan:
     def node(self, task: TaskId) -> NodePlan:
         return next(n for n in self.nodes if n.task == task)
 
-    def to_dict(self, *, show_secrets: bool = False, record: bool = False) -> dict[str, Any]:
-        """``record``: the run directory's plan.json — the TF_CONFIG cluster once (``cluster``), not in
-        every task's ``tf_config`` and ``env`` (50 MB at 1,024 tasks, 800 MB at 4,096)."""
-        cluster = self.nodes[0].tf_config.get("cluster") if record and self.nodes else None
-        return {
-            "job": self.job,
-            "run_id": self.run_id,
-            "communication": self.communication,
-            "scheduler": self.scheduler,
-            **({"slurm": self.slurm} if self.slurm is not None else {}),
-            **({"cluster": cluster} if record else {}),
-            "nodes": [n.to_dict(show_secrets=show_secrets, cluster=not record) for n in self.nodes],
-            "warnings": list(self.warnings),
-            "policy": self.policy.to_dict(),
-            # jobs with roles beyond chief and workers: the strategy and what each role's failure does
-            **({"strategy": self.strategy, "roles": rules_table(self.strategy)} if self.has_roles else {}),
-        }
-
     @property
     def has_roles(self) -> bool:
         """A parameter-server job, or one with a sidecar evaluator."""
         return self.strategy != "multi_worker_mirrored" or any(n.task.type == "evaluator" for n in self.nodes)
 
-    def to_json(self, *, show_secrets: bool = False) -> str:
-        return json.dumps(self.to_dict(show_secrets=show_secrets), indent=2)
+    @property
+    def roles_table(self) -> dict[str, dict[str, object]] | None:
+        """What each role's failure and end mean (plan.json ``roles``), for jobs with roles."""
+        return rules_table(self.strategy) if self.has_roles else None
+
+
+def task_env(task: TaskId, gpus: int, has_chief: bool) -> dict[str, str]:
+    """A task's own variables: what differs between the tasks of a plan (the rest is ``common_env``)."""
+    return {
+        p.Env.TASK_TYPE: task.type,
+        p.Env.TASK_INDEX: str(task.index),
+        p.Env.IS_CHIEF: "1" if p.is_chief(task.type, task.index, has_chief) else "0",
+        p.Env.NUM_GPUS: str(gpus),
+    }
 
 
 def bracket(address: str) -> str:

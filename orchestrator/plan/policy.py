@@ -16,8 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from worker_entry.protocol.env import Env
-
 from ..spec.model import HeartbeatSpec
 
 _SPEC = HeartbeatSpec.model_fields
@@ -67,14 +65,6 @@ class StragglerPolicy:
             else:
                 values[f.name] = _number(v, default)
         return cls(**values)
-
-    @classmethod
-    def of_plan(cls, plan: Mapping[str, Any]) -> StragglerPolicy:
-        """The policy of a run, from its plan.json (as a dict)."""
-        nodes = plan.get("nodes")
-        first = nodes[0] if isinstance(nodes, list) and nodes and isinstance(nodes[0], Mapping) else {}
-        env = first.get("env") if isinstance(first.get("env"), Mapping) else {}
-        return cls.from_dict(plan.get("policy"), env.get(Env.PROFILE_INTERVAL_S))
 
 
 def _number(x: Any, default: float) -> float:

@@ -1,6 +1,7 @@
 """The run directory: everything a run leaves on the launcher, in one private place (0700)."""
 
 from .launcher import launcher_info, process_start_time
+from .planfile import plan_or_none, read_plan, write_plan
 from .rundir import (
     RunDir,
     check_new_dir,
@@ -18,11 +19,14 @@ __all__ = [
     "check_new_dir",
     "json_objects",
     "launcher_info",
+    "plan_or_none",
     "process_start_time",
     "read_jsonl",
+    "read_plan",
     "resolve_run",
     "wait_for_run",
     "write_bytes_atomic",
     "write_json_atomic",
+    "write_plan",
     "write_private",
 ]

@@ -17,7 +17,8 @@ from ..core.errors import UsageError
 from ..core.result import RunResult
 from ..job import LaunchOptions, launch
 from ..job.scheduling import RunScheduling
-from ..plan import Plan, PlanNotes, plan_text
+from ..plan import NodePlan, Plan, PlanNotes, plan_text
+from ..plan.render import task_text
 from ..runs import RunDir
 from ..spec import LoadedSpec
 from ..views.handle import RunHandle
@@ -37,9 +38,13 @@ class Scheduler(abc.ABC):
     def plan_notes(self, plan: Plan) -> PlanNotes:
         """What ``tfcluster plan`` says about how this scheduler starts each task."""
 
-    def describe(self, plan: Plan, *, show_secrets: bool = False) -> str:
-        """``tfcluster plan``'s text: every node, its TF_CONFIG, environment and how it starts."""
-        return plan_text(plan, self.plan_notes(plan), show_secrets=show_secrets)
+    def describe(self, plan: Plan, *, show_secrets: bool = False, every_task: bool = False) -> str:
+        """``tfcluster plan``'s text: what every task shares, the table of tasks, how they start."""
+        return plan_text(plan, self.plan_notes(plan), show_secrets=show_secrets, every_task=every_task)
+
+    def describe_task(self, plan: Plan, node: NodePlan, *, show_secrets: bool = False) -> str:
+        """``tfcluster plan --task``: one task in full (its TF_CONFIG and environment)."""
+        return task_text(plan, node, self.plan_notes(plan), show_secrets=show_secrets)
 
     # --- a launch --------------------------------------------------------------------------------
 

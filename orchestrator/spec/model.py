@@ -21,7 +21,6 @@ from pydantic import (
 )
 
 from .logs import LogsSpec
-from .scheduler import KubernetesSpec, Role, SlurmSpec
 
 JOB_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -136,57 +135,29 @@ EnvName = Annotated[str, Field(strict=True), AfterValidator(_check_env_name)]
 Address = Annotated[str, Field(strict=True), AfterValidator(_check_address)]
 
 
-class _Model(BaseModel):
+Role = Literal["chief", "worker", "ps", "evaluator"]  # worker_entry.protocol.ROLES
+Count = Annotated[int, Field(strict=True, ge=1, le=100_000)]
+GpuCount = Annotated[int, Field(strict=True, ge=0, le=1024)]
+
+
+def matches(pattern: re.Pattern, what: str) -> AfterValidator:
+    """A validator: the value must match ``pattern`` (a ValueError saying it is not ``what`` otherwise)."""
+
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value):
+            raise ValueError(f"{value!r} is not {what}")
+        return value
+
+    return AfterValidator(check)
+
+
+class SpecModel(BaseModel):
+    """A part of the spec: frozen, unknown keys refused (a scheduler's section is one too)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=False, defer_build=True)
 
 
-class SshSpec(_Model):
-    """How to reach every host; each host may override user, port and identity_file."""
-
-    user: NonEmptyStr | None = Field(
-        None, description="Login user. Default: ~/.ssh/config's User for the host, else the current user."
-    )
-    port: Port | None = Field(None, description="sshd port. Default: ~/.ssh/config's Port, else 22.")
-    identity_file: NonEmptyStr | None = Field(
-        None,
-        description="Private key file on the launcher. The SSH agent and ~/.ssh/config are honoured too.",
-    )
-    known_hosts: NonEmptyStr = Field(
-        "~/.ssh/known_hosts",
-        description="known_hosts file on the launcher. Host keys are always verified; unknown keys are refused.",
-    )
-    connect_timeout_s: PosFloat = Field(10.0, description="TCP connect + SSH handshake timeout per host.")
-    config_file: NonEmptyStr | None = Field(
-        "~/.ssh/config",
-        description="OpenSSH client config to honour (HostName, User, Port, IdentityFile). null: none.",
-    )
-    keepalive_s: NonNegFloat = Field(5.0, description="SSH keepalive interval; 0 disables.")
-
-
-class HostSpec(_Model):
-    """One MWMS task. Hosts run in list order: task index = position (after the chief, if any)."""
-
-    address: Address = Field(description="IP address or hostname (or ~/.ssh/config alias) to ssh to.")
-    gpus: Annotated[int, Field(strict=True, ge=0)] = Field(
-        0, description="GPUs this task uses. MWMS needs the same count on every task."
-    )
-    port: Port | None = Field(None, description="sshd port of this host (overrides ssh.port).")
-    user: NonEmptyStr | None = Field(None, description="Login user on this host (overrides ssh.user).")
-    identity_file: NonEmptyStr | None = Field(
-        None, description="Private key for this host (overrides ssh.identity_file)."
-    )
-    tf_port: Port | None = Field(None, description="gRPC port of this task (overrides tensorflow.port).")
-    tf_address: Address | None = Field(
-        None,
-        description="Address the other tasks use to reach this one over gRPC, when it differs from the "
-        "SSH address (e.g. a private training network). Default: the resolved SSH address.",
-    )
-    roles: dict[Role, Annotated[int, Field(strict=True, ge=0, le=64)]] | None = Field(
-        None,
-        description="Tasks this host runs, by role (chief, worker, ps, evaluator), e.g. {worker: 2, ps: 1}: "
-        "each task on it after the first takes the next tf_port. Default: one worker (the chief, for the first "
-        "host with tensorflow.chief). Which roles a strategy allows: tensorflow.strategy.",
-    )
+_Model = SpecModel
 
 
 class TensorflowSpec(_Model):
@@ -356,44 +327,18 @@ class CheckSpec(_Model):
 
 
 class ClusterSpec(_Model):
-    """A tfcluster cluster spec: where to run, what to run, and how to supervise it."""
+    """A tfcluster cluster spec: where to run, what to run, and how to supervise it. What differs per
+    scheduler (its section: ``hosts``, ``slurm``, ...) is the scheduler's: the model a spec is validated
+    with is this one with every registered scheduler's fields (``sections.spec_model``)."""
 
-    model_config = ConfigDict(
-        frozen=True,
-        extra="forbid",
-        title="tfcluster cluster spec",
-        json_schema_extra={
-            "$schema": "https://json-schema.org/draft/2020-12/schema",
-            # Each scheduler needs its own section (tfcluster validate says so at the right line).
-            "allOf": [
-                {
-                    "if": {
-                        "properties": {"scheduler": {"const": kind}},
-                        **({} if kind == "ssh" else {"required": ["scheduler"]}),
-                    },
-                    "then": {"required": [section]},
-                }
-                for kind, section in (("ssh", "hosts"), ("slurm", "slurm"), ("kubernetes", "kubernetes"))
-            ],
-        },
-    )
+    model_config = ConfigDict(frozen=True, extra="forbid", title="tfcluster cluster spec")
 
     version: Literal[1] = Field(description="Spec format version. Only 1 exists.")
     name: str = Field(
         description="Job name: lowercase letters, digits and '-', 1-63 characters, starting with a letter or digit.",
         json_schema_extra={"pattern": JOB_NAME_RE.pattern},
     )
-    scheduler: Literal["ssh", "slurm", "kubernetes"] = Field(
-        "ssh",
-        description="Who starts the tasks: ssh (the launcher, on `hosts`), slurm (`slurm:` section) or "
-        "kubernetes (`kubernetes:` section).",
-    )
-    ssh: SshSpec = Field(default_factory=SshSpec)
-    hosts: list[HostSpec] | None = Field(
-        None, min_length=1, description="scheduler ssh: one MWMS task per host, in this order."
-    )
-    slurm: SlurmSpec | None = Field(None, description="scheduler slurm: the allocation and how to run in it.")
-    kubernetes: KubernetesSpec | None = Field(None, description="scheduler kubernetes: the pods to run.")
+    scheduler: str = Field("", description="Who starts the tasks (the registered schedulers: sections.py).")
     tensorflow: TensorflowSpec = Field(default_factory=TensorflowSpec)
     job: JobSpec
     heartbeat: HeartbeatSpec = Field(default_factory=HeartbeatSpec)

@@ -50,9 +50,9 @@ def raw_roles(host: Any, index: int, chief: bool) -> dict[str, int]:
     return {r: _int(n) or 0 for r, n in roles.items() if r in ROLES and _int(n) is not None}
 
 
-def role_problems(data: dict, hosts: list, filename: str, positions: Positions) -> list[Diagnostic]:
-    """Which roles the strategy allows, how many of each, and where they can run: per host under SSH,
-    one job-wide count under Slurm (``slurm.roles``) and Kubernetes (``kubernetes.roles``)."""
+def role_problems(data: dict, section: Any, filename: str, positions: Positions) -> list[Diagnostic]:
+    """Which roles the strategy allows, how many of each, and where they can run: where the spec's
+    scheduler says its jobs give them (``section.roles``: host by host, or once for the job)."""
     out: list[Diagnostic] = []
 
     def add(loc: tuple, path: str, message: str, severity: Severity = "error") -> None:
@@ -60,34 +60,14 @@ def role_problems(data: dict, hosts: list, filename: str, positions: Positions) 
 
     tf = data.get("tensorflow") if isinstance(data.get("tensorflow"), dict) else {}
     strategy = tf.get("strategy", "multi_worker_mirrored")
-    scheduler = data.get("scheduler", "ssh")
     if strategy not in ALLOWED:
         return out  # the field's own check names the allowed values
-    chief = tf.get("chief") is True
-    # where roles are given: (yaml location, field path, raw roles) per holder
-    if scheduler == "ssh":
-        holders = [
-            (("hosts", i, "roles"), f"hosts[{i}].roles", h.get("roles") if isinstance(h, dict) else None)
-            for i, h in enumerate(hosts)
-        ]
-        given = [k for k, (_, _, r) in enumerate(holders) if isinstance(hosts[k], dict) and "roles" in hosts[k]]
-        example = "roles: {chief: 1} on one host and roles: {worker: 2, ps: 1} on another"
-        field, scope = "hosts[].roles", "over all hosts"
-    elif scheduler in ("slurm", "kubernetes") and isinstance(data.get(scheduler), dict):
-        section = data[scheduler]
-        holders = [((scheduler, "roles"), f"{scheduler}.roles", section.get("roles"))]
-        given = [0] if section.get("roles") is not None else []
-        example = f"{scheduler}.roles: {{chief: 1, worker: 2, ps: 1}}"
-        field, scope = f"{scheduler}.roles", "in the job"
-    else:
+    layout = section.roles(data) if section is not None and section.roles is not None else None
+    if layout is None:
         return out  # the scheduler's own checks report a missing section
-    if scheduler == "kubernetes" and not given and "workers" not in data["kubernetes"]:
-        add(
-            ("kubernetes",),
-            "kubernetes",
-            "needs kubernetes.workers (the worker pods) or kubernetes.roles "
-            "(pods by role, e.g. roles: {chief: 1, worker: 2, ps: 1})",
-        )
+    chief = tf.get("chief") is True
+    holders, given, field, per_host = layout.holders, layout.given, layout.field, layout.per_host
+    scope = "over all hosts" if per_host else "in the job"
     if given and chief:
         add(
             ("tensorflow", "chief"),
@@ -99,10 +79,10 @@ def role_problems(data: dict, hosts: list, filename: str, positions: Positions) 
         add(
             ("tensorflow", "strategy"),
             "tensorflow.strategy",
-            f"parameter_server needs {field}: one chief, at least one worker and one ps, e.g. {example}",
+            f"parameter_server needs {field}: one chief, at least one worker and one ps, e.g. {layout.example}",
         )
         return out
-    if scheduler != "ssh" and not given:
+    if not per_host and not given:
         return out  # the scheduler's default layout: chief (tensorflow.chief) and workers only
     allowed = ALLOWED[strategy]
     totals = dict.fromkeys(ROLES, 0)
@@ -113,8 +93,7 @@ def role_problems(data: dict, hosts: list, filename: str, positions: Positions) 
             add(
                 loc,
                 path,
-                "runs no task: give a role a count of 1 or more"
-                + (", or remove the host" if scheduler == "ssh" else ""),
+                "runs no task: give a role a count of 1 or more" + (", or remove the host" if per_host else ""),
             )
         for r, n in roles.items():
             totals[r] += n
@@ -141,11 +120,11 @@ def role_problems(data: dict, hosts: list, filename: str, positions: Positions) 
             )
         if totals[r] < lo and holders:
             loc, path, _ = holders[0]
-            where_to = ("hosts",) if scheduler == "ssh" else loc
-            fix = f"give a host roles: {{{r}: 1}}" if scheduler == "ssh" else f"set {path}.{r}: 1"
+            top = loc[:1] if per_host else loc  # host by host: the list itself
+            fix = f"give a host roles: {{{r}: 1}}" if per_host else f"set {path}.{r}: 1"
             add(
-                where_to,
-                "hosts" if scheduler == "ssh" else path,
+                top,
+                format_loc(top) if per_host else path,
                 f"strategy {strategy} needs at least {lo} {r} task(s) ({WHY[(strategy, r)]}); {fix}",
             )
     clean = all(
@@ -156,32 +135,18 @@ def role_problems(data: dict, hosts: list, filename: str, positions: Positions) 
     if not clean:
         return out  # the fields' own checks name the bad role or count: totals from the rest would mislead
     if strategy == "multi_worker_mirrored" and holders and not totals["chief"] + totals["worker"] and not out:
+        top = holders[0][0][:1] if per_host else holders[0][0]
         add(
-            ("hosts",) if scheduler == "ssh" else holders[0][0],
-            "hosts" if scheduler == "ssh" else holders[0][1],
+            top,
+            format_loc(top) if per_host else holders[0][1],
             "no chief or worker task: MultiWorkerMirroredStrategy needs at least one to train",
         )
-    _layout_problems(data, scheduler, totals, add)
     return out
 
 
-def _layout_problems(data: dict, scheduler: str, totals: dict[str, int], add: Any) -> None:
-    """Slurm: the roles fill the step exactly (nodes x tasks_per_node, block order); Kubernetes: roles
-    replace workers (each role is its own replicated job)."""
-    section = data.get(scheduler) if isinstance(data.get(scheduler), dict) else {}
-    n = sum(totals.values())
-    if scheduler == "slurm":
-        nodes, per_node = _int(section.get("nodes")), _int(section.get("tasks_per_node", 1))
-        if nodes and per_node and n and nodes * per_node != n:
-            add(
-                ("slurm", "roles"),
-                "slurm.roles",
-                f"{n} tasks by role, but slurm.nodes x slurm.tasks_per_node = {nodes} x {per_node} = {nodes * per_node} "
-                "task slots: make them equal (Slurm places the tasks in rank order: chief, workers, ps, evaluator)",
-            )
-    if scheduler == "kubernetes" and "workers" in section:
-        add(
-            ("kubernetes", "workers"),
-            "kubernetes.workers",
-            "not used with kubernetes.roles (the worker count is roles.worker); remove one of them",
-        )
+def format_loc(loc: tuple[Any, ...]) -> str:
+    """('hosts', 1, 'gpus') -> 'hosts[1].gpus'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "spec"

@@ -10,7 +10,6 @@ and ``training_end`` returns a stop order for the loop to carry out.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 
@@ -22,7 +21,7 @@ from ..core.result import Failure
 from ..core.states import TaskState
 from ..events import EventBus
 from ..events import kinds as ev
-from ..plan.build import tf_cluster, tf_config_of
+from ..plan.build import tf_cluster
 from ..plan.roles import RoleRule, rule_of
 from ..spec import ClusterSpec
 from .inputs import ChannelPump
@@ -146,8 +145,8 @@ class RoleCare:
         config.adopt_dirs = [base, *(f"{base}-restart-{k}" for k in range(1, n))]  # gathered with this one
         key = new.key
         try:
-            if p.Env.TF_CONFIG not in config.env:  # its node built it (Slurm): the same cluster, as the nodes said
-                self._with_tf_config(config, old, peers)
+            if not config.cluster:  # its node built it (Slurm): the same cluster, as the nodes said
+                self._with_cluster(config, old, peers)
         except ValueError as exc:
             return new, f"cannot restart {old.task} in place: {exc}"
 
@@ -161,9 +160,9 @@ class RoleCare:
         return new, None
 
     @staticmethod
-    def _with_tf_config(config: p.NodeConfig, old: TaskSession, peers: Iterable[TaskSession]) -> None:
-        """The restarted task's TF_CONFIG from the endpoints every task's node reported in its hello:
-        where its peers listen, and its own old place (its port is free again)."""
+    def _with_cluster(config: p.NodeConfig, old: TaskSession, peers: Iterable[TaskSession]) -> None:
+        """The restarted task's cluster (worker_entry builds its TF_CONFIG) from the endpoints every task's
+        node reported in its hello: where its peers listen, and its own old place (its port is free again)."""
         order = list(peers)
         endpoints = [_endpoint(s.placement.tf_endpoint) for s in order]
         tasks = [s.node.task for s in order]
@@ -175,9 +174,7 @@ class RoleCare:
         for s, ep in zip(order, endpoints, strict=True):  # a node speaks only for where it is itself
             if ep and (why := endpoint_problem(ep, s.channel)):
                 raise ValueError(f"cannot rebuild TF_CONFIG: {s.task}: {why}")
-        config.env[p.Env.TF_CONFIG] = json.dumps(
-            tf_config_of(tf_cluster(tasks, endpoints), config.task), separators=(",", ":")
-        )
+        config.cluster = tf_cluster(tasks, endpoints)
         own = _endpoint(old.placement.tf_endpoint)
         port = own.rpartition(":")[2]
         config.tf_port = int(port) if port.isdigit() and 0 < int(port) < 65536 else None

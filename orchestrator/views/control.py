@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.text import table
-from ..runs import RunDir
+from ..runs import RunDir, plan_or_none
 from ..supervise.summary import FULL_UP_TO, summarize, summary_lines
 from .evaluations import status_lines
 from .handle import RunHandle
@@ -29,10 +29,10 @@ def job_status(run: RunDir, handle: RunHandle | None = None) -> dict[str, Any]:
     result = run.read_json(run.result_json)
     status = run.read_json(run.status_json) or {}
     launcher = run.read_json(run.launcher_json) or {}
-    plan = run.read_json(run.plan_json) or {}
+    plan = plan_or_none(run)
     out: dict[str, Any] = {
         "run_dir": str(run.path),
-        "job": plan.get("job"),
+        "job": plan.job if plan else None,
         "launcher_pid": launcher.get("pid"),
         "launcher_host": launcher.get("hostname"),
         **handle.scheduler_status(),

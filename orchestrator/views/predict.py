@@ -15,9 +15,9 @@ from typing import Any
 
 from ..core.errors import UsageError
 from ..core.text import table
-from ..runs import RunDir
+from ..runs import RunDir, plan_or_none
 from .predict_model import Inputs, Network, advice, expected_max_excess, parse_network, predict, predict_size
-from .records import heartbeat_records, json_object
+from .records import heartbeat_records
 
 CHECK_JSON = "check.json"
 SCALE_JSON = "scale.json"
@@ -55,8 +55,8 @@ def network_of(check: str | None, network: str | None, near: Sequence[Path] = ()
 
 
 def _workers_of(run: RunDir) -> int:
-    nodes = json_object(run, run.plan_json).get("nodes")
-    return len(nodes) if isinstance(nodes, list) and nodes else 1
+    plan = plan_or_none(run)
+    return len(plan.tasks) if plan and plan.tasks else 1
 
 
 def measured_sizes(path: Path) -> list[dict[str, Any]]:

@@ -22,7 +22,8 @@ from ..core.text import table
 from ..events import BaseEvent
 from ..events.kinds import RoleFailure, Straggler, TaskReady, TrainingEnded, WorkerSlowing
 from ..plan.policy import StragglerPolicy
-from ..runs import RunDir
+from ..plan.record import PlanRecord
+from ..runs import RunDir, plan_or_none
 from ..supervise import GpuJudgement, explain, find_straggler, host_suspect, judge_gpus
 from ..supervise.figures import Figures, TaskFigures, throughput
 from ..supervise.gpus import WORK_RATIO
@@ -69,11 +70,9 @@ def build_report(
         window = {"last_s": last_s, "from_ts": round(start, 3), "to_ts": round(end, 3)}
     profiles = _by_task(r for r in selected if r.get("kind") == "profile")
     beats = _by_task(r for r in selected if r.get("kind") != "profile")
-    plan = json_object(run, run.plan_json)
-    policy = StragglerPolicy.of_plan(plan)  # the thresholds the live monitor judged this run with
-    nodes = plan.get("nodes") if isinstance(plan.get("nodes"), list) else []
-    nodes = [n for n in nodes if isinstance(n, dict) and isinstance(n.get("task"), dict)]
-    hosts = {f"{n['task'].get('type')}:{n['task'].get('index')}": n.get("host") for n in nodes}
+    plan = plan_or_none(run)  # a damaged plan.json: the figures all the same, without hosts
+    policy = plan.policy if plan else StragglerPolicy()  # the thresholds the live monitor judged this run with
+    hosts = plan.hosts() if plan else {}
     figures = Figures()  # the tasks' figures, fed the records the supervisor fed them live, in order
     for rec in selected:
         figures.add(rec["task"], rec)
@@ -142,7 +141,7 @@ def build_report(
         analysis["suggested_last_s"] = math.ceil(end - first + 1.5 * policy.window_s)
     return {
         "run_dir": str(run.path),
-        "job": plan.get("job"),
+        "job": plan.job if plan else None,
         "window": window,
         "workers": workers,
         "throughput": throughput(whole),  # the job's: every worker counts the global batch
@@ -160,10 +159,10 @@ def build_report(
     }
 
 
-def _roles(plan: dict[str, Any], events: list[BaseEvent]) -> dict[str, Any]:
+def _roles(plan: PlanRecord | None, events: list[BaseEvent]) -> dict[str, Any]:
     """A job with roles (plan.json ``strategy``): what happened to each role that does not take the job
     down (restarts in place, a reported evaluator) and the end of the training."""
-    if not plan.get("roles"):
+    if plan is None or not plan.roles:
         return {}
     happened = [
         {
@@ -180,7 +179,7 @@ def _roles(plan: dict[str, Any], events: list[BaseEvent]) -> dict[str, Any]:
         for ev in events
         if isinstance(ev, RoleFailure | TrainingEnded)
     ]
-    return {"roles": {"strategy": plan.get("strategy"), "events": happened}}
+    return {"roles": {"strategy": plan.strategy, "events": happened}}
 
 
 def _training(beats: list[dict[str, Any]], end: float) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.text import table
-from ..runs import RunDir
+from ..runs import RunDir, read_plan
 from ..runs.rundir import open_regular
 from .handle import RunHandle
 
@@ -113,17 +113,18 @@ def read_run(run: RunDir, handle_of: Callable[[RunDir], RunHandle], now: float |
     if not os.access(run.path, os.R_OK | os.X_OK):
         raise _Unreadable(str(run.path))
     try:
-        plan, result = _obj(_read(run.plan_json)), _read(run.result_json)
-    except ValueError as exc:
+        plan, result = read_plan(run), _read(run.result_json)
+    except PermissionError as exc:
+        raise _Unreadable(str(run.path)) from exc
+    except ValueError as exc:  # a damaged plan.json too (PlanRecordError)
         return RunRow(None, "damaged", _started_of(run), None, None, str(exc), str(run.path))
     launcher, status = _tolerant(run.launcher_json), _tolerant(run.status_json)
-    nodes = plan.get("nodes")
-    tasks = len(nodes) if isinstance(nodes, list) else None
+    tasks = len(plan.tasks) if plan is not None else None
     started = _num(launcher.get("started")) or _started_of(run)
     base = {
-        "job": _text(plan.get("job")),
-        "run_id": _text(plan.get("run_id")),
-        "scheduler": _text(plan.get("scheduler")) or "ssh",
+        "job": _text(plan.job) if plan else None,
+        "run_id": _text(plan.run_id) if plan else None,
+        "scheduler": _text(plan.scheduler) if plan else "ssh",
     }
     if isinstance(result, dict):
         started = _num(result.get("started_ts")) or started

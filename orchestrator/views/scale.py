@@ -16,9 +16,9 @@ from typing import Any
 
 from ..core.text import table
 from ..plan.policy import StragglerPolicy
-from ..runs import RunDir
+from ..runs import RunDir, plan_or_none
 from ..supervise.figures import Figures, job_rate
-from .records import heartbeat_records, json_object
+from .records import heartbeat_records
 from .report import build_report
 
 #: Below this efficiency a size is "not scaling" and its bottleneck gets advice.
@@ -30,7 +30,8 @@ def measure_size(run_dir: str | Path, workers: int) -> dict[str, Any]:
     run = RunDir(Path(run_dir))
     records = heartbeat_records(run.heartbeats_jsonl)  # checked: numbers are numbers
     rep = build_report(run, records=records)
-    window = StragglerPolicy.of_plan(json_object(run, run.plan_json)).window_s
+    plan = plan_or_none(run)
+    window = (plan.policy if plan else StragglerPolicy()).window_s
     figures = Figures()
     gpu_mem_pct = None
     for rec in records:

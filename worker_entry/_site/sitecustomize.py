@@ -85,6 +85,13 @@ def _tfcluster_bootstrap() -> None:
     import sys
 
     here = os.path.dirname(os.path.realpath(__file__))
+    path = os.environ.get("TFCLUSTER_TF_CONFIG_FILE")  # a TF_CONFIG too large for execve: set it here
+    if path and "TF_CONFIG" not in os.environ:
+        try:
+            with open(path) as f:
+                os.environ["TF_CONFIG"] = f.read()
+        except OSError as exc:
+            sys.stderr.write(f"tfcluster: cannot read TF_CONFIG from {path}: {exc}\n")
     try:
         globals()["chained"] = _tfcluster_chain(here)
     except Exception as exc:  # pragma: no cover - defensive

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import protocol as p
+from ..protocol.env import ENV_STRING_MAX
 
 #: The instrumentation's bootstrap (``worker_entry/_site/sitecustomize.py``), first on the training
 #: process's PYTHONPATH. A path, not an import: the agent never imports the instrumentation.
@@ -41,15 +42,34 @@ def _pdeathsig_preexec() -> Any:
 
 
 def child_env(config: p.NodeConfig, base: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The training command's environment: ours, the plan's, expanded paths, the instrumentation."""
+    """The training command's environment: ours, the plan's, the task's TF_CONFIG (built here from the
+    config's cluster: the plan sends the cluster once, never a TF_CONFIG per task), expanded paths, the
+    instrumentation."""
     env = dict(base)
     env.update(config.env)
+    tf_config = config.tf_config_json()
+    in_file = tf_config is not None and len(p.Env.TF_CONFIG) + len(tf_config) + 2 > ENV_STRING_MAX
+    if in_file:  # ~6,000 tasks and more: no execve takes it; the bootstrap sets it in the new interpreter
+        env[p.Env.TF_CONFIG_FILE] = _tf_config_file(config, tf_config)  # type: ignore[arg-type]
+    elif tf_config is not None:
+        env[p.Env.TF_CONFIG] = tf_config
     for key in p.PATH_VARS:
         if key in env:
             env[key] = os.path.expanduser(env[key])
-    if config.instrument:
+    if config.instrument or in_file:
         env["PYTHONPATH"] = SITE_DIR + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+def _tf_config_file(config: p.NodeConfig, tf_config: str) -> str:
+    """The task's TF_CONFIG in its directory (0600), for ``sitecustomize`` to put into ``os.environ``."""
+    folder = os.path.expanduser(config.remote_dir)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    path = os.path.join(folder, "tf_config.json")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(tf_config)
+    return path
 
 
 def spawn(config: p.NodeConfig, progress_fd: int) -> subprocess.Popen:

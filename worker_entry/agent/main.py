@@ -1,4 +1,5 @@
-"""`python -m worker_entry [run|connect|slurm|kubernetes|probe|manifest|send|receive]`: the node side of tfcluster.
+"""`python -m worker_entry [run|MODE|probe|manifest|send|receive]`: the node side of tfcluster; a MODE is how a
+scheduler starts it (``modes/``: connect, slurm, kubernetes, each a module with ``run(argv)``).
 
 The configuration always arrives as one JSON line on stdin (``connect``: on the socket the node
 opened back to the supervisor), never on the command line, so no user data ever passes through a
@@ -15,10 +16,10 @@ import sys
 
 def _read_config() -> tuple[dict, bytes]:
     """Read exactly the first line of stdin with raw reads; return the rest for the runner."""
-    from ..protocol import MAX_COMMAND_LINE
+    from ..protocol import MAX_CONFIG_LINE
 
     buf = b""
-    while b"\n" not in buf and len(buf) <= MAX_COMMAND_LINE:
+    while b"\n" not in buf and len(buf) <= MAX_CONFIG_LINE:
         chunk = os.read(0, 65536)
         if not chunk:
             break
@@ -68,25 +69,35 @@ def main(argv: list[str]) -> int:
         json.dump(node_facts(config), sys.stdout)
         sys.stdout.write("\n")
         return 0
-    if mode == "connect":
-        from .modes.connect import main as connect_main
-
-        return connect_main()
-    if mode == "slurm":
-        from .modes.slurm import main as slurm_main
-
-        return slurm_main()
-    if mode == "kubernetes":
-        from .modes.kubernetes import main as pod_main
-
-        return pod_main(argv[1:])
     if mode in ("manifest", "send", "receive"):
         from . import files
 
         config, rest = _read_config()
         return files.main(mode, config, rest)
-    print(
-        f"worker_entry: unknown mode {mode!r} (run, connect, slurm, kubernetes, probe, manifest, send, receive)",
-        file=sys.stderr,
-    )
+    started_by = _start_mode(mode)
+    if started_by is not None:
+        return started_by(argv[1:])
+    modes = ", ".join(["run", *sorted(_start_modes()), "probe", "manifest", "send", "receive"])
+    print(f"worker_entry: unknown mode {mode!r} ({modes})", file=sys.stderr)
     return 2
+
+
+def _start_modes() -> list[str]:
+    """How a scheduler starts the agent: every module of ``modes`` with a ``run(argv)`` (none named here)."""
+    import pkgutil
+
+    from . import modes
+
+    return [m.name for m in pkgutil.iter_modules(modes.__path__) if _start_mode(m.name) is not None]
+
+
+def _start_mode(name: str):  # -> Callable[[list[str]], int] | None
+    """``modes/<name>.py``'s ``run``, if ``name`` is such a mode (connect, slurm, kubernetes, ...)."""
+    import importlib
+    import pkgutil
+
+    from . import modes
+
+    if not name.isidentifier() or name not in {m.name for m in pkgutil.iter_modules(modes.__path__)}:
+        return None
+    return getattr(importlib.import_module(f"{modes.__name__}.{name}"), "run", None)

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from .. import protocol as p
-from ..protocol.cluster import own_endpoint, slurm_node_name
+from ..protocol.cluster import slurm_node_name
 from .child import kill_escaped, kill_group, signal_name, spawn, spawn_error, wait_gone
 from .gpuowner import TaskTree
 from .handover import hand_over
@@ -106,7 +106,7 @@ class Runner:
                 remote_dir=self.remote_dir,
                 facts=facts,
                 task=self.cfg.task,
-                tf_endpoint=own_endpoint(self.cfg.env.get(p.Env.TF_CONFIG), self.cfg.task),
+                tf_endpoint=self.cfg.own_endpoint(),
                 node_name=slurm_node_name(os.environ),
             )
         )

@@ -7,6 +7,8 @@ class Env:
     """Every environment variable tfcluster sets or reads, by name (docs/architecture.md lists them)."""
 
     TF_CONFIG = "TF_CONFIG"
+    # a TF_CONFIG beyond the kernel's limit for one variable: the file it is in (sitecustomize sets TF_CONFIG)
+    TF_CONFIG_FILE = "TFCLUSTER_TF_CONFIG_FILE"
     LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
     JOB = "TFCLUSTER_JOB"
     RUN_ID = "TFCLUSTER_RUN_ID"
@@ -42,6 +44,9 @@ class Env:
     SCALE_MODE = "TFCLUSTER_SCALE_MODE"  # ... weak (same per-worker batch) or strong (same global batch)
     PREFIX = "TFCLUSTER_"
 
+
+#: The longest environment string execve takes (Linux MAX_ARG_STRLEN, 32 pages): ``NAME=VALUE`` and its NUL.
+ENV_STRING_MAX = 128 << 10
 
 #: Path variables worker_entry expands (``~``) on the node before starting the command.
 PATH_VARS = (Env.CHECKPOINT_DIR, Env.BACKUP_DIR)

@@ -14,6 +14,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from .cluster import MAX_TASKS
+
 MARKER = b"\n\x00TFCLUSTER-WIRE-1\x00\n"
 HEADER = struct.Struct("!BBI")
 T_LOG, T_MSG, T_DATA = 1, 2, 3
@@ -22,6 +24,11 @@ STDOUT, STDERR = 1, 2
 MAX_PAYLOAD = {T_LOG: 4 << 20, T_MSG: 1 << 20, T_DATA: 4 << 20}
 MAX_PREAMBLE = 64 << 10  # shell noise kept before the marker (the newest bytes)
 MAX_COMMAND_LINE = 1 << 20  # launcher → node: one JSON line
+#: The first launcher → node line, the ``NodeConfig``, carries the cluster (every task's endpoint): 1 MiB
+#: plus 128 bytes per task of the largest cluster, 9 MiB. A 16,384-task cluster of 253-character DNS names
+#: (4.3 MB) fits, and 65,536 endpoints of the usual length (``10.1.2.3:12345``, ``node00017.cluster:2222``).
+#: Only a node reads it, from its authenticated launcher; every node → launcher limit stays as it is.
+MAX_CONFIG_LINE = MAX_COMMAND_LINE + MAX_TASKS * 128
 
 
 class ProtocolError(ValueError):
@@ -49,6 +56,8 @@ def msg_frame(msg: Any) -> bytes:
 
 def command_line(obj: Any) -> bytes:
     """One launcher → node line from a command, a config (anything with ``to_dict``) or a dict."""
+    if hasattr(obj, "to_line"):  # the NodeConfig: its cluster encoded once for every task
+        return obj.to_line()
     data = obj.to_dict() if hasattr(obj, "to_dict") else obj
     return json.dumps(data, separators=(",", ":"), allow_nan=False).encode() + b"\n"
 

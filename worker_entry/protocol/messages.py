@@ -9,56 +9,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from .config import TaskRef, load_object
 from .frames import ProtocolError
 from .metrics import CHECKPOINT_MAX, METRIC_LIMIT, METRICS_MAX, check_metric_names
 from .samples import GpuSample, HostSample
 from .schema import COUNT_MAX, ID_MAX, LONG, MB_MAX, MS_MAX, S_MAX, STR, TS_MAX, Record, spec
 
-VERSION = 2
 #: A file's mtime in ns: any 64-bit value (before 1970 is negative).
 MTIME_NS = spec(lo=-(1 << 63), hi=(1 << 63) - 1)
-
-
-@dataclass
-class TaskRef(Record):
-    type: Literal["chief", "worker", "ps", "evaluator"]  # protocol.roles.ROLES
-    index: int = field(metadata=spec(lo=0, hi=1 << 20))
-
-    def __str__(self) -> str:
-        return f"{self.type}:{self.index}"
-
-
-@dataclass
-class NodeConfig(Record):
-    """Everything worker_entry needs to run one task: built by the plan, sent as the first stdin line."""
-
-    argv: list[str] = field(metadata=spec(max_len=4096))
-    remote_dir: str
-    protocol: int = field(default=VERSION, metadata=spec(lo=0, hi=1000))
-    job: str = "job"
-    task: TaskRef = field(default_factory=lambda: TaskRef("worker", 0))
-    attempt: int = field(default=0, metadata=spec(lo=0, hi=1000))
-    workdir: str | None = None
-    # TF_CONFIG names every task (~60 KB at 4,096): up to the kernel's limit for one variable, 128 KiB
-    env: dict[str, str] = field(default_factory=dict, metadata=spec(value_len=128 << 10))
-    tf_port: int | None = field(default=None, metadata=spec(lo=1, hi=65535))
-    gpus: int = field(default=0, metadata=spec(lo=0, hi=1024))
-    heartbeat_interval_s: float = field(default=1.0, metadata=spec(lo=0.01, hi=3600))
-    launcher_timeout_s: float = field(default=10.0, metadata=spec(lo=0.1, hi=86400))
-    stop_grace_s: float = field(default=10.0, metadata=spec(lo=0, hi=86400))
-    failure_grace_s: float = field(default=1.0, metadata=spec(lo=0, hi=86400))
-    instrument: bool = True
-    wait_for_go: bool = True
-    checkpoint_dir: str | None = None  # listed in task_files when set (the chief, with checkpoint.gather)
-    clean_dirs: list[str] = field(default_factory=list)  # workertemp_* copies removed at the end (non-chief)
-    # the job's tasks by role (chief, worker, ps, evaluator), for nodes that build their own TF_CONFIG
-    # (Slurm): ranks follow protocol.roles.role_order. Empty: chief (when TF_CONFIG has one) and workers.
-    roles: dict[str, int] = field(default_factory=dict, metadata=spec(lo=0, hi=1 << 20, max_len=4))
-    adopt_dirs: list[str] = field(default_factory=list, metadata=spec(max_len=128))  # handover.adopt_earlier
-
-    @classmethod
-    def parse_line(cls, line: bytes) -> NodeConfig:
-        return cls.from_dict(_load_json(line, "config"))
 
 
 # ----------------------------------------------------------------------------- node → launcher
@@ -331,7 +289,7 @@ class ManifestReply(Record):
     @classmethod
     def parse_line(cls, line: bytes) -> ManifestReply:
         try:
-            return cls.from_dict(_load_json(line, "manifest"))
+            return cls.from_dict(load_object(line, "manifest"))
         except ProtocolError as exc:
             raise ProtocolError(f"manifest.{exc}", exc.field) from None
 
@@ -383,19 +341,9 @@ COMMANDS: dict[str, type[Message]] = {m.TYPE: m for m in (Go, Ping, Stop, Fetch,
 TRANSFER_MESSAGES: dict[str, type[Message]] = {m.TYPE: m for m in (FileStart, FileEnd, FileError, Done)}
 
 
-def _load_json(payload: bytes, what: str) -> dict[str, Any]:
-    try:
-        obj = json.loads(payload)
-    except (ValueError, RecursionError) as exc:
-        raise ProtocolError(f"{what} is not valid JSON: {str(exc)[:120]}") from None
-    if not isinstance(obj, dict):
-        raise ProtocolError(f"{what} must be a JSON object, got {type(obj).__name__}")
-    return obj
-
-
 def parse(payload: bytes, table: dict[str, type[Message]], what: str = "message") -> Message:
     """One message from a JSON payload, validated; ProtocolError naming the field otherwise."""
-    obj = _load_json(payload, what)
+    obj = load_object(payload, what)
     kind = obj.get("type")
     cls = table.get(kind) if isinstance(kind, str) else None
     if cls is None:
@@ -414,7 +362,7 @@ def parse_message(payload: bytes) -> Message:
 
 
 def parse_command(line: bytes) -> Message:
-    if "op" in (obj := _load_json(line, "command")) and "type" not in obj:  # protocol 1 spelling
+    if "op" in (obj := load_object(line, "command")) and "type" not in obj:  # protocol 1 spelling
         obj["type"] = obj.pop("op")
         line = json.dumps(obj).encode()
     return parse(line, COMMANDS, "command")

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal
 
+from .config import NodeConfig
 from .schema import Record, spec
 
 MARKER = b"@tfcluster "
 _ESCAPED = re.compile(rb"^@*@tfcluster")  # lines that need (or got) one more '@'
-POD_CONFIG_VERSION = 1
+#: 2: the task type's ``NodeConfig`` (the launcher's one builder made it), instead of its fields one by one
+POD_CONFIG_VERSION = 2
 
 
 def encode_output(data: bytes) -> bytes:
@@ -52,18 +53,13 @@ def decode_line(line: bytes) -> tuple[bool, bytes]:
 
 @dataclass
 class PodConfig(Record):
-    """worker_entry's settings in a pod (``TFCLUSTER_POD``); the task index comes from the Job."""
+    """worker_entry's settings in a pod (``TFCLUSTER_POD``), the same for every pod of a task type: its
+    type's ``NodeConfig`` as the launcher's plan builds it (``NodePlan.node_config``: the cluster, the
+    timings; no environment, which is the container's, and no command, which follows ``--``). The pod
+    makes it its own with its index (``JOB_COMPLETION_INDEX``) and attempt."""
 
-    job: str = field(metadata=spec(max_len=253))
-    task_type: Literal["chief", "worker", "ps", "evaluator"]  # roles.ROLES
-    cluster: dict[str, list[str]] = field(metadata=spec(max_len=3))  # roles.CLUSTER_ROLES
-    remote_dir: str = field(metadata=spec(max_len=4096))
-    v: int = field(default=POD_CONFIG_VERSION, metadata=spec(lo=1, hi=POD_CONFIG_VERSION))
-    tf_port: int | None = field(default=None, metadata=spec(lo=1, hi=65535))
-    gpus: int = field(default=0, metadata=spec(lo=0, hi=1024))
-    heartbeat_interval_s: float = field(default=1.0, metadata=spec(lo=0.01, hi=3600))
-    stop_grace_s: float = field(default=10.0, metadata=spec(lo=0, hi=86400))
-    failure_grace_s: float = field(default=1.0, metadata=spec(lo=0, hi=86400))
-    instrument: bool = True
+    config: NodeConfig
+    remote_dir: str = field(metadata=spec(max_len=4096))  # each task's directory: REMOTE_DIR/<type>-<index>
+    v: int = field(default=POD_CONFIG_VERSION, metadata=spec(lo=POD_CONFIG_VERSION, hi=POD_CONFIG_VERSION))
     # tasks of its type when the type is outside the cluster (the evaluator): the valid completion indexes
     tasks: int | None = field(default=None, metadata=spec(lo=1, hi=100_000))

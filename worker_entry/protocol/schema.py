@@ -242,6 +242,8 @@ def _plain(v: Any) -> Any:
     if isinstance(v, Record):
         return v.to_dict()
     if isinstance(v, (list, tuple)):
+        if v and type(v[0]) in _SCALARS:  # a list of plain values (a cluster's endpoints): copied in C
+            return type(v)(v)
         return type(v)(_plain(x) for x in v)
     if isinstance(v, dict):
         return {k: _plain(x) for k, x in v.items()}

@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from .render import CONTAINER, JOBSET_API
+from .manifests import CONTAINER, JOBSET_API
 
 JOBSET_GROUP, JOBSET_VERSION = JOBSET_API.split("/")
 JOBSET_PLURAL = "jobsets"

@@ -17,9 +17,9 @@ from typing import Any
 from ...plan import Plan
 from ...spec import ClusterSpec
 from .api import KubeApi, KubeError
+from .manifests import render
 from .owners import OwnerChain
 from .ownership import ANNOTATION_OWNER, PrivateState
-from .render import render
 
 GONE_WAIT_S = 120.0  # an Indexed Job deleted for a restart: how long its pods may take to go
 

@@ -35,9 +35,9 @@ from ...spec import ClusterSpec
 from .api import KubeApi, KubeError, hint
 from .applied import Applied
 from .channel import PodChannel, follow
+from .manifests import JOBSET_API, LABEL_JOB
 from .owners import OwnerChain, controller, describe
 from .pods import PodView, pod_view
-from .render import JOBSET_API, LABEL_JOB
 
 SETTLE_S = 5.0  # a failed JobSet/Job: how long its pods that ran may take to report before the others fail
 

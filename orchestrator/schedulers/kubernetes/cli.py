@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...core.errors import UsageError
-from ...plan import Plan
-from ...runs import write_private
+from ..command import SchedulerCommand
+
+if TYPE_CHECKING:
+    from ...plan import Plan
 
 
 def render_specs(
     paths: list[str], *, flavor: str | None, output_dir: str | None, run_id: str | None, check: bool
 ) -> None:
     from ... import __version__
+    from ...runs import write_private
     from ...spec import load_spec
+    from .manifests import render, to_yaml, with_flavor
     from .plan import kubernetes_plan
-    from .render import render, to_yaml, with_flavor
 
     if output_dir:
         _check_output_dir(output_dir)
@@ -81,3 +86,31 @@ def _tasks(plan: Plan) -> str:
     for n in plan.nodes:
         counts[n.task.type] = counts.get(n.task.type, 0) + 1
     return f"{plan.strategy}: " + " ".join(f"{t}:{c}" for t, c in counts.items())
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("specs", nargs="+", metavar="SPEC")
+    p.add_argument("--flavor", choices=["jobset", "indexed-job"], help="override kubernetes.flavor")
+    p.add_argument("-o", "--output-dir", metavar="DIR", help="write DIR/NAME.yaml per spec instead of printing")
+    p.add_argument("--run-id", help="TFCLUSTER_RUN_ID of the pods (default: the job name)")
+    p.add_argument(
+        "--validate", action="store_true", help="check offline against the Kubernetes and JobSet schemas (dev extra)"
+    )
+
+
+def _render(args: argparse.Namespace) -> None:
+    render_specs(args.specs, flavor=args.flavor, output_dir=args.output_dir, run_id=args.run_id, check=args.validate)
+
+
+#: ``tfcluster render``: the manifests, for kubectl.
+COMMANDS = [
+    SchedulerCommand(
+        name="render",
+        summary="Kubernetes: print the manifests of scheduler: kubernetes specs (a JobSet, or Indexed Jobs + a "
+        "Service).",
+        example="tfcluster render cluster_specs/k8s-jobset.yaml | kubectl apply -f -\n"
+        "tfcluster render cluster_specs/k8s-*.yaml --flavor indexed-job -o manifests/ --validate",
+        arguments=_arguments,
+        run=_render,
+    )
+]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...core.text import table
-from ...runs import write_json_atomic
+from ...runs import plan_or_none, write_json_atomic
 from ...views.handle import RunHandle
 
 
@@ -38,8 +38,8 @@ class KubernetesHandle(RunHandle):
             return super().stop_without_launcher()
         from .ownership import stop_recorded
 
-        plan = self.run.read_json(self.run.plan_json)
-        run_id = plan.get("run_id") if isinstance(plan, dict) else None
+        plan = plan_or_none(self.run)
+        run_id = plan.run_id if plan is not None else None
         # what to delete comes from this user's private record of the run, never from the run directory
         done = stop_recorded(run_id, self.run.path)
         write_json_atomic(self.run.kubernetes_json, {**kube, "closed": True, "stopped": done}, durable=False)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .api import KubeApi, KubeError
-from .render import ANNOTATION_RUN_ID, LABEL_JOB, MANAGED_BY
+from .manifests import ANNOTATION_RUN_ID, LABEL_JOB, MANAGED_BY
 
 ANNOTATION_OWNER = "tfcluster/owner"
 

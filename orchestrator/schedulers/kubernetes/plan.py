@@ -21,17 +21,14 @@ from dataclasses import dataclass
 
 from ...core.errors import UsageError
 from ...plan.build import (
+    Placement,
     assign_tasks,
-    node_env,
+    build_plan,
     plan_warnings,
     resolve_communication,
     role_slots,
-    runtime_of,
-    tf_cluster,
-    tf_config_of,
 )
-from ...plan.model import WORKER_ENTRY_MODULE, NodePlan, Plan, TaskId
-from ...plan.policy import StragglerPolicy
+from ...plan.model import Plan, TaskId
 from ...spec import ClusterSpec
 
 #: The per-pod emptyDir where worker_entry keeps each task's log and exit status.
@@ -91,47 +88,29 @@ def kubernetes_plan(spec: ClusterSpec, *, run_id: str) -> Plan:
         raise UsageError("scheduler: kubernetes needs a kubernetes: section")
     names = pod_names(spec)
     tasks = job_tasks(spec)
-    n = len(tasks)
     _check_name_lengths(names, tasks)
     port = spec.tensorflow.port
-    cluster = tf_cluster(tasks, [f"{names.address(t)}:{port}" for t in tasks])
-    communication = resolve_communication(spec.tensorflow.communication, k8s.gpus_per_worker)
     checkpoint_dir, backup_dir = checkpoint_dirs(spec)
-    runtime = runtime_of(spec)
-    nodes = []
-    for task in tasks:
-        tf_config = tf_config_of(cluster, task)
-        gpus = gpus_of(spec, task.type)
-        nodes.append(
-            NodePlan(
-                task=task,
-                host=names.address(task),
-                ssh=None,
-                tf_address=names.address(task),
-                tf_port=0 if task.type == "evaluator" else port,  # an evaluator runs no TF server
-                gpus=gpus,
-                tf_config=tf_config,
-                env=node_env(spec, task, tf_config, communication, run_id, n, gpus, checkpoint_dir, backup_dir),
-                argv=(spec.job.python, "-m", WORKER_ENTRY_MODULE, "kubernetes"),
-                command=tuple(spec.job.command),
-                workdir=spec.job.workdir,
-                remote_dir=f"{POD_DIR}/{task.slug}",
-                checkpoint_dir=checkpoint_dir,
-                backup_dir=backup_dir,
-                runtime=runtime,
-            )
+    placements = [
+        Placement(
+            task=task,
+            host=names.address(task),
+            tf_address=names.address(task),
+            tf_port=0 if task.type == "evaluator" else port,  # an evaluator runs no TF server
+            gpus=gpus_of(spec, task.type),
+            endpoint=f"{names.address(task)}:{port}",
         )
-    return Plan(
-        job=spec.name,
-        run_id=run_id,
-        communication=communication,
-        nodes=tuple(nodes),
-        warnings=tuple(
-            plan_warnings(spec, k8s.gpus_per_worker) + kubernetes_warnings(spec, checkpoint_dir, backup_dir)
-        ),
-        scheduler="kubernetes",
-        policy=StragglerPolicy.from_spec(spec),
-        strategy=spec.tensorflow.strategy,
+        for task in tasks
+    ]
+    return build_plan(
+        spec,
+        run_id,
+        placements,
+        entry=("kubernetes",),
+        task_root=POD_DIR,
+        dirs=(checkpoint_dir, backup_dir),
+        communication=resolve_communication(spec.tensorflow.communication, k8s.gpus_per_worker),
+        warnings=plan_warnings(spec, k8s.gpus_per_worker) + kubernetes_warnings(spec, checkpoint_dir, backup_dir),
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from worker_entry.protocol.roles import ROLES
 
 from ...plan import TaskId
-from .render import ANNOTATION_ATTEMPT, COMPLETION_INDEX, CONTAINER, JOBSET_RESTART_ATTEMPT, LABEL_TASK_TYPE
+from .manifests import ANNOTATION_ATTEMPT, COMPLETION_INDEX, CONTAINER, JOBSET_RESTART_ATTEMPT, LABEL_TASK_TYPE
 from .stream import ContainerEnd
 
 #: Waiting reasons the kubelet will not get past by itself: the task cannot start.

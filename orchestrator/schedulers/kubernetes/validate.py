@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .render import JOBSET_API
+from .manifests import JOBSET_API
 
 KUBE_VERSION = "1.33.0"
 JOBSET_RELEASE = "v0.12.0"

@@ -11,7 +11,7 @@ from pathlib import Path
 from ...core.result import RunResult
 from ...job import Job, LaunchOptions
 from ...plan import Plan
-from ...runs import RunDir
+from ...runs import RunDir, plan_or_none
 from ...spec import LoadedSpec
 from . import commands as sc
 from .allocation import SlurmScheduling
@@ -54,11 +54,11 @@ def run_batch(run_dir: str, env: Mapping[str, str] = os.environ) -> RunResult | 
 
 def _refuse(rundir: RunDir, state: SlurmState, message: str) -> RunResult:
     """The batch job cannot run its spec: record it as a start failure, with the planned job's names."""
-    plan = rundir.read_json(rundir.plan_json)
-    plan = plan if isinstance(plan, dict) else {}
-    nodes = plan.get("nodes") if isinstance(plan.get("nodes"), list) else []
+    plan = plan_or_none(rundir)
     hint = "the batch job runs RUN/slurm/private-spec.json, written by `tfcluster launch` on the login node"
-    return record_not_run(rundir, str(plan.get("job") or ""), state.run_id, len(nodes), 1, message, hint)
+    return record_not_run(
+        rundir, plan.job if plan else "", state.run_id, len(plan.tasks) if plan else 0, 1, message, hint
+    )
 
 
 def launch_in_allocation(

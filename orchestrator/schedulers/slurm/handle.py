@@ -19,7 +19,7 @@ from typing import Any
 from ...core.errors import UsageError
 from ...core.result import AttemptResult, Failure, RunResult
 from ...core.states import JobState, interrupted_state
-from ...runs import RunDir, write_json_atomic
+from ...runs import RunDir, plan_or_none, write_json_atomic
 from ...sinks.record import record_result
 from ...supervise.figures import Figures
 from ...supervise.status import final_tasks
@@ -91,7 +91,7 @@ def finalize(run: RunDir, info: JobInfo | None = None) -> dict[str, Any] | None:
             return run.read_json(run.result_json)
         time.sleep(0.25)
     state = SlurmState.load(run)
-    plan = run.read_json(run.plan_json) or {}
+    plan = plan_or_none(run)
     attempts = []
     for d in state.attempts if state else []:
         try:
@@ -135,8 +135,8 @@ def finalize(run: RunDir, info: JobInfo | None = None) -> dict[str, Any] | None:
     hint = f"see {run.slurm_dir / f'slurm-{job}.out'}" + (f": {tail}" if tail else "")
     started = _started(run) or now
     result = RunResult(
-        str(plan.get("job") or ""),
-        str(plan.get("run_id") or ""),
+        plan.job if plan else "",
+        plan.run_id if plan else "",
         str(run.path),
         new,
         started,
@@ -195,9 +195,9 @@ def not_this_runs_job(run: RunDir, job: str) -> str | None:
 
 def _not_ours(run: RunDir, ident: sc.JobIdentity) -> str | None:
     state = SlurmState.load(run)
-    plan = run.read_json(run.plan_json)
-    job_name = plan.get("job") if isinstance(plan, dict) else None
-    if state is None or not state.run_id or not isinstance(job_name, str):
+    plan = plan_or_none(run)
+    job_name = plan.job if plan else None
+    if state is None or not state.run_id or not job_name:
         return "the run directory does not say which run it is (slurm.json, plan.json)"
     want = job_comment(state.run_id)
     if ident.comment != want:

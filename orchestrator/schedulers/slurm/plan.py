@@ -20,17 +20,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...plan.build import (
+    Placement,
     assign_tasks,
+    build_plan,
     job_dirs,
-    node_env,
+    plan_warnings,
     resolve_communication,
     role_slots,
-    runtime_of,
-    tf_cluster,
-    tf_config_of,
 )
-from ...plan.model import WORKER_ENTRY_MODULE, NodePlan, Plan
-from ...plan.policy import StragglerPolicy
+from ...plan.model import WORKER_ENTRY_MODULE, Plan
 from ...plan.roles import rule_of
 from ...runs.rundir import SLURM_DIR
 from ...spec import ClusterSpec
@@ -46,40 +44,23 @@ def slurm_plan(spec: ClusterSpec, *, run_id: str, node_names: Sequence[str] | No
     roles = dict(s.roles or {})
     tasks = [t for _, t, _ in role_slots([roles])] if roles else assign_tasks(n, spec.tensorflow.chief)
     gpus = s.gpus_per_node // s.tasks_per_node
-    communication = resolve_communication(spec.tensorflow.communication, gpus)
     job_root, checkpoint_dir, backup_dir = job_dirs(spec, run_id)
-    runtime = runtime_of(spec)
     base = tf_port_base(spec)
-    layout = [(node, local) for node in range(s.nodes) for local in range(s.tasks_per_node)]
     labels = [node_names[i] if node_names and i < len(node_names) else f"node{i}" for i in range(s.nodes)]
-    template = [f"<{labels[node]}>:<port {rank}>" for rank, (node, _) in enumerate(layout)]
-    cluster = tf_cluster(tasks, template)
-    nodes = []
+    placements = []
     for rank, task in enumerate(tasks):
-        node, _ = layout[rank]
-        env = node_env(
-            spec, task, None, communication, run_id, n, gpus, checkpoint_dir, backup_dir, has_chief="chief" in cluster
-        )
-        nodes.append(
-            NodePlan(
+        label = labels[rank // s.tasks_per_node]  # block distribution
+        placements.append(
+            Placement(
                 task=task,
-                host=labels[node],
-                ssh=None,
-                tf_address=f"<{labels[node]}>",
+                host=label,
+                tf_address=f"<{label}>",
                 tf_port=base or 0,
                 gpus=gpus,
-                tf_config=tf_config_of(cluster, task),
-                env=env,
-                argv=(spec.job.python, "-m", WORKER_ENTRY_MODULE, "slurm"),
-                command=tuple(spec.job.command),
-                workdir=spec.job.workdir,
-                remote_dir=f"{job_root}/{task.slug}",
-                checkpoint_dir=checkpoint_dir,
-                backup_dir=backup_dir,
-                runtime=runtime,
-                roles=roles,
+                endpoint=f"<{label}>:<port {rank}>",  # a template: each task fills in addresses and ports
             )
         )
+    entry = ("slurm",)
     details = {
         "nodes": s.nodes,
         "tasks_per_node": s.tasks_per_node,
@@ -89,29 +70,29 @@ def slurm_plan(spec: ClusterSpec, *, run_id: str, node_names: Sequence[str] | No
         "requeue": s.requeue,
         "signal_lead_s": s.signal_lead_s,
         "max_requeues": s.max_requeues,
-        "srun": srun_argv(spec, nodes[0].argv, attempt=0),
+        "srun": srun_argv(spec, (spec.job.python, "-m", WORKER_ENTRY_MODULE, *entry), attempt=0),
     }
     run_dir = f"runs/{run_id}"  # what launch uses without --run-dir (made absolute when submitting)
     details["script"] = batch_script("python3", run_dir, run_id)
     details["sbatch"] = sbatch_argv(spec, run_dir, f"{run_dir}/{SLURM_DIR}/job.sh", run_id)
-    warnings = []
-    if spec.tensorflow.communication == "nccl" and gpus == 0:
-        warnings.append("communication: nccl without GPUs; TensorFlow falls back to ring with a warning")
+    warnings = plan_warnings(spec, gpus)
     if spec.job.stop_grace_s >= s.signal_lead_s > 0:
         warnings.append(
             f"job.stop_grace_s ({spec.job.stop_grace_s:g}) is not shorter than slurm.signal_lead_s "
             f"({s.signal_lead_s}): the save after the time-limit signal may not finish before Slurm kills the job"
         )
-    return Plan(
-        job=spec.name,
-        run_id=run_id,
-        communication=communication,
-        nodes=tuple(nodes),
-        warnings=tuple(warnings),
-        scheduler="slurm",
-        policy=StragglerPolicy.from_spec(spec),
-        slurm=details,
-        strategy=spec.tensorflow.strategy,
+    return build_plan(
+        spec,
+        run_id,
+        placements,
+        entry=entry,
+        task_root=job_root,
+        dirs=(checkpoint_dir, backup_dir),
+        communication=resolve_communication(spec.tensorflow.communication, gpus),
+        warnings=warnings,
+        extras=details,
+        node_builds_cluster=True,
+        roles=roles,
     )
 
 
@@ -225,7 +206,7 @@ def all_fatal(spec: ClusterSpec) -> bool:
 
 def describe(plan: Plan) -> list[str]:
     """The Slurm part of ``tfcluster plan``: how it runs and how each task builds TF_CONFIG."""
-    d: dict[str, Any] = plan.slurm or {}
+    d: dict[str, Any] = plan.extras or {}
     base = d.get("tf_port_base")
     script = ["    " + line for line in str(d.get("script", "")).splitlines()]
     return [

@@ -99,7 +99,7 @@ class SlurmStepBackend(ConnectBackBackend):
             self.log_dir = RunDir(Path(run_dir)).slurm_dir
 
     def start_all(self, starts: Sequence[tuple[NodePlan, NodeConfig]], deliver: Deliver) -> threading.Thread:
-        base = (self.plan.slurm or {}).get("tf_port_base")
+        base = (self.plan.extras or {}).get("tf_port_base")
         # The node derives its port (and TF_CONFIG); a fixed base only when the spec sets tensorflow.port.
         starts = [(n, dataclasses.replace(c, tf_port=base or None)) for n, c in starts]
         self._starts = list(starts)

@@ -24,7 +24,7 @@ from ...core.states import JobState
 from ...events import EventBus
 from ...events import kinds as ev
 from ...plan import Plan
-from ...runs import RunDir, write_json_atomic, write_private
+from ...runs import RunDir, write_json_atomic, write_plan, write_private
 from ...sinks import EventFileSink
 from ...sinks.record import record_result
 from ...spec import LoadedSpec
@@ -59,7 +59,7 @@ def submit(
     sdir.mkdir(mode=0o700, exist_ok=True)
     write_private(rundir.spec_yaml, redacted_text(loaded))
     write_private_spec(rundir, loaded, command)
-    write_json_atomic(rundir.plan_json, plan.to_dict(), durable=False)
+    write_plan(rundir, plan)
     SlurmState(run_id=plan.run_id, mode="batch", gather=gather).save(rundir)
     script = sdir / "job.sh"
     write_private(script, batch_script(sys.executable, str(rundir.path), plan.run_id), 0o700)

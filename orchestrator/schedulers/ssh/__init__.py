@@ -1,58 +1,26 @@
 """``scheduler: ssh``: the launcher itself starts one task per spec host over SSH (``backends.ssh``), and
 reaches the hosts again for ``preflight`` and a later ``gather``; ``scale`` cuts the host list."""
 
-from __future__ import annotations
-
+import importlib
 from typing import Any
 
-from ...backends import Backend
-from ...core.errors import UsageError
-from ...plan import Plan, PlanNotes
-from ...runs import RunDir
-from ...spec import LoadedSpec
-from ..base import Scheduler
-from .plan import ssh_plan
+from .spec import SECTION
+
+#: What the package offers, each loaded when first used: the spec reads SECTION alone (no launch code).
+_LAZY = {
+    "SCHEDULER": "scheduler",
+    "SshScheduler": "scheduler",
+    "ssh_plan": "plan",
+}
 
 
-class SshScheduler(Scheduler):
-    name = "ssh"
-
-    def plan(self, loaded: LoadedSpec, run_id: str) -> Plan:
-        from .sshconfig import SshConfigError, local_user, ssh_config_lookup
-
-        spec = loaded.spec
-        try:
-            lookup = ssh_config_lookup(spec.ssh.config_file)
-        except SshConfigError as exc:
-            raise UsageError(f"ssh.config_file: {exc}") from None
-        return ssh_plan(spec, run_id=run_id, local_user=local_user(), ssh_lookup=lookup)
-
-    def plan_notes(self, plan: Plan) -> PlanNotes:
-        return PlanNotes(started_by=lambda n: f"  remote:     {n.shell_line()}   (config on stdin)")
-
-    def backend(self, loaded: LoadedSpec, plan: Plan) -> Backend:
-        from ...backends.ssh import SshBackend
-
-        return SshBackend()
-
-    def preflight(self, loaded: LoadedSpec, plan: Plan) -> Any:
-        from .preflight import run_preflight
-
-        return run_preflight(loaded.spec, plan)
-
-    def gather(self, run: RunDir) -> dict[str, Any]:
-        from ...spec import load_spec
-        from .gather import gather_run
-
-        plan_data = run.read_json(run.plan_json) or {}
-        loaded = load_spec(str(run.spec_yaml))
-        return gather_run(run, loaded, self.plan(loaded, str(plan_data.get("run_id") or run.path.name)))
-
-    def check_sweep(self, loaded: LoadedSpec) -> None:
-        if not loaded.spec.hosts:
-            super().check_sweep(loaded)
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # looked up once: later imports find it here
+    return value
 
 
-SCHEDULER = SshScheduler()
-
-__all__ = ["SCHEDULER", "SshScheduler", "ssh_plan"]
+__all__ = ["SECTION", *_LAZY]

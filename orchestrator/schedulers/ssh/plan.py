@@ -3,26 +3,23 @@
 
 from __future__ import annotations
 
-from ...plan import NodePlan, Plan
+from ...plan import Plan
 from ...plan.build import (
+    Placement,
+    build_plan,
     job_dirs,
-    node_env,
     plan_warnings,
     resolve_communication,
     role_slots,
-    runtime_of,
-    tf_cluster,
-    tf_config_of,
 )
-from ...plan.model import WORKER_ENTRY_MODULE, bracket
-from ...plan.policy import StragglerPolicy
+from ...plan.model import bracket
 from ...spec import ClusterSpec
 from ...spec.roles import default_roles
 from .targets import SshLookup, ssh_target
 
 
 def ssh_plan(spec: ClusterSpec, *, run_id: str, local_user: str, ssh_lookup: SshLookup | None = None) -> Plan:
-    """Resolve every host's SSH target, task, TF_CONFIG and environment.
+    """Resolve every host's SSH target and each task's place (its host, TF address and port).
 
     `ssh_lookup(address)` returns the ~/.ssh/config options for a host (paramiko's SSHConfig.lookup
     shape: hostname, user, port, identityfile, proxycommand); explicit spec values win over it.
@@ -39,44 +36,27 @@ def ssh_plan(spec: ClusterSpec, *, run_id: str, local_user: str, ssh_lookup: Ssh
     warnings = plan_warnings(spec, gpus)
     targets = [ssh_target(spec, h, local_user, ssh_lookup, warnings) for h in hosts]
     tf_addrs = [h.tf_address or t.hostname for h, t in zip(hosts, targets, strict=True)]
-    tf_ports = [(hosts[h].tf_port or spec.tensorflow.port) + off if off >= 0 else 0 for h, _, off in slots]
-    tasks = [t for _, t, _ in slots]
-    endpoints = [f"{bracket(tf_addrs[h])}:{port}" for (h, _, _), port in zip(slots, tf_ports, strict=True)]
-    cluster = tf_cluster(tasks, endpoints)
-    communication = resolve_communication(spec.tensorflow.communication, gpus)
-    job_root, checkpoint_dir, backup_dir = job_dirs(spec, run_id)
-    runtime = runtime_of(spec)
-    nodes = []
-    for k, (i, task, _) in enumerate(slots):
-        host = hosts[i]
-        tf_config = tf_config_of(cluster, task)
-        env = node_env(spec, task, tf_config, communication, run_id, len(slots), host.gpus, checkpoint_dir, backup_dir)
-        nodes.append(
-            NodePlan(
+    placements = []
+    for i, task, offset in slots:
+        port = (hosts[i].tf_port or spec.tensorflow.port) + offset if offset >= 0 else 0
+        placements.append(
+            Placement(
                 task=task,
-                host=host.address,
-                ssh=targets[i],
+                host=hosts[i].address,
                 tf_address=tf_addrs[i],
-                tf_port=tf_ports[k],
-                gpus=host.gpus,
-                tf_config=tf_config,
-                env=env,
-                argv=(spec.job.python, "-m", WORKER_ENTRY_MODULE),
-                command=tuple(spec.job.command),
-                workdir=spec.job.workdir,
-                remote_dir=f"{job_root}/{task.slug}",
-                checkpoint_dir=checkpoint_dir,
-                backup_dir=backup_dir,
-                runtime=runtime,
+                tf_port=port,
+                gpus=hosts[i].gpus,
+                endpoint=f"{bracket(tf_addrs[i])}:{port}",
+                ssh=targets[i],
             )
         )
-    return Plan(
-        job=spec.name,
-        run_id=run_id,
-        communication=communication,
-        nodes=tuple(nodes),
-        warnings=tuple(warnings),
-        scheduler=spec.scheduler,
-        policy=StragglerPolicy.from_spec(spec),
-        strategy=spec.tensorflow.strategy,
+    job_root, checkpoint_dir, backup_dir = job_dirs(spec, run_id)
+    return build_plan(
+        spec,
+        run_id,
+        placements,
+        task_root=job_root,
+        dirs=(checkpoint_dir, backup_dir),
+        communication=resolve_communication(spec.tensorflow.communication, gpus),
+        warnings=warnings,
     )

@@ -29,7 +29,7 @@ from typing import Any
 from ...protocol import handshake as hs
 from ...protocol import seal
 from ...protocol.env import Env
-from ...protocol.frames import MAX_COMMAND_LINE
+from ...protocol.frames import MAX_CONFIG_LINE
 from .relay import Link
 
 HandshakeError = hs.HandshakeError
@@ -106,7 +106,7 @@ def _attempt(
         try:
             plain = bytearray(opener.feed(reader.rest()))
             while b"\n" not in plain:
-                if len(plain) > MAX_COMMAND_LINE:
+                if len(plain) > MAX_CONFIG_LINE:
                     raise HandshakeError("the configuration line is too long")
                 plain += opener.feed(reader.recv())
         except seal.SealError as exc:
@@ -240,3 +240,8 @@ def serve(config: Any, link: Any) -> int:
             with contextlib.suppress(OSError):
                 os.close(fd)
         relay.finish(30.0)
+
+
+def run(argv: list[str]) -> int:
+    """``python -m worker_entry connect ...`` (``agent.main`` finds this mode by its name)."""
+    return main()

@@ -3,7 +3,8 @@
 The pod was rendered by ``tfcluster render`` (or applied by ``tfcluster launch``): ``TFCLUSTER_POD``
 holds the cluster (the stable DNS names of every pod) and how to run, the Job controller sets
 ``JOB_COMPLETION_INDEX``, the downward API gives ``TFCLUSTER_ATTEMPT`` (the JobSet's restart attempt,
-or the launcher's). From these worker_entry builds the task's TF_CONFIG and runs the command exactly
+or the launcher's). From these worker_entry makes its task's ``NodeConfig`` (and from its cluster, as
+everywhere, the TF_CONFIG) and runs the command exactly
 as over SSH (``runner.Runner``: own process group, PR_SET_PDEATHSIG, TERM → grace → KILL on the
 kubelet's SIGTERM, heartbeats) — with no launcher to wait for: it starts at once, and its stream is
 written to the pod log as lines (``protocol.podlog``) that the launcher parses when it follows the
@@ -13,6 +14,7 @@ log, and that ``kubectl logs`` shows as they are.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -21,19 +23,11 @@ import threading
 from collections.abc import Mapping
 
 from ... import protocol as p
-from ...protocol.podlog import PodConfig, encode_message, encode_output
+from ...protocol.cluster import cluster_endpoint
+from ...protocol.podlog import POD_CONFIG_VERSION, PodConfig, encode_message, encode_output
 from ...protocol.roles import CLUSTER_ROLES
 
 USAGE = "usage: python -m worker_entry kubernetes -- COMMAND [ARG...]"
-
-
-def tf_config(cluster: dict[str, list[str]], task: p.TaskRef) -> dict:
-    """What TFConfigClusterResolver reads (the same shape as the launcher's plan builds)."""
-    return {"cluster": cluster, "task": {"type": task.type, "index": task.index}, "rpc_layer": "grpc"}
-
-
-def is_chief(cluster: dict[str, list[str]], task: p.TaskRef) -> bool:
-    return p.is_chief(task.type, task.index, "chief" in cluster)
 
 
 def _index(env: Mapping[str, str], name: str, default: int | None = None) -> int:
@@ -48,7 +42,8 @@ def _index(env: Mapping[str, str], name: str, default: int | None = None) -> int
 
 
 def pod_node_config(command: list[str], env: Mapping[str, str]) -> p.NodeConfig:
-    """The task's NodeConfig from the pod's environment; ValueError says what is missing or wrong."""
+    """The task's NodeConfig: its type's, as the launcher built it (``PodConfig.config``), made this
+    pod's own (index, attempt, directory, command); ValueError says what is missing or wrong."""
     if not command:
         raise ValueError(f"no command to run ({USAGE})")
     raw = env.get(p.Env.POD)
@@ -58,46 +53,46 @@ def pod_node_config(command: list[str], env: Mapping[str, str]) -> p.NodeConfig:
         obj = json.loads(raw)
         if not isinstance(obj, dict):
             raise ValueError("not a JSON object")
+        if obj.get("v", 1) != POD_CONFIG_VERSION:
+            raise ValueError(
+                f"version {str(obj.get('v', 1))[:10]}, but this worker_entry reads version {POD_CONFIG_VERSION}: "
+                "render the manifests again with the tfcluster of this image"
+            )
         pod = PodConfig.from_dict(obj)
     except (ValueError, RecursionError) as exc:  # ProtocolError is a ValueError
         raise ValueError(f"{p.Env.POD}: {exc}") from None
+    base = pod.config
+    kind = base.task.type
     index = _index(env, p.Env.JOB_COMPLETION_INDEX)
     # an evaluator is outside the cluster (as TF's docs do): its count comes on its own
-    count = len(pod.cluster.get(pod.task_type) or []) if pod.task_type in CLUSTER_ROLES else pod.tasks or 0
+    count = len(base.cluster.get(kind) or []) if kind in CLUSTER_ROLES else pod.tasks or 0
     if index >= count:
-        where = "cluster" if pod.task_type in CLUSTER_ROLES else "job"
-        raise ValueError(f"{p.Env.JOB_COMPLETION_INDEX}={index} but the {where} has {count} {pod.task_type} task(s)")
-    task = p.TaskRef(pod.task_type, index)
+        where = "cluster" if kind in CLUSTER_ROLES else "job"
+        raise ValueError(f"{p.Env.JOB_COMPLETION_INDEX}={index} but the {where} has {count} {kind} task(s)")
+    task = p.TaskRef(kind, index)
     attempt = _index(env, p.Env.ATTEMPT, default=0)
-    slug = f"{task.type}-{task.index}"
-    return p.NodeConfig(
+    return dataclasses.replace(
+        base,
         argv=list(command),
-        remote_dir=f"{pod.remote_dir.rstrip('/')}/{slug}",
-        job=pod.job,
+        remote_dir=f"{pod.remote_dir.rstrip('/')}/{kind}-{index}",
         task=task,
         attempt=min(attempt, 1000),
+        # what differs per pod of one template (the rest of the environment is the container's)
         env={
-            p.Env.TF_CONFIG: json.dumps(tf_config(pod.cluster, task), separators=(",", ":")),
             p.Env.TASK_INDEX: str(index),
-            p.Env.IS_CHIEF: "1" if is_chief(pod.cluster, task) else "0",
+            p.Env.IS_CHIEF: "1" if p.is_chief(kind, index, "chief" in base.cluster) else "0",
             p.Env.ATTEMPT: str(attempt),
         },
-        tf_port=pod.tf_port,
-        gpus=pod.gpus,
-        heartbeat_interval_s=pod.heartbeat_interval_s,
-        stop_grace_s=pod.stop_grace_s,
-        failure_grace_s=pod.failure_grace_s,
-        instrument=pod.instrument,
         wait_for_go=False,  # nobody sends one: MWMS itself waits for every peer
     )
 
 
 def hostname_warning(config: p.NodeConfig) -> str | None:
     """The pod's hostname should be the first label of its own cluster entry; peers dial that name."""
-    cluster = json.loads(config.env[p.Env.TF_CONFIG])["cluster"]
-    if config.task.type not in cluster:
+    endpoint = cluster_endpoint(config.cluster, config.task)
+    if endpoint is None:
         return None  # an evaluator: nobody dials it
-    expected = cluster[config.task.type][config.task.index].rsplit(":", 1)[0].split(".", 1)[0]
+    expected = endpoint.rsplit(":", 1)[0].split(".", 1)[0]
     actual = socket.gethostname().split(".", 1)[0]
     if actual == expected:
         return None
@@ -178,7 +173,12 @@ def main(argv: list[str], env: Mapping[str, str] = os.environ) -> int:
     except ValueError as exc:
         print(f"worker_entry kubernetes: {exc}", file=sys.stderr)
         return 2
-    os.environ.pop(p.Env.POD, None)  # the training command has its TF_CONFIG
+    os.environ.pop(p.Env.POD, None)  # the training command gets its TF_CONFIG (from the config's cluster)
     for name in [n for n in os.environ if n.startswith(p.Env.SECRET_ARG + "_")]:
         os.environ.pop(name)  # the kubelet already put these credentials into the command's words
     return serve_pod(config)
+
+
+def run(argv: list[str]) -> int:
+    """``python -m worker_entry kubernetes ...`` (``agent.main`` finds this mode by its name)."""
+    return main(argv)

@@ -15,7 +15,8 @@ task on a node the same port and needs GPUs; this does neither. Whether the port
 by worker_entry's facts (``tf_port``): a busy port stops the job before TensorFlow starts.
 
 Then the task dials the supervisor (``worker_entry.agent.modes.connect``) with its rank, gets its ``NodeConfig``
-(the plan's environment, without TF_CONFIG), adds TF_CONFIG and its port, and runs the task.
+(the plan's environment, no cluster), adds the cluster and its port, and runs the task (whose TF_CONFIG
+worker_entry builds from them, as over SSH).
 Standard library only.
 """
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import re
 import shutil
@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ...protocol.cluster import gpu_slice, task_order
+from ...protocol.cluster import tf_config as cluster_tf_config
 from ...protocol.env import Env
 from ...protocol.roles import CLUSTER_ROLES, ROLES, role_order
 from .hostlist import expand_hostlist, expand_tasks_per_node
@@ -252,7 +253,7 @@ def tf_config(endpoints: Sequence[str], rank: int, chief: bool, roles: Mapping[s
         if kind in CLUSTER_ROLES:
             cluster.setdefault(kind, []).append(ep)
     kind, index = tasks[rank]
-    return {"cluster": cluster, "task": {"type": kind, "index": index}, "rpc_layer": "grpc"}
+    return cluster_tf_config(cluster, kind, index)
 
 
 def task_of(rank: int, ntasks: int, task_type: str, task_index: int, roles: Mapping[str, int]) -> bool:
@@ -306,11 +307,17 @@ def main(env: Mapping[str, str] = os.environ, stdin_fd: int = 0) -> int:
         print(f"worker_entry slurm: rank {step.rank}: {exc}", file=sys.stderr)
         link.sock.close()
         return 2
-    task_env = {**config.env, Env.TF_CONFIG: json.dumps(cfg, separators=(",", ":"))}
+    task_env = dict(config.env)
     share = gpu_slice(
         env.get("CUDA_VISIBLE_DEVICES", ""), step.local_id, config.gpus, step.tasks_per_node[step.node_index]
     )
     if share is not None:
         task_env["CUDA_VISIBLE_DEVICES"] = share
     port = ports[step.rank] if config.task.type in CLUSTER_ROLES else None  # an evaluator runs no TF server
-    return serve(dataclasses.replace(config, env=task_env, tf_port=port), link)
+    # worker_entry builds the task's TF_CONFIG from the cluster (``NodeConfig.tf_config_json``)
+    return serve(dataclasses.replace(config, env=task_env, cluster=cfg["cluster"], tf_port=port), link)
+
+
+def run(argv: list[str]) -> int:
+    """``python -m worker_entry slurm ...`` (``agent.main`` finds this mode by its name)."""
+    return main()

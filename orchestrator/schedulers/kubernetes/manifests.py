@@ -9,6 +9,7 @@ the cluster in ``TFCLUSTER_POD``. The restart attempt comes through the downward
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -214,23 +215,19 @@ def _failure_limits(spec: ClusterSpec, strategy: str, task_type: str) -> dict[st
 
 
 def pod_config(spec: ClusterSpec, node: NodePlan) -> PodConfig:
-    """``TFCLUSTER_POD`` of a task type's pods (the same for every pod of the type)."""
+    """``TFCLUSTER_POD`` of a task type's pods (the same for every pod of the type): the NodeConfig the
+    plan builds for its first task, without what the pod has elsewhere (the environment is the
+    container's, the command its args) or never uses (no hand-over: no checkpoint listing or cleaning)."""
     k8s = spec.kubernetes
     assert k8s is not None
-    rt = node.runtime
+    config = dataclasses.replace(
+        node.node_config(0, wait_for_go=False), argv=[], env={}, checkpoint_dir=None, clean_dirs=[]
+    )
     return PodConfig(
-        job=rt.job,
-        task_type=node.task.type,  # type: ignore[arg-type]
-        cluster=node.tf_config["cluster"],
+        config=config,
         remote_dir=POD_DIR,
-        tf_port=node.tf_port or None,  # an evaluator runs no TF server
         # an evaluator is outside the cluster: how many there are says which completion indexes are valid
-        tasks=None if node.task.type in node.tf_config["cluster"] else (k8s.roles or {}).get(node.task.type, 1),
-        gpus=node.gpus,
-        heartbeat_interval_s=rt.heartbeat_interval_s,
-        stop_grace_s=rt.stop_grace_s,
-        failure_grace_s=rt.failure_grace_s,
-        instrument=rt.instrument,
+        tasks=None if node.task.type in node.common.cluster else (k8s.roles or {}).get(node.task.type, 1),
     )
 
 
