@@ -162,6 +162,13 @@ class FakeNode:
         ``step``s, and after each one every other node in a heartbeat loop beats again before the next,
         so only this node looks silent (``step`` well below heartbeat.timeout_s)."""
         assert self.backend is not None
+        others = [n for n in self.backend.nodes.values() if n is not self]
+        wait_for(  # a peer not yet in its heartbeat loop (its go still on its way) would look silent too
+            lambda: all(n.beating or not n.thread.is_alive() for n in others),
+            10,
+            "every other running node to be in its heartbeat loop (a script that idles: use clock.advance)",
+            interval=0.005,
+        )
         left = seconds
         while left > 0:
             peers = {n: n.seq for n in self.backend.history if n is not self and n.beating}
