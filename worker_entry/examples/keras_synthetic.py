@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from worker_entry.sweep import sweep_batch_size
+from worker_entry import sweep_batch_size
 
 # Keras 3 breaks multi-worker model.fit under MWMS in TF 2.21 (keras-team/keras#20585): use tf_keras
 # through tf.keras. The launcher sets this; setting the default here keeps the script runnable alone.
