@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..progress import warn_once
-from . import devsync
+from . import devsync, gradnorms
 from . import reader as stampreader
 from . import ring as stampring
 from .ring import COLLECTIVE, IN_RUN
@@ -53,6 +53,9 @@ class _Pending:
     t_enter: Any
     run: _Run | None
     mark: int | None
+    local_sq: Any = None  # |g_i|² of a gradient all-reduce's input (float64 on the host), else None
+    divisor: float = 1.0  # d of |R/d|²
+    loss: bool = False  # the scalar the step function returns (strategy.reduce of the loss)
 
 
 def _looks_like_gradients(tf: Any, tensors: list[Any], replica_context: bool, depth: int = 8) -> bool:
@@ -130,9 +133,10 @@ def _wire(tf: Any, flat: list[Any], cdo: Any, options: Any) -> stampring.Wire:
     )
 
 
-def _enter(cdo: Any, value: Any, replica_id: int, options: Any) -> tuple[Any, _Pending] | None:
+def _enter(cdo: Any, value: Any, replica_id: int, options: Any, reduce_op: Any = None) -> tuple[Any, _Pending] | None:
     devices = list(getattr(cdo, "_devices", ()) or ())
-    act = _active(int(getattr(cdo, "_group_size", 1) or 1) > max(1, len(devices)))
+    group = int(getattr(cdo, "_group_size", 1) or 1)
+    act = _active(group > max(1, len(devices)))
     if act is None:
         return None
     tf, graph = act
@@ -145,10 +149,15 @@ def _enter(cdo: Any, value: Any, replica_id: int, options: Any) -> tuple[Any, _P
     call = stampring.next_call(fid, replica_id)
     run = _run_of(graph, replica_id)  # also set inside merge_call, which runs on behalf of the replicas
     in_replica = run is not None or tf.distribute.get_replica_context() is not None
-    stampring.note_call(
-        fid, call, _looks_like_gradients(tf, dense, in_replica), _elements(dense), _wire(tf, flat, cdo, options)
-    )
+    gradient = _looks_like_gradients(tf, dense, in_replica)
+    optimizer = gradnorms.optimizer_name() if gradient else None
+    stampring.note_call(fid, call, gradient, _elements(dense), _wire(tf, flat, cdo, options), group, optimizer)
     t_enter = _stamp(tf, "tfcluster_t_enter", devsync.ready(tf, dense, device))
+    # the noise scale's local term, on the replica's device; nothing of the all-reduce waits for it
+    local_sq = (
+        gradnorms.squared_norm(tf, gradnorms.dense(tf, flat), device) if gradient and gradnorms.enabled() else None
+    )
+    loss = not gradient and run is None and gradnorms.is_loss(tf, flat) and stampring.claim_loss_call(fid, call)
     pack = int(
         getattr(options, "bytes_per_pack", 0) or getattr(getattr(cdo, "_options", None), "bytes_per_pack", 0) or 0
     )
@@ -156,7 +165,8 @@ def _enter(cdo: Any, value: Any, replica_id: int, options: Any) -> tuple[Any, _P
     # pass): the collectives must not wait for the stamp. Otherwise they do (see wrap_all_reduce).
     mark = None if pack > 0 else len(graph.get_operations())
     stampreader.ensure_started()
-    return value, _Pending(tf, graph, fid, call, replica_id, device, t_enter, run, mark)
+    d = gradnorms.divisor(reduce_op, group)
+    return value, _Pending(tf, graph, fid, call, replica_id, device, t_enter, run, mark, local_sq, d, loss)
 
 
 def _gate(p: _Pending) -> None:
@@ -172,14 +182,22 @@ def _gate(p: _Pending) -> None:
 def _exit(p: _Pending, result: Any) -> None:
     tf = p.tf
     _gate(p)
-    outs = _dense(tf, tf.nest.flatten(result))
+    flat = tf.nest.flatten(result)
+    outs = _dense(tf, flat)
     t_exit = _stamp(tf, "tfcluster_t_exit", devsync.ready(tf, outs, p.device))
+    norms = None
+    if p.local_sq is not None:
+        total_sq = gradnorms.reduced_sq(tf, gradnorms.dense(tf, flat), p.device, p.divisor)
+        norms = (p.local_sq, total_sq) if total_sq is not None else None
     run = p.run
     if run is not None and run.graph is p.graph and len(run.inline) < stampring.INLINE:
         run.inline.append((p.call, p.t_enter, t_exit))  # written with the run's row
+        if norms is not None:
+            run.norms.append(norms)
     else:
         code = COLLECTIVE if run is None else IN_RUN
-        stampring.ring(tf, p.replica).write(tf, code, p.fn, p.call, [p.t_enter, t_exit])
+        values = [p.t_enter, t_exit] + ([gradnorms.loss_value(tf, result)] if p.loss else [])
+        stampring.ring(tf, p.replica).write(tf, code, p.fn, p.call, values, norms=norms)
     if run is not None:
         run.exits.append(t_exit)
         run.reduced = outs[-1:] or run.reduced
@@ -196,7 +214,7 @@ def wrap_all_reduce(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def _all_reduce(self: Any, reduce_op: Any, value: Any, replica_id: Any, options: Any) -> Any:
         try:
-            prepared = _enter(self, value, replica_id, options)
+            prepared = _enter(self, value, replica_id, options, reduce_op)
         except Exception as exc:
             warn_once(
                 "stepclock-before", f"step clock: stamping before the all-reduce failed ({exc!r}); step unchanged"
