@@ -377,7 +377,8 @@ class Supervisor(Teardown, RoleCare):
             for t, s in self.sessions.items()
             if s.state == TaskState.RUNNING and self.rules[t].collective
         }  # (a ps or an evaluator has no steps)
-        if (why := self.bound.check(running, now, self.went_at)) is not None:
+        examples = {t: self.figures.examples(t) for t in running}
+        if (why := self.bound.check(running, now, self.went_at, examples)) is not None:
             self.bound_reached = why
             self.bus.emit(ev.BoundReached(message=why, steps=min((n or 0 for n in running.values()), default=0)))
             self._teardown(f"bounded run: {why}", bounded=True)
