@@ -36,7 +36,7 @@ def test_report_gives_the_known_noise_scale_and_the_loss_curve(testbed_factory, 
     )
     run_dir = tmp_path / "run"
     res = run_launch(tb, spec, run_dir, "-q", "--no-gather", timeout=400)
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.rc == 0, res.stderr[-3000:]
     assert_no_job_processes(tb)
     out = run_cli("report", str(run_dir), "--json", "--html")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -64,18 +64,18 @@ def test_report_gives_the_known_noise_scale_and_the_loss_curve(testbed_factory, 
 def test_scale_on_the_same_examples_and_predict_bound_the_steps_to_a_loss(testbed_factory, tmp_path):
     tb = testbed_factory(WORKERS, mode="netns")
     # Keras fit (its batch logs give the loss at one worker too), the start 3 from the optimum: the loss
-    # falls from |w*|² + σ² = 13 towards 4 and reaches 6 after ~380 steps at any of these batches
+    # falls from |w*|² + σ² = 13 towards 4 and reaches 6 after ~750 steps at any of these batches
     train = [PY, str(WORKLOADS / "linreg_noise.py"), "--mode", "fit", "--steps", "100000", "--batch", "16"]
-    train += ["--offset", "3", "--lr", "0.001"]
+    train += ["--offset", "3", "--lr", "0.0005"]
     spec = tb.write_spec(
         tmp_path / "spec.yaml",
         "linreg-sweep",
         train,
         job={"python": repo_python(tmp_path), "startup_timeout_s": 180},
-        heartbeat={"interval_s": 1.0, "timeout_s": 30},
+        heartbeat={"interval_s": 0.5, "timeout_s": 30},  # the loss curve's resolution
     )
     sweep = tmp_path / "sweep"
-    args = ["--workers", "1,2,3", "--examples", "33600", "--to-loss", "6", "--run-dir", str(sweep), "--json"]
+    args = ["--workers", "1,2,3", "--examples", "67200", "--to-loss", "6", "--run-dir", str(sweep), "--json"]
     out = run_cli("scale", str(spec), *args, tb=tb, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
@@ -83,7 +83,7 @@ def test_scale_on_the_same_examples_and_predict_bound_the_steps_to_a_loss(testbe
     assert sorted(sizes) == [1, 2, 3] and summary["target_loss"] == 6.0
     for n, s in sizes.items():
         assert s["state"] == "succeeded", s
-        assert s["loss"]["points"][-1]["examples"] >= 33600 - 2 * 16 * n, (n, s["loss"]["points"][-1])
+        assert s["loss"]["points"][-1]["examples"] >= 67200 - 2 * 16 * n, (n, s["loss"]["points"][-1])
         assert s["final_loss"] < 6 and s["steps_to_loss"] and s["time_to_loss_s"] and s["examples_to_loss"], s
     assert sizes[1]["stat_efficiency"] == 1.0 and all(0 < s["stat_efficiency"] <= 1.5 for s in sizes.values())
     # the learning rate is the same at every size: more workers buy few steps, so many more examples
@@ -106,5 +106,5 @@ def test_scale_on_the_same_examples_and_predict_bound_the_steps_to_a_loss(testbe
     assert rows[16]["steps_to_loss_at_least"] > 2 / 16  # never better than linear from 2 workers
     assert any("linear scaling rule" in a for a in p["advice"]), p["advice"]
     txt = run_cli("predict", str(sweep), "--workers", "2,4,8,16", "--network", "10Gbit,50us").stdout
-    assert "STEPS TO LOSS >=" in txt and "critical batch" in txt and "lower bounds" in txt, txt
+    assert "STEPS TO LOSS vs 2 >=" in txt and "critical batch" in txt and "lower bounds" in txt, txt
     assert_no_job_processes(tb)

@@ -132,9 +132,15 @@ def loss_curve(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     end = ref[-1]
     cut = end.loss_steps - max(FINAL_SHARE * (end.loss_steps - ref[0].loss_steps), end.loss_steps - ref[-2].loss_steps)
     start = next((p for p in reversed(ref) if p.loss_steps <= cut), ref[0])
+    first = marks[0]
     return {
         "source": source,
         "workers": len(tasks),
+        "start": {
+            "step": round(first.steps),
+            "examples": None if first.examples is None else round(first.examples),
+            "time_s": 0.0,
+        },
         "points": points,
         "final": _mean(tasks, start.ts, end.ts),
         "last": points[-1]["loss"] if points else None,
@@ -143,10 +149,33 @@ def loss_curve(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
 
 
 def reached(curve: Mapping[str, Any] | None, target: float) -> dict[str, Any] | None:
-    """The first point of the curve at or below ``target`` (its step, examples and seconds), or None."""
-    for p in (curve or {}).get("points") or []:
+    """When the curve first reaches ``target`` (steps, examples, seconds), or None. Each point is the mean
+    loss over its interval, so it stands at the interval's middle; the crossing is interpolated between
+    the last middle above the target and the first at or below it (an interval of a fast job can hold
+    hundreds of steps: its end would overstate the steps by up to one interval)."""
+    pts = (curve or {}).get("points") or []
+    prev: dict[str, Any] = (curve or {}).get("start") or {"step": 0, "examples": 0, "time_s": 0.0}
+    above: tuple[dict[str, float | None], float] | None = None
+    for p in pts:
+        mid = {
+            k: None if p[k] is None or prev[k] is None else (p[k] + prev[k]) / 2 for k in ("step", "examples", "time_s")
+        }
         if p["loss"] <= target:
-            return {"steps": p["step"], "examples": p["examples"], "time_s": p["time_s"], "loss": p["loss"]}
+            if above is None or above[1] == p["loss"]:
+                at = mid
+            else:
+                f = (above[1] - target) / (above[1] - p["loss"])
+                at = {
+                    k: None if v is None or above[0][k] is None else above[0][k] + f * (v - above[0][k])
+                    for k, v in mid.items()
+                }
+            return {
+                "steps": None if at["step"] is None else round(at["step"]),
+                "examples": None if at["examples"] is None else round(at["examples"]),
+                "time_s": None if at["time_s"] is None else round(at["time_s"], 3),
+                "loss": p["loss"],
+            }
+        above, prev = (mid, p["loss"]), p
     return None
 
 

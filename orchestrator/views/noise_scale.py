@@ -36,6 +36,7 @@ DECAY = 0.999
 #: Standard errors for "distinguishable from zero" (≈95 %).
 Z = 2.0
 MAX_WINDOWS = 400  # windows kept in --json (evenly thinned past this)
+ONE_REPLICA = "one replica in all: the noise scale needs two batch sizes — measure at 2 or more replicas"
 
 
 @dataclass(frozen=True)
@@ -172,15 +173,18 @@ def noise_scale(windows: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str,
     out: dict[str, Any] = {"b_simple": None, "stderr": None, "global_batch": None, "steps": 0, "windows": []}
     records = [w["noise"] for ws in windows.values() for w in ws if isinstance(w.get("noise"), Mapping)]
     if not records:
+        solo = any(w.get("grad_bytes") is not None for ws in windows.values() for w in ws)
         out["reason"] = (
-            "no gradient norms were recorded: the step clock measures them at MWMS's gradient all-reduce "
+            ONE_REPLICA + " (TensorFlow does not all-reduce at one replica)"
+            if solo
+            else "no gradient norms were recorded: the step clock measures them at MWMS's gradient all-reduce "
             "(a multi-worker MultiWorkerMirroredStrategy, steps in a tf.function, heartbeat.profile_interval_s > 0)"
         )
         return out
     optimizer = next((z.get("optimizer") for z in records if z.get("optimizer")), None)
     out.update(_notes(records, optimizer))
     if not rs:
-        out["reason"] = "one replica in all: the noise scale needs two batch sizes — measure at 2 or more replicas"
+        out["reason"] = ONE_REPLICA
         return out
     smooth = Smoothed()
     for r in rs:

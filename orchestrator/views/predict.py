@@ -174,6 +174,7 @@ def build_prediction(path: Path, sizes: Sequence[int], net: Network) -> dict[str
         "assumptions": assumptions(inp, net),
         "sizes": out_sizes,
         "noise_scale": {k: v for k, v in ns.items() if k != "windows"},
+        "noise_at": at,
         "statistical": predict_lines(ns, at, per_worker, curve),
         "advice": advice(inp, net, [r for r in rows if r["workers"] in sizes]) + lr_advice(ns, at, sizes, per_worker),
     }
@@ -257,7 +258,8 @@ def prediction_text(pred: Mapping[str, Any]) -> str:
             )
             for s in pred["sizes"]
         ]
-        head = ("STAT EFF <=", "STEPS TO LOSS >=", "TIME TO LOSS >=")
+        at = pred.get("noise_at")  # the size the noise scale was measured at: the ratios are relative to it
+        head = (f"STAT EFF vs {at}", f"STEPS TO LOSS vs {at} >=", "TIME TO LOSS >=")
         rows = [rows[0] + head] + [r + e for r, e in zip(rows[1:], extra, strict=True)]
     lines += table(rows)
     if pred.get("statistical"):

@@ -200,10 +200,10 @@ def lr_advice(ns: Mapping[str, Any], base_workers: int, sizes: Sequence[int], pe
     k = top / base_workers
     cap = max(1.0, b / (base_workers * per_worker))
     return [
-        f"critical batch ≈ {b:.0f} examples (B_simple at loss {ns.get('loss') or '?'}; it grows as the loss falls): to get "
+        f"critical batch ≈ {b:.0f} examples (B_simple at loss {_f(ns.get('loss'), '.4g')}; it grows as the loss falls): to get "
         f"the predicted steps at {top} workers the learning rate must grow with the global batch — the linear scaling "
         f"rule with a gradual warmup (Goyal et al. 2017) asks for {k:g}x the learning rate of {base_workers} worker(s), "
-        f"and it stops paying past ≈ {cap:.1f}x (the critical batch); stability may forbid the larger rate (an "
+        f"and it stops paying past ≈ {cap:.1f}x (a global batch of ≈ B_simple); stability may forbid the larger rate (an "
         "ill-conditioned loss caps it): probe it before relying on these numbers"
     ]
 
