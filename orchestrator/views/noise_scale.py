@@ -305,7 +305,7 @@ def noise_lines(ns: Mapping[str, Any]) -> list[str]:
     if ns.get("b_simple") is not None:
         err = f" ± {ns['stderr']:.0f}" if ns.get("stderr") is not None else ""
         lines.append(
-            f"  B_simple ≈ {ns['b_simple']:.0f}{err} examples (global batch {ns.get('global_batch') or '?'}, "
+            f"  B_simple ≈ {ns['b_simple']:.0f}{err} examples (global batch {_g(ns.get('global_batch'))}, "
             f"{ns.get('replicas')} replicas, {ns.get('steps')} steps"
             + (f", loss {ns['loss']:.4g} at the last window" if ns.get("loss") is not None else "")
             + ")"
@@ -322,3 +322,7 @@ def noise_lines(ns: Mapping[str, Any]) -> list[str]:
         lines.append(f"  not resolved: {ns.get('reason')}")
     lines += [f"  note: {n}" for n in ns.get("notes") or []]
     return lines
+
+
+def _g(x: Any) -> str:
+    return "?" if x is None else f"{x:g}"
