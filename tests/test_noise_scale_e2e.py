@@ -105,6 +105,9 @@ def test_scale_on_the_same_examples_and_predict_bound_the_steps_to_a_loss(testbe
     assert rows[16]["steps_to_loss_at_least"] < rows[4]["steps_to_loss_at_least"] < 1.0  # fewer steps, bounded
     assert rows[16]["steps_to_loss_at_least"] > 2 / 16  # never better than linear from 2 workers
     assert any("linear scaling rule" in a for a in p["advice"]), p["advice"]
+    ttl = p["time_to_loss"]
+    assert ttl["critical_workers"] == pytest.approx(p["noise_scale"]["b_simple"] / 16, rel=0.01)
+    assert ttl["best_workers"] in [r["workers"] for r in ttl["relative_time"]]
     txt = run_cli("predict", str(sweep), "--workers", "2,4,8,16", "--network", "10Gbit,50us").stdout
     assert "STEPS TO LOSS vs 2 >=" in txt and "critical batch" in txt and "lower bounds" in txt, txt
     assert_no_job_processes(tb)

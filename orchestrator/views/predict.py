@@ -18,7 +18,7 @@ from ..core.text import table
 from ..runs import RunDir
 from .predict_model import Inputs, Network, advice, expected_max_excess, parse_network, predict, predict_size
 from .records import heartbeat_records, json_object
-from .stateff import bound_sizes, lr_advice, noise_of, predict_lines, time_to_loss_curve
+from .stateff import bound_sizes, lr_advice, noise_of, predict_lines, time_to_loss_curve, time_to_loss_summary
 
 CHECK_JSON = "check.json"
 SCALE_JSON = "scale.json"
@@ -175,6 +175,7 @@ def build_prediction(path: Path, sizes: Sequence[int], net: Network) -> dict[str
         "sizes": out_sizes,
         "noise_scale": {k: v for k, v in ns.items() if k != "windows"},
         "noise_at": at,
+        "time_to_loss": time_to_loss_summary(ns, per_worker, curve),
         "statistical": predict_lines(ns, at, per_worker, curve),
         "advice": advice(inp, net, [r for r in rows if r["workers"] in sizes]) + lr_advice(ns, at, sizes, per_worker),
     }

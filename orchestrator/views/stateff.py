@@ -158,6 +158,23 @@ def time_to_loss_curve(
     return out
 
 
+def time_to_loss_summary(
+    ns: Mapping[str, Any], per_worker: float | None, curve: list[tuple[int, float]]
+) -> dict[str, Any] | None:
+    """``predict --json``: the critical batch in workers, the worker count with the shortest predicted time
+    to the loss (``still_falling``: the largest tried), and the curve (workers, time relative)."""
+    if ns.get("b_simple") is None or not per_worker or not curve:
+        return None
+    best, still = best_workers(curve)
+    return {
+        "critical_batch": ns["b_simple"],
+        "critical_workers": round(critical_workers(ns["b_simple"], per_worker), 2),
+        "best_workers": best,
+        "still_falling": still,
+        "relative_time": [{"workers": n, "time": round(t, 3)} for n, t in curve],
+    }
+
+
 def predict_lines(
     ns: Mapping[str, Any], base_workers: int, per_worker: float | None, curve: list[tuple[int, float]]
 ) -> list[str]:
