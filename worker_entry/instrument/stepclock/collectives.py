@@ -53,8 +53,8 @@ class _Pending:
     t_enter: Any
     run: _Run | None
     mark: int | None
-    local_sq: Any = None  # |g_i|² of a gradient all-reduce's input (float64 on the host), else None
-    divisor: float = 1.0  # d of |R/d|²
+    pairs: list[tuple[Any, Any]] | None = None  # a gradient all-reduce's packs' squared norms (gradnorms)
+    group: int = 1  # the replicas the all-reduce sums
     loss: bool = False  # the scalar the step function returns (strategy.reduce of the loss)
 
 
@@ -133,7 +133,7 @@ def _wire(tf: Any, flat: list[Any], cdo: Any, options: Any) -> stampring.Wire:
     )
 
 
-def _enter(cdo: Any, value: Any, replica_id: int, options: Any, reduce_op: Any = None) -> tuple[Any, _Pending] | None:
+def _enter(cdo: Any, value: Any, replica_id: int, options: Any) -> tuple[Any, _Pending] | None:
     devices = list(getattr(cdo, "_devices", ()) or ())
     group = int(getattr(cdo, "_group_size", 1) or 1)
     act = _active(group > max(1, len(devices)))
@@ -153,10 +153,6 @@ def _enter(cdo: Any, value: Any, replica_id: int, options: Any, reduce_op: Any =
     optimizer = gradnorms.optimizer_name() if gradient else None
     stampring.note_call(fid, call, gradient, _elements(dense), _wire(tf, flat, cdo, options), group, optimizer)
     t_enter = _stamp(tf, "tfcluster_t_enter", devsync.ready(tf, dense, device))
-    # the noise scale's local term, on the replica's device; nothing of the all-reduce waits for it
-    local_sq = (
-        gradnorms.squared_norm(tf, gradnorms.dense(tf, flat), device) if gradient and gradnorms.enabled() else None
-    )
     loss = not gradient and run is None and gradnorms.is_loss(tf, flat) and stampring.claim_loss_call(fid, call)
     pack = int(
         getattr(options, "bytes_per_pack", 0) or getattr(getattr(cdo, "_options", None), "bytes_per_pack", 0) or 0
@@ -165,8 +161,9 @@ def _enter(cdo: Any, value: Any, replica_id: int, options: Any, reduce_op: Any =
     # pass): the collectives must not wait for the stamp. Otherwise they do (see wrap_all_reduce).
     mark = None if pack > 0 else len(graph.get_operations())
     stampreader.ensure_started()
-    d = gradnorms.divisor(reduce_op, group)
-    return value, _Pending(tf, graph, fid, call, replica_id, device, t_enter, run, mark, local_sq, d, loss)
+    # the noise scale's two terms: each pack's squared norm in and out of the collective (gradnorms)
+    pairs = gradnorms.begin() if gradient and gradnorms.enabled() else None
+    return value, _Pending(tf, graph, fid, call, replica_id, device, t_enter, run, mark, pairs, group, loss)
 
 
 def _gate(p: _Pending) -> None:
@@ -182,13 +179,9 @@ def _gate(p: _Pending) -> None:
 def _exit(p: _Pending, result: Any) -> None:
     tf = p.tf
     _gate(p)
-    flat = tf.nest.flatten(result)
-    outs = _dense(tf, flat)
+    outs = _dense(tf, tf.nest.flatten(result))
     t_exit = _stamp(tf, "tfcluster_t_exit", devsync.ready(tf, outs, p.device))
-    norms = None
-    if p.local_sq is not None:
-        total_sq = gradnorms.reduced_sq(tf, gradnorms.dense(tf, flat), p.device, p.divisor)
-        norms = (p.local_sq, total_sq) if total_sq is not None else None
+    norms = gradnorms.norms(tf, p.pairs, p.group) if p.pairs is not None else None
     run = p.run
     if run is not None and run.graph is p.graph and len(run.inline) < stampring.INLINE:
         run.inline.append((p.call, p.t_enter, t_exit))  # written with the run's row
@@ -214,16 +207,19 @@ def wrap_all_reduce(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def _all_reduce(self: Any, reduce_op: Any, value: Any, replica_id: Any, options: Any) -> Any:
         try:
-            prepared = _enter(self, value, replica_id, options, reduce_op)
+            prepared = _enter(self, value, replica_id, options)
         except Exception as exc:
             warn_once(
                 "stepclock-before", f"step clock: stamping before the all-reduce failed ({exc!r}); step unchanged"
             )
             prepared = None
-        if prepared is None:
-            return original(self, reduce_op, value, replica_id, options)
-        new, pending = prepared
-        result = original(self, reduce_op, new, replica_id, options)
+        try:
+            if prepared is None:
+                return original(self, reduce_op, value, replica_id, options)
+            new, pending = prepared
+            result = original(self, reduce_op, new, replica_id, options)
+        finally:
+            gradnorms.end()
         try:
             _exit(pending, result)
         except Exception as exc:
@@ -308,6 +304,8 @@ def _executing_eagerly() -> bool:
 def patch_cross_device_ops(module: Any) -> bool:
     """Post-import hook for ``tensorflow.python.distribute.cross_device_ops``."""
     reduce_ok = _patch(module.CollectiveAllReduce, "_all_reduce", wrap_all_reduce)
+    if getattr(module, "cross_device_utils", None) is not None:
+        gradnorms.patch_launcher(module.cross_device_utils)  # where each pack is one flat tensor
     return _patch(module.CollectiveAllReduce, "batch_reduce", wrap_batch_reduce) or reduce_ok
 
 
