@@ -131,6 +131,51 @@ class _Span:
         return steps, ex
 
 
+class _Losses:
+    """A task's cumulative training loss (sum, steps) over its attempts, thinned like its progress."""
+
+    def __init__(self) -> None:
+        self.points: list[tuple[float, float]] = []  # (Σ loss, steps), every attempt counted on
+        self.offset = (0.0, 0.0)
+        self.attempt: int | None = None
+
+    def add(self, attempt: int, loss: Any) -> None:
+        if not isinstance(loss, Mapping):
+            return
+        total, n = loss.get("sum"), _num(loss.get("steps"))
+        if not isinstance(total, (int, float)) or isinstance(total, bool) or not math.isfinite(total) or not n:
+            return
+        if self.attempt is not None and attempt != self.attempt and self.points:
+            self.offset = self.points[-1]
+        self.attempt = attempt
+        pt = (self.offset[0] + float(total), self.offset[1] + n)
+        if self.points and pt[1] <= self.points[-1][1]:
+            return
+        self.points.append(pt)
+        if len(self.points) > MAX_POINTS:
+            self.points = [*self.points[:-1:2], self.points[-1]]
+
+    def last(self) -> float | None:
+        """The mean loss over the last interval between two records."""
+        if len(self.points) < 2:
+            return _mean((0.0, 0.0), self.points[-1]) if self.points else None
+        return _mean(self.points[-2], self.points[-1])
+
+    def final(self) -> float | None:
+        """The mean loss over the last LOSS_FINAL_SHARE of the steps (at least the last interval)."""
+        if not self.points:
+            return None
+        end = self.points[-1]
+        cut = end[1] * (1 - LOSS_FINAL_SHARE)
+        start = next((p for p in reversed(self.points[:-1]) if p[1] <= cut), None)
+        start = start or (self.points[-2] if len(self.points) >= 2 else (0.0, 0.0))
+        return _mean(start, end)
+
+
+def _mean(a: tuple[float, float], b: tuple[float, float]) -> float | None:
+    return (b[0] - a[0]) / (b[1] - a[1]) if b[1] > a[1] else None
+
+
 @dataclass(frozen=True)
 class TaskFigures:
     """A task's figures, as ``status`` and ``report`` show them (``split``: report's parts)."""
@@ -313,51 +358,6 @@ def _final(t: _Task, acc: Sequence[float], no_examples: bool) -> TaskFigures:
         split=split,
         loss=t.losses.final(),
     )
-
-
-class _Losses:
-    """A task's cumulative training loss (sum, steps) over its attempts, thinned like its progress."""
-
-    def __init__(self) -> None:
-        self.points: list[tuple[float, float]] = []  # (Σ loss, steps), every attempt counted on
-        self.offset = (0.0, 0.0)
-        self.attempt: int | None = None
-
-    def add(self, attempt: int, loss: Any) -> None:
-        if not isinstance(loss, Mapping):
-            return
-        total, n = loss.get("sum"), _num(loss.get("steps"))
-        if not isinstance(total, (int, float)) or isinstance(total, bool) or not math.isfinite(total) or not n:
-            return
-        if self.attempt is not None and attempt != self.attempt and self.points:
-            self.offset = self.points[-1]
-        self.attempt = attempt
-        pt = (self.offset[0] + float(total), self.offset[1] + n)
-        if self.points and pt[1] <= self.points[-1][1]:
-            return
-        self.points.append(pt)
-        if len(self.points) > MAX_POINTS:
-            self.points = [*self.points[:-1:2], self.points[-1]]
-
-    def last(self) -> float | None:
-        """The mean loss over the last interval between two records."""
-        if len(self.points) < 2:
-            return _mean((0.0, 0.0), self.points[-1]) if self.points else None
-        return _mean(self.points[-2], self.points[-1])
-
-    def final(self) -> float | None:
-        """The mean loss over the last LOSS_FINAL_SHARE of the steps (at least the last interval)."""
-        if not self.points:
-            return None
-        end = self.points[-1]
-        cut = end[1] * (1 - LOSS_FINAL_SHARE)
-        start = next((p for p in reversed(self.points[:-1]) if p[1] <= cut), None)
-        start = start or (self.points[-2] if len(self.points) >= 2 else (0.0, 0.0))
-        return _mean(start, end)
-
-
-def _mean(a: tuple[float, float], b: tuple[float, float]) -> float | None:
-    return (b[0] - a[0]) / (b[1] - a[1]) if b[1] > a[1] else None
 
 
 def job_rate(figures: Mapping[str, TaskFigures]) -> tuple[float | None, float | None]:
