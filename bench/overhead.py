@@ -15,7 +15,9 @@ its own steps/s, the chief's figure is used. Variants per workload, run in ABBA 
   function, the reader thread: progress and a profile record every heartbeat.profile_interval_s),
   host evidence in every heartbeat;
 * tfcluster, profiling off (fit only): heartbeat.profile_interval_s: 0 (stamps still count steps);
-* tfcluster, instrument off: job.instrument: false (liveness heartbeats only).
+* tfcluster, instrument off: job.instrument: false (liveness heartbeats only);
+* tfcluster, gradient noise off: the command under ``env TFCLUSTER_GRADNOISE=0`` (the step clock without
+  the gradient noise scale's two squared norms per step: default / this is their cost).
 
 The nodes run this checkout's worker_entry (job.python is a wrapper putting it first on PYTHONPATH).
 The launcher, every worker_entry and sshd share the machine's 2 cores with the 3 workers: their CPU is
@@ -67,10 +69,14 @@ VARIANTS = {
     "fit: tfcluster default": ("fit", {}),
     "fit: tfcluster profiling off": ("fit", {"heartbeat": {"profile_interval_s": 0}}),
     "fit: tfcluster instrument off": ("fit", {"job": {"instrument": False}}),
+    "fit: tfcluster gradient noise off": ("fit", {}),  # the command under `env TFCLUSTER_GRADNOISE=0` (NOISE_OFF)
     "loop: by hand": ("loop", None),
     "loop: tfcluster default": ("loop", {}),
     "loop: tfcluster instrument off": ("loop", {"job": {"instrument": False}}),
+    "loop: tfcluster gradient noise off": ("loop", {}),
 }
+# job.env may not set TFCLUSTER_ names (the spec reserves them): the command itself runs under env
+NOISE_OFF = ["env", "TFCLUSTER_GRADNOISE=0"]
 # --diagnose: by-hand runs that each apply one thing tfcluster's instrumentation does (worker_entry/strategy.py).
 DIAGNOSE = {
     # the default is null since TF 2.21 leaks one thread per collective with a timeout set
@@ -295,7 +301,8 @@ def main() -> int:
                 if sections is None:
                     r = run_hand(tb, work, tag, tf_configs, jobs[workload], args.steps)
                 else:
-                    r = run_tfcluster(tb, work, tag, sections, jobs[workload], args.steps)
+                    argv = [*NOISE_OFF, *jobs[workload]] if "gradient noise off" in name else jobs[workload]
+                    r = run_tfcluster(tb, work, tag, sections, argv, args.steps)
             results[name].append(r)
             if "failed" in r:
                 say(f"{k + 1}/{len(order)} {name}: FAILED {r['failed'][:300]}")
@@ -375,6 +382,19 @@ def main() -> int:
         for w in WORKLOADS
         if ok.get(f"{w}: tfcluster default") and ok.get(f"{w}: by hand")
     }
+    norms = {
+        w: median([r["steps_per_s"] for r in ok[f"{w}: tfcluster default"]])
+        / median([r["steps_per_s"] for r in ok[f"{w}: tfcluster gradient noise off"]])
+        for w in WORKLOADS
+        if ok.get(f"{w}: tfcluster default") and ok.get(f"{w}: tfcluster gradient noise off")
+    }
+    if norms:
+        report.notes.append(
+            "the gradient noise scale's norms: tfcluster default / gradient noise off steps/s: "
+            + ", ".join(f"{w} {r:.3f}" for w, r in norms.items())
+            + " (1 - this is their cost in % of a step; target <= 1 %)"
+        )
+        report.data["norms_ratio"] = norms
     ratio = min(ratios.values()) if ratios else float("nan")
     label = ", ".join(f"{w} {r:.3f}" for w, r in ratios.items())
     report.set_ratio(f"tfcluster default / by hand steps/s (worst of: {label})", ratio, ">= 0.98", ratio >= 0.98)

@@ -4,9 +4,10 @@
     python bench/stamp_cost.py [--quick] [--json] [--target-ms 10] [--rounds 30] [--gpu]
 
 The same train step (a custom loop: strategy.run, tape.gradient, apply_gradients, strategy.reduce) is
-traced three times — stamps off, stamps on (host stamps), stamps on with the GPU completion sync forced
+traced four times — stamps off, stamps on (host stamps), stamps on with the GPU completion sync forced
 (``TFCLUSTER_STAMP_SYNC=1``: on a CPU the device-to-host copies are plain host ops, so this measures their
-op cost, not a GPU's copy latency) — and the three are called in alternating blocks (order reversed every
+op cost, not a GPU's copy latency), stamps without the gradient noise scale's norms
+(``TFCLUSTER_GRADNOISE=0``: their cost is the paired difference to "stamps") — and the four are called in alternating blocks (order reversed every
 round, the first steps of a block not timed), so drift on a shared machine hits all alike. The model is
 sized so a step takes about ``--target-ms``. Two replicas (two logical CPUs, or the visible GPUs with
 ``--gpu``) reduce with MWMS's own ``CollectiveAllReduce``. Also measured: the reader thread's cost
@@ -73,8 +74,14 @@ def build(tf, gpu: bool, width: int):
         return strategy.reduce(tf.distribute.ReduceOp.MEAN, strategy.run(fn, args=(batch,)), axis=None)
 
     variants = {}
-    for name, clock, sync in (("off", "0", "0"), ("stamps", "1", "0"), ("stamps + sync", "1", "1")):
+    for name, clock, sync, norms in (
+        ("off", "0", "0", "1"),
+        ("stamps", "1", "0", "1"),
+        ("stamps + sync", "1", "1", "1"),
+        ("stamps - norms", "1", "0", "0"),  # without the gradient noise scale's two squared norms
+    ):
         os.environ["TFCLUSTER_STEPCLOCK"], os.environ["TFCLUSTER_STAMP_SYNC"] = clock, sync
+        os.environ["TFCLUSTER_GRADNOISE"] = norms
         f = tf.function(step)
         f(next(it))  # trace now, under this variant's environment
         variants[name] = f
@@ -99,9 +106,9 @@ def measure(variants, it, rounds: int, block: int = 1, skip: int = 0) -> dict[st
     return times
 
 
-def paired_added_us(times: dict[str, list[float]], name: str) -> float:
-    """Median over rounds of (variant - off) in µs: the calls of one round ran back to back."""
-    return statistics.median((a - b) * 1e3 for a, b in zip(times[name], times["off"], strict=False))
+def paired_added_us(times: dict[str, list[float]], name: str, base: str = "off") -> float:
+    """Median over rounds of (variant - base) in µs: the calls of one round ran back to back."""
+    return statistics.median((a - b) * 1e3 for a, b in zip(times[name], times[base], strict=False))
 
 
 def split_of(variant, it, steps: int = 60) -> dict:
@@ -185,6 +192,9 @@ def main() -> int:
         median_ms={n: round(statistics.median(v), 3) for n, v in times.items()},
         added_us_at_target={n: round(paired_added_us(times, n), 1) for n in variants if n != "off"},
         added_pct_of_target={n: round(out["added_us"][n] / (args.target_ms * 1e3) * 100, 2) for n in out["added_us"]},
+        norms_us=round(paired_added_us(tiny, "stamps", "stamps - norms"), 1),
+        norms_us_at_target=round(paired_added_us(times, "stamps", "stamps - norms"), 1),
+        norms_pct_at_target=round(paired_added_us(times, "stamps", "stamps - norms") / (base * 1e3) * 100, 2),
         reader_us_per_step=round(reader_cost(len(times["stamps"])), 1),
     )
     if args.gpu:
@@ -201,6 +211,11 @@ def main() -> int:
         for n, us in out["added_us_at_target"].items():
             print(f"  {n:<14} {out['median_ms'][n]:8.3f} ms (off {out['median_ms']['off']:.3f})  {us:+8.1f} µs/step")
         print(f"  reader thread  {out['reader_us_per_step']:8.1f} µs of CPU per step (off the training thread)")
+        print(
+            f"the gradient noise scale's norms (stamps - stamps without them): {out['norms_us']:+.1f} µs/step on the "
+            f"{out['tiny_step_ms']:.2f} ms step, {out['norms_us_at_target']:+.1f} µs/step = "
+            f"{out['norms_pct_at_target']:+.2f} % of the {base:.1f} ms step"
+        )
         if "gpu_check" in out:
             g = out["gpu_check"]
             for name in ("launch", "synced"):

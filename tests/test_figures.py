@@ -152,4 +152,4 @@ def test_the_file_gives_the_live_figures_to_the_digit(tmp_path):
     replayed = Figures.replay(tmp_path / "heartbeats.jsonl")
     assert replayed.final() == live.final()
     assert all(json.dumps(f.to_dict()) == json.dumps(replayed.final()[t].to_dict()) for t, f in live.final().items())
-    assert set(FIGURE_KEYS) == {"steps", "step_time_s", "steps_per_s", "examples_per_s", "cpu_pct"}
+    assert set(FIGURE_KEYS) == {"steps", "step_time_s", "steps_per_s", "examples_per_s", "cpu_pct", "loss"}

@@ -77,7 +77,8 @@ def test_scale_sweep_names_the_throttled_host(testbed_factory, tmp_path):
     # the pictures and the page
     assert Path(summary["html"]) == sweep / "scale.html"
     names = sorted(Path(p).name for p in summary["pngs"])
-    assert names == ["scaling.png", "split_by_size.png", "step_times_3.png", "time_split_3.png"]
+    # Keras fit logs its loss: the sizes' loss against the examples each trained on is drawn too
+    assert names == ["loss_by_size.png", "scaling.png", "split_by_size.png", "step_times_3.png", "time_split_3.png"]
     for png in summary["pngs"]:
         assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (sweep / "scale.html").read_text().count("data:image/png;base64,") == 4

@@ -16,7 +16,7 @@ from worker_entry.instrument import progress
 from worker_entry.instrument.stepclock import collectives, devsync, stamps
 from worker_entry.instrument.stepclock import reader as stampreader
 from worker_entry.instrument.stepclock import timeline as stepclock
-from worker_entry.instrument.stepclock.ring import COLLECTIVE, RUN, Ring, Row
+from worker_entry.instrument.stepclock.ring import COLLECTIVE, COLS, RUN, Ring, Row
 from worker_entry.instrument.stepclock.timeline import Timeline, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,7 +188,7 @@ def test_ring_takes_only_rows_whose_index_matches():
 
     ring = Ring.__new__(Ring)
     ring.replica, ring.size, ring.read_upto, ring.lost = 0, 4, 0, 0
-    table = np.full((4, 13), -1.0)
+    table = np.full((4, COLS), -1.0)
     for i in range(6):  # 6 rows written into 4 slots: rows 0 and 1 were overwritten
         table[i % 4, :7] = [i, COLLECTIVE, 1, 0, 10.0 + i, 11.0 + i, 0.0]
     table[5 % 4, 0] = 1.0  # row 5 counted but not written yet (the slot still holds row 1)

@@ -221,6 +221,7 @@ def test_a_real_run_writes_tensorboard_scalars_beside_the_users(testbed_factory,
             "host/rss_mb",
             "straggler/relative_score",
             "straggler/individual_score",
+            "train/loss",  # Keras fit's batch logs, through the progress records
         }
         assert need <= tags, need - tags
         steps = [s for s, _, _ in scalars(acc, "host/cpu_pct")]

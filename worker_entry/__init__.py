@@ -20,6 +20,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "make_strategy": ("instrument.strategy", "make_strategy"),
     "report_step": ("instrument.progress", "report_step"),
+    "report_loss": ("instrument.progress", "report_loss"),
     "report_evaluation": ("instrument.progress", "report_evaluation"),
     "progress_callback": ("instrument.keras_callback", "progress_callback"),
     "sweep_batch_size": ("instrument.sweep", "sweep_batch_size"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -52,9 +53,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
     scheduler.check_sweep(loaded)
     hosts = len(loaded.spec.hosts or [])
     sizes = parse_sizes(args.workers, hosts) if args.workers else _default_sizes(hosts)
-    if args.steps is None and args.duration is None:
+    if args.steps is None and args.duration is None and args.examples is None:
         args.duration = "60s"
-    bound = run_bound(args.steps, args.duration, ("--steps", "--duration"))
+    bound = dataclasses.replace(run_bound(args.steps, args.duration, ("--steps", "--duration")), examples=args.examples)
     net = None
     if getattr(args, "check", None) or getattr(args, "network", None):
         from ..views.predict import network_of
@@ -79,8 +80,10 @@ def cmd_scale(args: argparse.Namespace) -> int:
         print(f"tfcluster scale: {run.workers} worker(s): {run.state} in {run.wall_s:.0f}s ({run.run_dir})", file=say)
 
     runs, interrupted = run_sweep(loaded, opts, scheduler, on_size)
-    summary = sweep_summary([r.to_dict() for r in runs], args.strong)
-    summary.update(spec=loaded.path, sweep_dir=str(root), bound=bound.describe(), interrupted=interrupted)
+    summary = sweep_summary([r.to_dict() for r in runs], args.strong, target=args.to_loss)
+    summary.update(
+        spec=loaded.path, sweep_dir=str(root), bound=bound.describe(), interrupted=interrupted, examples=args.examples
+    )
     text = sweep_text(summary)
     if net is not None:
         from ..views.predict import sweep_prediction

@@ -245,12 +245,25 @@ def build_parser() -> argparse.ArgumentParser:
         "Measure scaling: run the job at several worker counts (its first hosts), each bounded, and report "
         "examples/s, speed-up, efficiency, time split, stragglers and advice (table, scale.json, HTML, PNGs).",
         "tfcluster scale cluster.yaml --workers 1,2,4 --duration 60s\n"
-        "tfcluster scale cluster.yaml --workers 1,2,4,8 --steps 300 --strong --run-dir runs/sweep1",
+        "tfcluster scale cluster.yaml --workers 1,2,4,8 --steps 300 --strong --run-dir runs/sweep1\n"
+        "tfcluster scale cluster.yaml --workers 1,2,4 --examples 2e5 --to-loss 0.35",
     )
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--workers", metavar="N,N,...", help="worker counts (default: 1, 2, 4, ... and all hosts)")
     p.add_argument("--steps", type=int, metavar="N", help="train each size for N steps")
     p.add_argument("--duration", metavar="DURATION", help="train each size for DURATION (default 60s; 90s, 5m)")
+    p.add_argument(
+        "--examples",
+        type=_count,
+        metavar="E",
+        help="train each size on E examples (like 200000 or 2e5): the loss each reached, beside its throughput",
+    )
+    p.add_argument(
+        "--to-loss",
+        type=float,
+        metavar="L",
+        help="also report the steps and the time each size took to reach training loss L (within its bound)",
+    )
     p.add_argument(
         "--strong", action="store_true", help="keep the global batch (default: the per-worker batch; weak scaling)"
     )
@@ -313,6 +326,17 @@ def _scheduler_commands(sub: argparse._SubParsersAction) -> None:
         if command.hidden:
             hidden.add(command.name)
     sub._choices_actions = [a for a in sub._choices_actions if a.dest not in hidden]  # not in --help
+
+
+def _count(text: str) -> int:
+    """A positive count, also written like 2e5."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a count like 200000 or 2e5") from None
+    if not value >= 1 or value != int(value) or value > 1 << 53:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole count of at least 1")
+    return int(value)
 
 
 def _network_args(p: argparse.ArgumentParser, purpose: str) -> None:

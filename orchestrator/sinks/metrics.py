@@ -197,6 +197,7 @@ def _task_metrics(
         "steps_per_s": family("tfcluster_task_steps_per_second", "Training steps per second"),
         "examples_per_s": family("tfcluster_task_examples_per_second", "Examples per second (global batch)"),
         "step_time": family("tfcluster_task_step_seconds", "Mean wall time of a step over the last window"),
+        "loss": family("tfcluster_task_train_loss", "Training loss: the mean over the last interval between records"),
         "age": family("tfcluster_task_heartbeat_age_seconds", "Seconds since the task's last heartbeat"),
         "cpu": family("tfcluster_task_cpu_ratio", "CPU of the task's processes (1.0 = one core busy)"),
         "rss": family("tfcluster_task_memory_rss_bytes", "Resident memory of the task's processes"),
@@ -229,6 +230,7 @@ def _task_metrics(
         put("steps_per_s", t.get("steps_per_s"))
         put("examples_per_s", t.get("examples_per_s"))
         put("step_time", t.get("step_time_s"))
+        put("loss", t.get("loss"))
         put("age", t.get("last_heartbeat_age_s"))
         put("cpu", t.get("cpu_pct"), 0.01)
         put("rss", t.get("rss_mb"), 1 << 20)

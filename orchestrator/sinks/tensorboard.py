@@ -157,6 +157,7 @@ class Scalars:
         live = self.figures.live(task)
         put("throughput/steps_per_s", live.steps_per_s)
         put("throughput/examples_per_s", live.examples_per_s)
+        put("train/loss", live.loss)
         if isinstance(prog, Mapping):
             put("step/time_ms", prog.get("step_time_s"), 1000.0)
         put("host/cpu_pct", rec.get("cpu_pct"))

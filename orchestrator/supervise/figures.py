@@ -21,6 +21,9 @@ Rules, and why:
 - **CPU**: the mean of the heartbeats' samples (periodic, so its CPU over the run);
 - **live** (``live()``): the counters as they are now, the step time of the last progress record,
   rates over the last ≥ ``RATE_WINDOW_S``: what a running job is doing now.
+- **loss** (the training loss, when the node reports one: cumulative sums, ``protocol.LossTotals``):
+  live, the mean over the last interval between two records; for a finished run, the mean over its
+  last ``LOSS_FINAL_SHARE`` of the steps (the run's curve: ``views.loss``).
 
 Only ``train``-phase progress counts (evaluation has its own counters). Records carry the attempt
 they belong to; an older file without it starts a new attempt where a task's heartbeat ``seq``
@@ -44,6 +47,7 @@ RATE_WINDOW_S = 1.0  # live rates, and a finished attempt's common window, over 
 MAX_POINTS = 2048  # progress points kept per task and attempt before thinning
 WARMUP_SHARE = 0.2  # with a warm-up cut (``final(warmup_s=...)``): at least this share of the window
 PARTS = ("input_ms", "compute_ms", "collective_ms", "update_ms", "host_ms", "other_ms")
+LOSS_FINAL_SHARE = 0.1
 
 
 def _num(x: Any) -> float | None:
@@ -129,6 +133,51 @@ class _Span:
         return steps, ex
 
 
+class _Losses:
+    """A task's cumulative training loss (sum, steps) over its attempts, thinned like its progress."""
+
+    def __init__(self) -> None:
+        self.points: list[tuple[float, float]] = []  # (Σ loss, steps), every attempt counted on
+        self.offset = (0.0, 0.0)
+        self.attempt: int | None = None
+
+    def add(self, attempt: int, loss: Any) -> None:
+        if not isinstance(loss, Mapping):
+            return
+        total, n = loss.get("sum"), _num(loss.get("steps"))
+        if not isinstance(total, (int, float)) or isinstance(total, bool) or not math.isfinite(total) or not n:
+            return
+        if self.attempt is not None and attempt != self.attempt and self.points:
+            self.offset = self.points[-1]
+        self.attempt = attempt
+        pt = (self.offset[0] + float(total), self.offset[1] + n)
+        if self.points and pt[1] <= self.points[-1][1]:
+            return
+        self.points.append(pt)
+        if len(self.points) > MAX_POINTS:
+            self.points = [*self.points[:-1:2], self.points[-1]]
+
+    def last(self) -> float | None:
+        """The mean loss over the last interval between two records."""
+        if len(self.points) < 2:
+            return _mean((0.0, 0.0), self.points[-1]) if self.points else None
+        return _mean(self.points[-2], self.points[-1])
+
+    def final(self) -> float | None:
+        """The mean loss over the last LOSS_FINAL_SHARE of the steps (at least the last interval)."""
+        if not self.points:
+            return None
+        end = self.points[-1]
+        cut = end[1] * (1 - LOSS_FINAL_SHARE)
+        start = next((p for p in reversed(self.points[:-1]) if p[1] <= cut), None)
+        start = start or (self.points[-2] if len(self.points) >= 2 else (0.0, 0.0))
+        return _mean(start, end)
+
+
+def _mean(a: tuple[float, float], b: tuple[float, float]) -> float | None:
+    return (b[0] - a[0]) / (b[1] - a[1]) if b[1] > a[1] else None
+
+
 @dataclass(frozen=True)
 class TaskFigures:
     """A task's figures, as ``status`` and ``report`` show them (``split``: report's parts)."""
@@ -140,6 +189,7 @@ class TaskFigures:
     examples_per_s: float | None = None
     cpu_pct: float | None = None
     split: dict[str, float] | None = None
+    loss: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The figures ``status`` and ``report`` both show, under the same names."""
@@ -149,6 +199,7 @@ class TaskFigures:
             "steps_per_s": self.steps_per_s,
             "examples_per_s": self.examples_per_s,
             "cpu_pct": self.cpu_pct,
+            "loss": self.loss,
         }
 
 
@@ -168,6 +219,7 @@ class _Task:
         self.seq: int | None = None
         self.base: Point | None = None  # live rates: the point the current rate started from
         self.rates: tuple[float | None, float | None] = (None, None)
+        self.losses = _Losses()
 
     def current(self) -> Point | None:
         span = self.spans.get(self.attempt)
@@ -213,6 +265,7 @@ class Figures:
         steps, ts = _count(prog.get("steps")), _num(prog.get("ts")) or beat_ts
         if steps is None or ts is None:
             return
+        t.losses.add(t.attempt, prog.get("loss"))
         t.epoch = _count(prog.get("epoch")) if _count(prog.get("epoch")) is not None else t.epoch
         pt = Point(ts, steps, _count(prog.get("examples")), _num(prog.get("step_time_s")))
         if steps > 0:
@@ -241,7 +294,14 @@ class Figures:
             examples_per_s=t.rates[1],
             cpu_pct=t.cpu_last,
             split=t.split.means(),
+            loss=t.losses.last(),
         )
+
+    def examples(self, task: str) -> int | None:
+        """The examples ``task`` counted in its current attempt so far (a bound by examples)."""
+        t = self._tasks.get(task)
+        now = t.current() if t is not None else None
+        return now.examples if now is not None else None
 
     # --- the whole run -------------------------------------------------------------------------
 
@@ -298,6 +358,7 @@ def _final(t: _Task, acc: Sequence[float], no_examples: bool) -> TaskFigures:
         examples_per_s=round(acc[1] / seconds, 1) if seconds > 0 and not no_examples else None,
         cpu_pct=round(t.cpu_sum / t.cpu_n, 1) if t.cpu_n else None,
         split=split,
+        loss=t.losses.final(),
     )
 
 

@@ -332,8 +332,9 @@ class Supervisor:
         rules, live = self.roles.rules, self.figures.live
         running = {
             t: live(t).steps for t, s in self.sessions.items() if s.state == TaskState.RUNNING and rules[t].collective
-        }
-        if (why := self.bound.check(running, now, self.went_at)) is not None:  # (a ps, an evaluator: no steps)
+        }  # (a ps or an evaluator has no steps)
+        examples = {t: self.figures.examples(t) for t in running}
+        if (why := self.bound.check(running, now, self.went_at, examples)) is not None:
             self.bound_reached = why
             done = ev.BoundReached(message=why, steps=min((n or 0 for n in running.values()), default=0))
             self._stop(StopOrder(f"bounded run: {why}", bounded=True, announce=done))

@@ -86,7 +86,7 @@ def status_text(st: dict[str, Any], handle: RunHandle | None = None, *, show_all
     """The run, and its tasks: one a row up to ``FULL_UP_TO`` tasks (or ``show_all``), else a summary."""
     handle = handle or RunHandle(RunDir(Path(str(st.get("run_dir")))))
     head = f"job {st.get('job')}   state {st.get('state')}   run {st.get('run_dir')}"
-    lines = [head, *handle.scheduler_lines(st), *throughput_lines(st.get("throughput"))]
+    lines = [head, *handle.scheduler_lines(st), *throughput_lines(st.get("throughput")), *loss_line(st.get("tasks"))]
     if st.get("message"):
         lines.append(st["message"])
     if st.get("stopping_reason"):
@@ -109,7 +109,9 @@ def status_text(st: dict[str, Any], handle: RunHandle | None = None, *, show_all
         lines.append("(every task: tfcluster status RUN --all)")
         lines.extend(handle.detail_lines(st))
         return "\n".join(lines)
-    rows = [("TASK", "HOST", "STATE", "EXIT", "STEP", "STEP TIME", "STEPS/S", "EX/S", "CPU%", "RSS MB", "HEARTBEAT")]
+    rows = [
+        ("TASK", "HOST", "STATE", "EXIT", "STEP", "STEP TIME", "STEPS/S", "EX/S", "LOSS", "CPU%", "RSS MB", "HEARTBEAT")
+    ]
     for name, t in sorted(tasks.items()):
         exit_text = t.get("signal") or ("" if t.get("exit_code") is None else str(t.get("exit_code")))
         step_time = t.get("step_time_s")
@@ -126,6 +128,7 @@ def status_text(st: dict[str, Any], handle: RunHandle | None = None, *, show_all
                 "" if step_time is None else f"{step_time * 1000:.1f} ms",
                 "" if t.get("steps_per_s") is None else f"{t['steps_per_s']:.1f}",
                 "" if t.get("examples_per_s") is None else f"{t['examples_per_s']:.0f}",
+                "" if t.get("loss") is None else f"{t['loss']:.4g}",
                 "" if t.get("cpu_pct") is None else f"{t['cpu_pct']:.0f}",
                 "" if t.get("rss_mb") is None else f"{t['rss_mb']:.0f}",
                 "" if age is None or st.get("finished") else f"{age:.1f}s ago",
@@ -148,6 +151,16 @@ def throughput_lines(rates: Any) -> list[str]:
     ex = rates.get("examples_per_s")
     text = f"throughput {rates['steps_per_s']:.2f} steps/s" + ("" if ex is None else f", {ex:,.0f} examples/s")
     return [text + " (the job's: every worker counts the global batch)"]
+
+
+def loss_line(tasks: Any) -> list[str]:
+    """The job's training loss: the workers' mean of their last interval (a finished run: of its end)."""
+    losses = [
+        t["loss"] for t in (tasks or {}).values() if isinstance(t, dict) and isinstance(t.get("loss"), (int, float))
+    ]
+    if not losses:
+        return []
+    return [f"training loss {sum(losses) / len(losses):.4g} (the mean of {len(losses)} worker(s)' last reports)"]
 
 
 def stop_job(run: RunDir, handle: RunHandle | None = None, *, timeout_s: float = 120.0) -> str:

@@ -18,10 +18,12 @@ from typing import Any
 from ..events.kinds import Straggler
 from ..runs import RunDir, write_bytes_atomic
 from ..supervise.summary import FULL_UP_TO
-from . import plots
+from . import lossplots, plots
 from .control import throughput_lines
 from .evaluations import evaluation_section
 from .htmlpage import Page
+from .loss import loss_lines
+from .noise_scale import noise_lines
 from .outliers import percentiles, shown
 from .pace import pace_lines
 from .records import event_records, heartbeat_records
@@ -195,6 +197,15 @@ def report_page(run: RunDir, rep: Mapping[str, Any], text: str, out: Path | None
         page.h2("GPUs" + (" (mixed models: every step waits for the slowest GPU)" if gm.get("mixed") else ""))
         page.table(["host", "GPUs"], [[h, ", ".join(m)] for h, m in gm["per_host"].items()])
     images = _run_images(run, rep, out, workers, listed)
+    if rep.get("loss") or (rep.get("noise_scale") or {}).get("windows"):
+        page.h2("Training loss and the gradient noise scale")
+        page.pre("\n".join([*loss_lines(rep.get("loss")), "", *noise_lines(rep.get("noise_scale") or {})]))
+        images.append(
+            (
+                "Training loss against steps, and B_simple (smoothed; band: ± one standard error) over the same steps",
+                lossplots.loss_and_noise(rep.get("loss"), rep.get("noise_scale"), out / "loss.png"),
+            )
+        )
     page.h2("Pictures")
     for caption, png in images:
         page.figure(caption, png)
@@ -249,6 +260,14 @@ def sweep_page(summary: Mapping[str, Any], text: str, root: Path) -> tuple[Path,
             plots.scaling(sizes, unit, root / "scaling.png"),
         )
     ]
+    if any((s.get("loss") or {}).get("points") for s in sizes):
+        images.append(
+            (
+                "Training loss against the examples each size trained on (statistical efficiency: the same curve "
+                "means every example helped as much at every size)",
+                lossplots.loss_by_size(sizes, root / "loss_by_size.png", summary.get("target_loss")),
+            )
+        )
     by_size = {f"{s['workers']} workers": split_parts(s["split"]) for s in sizes if s.get("split")}
     if by_size:
         images.append(

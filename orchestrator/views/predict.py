@@ -18,6 +18,7 @@ from ..core.text import table
 from ..runs import RunDir, plan_or_none
 from .predict_model import Inputs, Network, advice, expected_max_excess, parse_network, predict, predict_size
 from .records import heartbeat_records
+from .stateff import bound_sizes, lr_advice, noise_of, predict_lines, time_to_loss_curve, time_to_loss_summary
 
 CHECK_JSON = "check.json"
 SCALE_JSON = "scale.json"
@@ -150,6 +151,11 @@ def build_prediction(path: Path, sizes: Sequence[int], net: Network) -> dict[str
         m = by_n.get(int(row["workers"]))
         if m:
             row.update(compare_to(row, m))
+    (ns, at), per_worker = noise_of(measured), inp.per_worker_batch
+    bound_sizes(rows, ns, at, per_worker)
+    curve = []
+    if ns.get("b_simple") is not None and per_worker:
+        curve = time_to_loss_curve(ns, lambda n: predict_size(inp, net, n), at, per_worker)
     out_sizes = [r for r in rows if r["workers"] in sizes or "measured_step_ms" in r]
     inputs = {
         "own_ms": round(inp.own_ms, 3),
@@ -167,7 +173,11 @@ def build_prediction(path: Path, sizes: Sequence[int], net: Network) -> dict[str
         "network": {"latency_s": net.latency_s, "bandwidth_Bps": net.bandwidth_Bps, "source": net.source},
         "assumptions": assumptions(inp, net),
         "sizes": out_sizes,
-        "advice": advice(inp, net, [r for r in rows if r["workers"] in sizes]),
+        "noise_scale": {k: v for k, v in ns.items() if k != "windows"},
+        "noise_at": at,
+        "time_to_loss": time_to_loss_summary(ns, per_worker, curve),
+        "statistical": predict_lines(ns, at, per_worker, curve),
+        "advice": advice(inp, net, [r for r in rows if r["workers"] in sizes]) + lr_advice(ns, at, sizes, per_worker),
     }
 
 
@@ -240,7 +250,21 @@ def prediction_text(pred: Mapping[str, Any]) -> str:
             )
         )
     lines = [f"predicted scaling of {pred['run']} (from {pred['inputs']['measured_workers']} worker(s) measured)", ""]
+    if any("steps_to_loss_at_least" in s for s in pred["sizes"]):  # statistical efficiency (stateff: bounds)
+        extra = [
+            (
+                _f(None if s.get("statistical_efficiency") is None else 100 * s["statistical_efficiency"], ".0f", "%"),
+                _f(s.get("steps_to_loss_at_least"), ".2f", "x"),
+                _f(s.get("time_to_loss_at_least"), ".2f", "x"),
+            )
+            for s in pred["sizes"]
+        ]
+        at = pred.get("noise_at")  # the size the noise scale was measured at: the ratios are relative to it
+        head = (f"STAT EFF vs {at}", f"STEPS TO LOSS vs {at} >=", "TIME TO LOSS >=")
+        rows = [rows[0] + head] + [r + e for r, e in zip(rows[1:], extra, strict=True)]
     lines += table(rows)
+    if pred.get("statistical"):
+        lines += ["", *pred["statistical"]]
     lines += ["", "assumptions:"] + [f"  - {a}" for a in pred["assumptions"]]
     if pred.get("advice"):
         lines += ["", "advice:"] + [f"  - {a}" for a in pred["advice"]]

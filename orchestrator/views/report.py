@@ -31,6 +31,8 @@ from ..supervise.shared import SharedProblem, inflation_advice, shared_problems
 from .control import throughput_lines
 from .evaluations import evaluation_lines, evaluation_report
 from .goodput import goodput, goodput_lines
+from .loss import loss_curve, loss_lines
+from .noise_scale import noise_lines, noise_scale
 from .outliers import shown
 from .pace import pace, pace_advice, pace_lines
 from .records import event_records, heartbeat_records, json_object
@@ -156,6 +158,8 @@ def build_report(
         **evaluation_report(events),  # an evaluator's evaluations, per checkpoint
         **analysis,
         "goodput": _goodput(events, records, run, window),
+        "loss": loss_curve(records),  # the whole run's, like the noise scale (its estimate now)
+        "noise_scale": noise_scale(every_profile),
     }
 
 
@@ -392,6 +396,10 @@ def report_text(rep: dict[str, Any]) -> str:
                 else f"  {e['message']}"
             )
     lines += evaluation_lines(rep.get("evaluations"))
+    if rep.get("loss"):
+        lines += ["", *loss_lines(rep["loss"])]
+    if rep.get("noise_scale") and (rep["noise_scale"]["windows"] or rep.get("loss")):
+        lines += ["", *noise_lines(rep["noise_scale"])]
     lines += ["", "advice:"] + [f"  - {a}" for a in rep["advice"]]
     if rep.get("goodput"):
         lines += ["", *goodput_lines(rep["goodput"])]

@@ -20,13 +20,15 @@ from ..runs import RunDir, plan_or_none
 from ..supervise.figures import Figures, job_rate
 from .records import heartbeat_records
 from .report import build_report
+from .stateff import compare_loss, loss_table, measure_loss
 
 #: Below this efficiency a size is "not scaling" and its bottleneck gets advice.
 GOOD_EFFICIENCY = 0.85
 
 
-def measure_size(run_dir: str | Path, workers: int) -> dict[str, Any]:
-    """One size: rates, batch, split, straggler and the report's advice, from its run directory."""
+def measure_size(run_dir: str | Path, workers: int, target: float | None = None) -> dict[str, Any]:
+    """One size: rates, batch, split, straggler and the report's advice, from its run directory; its
+    training loss (the loss it ended at, when it reached ``target``) and noise scale (``stateff``)."""
     run = RunDir(Path(run_dir))
     records = heartbeat_records(run.heartbeats_jsonl)  # checked: numbers are numbers
     rep = build_report(run, records=records)
@@ -72,6 +74,7 @@ def measure_size(run_dir: str | Path, workers: int) -> dict[str, Any]:
         "gpu_mem_pct": gpu_mem_pct,
         "shared_problems": rep.get("shared_problems") or [],  # every host alike (a CPU shortage): absolute
         "per_worker": {t: {k: w.get(k) for k in SPLIT_KEYS} for t, w in rep["workers"].items()},
+        **measure_loss(records, str(run_dir), target),
     }
 
 
@@ -230,18 +233,26 @@ def advise(sizes: list[dict[str, Any]]) -> list[dict[str, str]]:
     return out
 
 
-def sweep_summary(runs: Sequence[Mapping[str, Any]], strong: bool) -> dict[str, Any]:
-    """scale.json: every size as ran and measured, the comparison and the advice."""
+def sweep_summary(runs: Sequence[Mapping[str, Any]], strong: bool, target: float | None = None) -> dict[str, Any]:
+    """scale.json: every size as ran and measured, the comparison and the advice; ``target``: the
+    training loss whose steps and time each size is measured to (``--to-loss``)."""
     sizes = []
     for r in runs:
         m = (
-            measure_size(r["run_dir"], r["workers"])
+            measure_size(r["run_dir"], r["workers"], target)
             if RunDir(Path(r["run_dir"])).plan_json.exists()
             else {"workers": r["workers"]}
         )
         sizes.append({**m, "state": r["state"], "wall_s": r.get("wall_s"), "root_cause": r.get("root_cause")})
     cmp = compare(sizes, strong)
-    return {"mode": "strong" if strong else "weak", **cmp, "sizes": sizes, "advice": advise(sizes)}
+    cmp["notes"] = [*cmp["notes"], *compare_loss(sizes, target)]
+    return {
+        "mode": "strong" if strong else "weak",
+        **cmp,
+        "target_loss": target,
+        "sizes": sizes,
+        "advice": advise(sizes),
+    }
 
 
 def sweep_text(summary: Mapping[str, Any]) -> str:
@@ -286,6 +297,8 @@ def sweep_text(summary: Mapping[str, Any]) -> str:
         "",
     ]
     lines += table(rows)
+    stat = loss_table(summary)
+    lines += ["", *stat] if stat else []
     failed = [s for s in summary["sizes"] if s.get("root_cause")]
     for s in failed:
         lines.append(f"  {s['workers']} workers: {s['state']}: {s['root_cause'].get('message')}")

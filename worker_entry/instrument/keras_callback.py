@@ -5,7 +5,8 @@ whichever Keras the program uses. ``progress.py`` (records, counters) stays free
 
 Under a multi-worker MWMS the step clock's stamps (``stamps.py``) count the training steps and produce
 the straggler signals by themselves; the callback then adds what only Keras knows — the epoch and the
-global batch size (examples) — and counts the evaluate/predict phases. Without stamps (one worker, no
+global batch size (examples), the training loss of its batch logs (``loss.py``) — and counts the
+evaluate/predict phases. Without stamps (one worker, no
 MWMS) it counts the training steps too. With ``TFCLUSTER_PROFILER=1`` it drives the TF-profiler sampler.
 
 The evaluation callback (added to every ``model.evaluate`` of an evaluator task) reports the metrics
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .loss import book as loss_book
+from .loss import keras_logged_scale
 from .progress import counter, flush, get_writer, report_evaluation, warn_once
 
 _callback_classes: dict[int, type] = {}
@@ -69,6 +72,7 @@ def _build_callback_class(base: type) -> type:
             self._epoch = 0
             self._last_batch: dict[str, int] = {}
             self._sampler = None
+            self._loss_scale = 1.0
 
         # -- helpers
         def _examples(self, steps: int) -> int | None:
@@ -89,6 +93,7 @@ def _build_callback_class(base: type) -> type:
         # -- train
         def on_train_begin(self, logs=None) -> None:
             try:
+                self._loss_scale = keras_logged_scale(getattr(self, "model", None))
                 if self.batch_size:
                     counter("train").examples_per_step = int(self.batch_size)
                 if self.profile and self.tf_profiler and self._sampler is None and get_writer().enabled:
@@ -114,6 +119,8 @@ def _build_callback_class(base: type) -> type:
 
         def on_train_batch_end(self, batch, logs=None) -> None:
             try:
+                if isinstance(logs, dict) and logs.get("loss") is not None:  # a tensor: read when a record goes
+                    loss_book.keras(logs["loss"], int(batch), self._epoch, self._loss_scale)
                 steps = self._steps_since("train", int(batch))
                 if self._sampler is not None:
                     self._sampler.on_batch_end(steps)

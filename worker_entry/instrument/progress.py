@@ -5,7 +5,7 @@ Records are newline-delimited JSON objects written to the pipe fd named by ``TFC
 user's code: a full pipe drops the record (counters are cumulative, so nothing is lost for good), a
 closed pipe disables the writer, and without the variable everything is a no-op.
 
-``report_step`` is for custom training loops; ``keras_callback.progress_callback()`` returns a Keras
+``report_step`` and ``report_loss`` are for custom training loops; ``keras_callback.progress_callback()`` returns a Keras
 callback built against whichever Keras the program uses. ``report_evaluation`` sends one evaluation's
 metrics (the instrumentation calls it for every ``model.evaluate`` of an evaluator task).
 """
@@ -24,6 +24,7 @@ from typing import Any
 
 from ..protocol.env import Env
 from ..protocol.metrics import CHECKPOINT_MAX, METRIC_LIMIT, METRIC_NAME_MAX, METRICS_MAX
+from .loss import book as loss_book
 
 ENV_FD = Env.PROGRESS_FD
 # A record no longer than PIPE_BUF is written atomically: whole or not at all (POSIX).
@@ -217,8 +218,10 @@ class StepCounter:
         return self.flush()
 
     def flush(self) -> bool:
-        """Emit a record for the open window now (if it has steps)."""
-        if self._window_steps <= 0 and self.steps == self._emitted:
+        """Emit a record for the open window now (if it has steps, or the training loss moved on)."""
+        loss = loss_book.totals() if self.phase == "train" else None
+        stepped = self._window_steps > 0 or self.steps != self._emitted
+        if not stepped and (loss is None or loss["last"] is None):
             return False
         now = self._clock()
         step_time = None
@@ -228,7 +231,10 @@ class StepCounter:
         self._window_start = now
         self._window_steps = 0
         self._emitted = self.steps
-        when = {"ts": self._at} if self._at is not None else {}
+        # the last step's end when its source knows it (a record for the loss alone: now)
+        when = {"ts": self._at} if self._at is not None and stepped else {}
+        if loss is not None:
+            when["loss"] = loss
         return emit(
             "progress",
             **when,
@@ -271,6 +277,25 @@ def report_step(steps: int = 1, examples: int | None = None, epoch: int | None =
         counter(phase).add(steps, examples, epoch)
     except Exception as exc:  # never break the training loop
         warn_once("report-step", f"report_step failed: {exc!r}")
+
+
+def report_loss(value: Any, steps: int = 1) -> None:
+    """Report the training loss of the step(s) just done, from a custom loop (cheap; safe every step).
+
+    ``value``: the loss as the step returns it — a float, a NumPy or TensorFlow scalar (a tensor is read
+    only when a record is written, so calling this every step adds no sync), after ``strategy.reduce``
+    (not a per-replica value). ``steps``: the steps it stands for (a mean over several). It outranks
+    the loss the instrumentation finds by itself. Without ``TFCLUSTER_PROGRESS_FD`` this does nothing.
+    """
+    try:
+        if not get_writer().enabled:
+            return
+        if type(value).__name__ == "PerReplica":
+            warn_once("report-loss-replica", "report_loss: pass the loss after strategy.reduce, not per replica")
+            return
+        loss_book.add(value, "user", steps)
+    except Exception as exc:  # never break the training loop
+        warn_once("report-loss", f"report_loss failed: {exc!r}")
 
 
 def flush() -> None:

@@ -2,7 +2,7 @@
 
 Standard library only: it runs on every node, and the launcher imports it from here. ``frames``: the
 byte stream; ``schema``: validation on receipt; ``messages``: ``NodeConfig`` and every message;
-``samples``: the host and GPU evidence in heartbeats; ``env``: the environment variable names. A bad message becomes one ``ProtocolError`` naming the field.
+``samples``: the host and GPU evidence in heartbeats; ``training``: progress, loss and gradient noise; ``env``: the environment variable names. A bad message becomes one ``ProtocolError`` naming the field.
 """
 
 import importlib
@@ -57,7 +57,9 @@ _LAZY = {
     "PATH_VARS": "env",
     "Ping": "messages",
     "Profile": "messages",
-    "Progress": "messages",
+    "Progress": "training",
+    "GradNoise": "training",
+    "LossTotals": "training",
     "ProtocolError": "frames",
     "Record": "schema",
     "STDERR": "frames",
@@ -139,9 +141,11 @@ __all__ = [
     "GpuInfo",
     "GpuProcess",
     "GpuSample",
+    "GradNoise",
     "Heartbeat",
     "Hello",
     "HostSample",
+    "LossTotals",
     "Manifest",
     "ManifestReply",
     "Message",

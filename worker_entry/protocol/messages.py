@@ -14,6 +14,7 @@ from .frames import ProtocolError
 from .metrics import CHECKPOINT_MAX, METRIC_LIMIT, METRICS_MAX, check_metric_names
 from .samples import GpuSample, HostSample
 from .schema import COUNT_MAX, ID_MAX, LONG, MB_MAX, MS_MAX, S_MAX, STR, TS_MAX, Record, spec
+from .training import GradNoise, Progress
 
 #: A file's mtime in ns: any 64-bit value (before 1970 is negative).
 MTIME_NS = spec(lo=-(1 << 63), hi=(1 << 63) - 1)
@@ -84,18 +85,6 @@ class Hello(Message):
 
 
 @dataclass
-class Progress(Record):
-    """The training process's cumulative counters (its last progress record)."""
-
-    steps: int = field(metadata=spec(lo=0, hi=COUNT_MAX))
-    epoch: int = field(default=0, metadata=spec(lo=0, hi=COUNT_MAX))
-    examples: int | None = field(default=None, metadata=spec(lo=0, hi=COUNT_MAX))
-    step_time_s: float | None = field(default=None, metadata=spec(lo=0, hi=S_MAX))
-    phase: str = field(default="train", metadata=spec(max_len=32))
-    ts: float = field(default=0.0, metadata=spec(lo=0, hi=TS_MAX))
-
-
-@dataclass
 class Heartbeat(Message):
     TYPE: ClassVar[str] = "heartbeat"
     seq: int = field(metadata=spec(lo=0, hi=COUNT_MAX))
@@ -159,6 +148,7 @@ class Profile(Message):
     grad_packs: int | None = field(default=None, metadata=spec(lo=0, hi=ID_MAX))
     bytes_per_pack: int | None = field(default=None, metadata=spec(lo=0, hi=COUNT_MAX))
     allreduce_impl: Literal["auto", "ring", "nccl", "mixed"] | None = None
+    noise: GradNoise | None = None  # the gradient noise scale's inputs over the window (protocol.training)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..progress import warn_once
-from . import devsync
+from . import devsync, gradnorms
 from . import reader as stampreader
 from . import ring as stampring
 from .ring import COLLECTIVE, IN_RUN
@@ -53,6 +53,9 @@ class _Pending:
     t_enter: Any
     run: _Run | None
     mark: int | None
+    pairs: list[tuple[Any, Any]] | None = None  # a gradient all-reduce's packs' squared norms (gradnorms)
+    group: int = 1  # the replicas the all-reduce sums
+    loss: bool = False  # the scalar the step function returns (strategy.reduce of the loss)
 
 
 def _looks_like_gradients(tf: Any, tensors: list[Any], replica_context: bool, depth: int = 8) -> bool:
@@ -132,7 +135,8 @@ def _wire(tf: Any, flat: list[Any], cdo: Any, options: Any) -> stampring.Wire:
 
 def _enter(cdo: Any, value: Any, replica_id: int, options: Any) -> tuple[Any, _Pending] | None:
     devices = list(getattr(cdo, "_devices", ()) or ())
-    act = _active(int(getattr(cdo, "_group_size", 1) or 1) > max(1, len(devices)))
+    group = int(getattr(cdo, "_group_size", 1) or 1)
+    act = _active(group > max(1, len(devices)))
     if act is None:
         return None
     tf, graph = act
@@ -145,10 +149,11 @@ def _enter(cdo: Any, value: Any, replica_id: int, options: Any) -> tuple[Any, _P
     call = stampring.next_call(fid, replica_id)
     run = _run_of(graph, replica_id)  # also set inside merge_call, which runs on behalf of the replicas
     in_replica = run is not None or tf.distribute.get_replica_context() is not None
-    stampring.note_call(
-        fid, call, _looks_like_gradients(tf, dense, in_replica), _elements(dense), _wire(tf, flat, cdo, options)
-    )
+    gradient = _looks_like_gradients(tf, dense, in_replica)
+    optimizer = gradnorms.optimizer_name() if gradient else None
+    stampring.note_call(fid, call, gradient, _elements(dense), _wire(tf, flat, cdo, options), group, optimizer)
     t_enter = _stamp(tf, "tfcluster_t_enter", devsync.ready(tf, dense, device))
+    loss = not gradient and run is None and gradnorms.is_loss(tf, flat) and stampring.claim_loss_call(fid, call)
     pack = int(
         getattr(options, "bytes_per_pack", 0) or getattr(getattr(cdo, "_options", None), "bytes_per_pack", 0) or 0
     )
@@ -156,7 +161,9 @@ def _enter(cdo: Any, value: Any, replica_id: int, options: Any) -> tuple[Any, _P
     # pass): the collectives must not wait for the stamp. Otherwise they do (see wrap_all_reduce).
     mark = None if pack > 0 else len(graph.get_operations())
     stampreader.ensure_started()
-    return value, _Pending(tf, graph, fid, call, replica_id, device, t_enter, run, mark)
+    # the noise scale's two terms: each pack's squared norm in and out of the collective (gradnorms)
+    pairs = gradnorms.begin() if gradient and gradnorms.enabled() else None
+    return value, _Pending(tf, graph, fid, call, replica_id, device, t_enter, run, mark, pairs, group, loss)
 
 
 def _gate(p: _Pending) -> None:
@@ -174,12 +181,16 @@ def _exit(p: _Pending, result: Any) -> None:
     _gate(p)
     outs = _dense(tf, tf.nest.flatten(result))
     t_exit = _stamp(tf, "tfcluster_t_exit", devsync.ready(tf, outs, p.device))
+    norms = gradnorms.norms(tf, p.pairs, p.group) if p.pairs is not None else None
     run = p.run
     if run is not None and run.graph is p.graph and len(run.inline) < stampring.INLINE:
         run.inline.append((p.call, p.t_enter, t_exit))  # written with the run's row
+        if norms is not None:
+            run.norms.append(norms)
     else:
         code = COLLECTIVE if run is None else IN_RUN
-        stampring.ring(tf, p.replica).write(tf, code, p.fn, p.call, [p.t_enter, t_exit])
+        values = [p.t_enter, t_exit] + ([gradnorms.loss_value(tf, result)] if p.loss else [])
+        stampring.ring(tf, p.replica).write(tf, code, p.fn, p.call, values, norms=norms)
     if run is not None:
         run.exits.append(t_exit)
         run.reduced = outs[-1:] or run.reduced
@@ -202,10 +213,13 @@ def wrap_all_reduce(original: Callable[..., Any]) -> Callable[..., Any]:
                 "stepclock-before", f"step clock: stamping before the all-reduce failed ({exc!r}); step unchanged"
             )
             prepared = None
-        if prepared is None:
-            return original(self, reduce_op, value, replica_id, options)
-        new, pending = prepared
-        result = original(self, reduce_op, new, replica_id, options)
+        try:
+            if prepared is None:
+                return original(self, reduce_op, value, replica_id, options)
+            new, pending = prepared
+            result = original(self, reduce_op, new, replica_id, options)
+        finally:
+            gradnorms.end()
         try:
             _exit(pending, result)
         except Exception as exc:
@@ -290,6 +304,8 @@ def _executing_eagerly() -> bool:
 def patch_cross_device_ops(module: Any) -> bool:
     """Post-import hook for ``tensorflow.python.distribute.cross_device_ops``."""
     reduce_ok = _patch(module.CollectiveAllReduce, "_all_reduce", wrap_all_reduce)
+    if getattr(module, "cross_device_utils", None) is not None:
+        gradnorms.patch_launcher(module.cross_device_utils)  # where each pack is one flat tensor
     return _patch(module.CollectiveAllReduce, "batch_reduce", wrap_batch_reduce) or reduce_ok
 
 

@@ -20,9 +20,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import progress
+from ..loss import LossBook
+from ..loss import book as loss_book
 from ..progress import warn_once
 from . import ring as stampring
-from .timeline import DEFAULT_MIN_STEPS, MAX_WINDOW, StepSplit, Timeline, summarize
+from .ring import COLLECTIVE
+from .timeline import DEFAULT_MIN_STEPS, MAX_WINDOW, StepSplit, Timeline, noise, summarize
 
 POLL_S = 0.5
 
@@ -40,6 +43,9 @@ class Reader:
         has_runs: Callable[[int], bool] = stampring.has_runs,
         wire: Callable[[int], dict[str, Any] | None] = stampring.step_wire,
         solo: Callable[[int], bool] = stampring.is_solo,
+        loss_call: Callable[[int], int | None] = stampring.loss_call,
+        step_noise: Callable[[int], tuple[int, str | None]] = stampring.step_noise,
+        losses: LossBook = loss_book,
         emit: Callable[..., Any] = progress.emit,
         count: Callable[..., Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -51,6 +57,8 @@ class Reader:
         self._take, self._take_inputs = take, take_inputs
         self._primaries, self._has_runs = primaries, has_runs
         self._wire, self._solo = wire, solo
+        self._loss_call, self._step_noise, self._losses = loss_call, step_noise, losses
+        self._loss_at: tuple[str, float, int] | None = None  # the loss book at the last window's end
         self._examples = 0.0  # examples of closed steps not counted yet (fractions carried over)
         self._emit = emit
         self._count = count or (
@@ -83,6 +91,8 @@ class Reader:
                 by_replica.setdefault(r.replica, []).append(r)
             for replica in by_replica:
                 self.timelines.setdefault(replica, Timeline(self._primaries, self._has_runs, self._solo))
+            if by_replica:
+                self._take_losses(by_replica[min(by_replica)])
             closed: dict[int, list[StepSplit]] = {}
             for replica, timeline in self.timelines.items():
                 closed[replica] = timeline.feed(by_replica.get(replica, ()), inputs)
@@ -120,8 +130,37 @@ class Reader:
         self._examples = max(0.0, self._examples - whole)
         return whole
 
+    def _take_losses(self, rows: list[stampring.Row]) -> None:
+        """The loss the step function returns (one local replica's rows: every replica has the same)."""
+        for r in rows:
+            if r.code == COLLECTIVE and self._loss_call(r.fn) == r.call:
+                self._losses.add(r.c, "stamps")
+
+    def _noise(self, fns: list[int]) -> dict[str, Any] | None:
+        """The window's noise-scale inputs (``protocol.GradNoise``), with its loss and the worker's steps."""
+        found = noise([list(w) for w in self.windows.values() if w])
+        at = self._losses.snapshot()
+        was = self._loss_at if self._loss_at is not None and at is not None and self._loss_at[0] == at[0] else None
+        loss = None
+        if at is not None and at[2] > (was[2] if was else 0):  # from the start, or the last window of its source
+            loss = (at[1] - (was[1] if was else 0.0)) / (at[2] - (was[2] if was else 0))
+        self._loss_at = at or self._loss_at
+        if found is None:
+            return None
+        main = max(set(fns), key=fns.count)
+        group, optimizer = self._step_noise(main)
+        wire = self._wire(main) or {}
+        found.update(replicas=group, sparse=int(wire.get("grad_sparse") or 0), step=self.steps)
+        if loss is not None:
+            found["loss"] = loss
+        if optimizer:
+            found["optimizer"] = optimizer[:64]
+        return found
+
     def _flush(self) -> None:
         cpu = self._cpu() - self._cpu0
+        fns_all = [s.fn for w in self.windows.values() for s in w]
+        gns = self._noise(fns_all) if fns_all else None
         best: dict[str, Any] | None = None
         for window in self.windows.values():
             if not window:
@@ -137,6 +176,8 @@ class Reader:
         self._cpu0 = self._cpu()
         if best is not None and "step_ms" in best:
             best["stamps"] = self.stamps
+            if gns is not None:
+                best["noise"] = gns
             self.records += 1
             self.last_record = best
             self._emit("profile", **best)

@@ -27,8 +27,10 @@ from typing import Any, NamedTuple
 
 RING_ROWS = 4096  # rows kept per replica until the reader takes them (older ones are overwritten)
 INLINE = 2  # collectives of a replica function carried in its own row (more get rows of their own)
-COLS = 8 + 3 * INLINE  # seq, code, fn, call, a, b, c, INLINE x (call, t_enter, t_exit), examples
-EXAMPLES = COLS - 1  # the column of a RUN row's examples (0: none known)
+# seq, code, fn, call, a, b, c, INLINE x (call, t_enter, t_exit), examples, local_sq, total_sq
+EXAMPLES = 7 + 3 * INLINE  # the column of a RUN row's examples (0: none known)
+LOCAL_SQ, TOTAL_SQ = EXAMPLES + 1, EXAMPLES + 2  # the row's gradient all-reduces' squared norms (-1: none)
+COLS = TOTAL_SQ + 1
 # Row codes: COLLECTIVE: a collective outside any replica function (e.g. strategy.reduce of the loss),
 # IN_RUN: one issued inside a replica function that did not fit its row (call, a=t_enter, b=t_exit);
 # RUN: a replica function (a=t_start, b=t_data, c=t_done, inline: up to INLINE of its collectives as
@@ -50,6 +52,10 @@ class Row(NamedTuple):
     c: float = 0.0
     inline: tuple[tuple[int, float, float], ...] = ()
     examples: float = 0.0  # RUN rows: examples of this execution across the replicas in sync (0: unknown)
+    # the gradient all-reduces the row describes: sum of |local|² and of |reduced/d|² (-1: none; may be
+    # inf or nan: a step to skip)
+    local_sq: float = -1.0
+    total_sq: float = -1.0
 
 
 class Ring:
@@ -76,15 +82,18 @@ class Ring:
                 name=f"tfcluster_ring_{replica}",
             )
 
-    def write(self, tf: Any, code: int, fn: int, call: int, values: list[Any], examples: Any = 0.0) -> Any:
-        """Graph side: append one row ``(index, code, fn, call, *values, ..., examples)`` (values padded
-        with zeros; ``examples`` a number or a float64 scalar tensor): 8 small ops on the host CPU — the
-        counter first, then the row carrying its own index."""
+    def write(
+        self, tf: Any, code: int, fn: int, call: int, values: list[Any], examples: Any = 0.0, norms: Any = None
+    ) -> Any:
+        """Graph side: append one row ``(index, code, fn, call, *values, ..., examples, local_sq,
+        total_sq)`` (values padded with zeros; ``examples`` a number or a float64 scalar tensor;
+        ``norms`` two float64 scalars or None): 8 small ops on the host CPU — the counter first, then the
+        row carrying its own index."""
         with tf.name_scope("tfcluster_ring"), tf.device("/cpu:0"):
             index = tf.convert_to_tensor(self.count.assign_add(tf.constant(1, tf.int64), read_value=True))
-            pad = [0.0] * (COLS - 5 - len(values))
+            pad = [0.0] * (EXAMPLES - 4 - len(values))
             head = [tf.cast(index, tf.float64), float(code), float(fn), float(call)]
-            row = tf.stack([*head, *values, *pad, examples])
+            row = tf.stack([*head, *values, *pad, examples, *(norms if norms is not None else (-1.0, -1.0))])
             where = tf.reshape(index % self.size, [1, 1])
             return self.rows.scatter_nd_update(where, tf.reshape(row, [1, COLS]))
 
@@ -116,8 +125,8 @@ def _row(replica: int, r: list[float]) -> Row:
     code, fn, call = int(r[1]), int(r[2]), int(r[3])
     if code == RUN:
         inline = tuple((int(r[7 + 3 * k]), r[8 + 3 * k], r[9 + 3 * k]) for k in range(min(call, INLINE)))
-        return Row(replica, code, fn, call, r[4], r[5], r[6], inline, max(0.0, r[EXAMPLES]))
-    return Row(replica, code, fn, call, r[4], r[5])
+        return Row(replica, code, fn, call, r[4], r[5], r[6], inline, max(0.0, r[EXAMPLES]), r[LOCAL_SQ], r[TOTAL_SQ])
+    return Row(replica, code, fn, call, r[4], r[5], r[6], local_sq=r[LOCAL_SQ], total_sq=r[TOTAL_SQ])
 
 
 _lock = threading.Lock()
@@ -190,6 +199,8 @@ class CallInfo:
     gradient: bool
     elements: int
     wire: Wire = field(default_factory=Wire)
+    group: int = 1  # the replicas the all-reduce sums (every worker's)
+    optimizer: str | None = None  # the optimizer whose update reduced these gradients, when found
 
 
 @dataclass
@@ -199,6 +210,7 @@ class FnInfo:
     next_call: dict[int, int] = field(default_factory=dict)  # per replica: the next call index
     runs: bool = False  # its replica functions are stamped (a RUN row follows their collectives)
     solo: list[Wire] = field(default_factory=list)  # gradient reductions TF skipped (one replica in all)
+    loss_call: int | None = None  # the scalar the step function returns through strategy.reduce
 
 
 _fns: dict[int, FnInfo] = {}
@@ -234,9 +246,44 @@ def next_call(fid: int, replica: int) -> int:
         return n
 
 
-def note_call(fid: int, call: int, gradient: bool, elements: int, wire: Wire | None = None) -> None:
+def note_call(
+    fid: int,
+    call: int,
+    gradient: bool,
+    elements: int,
+    wire: Wire | None = None,
+    group: int = 1,
+    optimizer: str | None = None,
+) -> None:
     with _lock:
-        _fns.setdefault(fid, FnInfo(fid)).calls.setdefault(call, CallInfo(gradient, elements, wire or Wire()))
+        info = CallInfo(gradient, elements, wire or Wire(), group, optimizer)
+        _fns.setdefault(fid, FnInfo(fid)).calls.setdefault(call, info)
+
+
+def claim_loss_call(fid: int, call: int) -> bool:
+    """``call`` (a scalar reduced outside the replica function) is the loss the step function returns,
+    if it is the first such in a function that all-reduced gradients before it (traced in order)."""
+    with _lock:
+        info = _fns.get(fid)
+        if info is None or info.loss_call is not None or not any(i.gradient for i in info.calls.values()):
+            return False
+        info.loss_call = call
+        return True
+
+
+def loss_call(fid: int) -> int | None:
+    with _lock:
+        info = _fns.get(fid)
+        return info.loss_call if info else None
+
+
+def step_noise(fid: int) -> tuple[int, str | None]:
+    """(replicas summed, optimizer) of ``fid``'s gradient all-reduces: N of the noise scale's estimator."""
+    with _lock:
+        info = _fns.get(fid)
+        grads = [i for i in info.calls.values() if i.gradient] if info else []
+    group = max((i.group for i in grads), default=1)
+    return group, next((i.optimizer for i in grads if i.optimizer), None)
 
 
 def note_solo(fid: int, wire: Wire) -> None:

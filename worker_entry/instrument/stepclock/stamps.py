@@ -36,7 +36,7 @@ from typing import Any
 from ...protocol.env import OFF_VALUES, Env
 from .. import progress
 from ..progress import warn_once
-from . import devsync
+from . import devsync, gradnorms
 from . import reader as stampreader
 from . import ring as stampring
 from .ring import RUN
@@ -132,6 +132,7 @@ class _Run:
     results: list[tuple[Any, list[Any]]] = field(default_factory=list)  # (t_exit, the collective's outputs)
     exits: list[Any] = field(default_factory=list)
     reduced: list[Any] = field(default_factory=list)
+    norms: list[tuple[Any, Any]] = field(default_factory=list)  # its inline gradient all-reduces' (local, total)
 
 
 _runs: dict[tuple[int, int], _Run] = {}  # (id(graph of the replica function), local replica) -> run
@@ -270,7 +271,8 @@ def _end_run(run: _Run, outputs: Any) -> None:
     for call, t_enter, t_exit in run.inline:
         values += [float(call), t_enter, t_exit]
     examples = _examples(tf, run)  # after the edges above: nothing of ours waits for it but the row
-    stampring.ring(tf, run.replica).write(tf, RUN, run.fn, len(run.inline), values, examples)
+    norms = gradnorms.add(tf, run.norms)  # the noise scale's two terms of its inline gradient all-reduces
+    stampring.ring(tf, run.replica).write(tf, RUN, run.fn, len(run.inline), values, examples, norms)
     stampring.note_run(run.fn)  # its steps close when this row arrives
     stampreader.ensure_started()
 

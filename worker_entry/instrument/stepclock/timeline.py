@@ -28,6 +28,7 @@ other       outside collectives where no replica-function stamps exist (e.g. the
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ class StepSplit:
     parts: dict[str, float]
     warmup: bool = False  # the first step of a function (tracing, collective setup): not in windows
     examples: float | None = None  # examples of the step across the replicas in sync (None: unknown)
+    sq: tuple[float, float] | None = None  # its gradient all-reduces' Σ|local|², Σ|reduced/d|² (None: none)
+    sq_bad: bool = False  # a norm was not finite (an overflow step): left out of the noise scale
 
     @property
     def local_ms(self) -> float:
@@ -102,6 +105,8 @@ class Timeline:
     _order: int = 0
     _first: float = float("inf")
     _examples: float = 0.0  # of the replica-function executions since the last step
+    _sq: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # Σ local, Σ total, rows since the last step
+    _sq_bad: bool = False
 
     def feed(self, rows: Iterable[Row], inputs: Sequence[tuple[float, float]] = ()) -> list[StepSplit]:
         """Add rows (write order) and eager input intervals; return the steps they complete."""
@@ -110,6 +115,7 @@ class Timeline:
                 bisect.insort(self._inputs, (a, b))
         out: list[StepSplit] = []
         for r in rows:
+            self._norms(r)
             if r.code == RUN:
                 self._examples += r.examples  # this execution's batch belongs to the step it ends (or the next)
                 start = min(r.a, r.b, r.c)
@@ -126,12 +132,15 @@ class Timeline:
                     else:
                         self._push(max(t_enter, t_exit), _EXIT, r.fn)
                 known = self._examples > 0  # several steps closed by one row: the first takes the batch
-                for i, (t_exit, fn) in enumerate(sorted(self._closes)):
+                closing = sorted(self._closes)
+                for i, (t_exit, fn) in enumerate(closing):
                     step = self._close(t_exit, fn)
                     step.examples = (self._examples if i == 0 else 0.0) if known else None
+                    self._give_norms(step, len(closing))
                     out.append(step)
                 if self._closes:
                     self._examples = 0.0
+                    self._sq, self._sq_bad = [0.0, 0.0, 0.0], False
                 self._closes.clear()
             elif r.code in (COLLECTIVE, IN_RUN):
                 primary = r.call in self.primaries(r.fn)
@@ -146,8 +155,26 @@ class Timeline:
                 elif runs:
                     self._closes.append((t_exit, r.fn))  # closed when its function's RUN row arrives
                 else:
-                    out.append(self._close(t_exit, r.fn))
+                    step = self._close(t_exit, r.fn)
+                    self._give_norms(step, 1)
+                    self._sq, self._sq_bad = [0.0, 0.0, 0.0], False
+                    out.append(step)
         return out
+
+    def _norms(self, r: Row) -> None:
+        """The squared norms a row carries go to the step it ends (or the next one)."""
+        if r.local_sq == -1.0 and r.total_sq == -1.0:
+            return
+        if math.isfinite(r.local_sq) and math.isfinite(r.total_sq) and r.local_sq >= 0 and r.total_sq >= 0:
+            self._sq = [self._sq[0] + r.local_sq, self._sq[1] + r.total_sq, self._sq[2] + 1]
+        else:
+            self._sq_bad = True
+
+    def _give_norms(self, step: StepSplit, shared: int) -> None:
+        """Several steps closed by one row (a loop unrolled in one replica function) share its norms."""
+        step.sq_bad = self._sq_bad
+        if self._sq[2] and not self._sq_bad:
+            step.sq = (self._sq[0] / shared, self._sq[1] / shared)
 
     def _push(self, t: float, kind: int, fn: int) -> None:
         self._order += 1
@@ -252,3 +279,33 @@ def summarize(steps: Sequence[StepSplit], cpu_s: float | None = None, counted: i
     if cpu_s is not None and total:
         rec["cpu_ms"] = round(cpu_s * 1e3 / total, 3)
     return rec
+
+
+def noise(windows: Sequence[Sequence[StepSplit]]) -> dict | None:
+    """One worker's noise-scale inputs over a window (``protocol.GradNoise``): untrimmed means over the
+    steps with finite norms — the estimator is linear in them, trimming would bias it — of the mean
+    over the local replicas of |g_i|² and of |R/d|², with their per-step (co)variances (the replicas
+    taken as independent: a replica's own variance over their number); None without norms."""
+    rows = [s for w in windows for s in w if s.sq is not None]
+    if not rows:
+        return None
+    replicas = max(1, sum(1 for w in windows if any(s.sq is not None for s in w)))
+    n = len(rows)
+    local = sum(s.sq[0] for s in rows) / n  # type: ignore[index]
+    total = sum(s.sq[1] for s in rows) / n  # type: ignore[index]
+    out: dict = {
+        "steps": max(1, n // replicas),
+        "local_sq": local,
+        "total_sq": total,
+        "nonfinite": max(sum(1 for s in w if s.sq_bad) for w in windows),
+    }
+    if n >= 2:
+        dl = [s.sq[0] - local for s in rows]  # type: ignore[index]
+        dt = [s.sq[1] - total for s in rows]  # type: ignore[index]
+        out["var_local"] = sum(x * x for x in dl) / (n - 1) / replicas
+        out["var_total"] = sum(x * x for x in dt) / (n - 1)
+        out["cov"] = sum(a * b for a, b in zip(dl, dt, strict=True)) / (n - 1)
+    examples = [s.examples for s in rows]
+    if all(e is not None and e > 0 for e in examples):  # a replica's step carries its share of the batch
+        out["batch"] = sum(examples) / n * replicas  # type: ignore[arg-type]
+    return out

@@ -1,0 +1,174 @@
+"""The gradient noise scale's two measurements per step, taken where the step clock already stands:
+the squared norm of each replica's gradient before the all-reduce and of the reduced gradient after it.
+
+Two batch sizes per step, b (one replica) and N·b (all of them), and E|g_B|² = |G|² + tr(Σ)/B
+(McCandlish et al. 2018, "An Empirical Model of Large-Batch Training", appendix A) give |G|² and tr(Σ)
+with no extra communication: each worker reports its own replicas' |g_i|² and the reduced |R/d|²
+(d = the group: the collective sums, so R/d is the mean of the replicas' gradients, on the same scale as
+each g_i however the loss was scaled); the launcher averages the workers (``orchestrator/views/noise_scale``).
+
+Where: ``CollectiveAllReduce._all_reduce`` packs the dense gradients (``group_by_size``), concatenates
+each pack into one flat tensor and all-reduces it with ``CollectiveReplicaLauncher.all_reduce``. While a
+gradient ``_all_reduce`` is being traced (``collecting``), that call is wrapped (``wrap_launcher``): the
+squared norm of the flat pack going in and of the flat sum coming out — one fused ``l2_loss`` kernel each
+on the replica's device (float32 accumulation: a 16-bit pack is cast first), two per pack in all, on
+tensors the all-reduce builds anyway. Measured with PyTorch on an H200 (bench/gradnorm_gpu.py): per
+tensor instead, ResNet-50's 161 gradients cost ~6 ms per step in kernel launches. ``IndexedSlices`` are
+all-gathered, not summed: left out (counted by the step clock). A non-finite norm (AMP's overflow steps)
+marks the step to skip. The values reach the host as float64 in the row the step clock writes anyway.
+Graph side only; nothing here changes a value of the user's, and the all-reduce is called exactly once
+with the caller's arguments.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ...protocol.env import OFF_VALUES, Env
+
+_WRAPPED = "_tfcluster_gradnorms"
+_local = threading.local()  # .pairs: the (in, out) squared norms of the packs of the traced all-reduce
+
+
+def enabled(env: Mapping[str, str] = os.environ) -> bool:
+    """``TFCLUSTER_GRADNOISE`` (default on): ``0`` leaves the norms out (the overhead benchmarks' baseline)."""
+    return (env.get(Env.GRADNOISE) or "1").strip().lower() not in OFF_VALUES
+
+
+def begin() -> list[tuple[Any, Any]]:
+    """Collect the packs' norms of the gradient all-reduce about to be traced in this thread."""
+    pairs: list[tuple[Any, Any]] = []
+    _local.pairs = pairs
+    return pairs
+
+
+def end() -> None:
+    _local.pairs = None
+
+
+def squared_norm(tf: Any, x: Any) -> Any:
+    """|x|² of one tensor with one fused kernel (``l2_loss`` = Σx²/2), accumulated in float32 or better,
+    where ``x`` lives; as a float64 scalar on the host."""
+    if x.dtype not in (tf.float32, tf.float64):
+        x = tf.cast(x, tf.float32)
+    half = tf.nn.l2_loss(x)
+    with tf.device("/cpu:0"):
+        return tf.cast(half, tf.float64) * 2.0
+
+
+def wrap_launcher(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``CollectiveReplicaLauncher.all_reduce(self, input_tensor, control_input=None, options=None)``:
+    inside a gradient ``_all_reduce`` being traced, the squared norms of the pack in and of its sum out."""
+    if getattr(original, _WRAPPED, False):
+        return original
+
+    @functools.wraps(original)
+    def all_reduce(self: Any, input_tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        pairs = getattr(_local, "pairs", None)
+        sq_in = None
+        if pairs is not None:
+            try:
+                import tensorflow as tf
+
+                with tf.name_scope("tfcluster_gns"), tf.device(getattr(self, "_device", None) or ""):
+                    sq_in = squared_norm(tf, input_tensor) if input_tensor.dtype.is_floating else None
+            except Exception:
+                sq_in = None
+        result = original(self, input_tensor, *args, **kwargs)
+        if sq_in is not None:
+            try:
+                import tensorflow as tf
+
+                with tf.name_scope("tfcluster_gns"), tf.device(getattr(self, "_device", None) or ""):
+                    pairs.append((sq_in, squared_norm(tf, result)))  # type: ignore[union-attr]
+            except Exception:
+                pass
+        return result
+
+    setattr(all_reduce, _WRAPPED, True)
+    all_reduce.__wrapped_original__ = original  # type: ignore[attr-defined]
+    return all_reduce
+
+
+def patch_launcher(utils_module: Any) -> bool:
+    """Wrap ``cross_device_utils.CollectiveReplicaLauncher.all_reduce`` (once)."""
+    cls = getattr(utils_module, "CollectiveReplicaLauncher", None)
+    original = getattr(cls, "all_reduce", None)
+    if original is None or getattr(original, _WRAPPED, False):
+        return False
+    cls.all_reduce = wrap_launcher(original)
+    return True
+
+
+def norms(tf: Any, pairs: list[tuple[Any, Any]], group: int) -> tuple[Any, Any] | None:
+    """(|g_i|², |R/d|²) of one all-reduce from its packs' norms: sums over the packs, the second divided
+    by the group² on the host (the collective sums; a MEAN divides only after it). None: no pack."""
+    if not pairs:
+        return None
+    with tf.name_scope("tfcluster_gns"), tf.device("/cpu:0"):
+        local = pairs[0][0] if len(pairs) == 1 else tf.add_n([a for a, _ in pairs])
+        total = pairs[0][1] if len(pairs) == 1 else tf.add_n([b for _, b in pairs])
+        return local, total / float(max(1, group)) ** 2
+
+
+def add(tf: Any, pairs: list[tuple[Any, Any]]) -> tuple[Any, Any] | None:
+    """The sums of (local, total) squared norms over a replica function's gradient all-reduces."""
+    pairs = [p for p in pairs if p[0] is not None and p[1] is not None]
+    if not pairs:
+        return None
+    with tf.name_scope("tfcluster_gns"), tf.device("/cpu:0"):
+        if len(pairs) == 1:
+            return pairs[0]
+        return tf.add_n([a for a, _ in pairs]), tf.add_n([b for _, b in pairs])
+
+
+def is_loss(tf: Any, flat: list[Any]) -> bool:
+    """One floating scalar tensor reduced outside any replica function (a cross-replica or the default
+    context, as ``strategy.reduce`` in a step function is): what ``strategy.reduce(..., loss)`` reduces."""
+    ctx = tf.distribute.get_replica_context()
+    return (
+        not (ctx is not None and tf.distribute.has_strategy())
+        and len(flat) == 1
+        and isinstance(flat[0], tf.Tensor)
+        and flat[0].dtype.is_floating
+        and flat[0].shape.rank is not None
+        and flat[0].shape.num_elements() == 1
+    )
+
+
+def loss_value(tf: Any, result: Any) -> Any:
+    """The reduced loss as a float64 scalar on the host."""
+    (value,) = tf.nest.flatten(result)
+    with tf.name_scope("tfcluster_loss"), tf.device("/cpu:0"):
+        return tf.reshape(tf.cast(value, tf.float64), [])
+
+
+def optimizer_name(depth: int = 64) -> str | None:
+    """The class of the optimizer whose gradients are being reduced: a ``self`` up the Python stack (at
+    trace time) that is an optimizer (tf_keras ``apply_gradients`` → ``aggregate_gradients``, Keras 3, the
+    legacy ``OptimizerV2``) — this thread's, else a replica thread's: a ``merge_call`` runs its function
+    in the strategy's main thread while the replica's thread, whose optimizer asked, waits. None when the
+    all-reduce was not called from an optimizer."""
+    stacks = [sys._getframe(1)]
+    stacks += [f for t, f in sys._current_frames().items() if _replica_thread(t)]
+    for frame in stacks:
+        for _ in range(depth):
+            if frame is None:
+                break
+            obj = frame.f_locals.get("self")
+            if obj is not None and any("Optimizer" in c.__name__ for c in type(obj).__mro__[:-1]):
+                inner = getattr(obj, "inner_optimizer", None)  # a LossScaleOptimizer names what it wraps
+                return type(inner if inner is not None else obj).__name__
+            frame = frame.f_back
+    return None
+
+
+def _replica_thread(ident: int) -> bool:
+    """A thread of ``mirrored_run`` running a replica function (``_MirroredReplicaThread``)."""
+    thread = threading._active.get(ident)  # type: ignore[attr-defined]
+    return thread is not None and "Replica" in type(thread).__name__
