@@ -78,7 +78,9 @@ def test_cpu_quota_host_is_named_slow_host(bed, tmp_path):
     named = [(f["code"], f["subject"]) for f in check["findings"]]
     assert named == [("slow_host", slow)], check["findings"]
     assert check["findings"][0]["figure"] < 0.5 * check["findings"][0]["median"]
-    assert launched.returncode == 0, (launched.returncode, launched.stderr[-3000:])
+    relaunch_check = tmp_path / "launch-check" / "check.json"
+    seen = json.loads(relaunch_check.read_text()) if relaunch_check.is_file() else None
+    assert launched.returncode == 0, (launched.returncode, launched.stderr[-1500:], seen and seen["findings"], seen)
     plan = read_plan(RunDir(run))
     assert sorted(t.host for t in plan.tasks) == sorted(h.address for h in bed.hosts if h.address != slow)
     events = read_events(run)
