@@ -44,6 +44,8 @@ def test_a_bar_flushed_after_the_traceback_goes_before_it_and_the_exception_is_l
     custom = "step 40 of 100 |#####     |"
     assert tidy([*TRACEBACK, custom], bars=[custom])[-1] == TRACEBACK[-1]
     assert tidy(["a", custom]) == ["a", custom]  # no traceback: nothing moves
+    # a bar on stderr overdrawn by the traceback: the line that ended the redraw is the traceback's own
+    assert tidy(["x", *TRACEBACK], bars=[TRACEBACK[0]]) == ["x", *fold_own_frames(TRACEBACK)]
 
 
 def test_tfclusters_own_frames_are_folded_into_one_line_naming_them():

@@ -29,7 +29,10 @@ OURS = re.compile(r"[/\\](worker_entry[/\\](?!examples[/\\]).+|_site[/\\]sitecus
 
 
 def is_bar(line: str, bars: Collection[str] = ()) -> bool:
-    """A progress bar's line: one the node sent as an unfinished redraw (``bars``), or Keras' shape."""
+    """A progress bar's line: one the node sent as an unfinished redraw (``bars``), or Keras' shape. A
+    traceback's own lines never are (a bar on stderr is overdrawn by the traceback that follows it)."""
+    if line.strip() == TRACEBACK or FRAME.match(line) is not None:
+        return False
     return line.strip() in bars or BAR.match(line) is not None
 
 
