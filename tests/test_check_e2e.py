@@ -155,6 +155,7 @@ def test_status_and_report_by_name_after_a_check_mean_the_training_run(bed, tmp_
     assert json.loads(report.stdout)["run_dir"] == str(train)
     by_dir = run_cli("status", str(runs / "check-checked-later"), "--json")
     assert json.loads(by_dir.stdout)["run_dir"] == str(runs / "check-checked-later")
+    assert json.loads(by_dir.stdout)["purpose"] == "check" and json.loads(status.stdout)["purpose"] == "train"
     listing = json.loads(run_cli("status", "--runs-dir", str(runs), "--json").stdout)
     assert {r["run_dir"]: r["purpose"] for r in listing["runs"]} == {
         str(train): "train",

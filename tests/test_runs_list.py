@@ -215,6 +215,8 @@ def test_a_check_run_does_not_shadow_the_jobs_training_run(tmp_path):
     res = run_cli("status", "b-keras", "--runs-dir", str(base), "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["run_dir"] == str(train) and json.loads(res.stdout)["state"] == "failed"
+    res = run_cli("status", str(check))
+    assert res.returncode == 0 and res.stdout.startswith("job b-keras (a check run)"), res.stdout
     listing = list_runs(base, RunHandle, limit=None)
     assert {Path(r.run_dir).name: r.purpose for r in listing.runs} == {train.name: "train", check.name: "check"}
     assert "b-keras (check)" in runs_text(listing)

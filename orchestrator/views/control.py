@@ -34,6 +34,7 @@ def job_status(run: RunDir, handle: RunHandle | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "run_dir": str(run.path),
         "job": plan.job if plan else None,
+        "purpose": plan.purpose if plan else None,  # "check": a run of `tfcluster check`
         "launcher_pid": launcher.get("pid"),
         "launcher_host": launcher.get("hostname"),
         **handle.scheduler_status(),
@@ -86,7 +87,8 @@ def _finished_tasks(status: dict[str, Any], result: dict[str, Any]) -> dict[str,
 def status_text(st: dict[str, Any], handle: RunHandle | None = None, *, show_all: bool = False) -> str:
     """The run, and its tasks: one a row up to ``FULL_UP_TO`` tasks (or ``show_all``), else a summary."""
     handle = handle or RunHandle(RunDir(Path(str(st.get("run_dir")))))
-    head = f"job {st.get('job')}   state {st.get('state')}   run {st.get('run_dir')}"
+    check = " (a check run)" if st.get("purpose") == "check" else ""
+    head = f"job {st.get('job')}{check}   state {st.get('state')}   run {st.get('run_dir')}"
     lines = [head, *handle.scheduler_lines(st), *throughput_lines(st.get("throughput")), *loss_line(st.get("tasks"))]
     if st.get("message"):
         lines.append(st["message"])
