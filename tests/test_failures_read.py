@@ -10,11 +10,14 @@ The job-level tests run the real supervisor over fake nodes that speak the real 
 
 from __future__ import annotations
 
+import pytest
+from conftest import PY, WORKLOADS, assert_no_job_processes, repo_python, run_launch
 from fakenode import FakeBackend, FakeNode, make_plan, obedient
 from test_goodput import restart_run
+from testbed_fixtures import requires_netns
 
 from orchestrator.job import Job, LaunchOptions
-from orchestrator.supervise.lastlines import fold_own_frames, tidy
+from orchestrator.supervise.lastlines import fold_own_frames, is_bar, tidy
 from orchestrator.views.goodput import goodput
 from worker_entry import protocol as p
 
@@ -109,3 +112,43 @@ def test_a_failed_jobs_root_cause_and_the_peers_states_read_as_they_happened(tmp
 def test_lost_training_without_a_backup_names_the_remedy():
     g = goodput(*restart_run(epochs=False))
     assert "BackupAndRestore" in g["attempts"][0]["backup"] and "TFCLUSTER_BACKUP_DIR" in g["attempts"][0]["backup"]
+
+
+@pytest.mark.e2e
+@requires_netns
+def test_a_real_keras_failure_ends_with_its_exception_not_the_bar_flushed_after_it(testbed_factory, tmp_path):
+    """Real TensorFlow on the namespace bed: worker:1 raises inside `fit` (verbose 1: its bar unfinished on
+    stdout, the traceback on stderr). Its node flushes the bar after the traceback — the task's log keeps
+    that order — and the root cause's last lines end with the exception, no bar after the traceback."""
+    tb = testbed_factory(3, mode="netns")
+    spec = tb.write_spec(
+        tmp_path / "spec.yaml",
+        "fails-read",
+        [
+            PY,
+            str(WORKLOADS / "mwms_job.py"),
+            *("--epochs", "2", "--steps", "20", "--step-sleep", "0.05", "--verbose", "1"),
+            *("--fail-task", "worker:1", "--fail-epoch", "0", "--fail-raise"),
+        ],
+        job={"python": repo_python(tmp_path)},
+    )
+    r = run_launch(tb, spec, tmp_path / "run", "-q", "--no-gather")
+    assert r.rc == 3, r.stderr[-3000:]
+    rc = r.result["root_cause"]
+    assert (rc["task"], rc["exit_code"]) == ("worker:1", 1), rc
+    lines = rc["last_lines"]
+    assert lines[-1].startswith("RuntimeError: worker:1: injected failure"), lines
+    assert any("of tfcluster's instrumentation, not your code: worker_entry/instrument/hooks.py" in x for x in lines)
+    assert not any("/worker_entry/instrument/" in x for x in lines), lines  # fit's wrapper folded, not quoted
+    if "Traceback (most recent call last):" in lines:
+        after = lines[lines.index("Traceback (most recent call last):") :]
+        assert not any(is_bar(x) for x in after), lines
+    log = [x for x in (tmp_path / "run" / "logs" / "worker-1.log").read_text().splitlines() if x.strip()]
+    told = [i for i, x in enumerate(log) if x.startswith("RuntimeError: worker:1: injected failure")]
+    assert told and any(is_bar(x) for x in log[told[-1] + 1 :]), log[-5:]  # as printed: the bar after it
+    for peer in ("worker:0", "worker:2"):  # stopped by tfcluster, or failed on their own with their real exit
+        t = r.result["tasks"][peer]
+        assert t["state"] in ("stopped", "failed"), t
+        if t["state"] == "failed":
+            assert t["reason"] is None and (t["exit_code"] is not None or t["signal"]), t
+    assert_no_job_processes(tb, 10)
