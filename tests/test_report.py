@@ -242,3 +242,43 @@ def test_steps_without_step_clock_samples_say_why(tmp_path):
     rep = build_report(run)
     assert rep.split is None and rep.to_dict()["workers"]["worker:0"]["steps"] == 60
     assert "shorter than one step-clock window" in rep.advice[0]
+
+
+#: `report --json`'s keys: a contract (scripts and the README read them), written only by Report.to_dict.
+REPORT_KEYS = {
+    "run_dir", "job", "window", "workers", "throughput", "gpu_models", "gpu_problems", "gpu_clocks",
+    "shared_problems", "pace", "stragglers", "slowing", "efficiency", "split", "advice", "goodput", "loss",
+    "noise_scale",
+}  # fmt: skip
+WORKER_KEYS = {
+    "host", "steps", "step_time_s", "steps_per_s", "examples_per_s", "cpu_pct", "loss", "rss_mb_max",
+    "gpu_util_pct", "gpus", "profiles", "cpu_ms", "step_ms", "input_ms", "compute_ms", "collective_ms",
+    "update_ms", "host_ms", "other_ms", "pre_collective_ms", "wait_pct", "throttled_pct", "steal_pct",
+    "tcp_retrans_pct", "relative_score", "individual_score",
+}  # fmt: skip
+
+
+def test_the_typed_report_and_its_json_say_the_same(tmp_path):
+    """One model: the attributes the text, the page and scale read are the JSON's values, under the
+    keys `report --json` has always had (a part a run lacks is left out: roles, evaluations)."""
+    from pathlib import Path
+
+    rep = build_report(RunDir(Path(__file__).parent / "data" / "recorded_run"))
+    data = json.loads(json.dumps(rep.to_dict()))  # JSON-clean
+    assert set(data) == REPORT_KEYS, set(data) ^ REPORT_KEYS
+    assert set(rep.workers) == set(data["workers"]) == {"worker:0", "worker:1", "worker:2"}
+    for task, w in rep.workers.items():
+        row = data["workers"][task]
+        assert set(row) == WORKER_KEYS, set(row) ^ WORKER_KEYS
+        assert (w.step_ms, w.part("input_ms"), w.figures.steps, w.host) == (
+            row["step_ms"],
+            row["input_ms"],
+            row["steps"],
+            row["host"],
+        )
+        assert w.after_ms == pytest.approx(row["update_ms"] + row["host_ms"])
+    assert (rep.efficiency, list(rep.advice), dict(rep.split)) == (data["efficiency"], data["advice"], data["split"])
+    with pytest.raises(TypeError):
+        rep["workers"]
+    suggested = build_report(_run_dir(tmp_path, 10, 4)).to_dict()  # a straggler named: the window to look at
+    assert isinstance(suggested["suggested_last_s"], int)
