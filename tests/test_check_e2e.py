@@ -136,3 +136,31 @@ def test_a_host_cut_off_during_the_check_ends_it_and_is_named(bed, tmp_path):
     lost = next(f for f in check["findings"] if f["subject"] == bed.hosts[1].address)
     assert "no heartbeat" in lost["what"], lost
     assert_no_job_processes(bed, 30)
+
+
+def test_status_and_report_by_name_after_a_check_mean_the_training_run(bed, tmp_path):
+    """Issue 32.5: `tfcluster check` after a launch of the same job: `status NAME` and `report NAME` mean
+    the training run; the check run is reachable by its directory and marked in the list."""
+    runs = tmp_path / "runs"
+    spec = _spec(bed, tmp_path)
+    train = runs / "checked-train"
+    launched = run_cli("launch", str(spec), "--run-dir", str(train), "--no-live", "-q", tb=bed, timeout=300)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    out, _ = _check(bed, spec, runs / "check-checked-later")
+    assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
+    assert read_plan(RunDir(runs / "check-checked-later")).purpose == "check"
+    status = run_cli("status", "checked", "--runs-dir", str(runs), "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["run_dir"] == str(train)
+    report = run_cli("report", "checked", "--runs-dir", str(runs), "--json")
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)["run_dir"] == str(train)
+    by_dir = run_cli("status", str(runs / "check-checked-later"), "--json")
+    assert json.loads(by_dir.stdout)["run_dir"] == str(runs / "check-checked-later")
+    assert json.loads(by_dir.stdout)["purpose"] == "check" and json.loads(status.stdout)["purpose"] == "train"
+    listing = json.loads(run_cli("status", "--runs-dir", str(runs), "--json").stdout)
+    assert {r["run_dir"]: r["purpose"] for r in listing["runs"]} == {
+        str(train): "train",
+        str(runs / "check-checked-later"): "check",
+    }
+    assert_no_job_processes(bed, 10)

@@ -74,7 +74,7 @@ def test_evaluations_are_events_status_and_report_rows(tmp_path):
     text = status_text(job_status(RunDir(run)))
     assert "evaluator:0: 2 evaluation(s); last: checkpoint ckpt-2 (step 20): loss 0.125 mae 0.0625" in text
     rep = build_report(RunDir(run))
-    rows = rep["evaluations"]["evaluator:0"]
+    rows = rep.to_dict()["evaluations"]["evaluator:0"]
     assert [(r["checkpoint"], r["step"], r["metrics"]) for r in rows] == [
         (m.checkpoint, m.step, m.metrics) for m in EVALS
     ]
@@ -108,7 +108,7 @@ def test_status_counts_the_evaluations_of_every_attempt_as_report_lists_them(tmp
     result, run = launch(tmp_path, scripts, restart={"max_restarts": 1})
     assert result.state == JobState.SUCCEEDED and len(result.attempts) == 2, result.root_cause
     entry = json.loads((run / "status.json").read_text())["tasks"]["evaluator:0"]["evaluation"]
-    rows = build_report(RunDir(run))["evaluations"]["evaluator:0"]
+    rows = build_report(RunDir(run)).to_dict()["evaluations"]["evaluator:0"]
     assert entry["evaluations"] == len(rows) == 4 and entry["step"] == rows[-1]["step"] == 20
     assert "evaluator:0: 4 evaluation(s)" in status_text(job_status(RunDir(run)))
 

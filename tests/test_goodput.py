@@ -247,7 +247,7 @@ def _write_run(path, events, beats, result, plan=None) -> RunDir:
 def test_report_json_and_text_carry_goodput(tmp_path):
     run = _write_run(tmp_path, *restart_run())
     rep = build_report(run)
-    assert rep["goodput"]["productive_s"] == pytest.approx(22.8)
+    assert rep.goodput["productive_s"] == pytest.approx(22.8)
     text = report_text(rep)
     assert "goodput 33.3% of 68.5 s wall time:" in text
     assert re.search(r"failures: work redone since the last backup, restarts\s+9\.0 s\s+13\.1%", text)
@@ -256,7 +256,7 @@ def test_report_json_and_text_carry_goodput(tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["goodput"]["failure_s"] == pytest.approx(9)
     narrowed = build_report(run, last_s=10)  # --last narrows the step times; goodput stays whole-run
-    assert narrowed["goodput"]["wall_s"] == rep["goodput"]["wall_s"]
+    assert narrowed.goodput["wall_s"] == rep.goodput["wall_s"]
     assert "(of the whole run: --last narrows" in report_text(narrowed)
 
 
@@ -302,7 +302,7 @@ def test_hostile_and_truncated_records_never_traceback(tmp_path):
             f.write("[1, 2]\n\x00\xff garbage\n")
         rep = build_report(run)
         report_text(rep)
-        g = rep["goodput"]
+        g = rep.goodput
         if g is not None:
             assert all(math.isfinite(g[k]) and g[k] >= 0 for k in CATEGORIES), g
             assert _sum(g) == pytest.approx(g["wall_s"], abs=0.01, rel=1e-9)
@@ -312,7 +312,7 @@ def test_hostile_and_truncated_records_never_traceback(tmp_path):
     (d / "plan.json").write_text('{"job": "x", "nodes": [1, {"task": "w"}, {"task": {}, "env": []}]')
     (d / "result.json").write_text("[]")
     rep = build_report(RunDir(d))
-    assert rep["goodput"] is None and "goodput" not in report_text(rep)
+    assert rep.goodput is None and "goodput" not in report_text(rep)
 
 
 def test_cleaning_keeps_good_records_and_unknown_fields():

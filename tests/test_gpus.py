@@ -174,9 +174,9 @@ def named_everywhere(tmp_path: Path, sample: Sample) -> dict[str, Any]:
         "events": {(e.task, e.problem) for e in events},
         "status": {(t, g["problem"]) for t, s in status["tasks"].items() for g in s["gpu_problems"]},
         "metrics": {(t, problem) for t, _, problem in metrics},
-        "report": {(g["task"], g["problem"]) for g in rep["gpu_problems"]},
+        "report": {(g["task"], g["problem"]) for g in rep.to_dict()["gpu_problems"]},
         "messages": [e.message for e in events],
-        "advice": rep["advice"],
+        "advice": rep.advice,
         "text": report_text(rep),
         "status_text": text,
     }
@@ -374,7 +374,7 @@ def test_through_a_running_job_one_judgement_reaches_every_view(tmp_path):
     assert problems[0]["message"].startswith("worker:1's GPU 0: HW slowdown at 0.84 GHz of 1.98 GHz")
     assert problems[0]["reading"]["reasons"] == ["HW slowdown"]
     rep = build_report(RunDir(run))
-    assert {(g["task"], g["problem"]) for g in rep["gpu_problems"]} == {("worker:1", "fault")}
+    assert {(g["task"], g["problem"]) for g in rep.to_dict()["gpu_problems"]} == {("worker:1", "fault")}
 
 
 def test_damaged_samples_are_skipped_not_raised():

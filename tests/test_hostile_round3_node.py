@@ -179,7 +179,7 @@ def test_a_host_an_hour_ahead_keeps_the_whole_runs_figures(tmp_path):
     assert abs(rates["worker:1"] - rates["worker:0"]) < 0.5 * rates["worker:0"], rates
     assert status["throughput"]["steps_per_s"] is not None
     report = build_report(RunDir(run))
-    assert report["throughput"]["steps_per_s"] == status["throughput"]["steps_per_s"]
+    assert report.to_dict()["throughput"]["steps_per_s"] == status["throughput"]["steps_per_s"]
     records = [json.loads(x) for x in (run / "heartbeats.jsonl").read_text().splitlines()]
     ahead = [r for r in records if r["task"] == "worker:1" and "progress" in r]
     assert ahead and all(abs(r["clock_skew_s"] - HOUR) < 5 for r in ahead)

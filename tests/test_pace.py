@@ -107,14 +107,13 @@ def test_report_shows_each_models_wait_and_the_what_if(tmp_path):
             )
     (tmp_path / "heartbeats.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     rep = build_report(RunDir(tmp_path))
-    assert rep["pace"]["speedup_per_example"] == pytest.approx(1.5)
-    assert any(a.startswith(f"mixed GPU models: the 2 hosts with {A100} set the pace") for a in rep["advice"]), rep[
+    assert rep.pace["speedup_per_example"] == pytest.approx(1.5)
+    assert any(a.startswith(f"mixed GPU models: the 2 hosts with {A100} set the pace") for a in rep.advice), rep[
         "advice"
     ]
     # the step clock's straggler (one of the two A100 hosts) is its model's pace, not its own fault
     assert any(
-        a.startswith("worker:0 is a straggler") and f"cause: GPU model — {A100}, on 2 host(s)" in a
-        for a in rep["advice"]
+        a.startswith("worker:0 is a straggler") and f"cause: GPU model — {A100}, on 2 host(s)" in a for a in rep.advice
     )
     text = report_text(rep)
     assert f"  {H100}: 6 worker(s), own work 40.0 ms/step, waiting for the slowest 50.0 ms/step (50% of a step)" in text

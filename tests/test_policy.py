@@ -71,12 +71,12 @@ def test_monitor_and_report_use_the_same_thresholds(tmp_path, monkeypatch):
     rep = report_view.build_report(run)
     monitor_policy = Policy(stragglers=plan.policy)
     assert seen == [monitor_policy.stragglers]  # report judged with the plan's policy, as the monitor does
-    assert not any(a.startswith("worker:1 is a straggler") for a in rep["advice"])
+    assert not any(a.startswith("worker:1 is a straggler") for a in rep.advice)
     assert _monitor_names(monitor_policy, pres) == set()
     # ... and both name it once its excess is a real share of the step
     pres = [4.0, 24.0, 4.0]
     rep = report_view.build_report(_run_dir(tmp_path, plan, pres))
-    assert any(a.startswith("worker:1 is a straggler") for a in rep["advice"])
+    assert any(a.startswith("worker:1 is a straggler") for a in rep.advice)
     assert _monitor_names(monitor_policy, pres) == {"worker:1"}
 
 
@@ -84,7 +84,7 @@ def test_a_stricter_persisted_policy_holds_for_report_too(tmp_path):
     _, plan = make_plan(3, heartbeat={"straggler_ratio": 8.0})
     pres = [4.0, 24.0, 4.0]  # 6x: a straggler by default, not at ratio 8
     rep = report_view.build_report(_run_dir(tmp_path, plan, pres))
-    assert not any(a.startswith("worker:1 is a straggler") for a in rep["advice"])
+    assert not any(a.startswith("worker:1 is a straggler") for a in rep.advice)
     assert _monitor_names(Policy(stragglers=plan.policy), pres) == set()
 
 

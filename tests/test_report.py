@@ -94,38 +94,38 @@ def _parts_sum(split: dict) -> float:
 
 def test_homogeneous_split_and_efficiency(tmp_path):
     rep = build_report(_run_dir(tmp_path, 10, 0))
-    split = rep["split"]
+    split = rep.split
     assert split["step_ms"] == 20.0 and split["input_ms"] == 2.0 and split["compute_ms"] == 2.0
     assert split["waiting_for_slowest_ms"] == 0 and split["allreduce_ms"] == 16.0
     assert _parts_sum(split) == pytest.approx(split["step_ms"])
-    assert rep["efficiency"] == pytest.approx(0.2)
-    assert rep["stragglers"] == [] and "suggested_last_s" not in rep
-    assert any("communication-bound" in a for a in rep["advice"])  # nobody late, no host evidence
-    assert rep["workers"]["worker:1"]["steps_per_s"] == pytest.approx(15.0)
-    assert rep["workers"]["worker:1"]["relative_score"] == 1.0
+    assert rep.efficiency == pytest.approx(0.2)
+    assert rep.to_dict()["stragglers"] == [] and "suggested_last_s" not in rep.to_dict()
+    assert any("communication-bound" in a for a in rep.advice)  # nobody late, no host evidence
+    assert rep.to_dict()["workers"]["worker:1"]["steps_per_s"] == pytest.approx(15.0)
+    assert rep.to_dict()["workers"]["worker:1"]["relative_score"] == 1.0
 
 
 def test_midrun_straggler_is_diluted_over_the_run_and_clear_with_last(tmp_path):
     run = _run_dir(tmp_path, 20, 4)
     whole = build_report(run)
-    assert whole["split"]["waiting_for_slowest_ms"] < 10  # 4 slow windows of 24: the run's means dilute it
-    assert [s["task"] for s in whole["stragglers"]] == ["worker:1"]
-    suggested = whole["suggested_last_s"]
+    assert whole.split["waiting_for_slowest_ms"] < 10  # 4 slow windows of 24: the run's means dilute it
+    assert [s["task"] for s in whole.to_dict()["stragglers"]] == ["worker:1"]
+    suggested = whole.to_dict()["suggested_last_s"]
     text = report_text(whole)
     assert f"--last {suggested}s" in text
     recent = build_report(run, last_s=suggested)
-    assert recent["window"]["last_s"] == suggested
-    assert all(w["profiles"] == 4 for w in recent["workers"].values())  # exactly the slow windows
-    assert recent["split"]["slowest_worker"] == "worker:1"
-    assert recent["split"]["waiting_for_slowest_ms"] == 40.0 and recent["split"]["allreduce_ms"] == 16.0
-    assert _parts_sum(recent["split"]) == pytest.approx(recent["split"]["step_ms"])
-    assert any(a.startswith("worker:1 is a straggler") and "input pipeline" in a for a in recent["advice"])
-    assert not any("communication-bound" in a for a in recent["advice"])
+    assert recent.to_dict()["window"]["last_s"] == suggested
+    assert all(w["profiles"] == 4 for w in recent.to_dict()["workers"].values())  # exactly the slow windows
+    assert recent.split["slowest_worker"] == "worker:1"
+    assert recent.split["waiting_for_slowest_ms"] == 40.0 and recent.split["allreduce_ms"] == 16.0
+    assert _parts_sum(recent.split) == pytest.approx(recent.split["step_ms"])
+    assert any(a.startswith("worker:1 is a straggler") and "input pipeline" in a for a in recent.advice)
+    assert not any("communication-bound" in a for a in recent.advice)
     assert "of the last" in report_text(recent)
     # scores compare its last windows with its best of the whole run
     assert (
-        recent["workers"]["worker:1"]["individual_score"] < 0.5
-        and whole["workers"]["worker:0"]["individual_score"] == 1.0
+        recent.to_dict()["workers"]["worker:1"]["individual_score"] < 0.5
+        and whole.to_dict()["workers"]["worker:0"]["individual_score"] == 1.0
     )
 
 
@@ -147,9 +147,9 @@ def test_a_starved_worker_is_named_and_the_job_is_not_called_communication_bound
     run = _run_dir(tmp_path, 10, 0)
     _with_heartbeats(run, lambda t: {"interval_s": 1.0, "wait_pct": 88.0 if t == "worker:2" else 31.0})
     rep = build_report(run)
-    assert rep["workers"]["worker:2"]["wait_pct"] == 88.0
-    assert any(a.startswith("worker:2 is a straggler") and "host CPU" in a for a in rep["advice"]), rep["advice"]
-    assert not any("communication-bound" in a for a in rep["advice"])
+    assert rep.to_dict()["workers"]["worker:2"]["wait_pct"] == 88.0
+    assert any(a.startswith("worker:2 is a straggler") and "host CPU" in a for a in rep.advice), rep.advice
+    assert not any("communication-bound" in a for a in rep.advice)
     text = report_text(rep)
     assert "CPU WAIT%" in text and "88.0" in text
 
@@ -164,20 +164,20 @@ def test_every_worker_starved_of_cpu_is_named_and_the_all_reduce_is_not_blamed_o
         run, lambda t: {"interval_s": 1.0, "run_ms": 100.0 - waits[t], "wait_ms": waits[t], "wait_pct": waits[t]}
     )
     rep = build_report(run)
-    assert [p["kind"] for p in rep["shared_problems"]] == ["cpu wait"]
+    assert [p["kind"] for p in rep.to_dict()["shared_problems"]] == ["cpu wait"]
     assert any(
         a.startswith("every host: all 3 workers' training processes waited for a CPU 61-70% of the time")
-        for a in rep["advice"]
-    ), rep["advice"]
-    assert any(a.startswith("the all-reduce time (16.0 ms, 80% of a step) is inflated by it") for a in rep["advice"])
-    assert not any("communication-bound" in a for a in rep["advice"]), rep["advice"]
-    assert not any("is a straggler" in a for a in rep["advice"])  # the relative rules name nobody: right
+        for a in rep.advice
+    ), rep.advice
+    assert any(a.startswith("the all-reduce time (16.0 ms, 80% of a step) is inflated by it") for a in rep.advice)
+    assert not any("communication-bound" in a for a in rep.advice), rep.advice
+    assert not any("is a straggler" in a for a in rep.advice)  # the relative rules name nobody: right
     # one worker at 66 % and two at 30 %: no shared starvation (and the relative rule names the one)
     waits.update({"worker:0": 30.0, "worker:2": 30.0})
     _with_heartbeats(
         run, lambda t: {"interval_s": 1.0, "run_ms": 100.0 - waits[t], "wait_ms": waits[t], "wait_pct": waits[t]}
     )
-    assert build_report(run)["shared_problems"] == []
+    assert build_report(run).to_dict()["shared_problems"] == []
 
 
 def test_a_recorded_real_run_on_two_cores_is_not_called_communication_bound():
@@ -186,10 +186,10 @@ def test_a_recorded_real_run_on_two_cores_is_not_called_communication_bound():
     from pathlib import Path
 
     rep = build_report(RunDir(Path(__file__).parent / "data" / "recorded_run"))
-    assert [p["kind"] for p in rep["shared_problems"]] == ["cpu wait"]
-    assert rep["shared_problems"][0]["wait_pct_min"] > 60
-    assert any("is inflated by it" in a for a in rep["advice"])
-    assert not any("communication-bound" in a for a in rep["advice"]), rep["advice"]
+    assert [p["kind"] for p in rep.to_dict()["shared_problems"]] == ["cpu wait"]
+    assert rep.to_dict()["shared_problems"][0]["wait_pct_min"] > 60
+    assert any("is inflated by it" in a for a in rep.advice)
+    assert not any("communication-bound" in a for a in rep.advice), rep.advice
 
 
 def test_gpu_models_per_host_mixed_models_and_a_throttled_gpu(tmp_path):
@@ -215,20 +215,20 @@ def test_gpu_models_per_host_mixed_models_and_a_throttled_gpu(tmp_path):
 
     _with_heartbeats(run, lambda t: {"interval_s": 1.0, "wait_pct": 20.0}, gpus)
     rep = build_report(run)
-    assert rep["gpu_models"]["mixed"] is True
-    assert rep["gpu_models"]["per_host"]["10.0.0.3"] == ["NVIDIA V100 (80 GiB)"]
+    assert rep.to_dict()["gpu_models"]["mixed"] is True
+    assert rep.to_dict()["gpu_models"]["per_host"]["10.0.0.3"] == ["NVIDIA V100 (80 GiB)"]
     # relative to its peers of the same model (the A100s: worker:0), not to its maximum clock
-    assert any("worker:1's GPU 0: runs at 1.10 GHz, 22% below its peers' 1.41 GHz" in a for a in rep["advice"]), rep[
+    assert any("worker:1's GPU 0: runs at 1.10 GHz, 22% below its peers' 1.41 GHz" in a for a in rep.advice), rep[
         "advice"
     ]
-    assert [(p["task"], p["problem"]) for p in rep["gpu_problems"]] == [("worker:1", "slow")]
+    assert [(p["task"], p["problem"]) for p in rep.to_dict()["gpu_problems"]] == [("worker:1", "slow")]
     assert "MIXED MODELS" in report_text(rep)
 
 
 def test_no_samples_and_cli_errors(tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps({"job": "x", "nodes": []}))
     rep = build_report(RunDir(tmp_path))
-    assert rep["split"] is None and "no step-clock samples" in rep["advice"][0]
+    assert rep.split is None and "no step-clock samples" in rep.advice[0]
     r = run_cli("report", str(tmp_path), "--last", "2x")
     assert r.returncode == 2 and "--last '2x'" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("report", str(tmp_path / "nope"))
@@ -240,5 +240,45 @@ def test_steps_without_step_clock_samples_say_why(tmp_path):
     beats = [x for x in run.heartbeats_jsonl.read_text().splitlines() if '"profile"' not in x]
     run.heartbeats_jsonl.write_text("\n".join(beats) + "\n")
     rep = build_report(run)
-    assert rep["split"] is None and rep["workers"]["worker:0"]["steps"] == 60
-    assert "shorter than one step-clock window" in rep["advice"][0]
+    assert rep.split is None and rep.to_dict()["workers"]["worker:0"]["steps"] == 60
+    assert "shorter than one step-clock window" in rep.advice[0]
+
+
+#: `report --json`'s keys: a contract (scripts and the README read them), written only by Report.to_dict.
+REPORT_KEYS = {
+    "run_dir", "job", "window", "workers", "throughput", "gpu_models", "gpu_problems", "gpu_clocks",
+    "shared_problems", "pace", "stragglers", "slowing", "efficiency", "split", "advice", "goodput", "loss",
+    "noise_scale",
+}  # fmt: skip
+WORKER_KEYS = {
+    "host", "steps", "step_time_s", "steps_per_s", "examples_per_s", "cpu_pct", "loss", "rss_mb_max",
+    "gpu_util_pct", "gpus", "profiles", "cpu_ms", "step_ms", "input_ms", "compute_ms", "collective_ms",
+    "update_ms", "host_ms", "other_ms", "pre_collective_ms", "wait_pct", "throttled_pct", "steal_pct",
+    "tcp_retrans_pct", "relative_score", "individual_score",
+}  # fmt: skip
+
+
+def test_the_typed_report_and_its_json_say_the_same(tmp_path):
+    """One model: the attributes the text, the page and scale read are the JSON's values, under the
+    keys `report --json` has always had (a part a run lacks is left out: roles, evaluations)."""
+    from pathlib import Path
+
+    rep = build_report(RunDir(Path(__file__).parent / "data" / "recorded_run"))
+    data = json.loads(json.dumps(rep.to_dict()))  # JSON-clean
+    assert set(data) == REPORT_KEYS, set(data) ^ REPORT_KEYS
+    assert set(rep.workers) == set(data["workers"]) == {"worker:0", "worker:1", "worker:2"}
+    for task, w in rep.workers.items():
+        row = data["workers"][task]
+        assert set(row) == WORKER_KEYS, set(row) ^ WORKER_KEYS
+        assert (w.step_ms, w.part("input_ms"), w.figures.steps, w.host) == (
+            row["step_ms"],
+            row["input_ms"],
+            row["steps"],
+            row["host"],
+        )
+        assert w.after_ms == pytest.approx(row["update_ms"] + row["host_ms"])
+    assert (rep.efficiency, list(rep.advice), dict(rep.split)) == (data["efficiency"], data["advice"], data["split"])
+    with pytest.raises(TypeError):
+        rep["workers"]
+    suggested = build_report(_run_dir(tmp_path, 10, 4)).to_dict()  # a straggler named: the window to look at
+    assert isinstance(suggested["suggested_last_s"], int)

@@ -38,12 +38,12 @@ def test_the_report_page_is_a_page_not_the_text_in_a_pre(tmp_path):
     assert [p.name for p in pngs] == ["step_times.png", "time_split.png"]
     assert "<table><thead><tr><th>task</th><th>host</th>" in doc and _rows(doc) == ["worker:0", "worker:1", "worker:2"]
     advice = re.search(r"<h2>Advice</h2>\s*<ul>(.*?)</ul>", doc, re.S).group(1)
-    assert advice.count("<li>") == len(rep["advice"]) and html.escape(rep["advice"][0]) in advice
+    assert advice.count("<li>") == len(rep.advice) and html.escape(rep.advice[0]) in advice
     assert "pre{" in doc and "white-space:pre-wrap" in doc and "overflow-wrap:anywhere" in doc  # wrapped, not cut
     bar = re.search(r'<div class="bar"[^>]*>(.*?)</div>', doc).group(1)
     widths = [float(w) for w in re.findall(r"width:([\d.]+)%", bar)]
     assert abs(sum(widths) - 100) < 1 and widths[0] == pytest.approx(
-        100 * rep["goodput"]["productive_s"] / rep["goodput"]["wall_s"], abs=0.01
+        100 * rep.goodput["productive_s"] / rep.goodput["wall_s"], abs=0.01
     )
     assert "goodput 67.0% of 31.0 s wall time" in doc
     assert doc.count("data:image/png;base64,") == 2
@@ -73,7 +73,7 @@ def test_the_step_time_axis_starts_at_zero_and_states_the_spread(tmp_path, monke
 def test_a_thousand_task_report_shows_the_distribution_and_the_outliers(tmp_path):
     run = big_run(tmp_path / "run")
     doc, pngs, rep = _page(run, tmp_path / "page")
-    assert len(rep["workers"]) == 1000
+    assert len(rep.to_dict()["workers"]) == 1000
     assert [p.name for p in pngs] == ["step_times.png", "step_hist.png", "time_split.png"]
     rows = _rows(doc)
     assert 10 <= len(rows) <= 12 and set(SLOW) <= set(rows) and STRAGGLER in rows  # the outliers, not 1,000 rows
@@ -95,7 +95,7 @@ def test_a_sweep_page_of_a_thousand_workers_draws_their_distribution(tmp_path):
                 "run_dir": str(run),
                 "throughput": 20213.0,
                 "efficiency": 0.3,
-                "per_worker": rep["workers"],
+                "per_worker": rep.to_dict()["workers"],
                 "split": None,
             }
         ],

@@ -13,7 +13,7 @@ import pytest
 from conftest import PY, run_cli, start_launch
 from waiting import wait_for
 
-from orchestrator.runs import RunDir
+from orchestrator.runs import RunDir, resolve_run
 from orchestrator.runs.launcher import process_start_time
 from orchestrator.views import runs as runs_view
 from orchestrator.views.handle import RunHandle
@@ -30,10 +30,14 @@ def _run(
     status: dict | None = None,
     launcher: dict | None = None,
     scheduler: str | None = None,
+    command: list[str] | None = None,
 ) -> Path:
     d = base / name
     d.mkdir(parents=True, mode=0o700)
-    plan = {"job": job, "run_id": name, "nodes": [{"task": {"type": "worker", "index": i}} for i in range(tasks)]}
+    nodes = [
+        {"task": {"type": "worker", "index": i}, "command": command or ["python", "train.py"]} for i in range(tasks)
+    ]
+    plan = {"job": job, "run_id": name, "nodes": nodes}
     if scheduler:
         plan["scheduler"] = scheduler
     (d / "plan.json").write_text(json.dumps(plan))
@@ -149,6 +153,7 @@ def test_cli_lists_runs_as_text_and_json(runs_dir):
         "run_dir",
         "run_id",
         "scheduler",
+        "purpose",
     }
     res = run_cli("status", "--runs-dir", str(runs_dir), "--state", "failed")
     assert res.returncode == 0 and "bad" in res.stdout and "ok " not in res.stdout, res.stdout
@@ -185,3 +190,37 @@ def test_a_real_run_is_listed_live_and_after(testbed_factory, tmp_path):
         ("listed", json.loads((run_dir / "result.json").read_text())["state"])
     ]
     assert rows[0]["wall_time_s"] > 0 and RunDir(run_dir).is_finished()
+
+
+CHECK = [PY, "-m", "worker_entry.check", "--deadline-s", "60"]
+
+
+def test_a_check_run_does_not_shadow_the_jobs_training_run(tmp_path):
+    """`tfcluster check` after a training run: the job's name still means the training run (status, report,
+    logs), the check run is reachable by its directory, and the list marks it."""
+    base = tmp_path / "runs"
+    base.mkdir()
+    now = time.time()
+    train = _run(base, "b-keras-20260101T000000Z", job="b-keras", result={"state": "failed", "started_ts": now - 60})
+    check = _run(
+        base,
+        "check-b-keras-20260101T000100Z",
+        job="b-keras",
+        command=CHECK,
+        result={"state": "succeeded", "started_ts": now},
+    )
+    os.utime(train / "plan.json", (now - 60, now - 60))  # the check is the newer run
+    assert RunDir(check).path == resolve_run(str(check), base).path  # by its directory: the check itself
+    assert resolve_run("b-keras", base).path == train
+    res = run_cli("status", "b-keras", "--runs-dir", str(base), "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["run_dir"] == str(train) and json.loads(res.stdout)["state"] == "failed"
+    res = run_cli("status", str(check))
+    assert res.returncode == 0 and res.stdout.startswith("job b-keras (a check run)"), res.stdout
+    listing = list_runs(base, RunHandle, limit=None)
+    assert {Path(r.run_dir).name: r.purpose for r in listing.runs} == {train.name: "train", check.name: "check"}
+    assert "b-keras (check)" in runs_text(listing)
+    only_checks = tmp_path / "only"
+    only_checks.mkdir()
+    lone = _run(only_checks, "check-solo-1", job="solo", command=CHECK, result={"state": "succeeded"})
+    assert resolve_run("solo", only_checks).path == lone  # nothing else of that name: the check run

@@ -495,7 +495,7 @@ def test_report_split_adds_up_with_known_delays_in_each_part(cases, tmp_path):
     (tmp_path / "heartbeats.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     (tmp_path / "events.jsonl").write_text("")
     rep = build_report(RunDir(tmp_path))
-    split = rep["split"]
+    split = rep.split
     parts = ("input_ms", "compute_ms", "waiting_for_slowest_ms", "allreduce_ms", "update_ms", "host_ms", "other_ms")
     assert sum(split[k] for k in parts) == pytest.approx(split["step_ms"], abs=0.01), split
     assert split["compute_ms"] >= 9.5 and split["update_ms"] >= 9.5 and split["host_ms"] >= 9.5, split

@@ -415,8 +415,9 @@ def test_a_closed_channel_whose_exit_status_never_comes_is_lost_after_its_wait()
 
 def test_a_channel_that_closed_first_is_the_root_cause_even_while_its_exit_status_is_awaited():
     """worker:0's channel ends (its status never comes: the clock stands still); then worker:1 exits 1:
-    worker:0 is decided first — it came first — so it is the root cause and worker:1 was stopped by the
-    teardown it started, as when the loop slept until it knew worker:0's status."""
+    worker:0 is decided first — it came first — so it is the root cause, as when the loop slept until it
+    knew worker:0's status. worker:1's node says it ended on its own (not by the stop the teardown sent):
+    failed with its real exit, after the root cause (issue 32.8: not "stopped EXIT 1")."""
     closed = threading.Event()
 
     def fails_after(n: FakeNode) -> None:
@@ -429,7 +430,7 @@ def test_a_channel_that_closed_first_is_the_root_cause_even_while_its_exit_statu
     scripts = {"worker:0": _output_ends_then(lambda n: None, then=closed), "worker:1": fails_after}
     res, rec, _ = supervise(scripts, n_hosts=2, frozen=True)
     assert (res.root_cause.task, res.root_cause.kind) == ("worker:0", "lost")
-    assert [f.task for f in res.failures] == ["worker:0"]
-    assert res.tasks["worker:1"].state == TaskState.STOPPED
+    assert [f.task for f in res.failures] == ["worker:0", "worker:1"]
+    assert (res.tasks["worker:1"].state, res.tasks["worker:1"].exit_code) == (TaskState.FAILED, 1)
     (teardown,) = rec.kinds("teardown")
     assert teardown.reason.startswith("worker:0 (10.0.0.1): connection closed without an exit status")

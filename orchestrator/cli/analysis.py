@@ -25,15 +25,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     run = resolved_run(args)
     report = build_report(run, last_s=last_s)
     text = report_text(report)
+    data = report.to_dict()  # --json: the model's one JSON shape
     if args.html:
         from ..views.pages import report_page
 
         page, pngs = report_page(run, report, text)
-        report["html"] = str(page)
-        report["pngs"] = [str(p) for p in pngs]
-    print(json.dumps(report, indent=2) if args.json else safe_text(text))  # hosts and causes come from nodes
+        data.update(html=str(page), pngs=[str(p) for p in pngs])
+    print(json.dumps(data, indent=2) if args.json else safe_text(text))  # hosts and causes come from nodes
     if args.html and not args.json:
-        print(f"\nwrote {report['html']} and {', '.join(os.path.basename(p) for p in report['pngs'])}")
+        print(f"\nwrote {data['html']} and {', '.join(os.path.basename(p) for p in data['pngs'])}")
     return EXIT_OK
 
 

@@ -14,6 +14,7 @@ version is refused with a message saying so.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from .policy import StragglerPolicy
 from .secrets import redact_argv, redact_env
 
 PLAN_VERSION = 2
+#: The check workload's module (``job.check.check_spec`` runs it as the job's command).
+CHECK_MODULE = "worker_entry.check"
 #: A task's own variables in a version-1 record: every task had them (``model.task_env``), none is shared.
 _OWN_ENV = frozenset({Env.TASK_TYPE, Env.TASK_INDEX, Env.IS_CHIEF, Env.NUM_GPUS, Env.TF_CONFIG, Env.ATTEMPT})
 
@@ -79,6 +82,16 @@ class PlanRecord:
     def hosts(self) -> dict[str, str | None]:
         """Each task's host, by task name."""
         return {t.task: t.host for t in self.tasks}
+
+    @property
+    def purpose(self) -> str:
+        """``check`` for a run of the check workload (`tfcluster check`, `launch --check`: its command is
+        ``PYTHON -m worker_entry.check``, ``job.check.check_spec``), else ``train``. A job's name means
+        its latest training run (``runs.resolve_run``): a check must not shadow it."""
+        command = self.common.get("command")
+        if isinstance(command, list) and any(a == "-m" and b == CHECK_MODULE for a, b in itertools.pairwise(command)):
+            return "check"
+        return "train"
 
     def task(self, name: str) -> TaskRecord | None:
         return next((t for t in self.tasks if t.task == name), None)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..core.errors import RunNotFound, UsageError
+from ..plan.record import PlanRecord, PlanRecordError
 from .reserve import NAME as RESERVE
 from .reserve import make_reserve, with_reserve
 
@@ -264,9 +265,11 @@ def resolve_run(arg: str, runs_dir: str | Path = "runs") -> RunDir:
         try:
             if not plan.is_file():
                 continue
-            if named or _job_of(plan) == arg:
+            job, purpose = _job_of(plan)
+            if named or job == arg:
                 mine = d.stat().st_uid == os.getuid()
-                candidates.append((mine, plan.stat().st_mtime, d.name, d))
+                # a job's name means its latest training run: a check run after it does not shadow it
+                candidates.append((mine, purpose != "check", plan.stat().st_mtime, d.name, d))
         except PermissionError:
             if named:
                 private.append(d)
@@ -281,7 +284,7 @@ def resolve_run(arg: str, runs_dir: str | Path = "runs") -> RunDir:
             )
         raise RunNotFound(f"no run directory or job named {arg!r} (looked in {base}/); pass the run directory path")
     candidates.sort()
-    return RunDir(candidates[-1][3])
+    return RunDir(candidates[-1][-1])
 
 
 def foreign_owner(run: RunDir) -> str | None:
@@ -337,12 +340,19 @@ def wait_for_run(arg: str, runs_dir: str | Path = "runs", timeout_s: float = 120
             time.sleep(0.2)
 
 
-def _job_of(plan: Path) -> str | None:
+def _job_of(plan: Path) -> tuple[str | None, str | None]:
+    """(the job, the run's purpose: ``train`` or ``check``) of a plan.json, read through the typed record
+    (``PlanRecord.purpose`` decides what a check run is); (None, None) when it is not one."""
     try:
         with open_regular(plan) as f:
-            return json.loads(f.read(MAX_JSON)).get("job")
+            data = json.loads(f.read(MAX_JSON))
+        record = PlanRecord.from_dict(data, str(plan))
+    except PlanRecordError:  # a damaged record: its job name still counts, as before
+        job = data.get("job") if isinstance(data, dict) else None
+        return (job if isinstance(job, str) else None), None
     except (OSError, ValueError, AttributeError, RecursionError):
-        return None
+        return None, None
+    return record.job, record.purpose
 
 
 #: A run's JSON file larger than this is not one (plan.json of 4,096 tasks is a few MB).

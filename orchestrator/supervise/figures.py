@@ -202,6 +202,23 @@ class TaskFigures:
             "loss": self.loss,
         }
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TaskFigures:
+        """The figures of one task of status.json, read back by `status` into the type `report` shows
+        (a value that is not a figure is None: the file is rewritten while it is read)."""
+        loss = d.get("loss")
+        return cls(
+            steps=_count(d.get("steps")),
+            epoch=_count(d.get("epoch")),
+            step_time_s=_num(d.get("step_time_s")),
+            steps_per_s=_num(d.get("steps_per_s")),
+            examples_per_s=_num(d.get("examples_per_s")),
+            cpu_pct=_num(d.get("cpu_pct")),
+            loss=float(loss)
+            if isinstance(loss, int | float) and not isinstance(loss, bool) and math.isfinite(loss)
+            else None,
+        )
+
 
 #: The keys of ``TaskFigures.to_dict()``: the per-task figures status and report share.
 FIGURE_KEYS = tuple(TaskFigures().to_dict())

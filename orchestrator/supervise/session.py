@@ -24,6 +24,7 @@ from ..backends import Channel, Placement
 from ..core.result import Failure
 from ..core.states import TaskState
 from ..plan import NodePlan
+from .lastlines import tidy
 
 TAIL_BYTES = 16 * 1024
 DIAG_BYTES = 64 * 1024
@@ -109,6 +110,8 @@ class TaskSession:
         self.violation: str | None = None
         self._tail: collections.deque[bytes] = collections.deque()
         self._tail_bytes = 0
+        self._open_bar: set[int] = set()  # streams whose unfinished line is a progress bar being redrawn
+        self._bars: collections.deque[str] = collections.deque(maxlen=16)  # bar lines among the tail's
         self._diag = bytearray()
 
     # --- channel --------------------------------------------------------------------------------
@@ -182,7 +185,9 @@ class TaskSession:
                 break
             if fr.type == p.T_LOG:
                 if not fr.payload.endswith(b"\r"):  # a progress frame is no line of the task's last lines
-                    self._remember(fr.payload)
+                    self._remember(fr.payload, fr.stream)
+                else:
+                    self._open_bar.add(fr.stream)  # the line that ends it is a bar's (``lastlines``)
                 items.append(Output(fr.payload))
             elif fr.type == p.T_MSG:
                 try:
@@ -244,12 +249,17 @@ class TaskSession:
         elif isinstance(msg, p.Exited):
             self.exit = msg
 
-    def finish(self, exited: p.Exited, job_stopping: bool) -> TaskState:
-        """The terminal state an ``exited`` message means."""
+    def finish(self, exited: p.Exited, job_stopping: bool, failing: bool = False) -> TaskState:
+        """The terminal state an ``exited`` message means; ``failing``: the job is torn down for a
+        failure (then a task that ended on its own before its stop took effect failed too)."""
         if exited.not_started:
             self.become(TaskState.NOT_STARTED)
         elif exited.code == 0:
             self.become(TaskState.SUCCEEDED)
+        elif failing and self.stop_sent and not exited.stopped and exited.reason is None and exited.signal is None:
+            # told to stop, but its node says it ended on its own first (a peer's collective error, say):
+            # failed, with its real exit (status used to call it "stopped EXIT 1")
+            self.become(TaskState.FAILED)
         elif self.stop_sent or (exited.stopped and job_stopping):
             self.become(TaskState.STOPPED)
         else:
@@ -258,7 +268,10 @@ class TaskSession:
 
     # --- what it printed -----------------------------------------------------------------------
 
-    def _remember(self, data: bytes) -> None:
+    def _remember(self, data: bytes, stream: int | None = None) -> None:
+        if stream in self._open_bar:  # its first line ends the bar that was being redrawn
+            self._open_bar.discard(stream)
+            self._bars.append(data.split(b"\n", 1)[0].decode("utf-8", "replace").strip())
         self._tail.append(data)
         self._tail_bytes += len(data)
         while self._tail_bytes > TAIL_BYTES and len(self._tail) > 1:
@@ -284,7 +297,7 @@ class TaskSession:
         lines = [ln for ln in text.splitlines() if ln.strip()]
         if not lines and self._diag:
             lines = [ln for ln in self.diag_text.splitlines() if ln.strip()]
-        return tuple(line[:1000] for line in lines[-n:])
+        return tuple(line[:1000] for line in tidy(lines, self._bars)[-n:])  # bars before the traceback
 
 
 def record_of(m: p.Message) -> dict[str, Any]:

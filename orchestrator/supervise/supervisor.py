@@ -235,7 +235,7 @@ class Supervisor:
             s.send(p.Go())
 
     def _on_exited(self, s: TaskSession, m: p.Exited) -> None:
-        state = s.finish(m, job_stopping=self.teardown.reason is not None)
+        state = s.finish(m, job_stopping=self.teardown.reason is not None, failing=bool(self.failures))
         stopped = state == TaskState.STOPPED
         exited = {"code": m.code, "signal": m.signal, "signal_name": m.signal_name, "reason": m.reason}
         self.bus.emit(ev.TaskExited(task=s.task, host=s.host, stopped=stopped, **exited))

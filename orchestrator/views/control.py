@@ -13,6 +13,7 @@ from typing import Any
 
 from ..core.text import table
 from ..runs import RunDir, plan_or_none
+from ..supervise.figures import TaskFigures
 from ..supervise.summary import FULL_UP_TO, summarize, summary_lines
 from .evaluations import status_lines
 from .handle import RunHandle
@@ -33,6 +34,7 @@ def job_status(run: RunDir, handle: RunHandle | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "run_dir": str(run.path),
         "job": plan.job if plan else None,
+        "purpose": plan.purpose if plan else None,  # "check": a run of `tfcluster check`
         "launcher_pid": launcher.get("pid"),
         "launcher_host": launcher.get("hostname"),
         **handle.scheduler_status(),
@@ -85,7 +87,8 @@ def _finished_tasks(status: dict[str, Any], result: dict[str, Any]) -> dict[str,
 def status_text(st: dict[str, Any], handle: RunHandle | None = None, *, show_all: bool = False) -> str:
     """The run, and its tasks: one a row up to ``FULL_UP_TO`` tasks (or ``show_all``), else a summary."""
     handle = handle or RunHandle(RunDir(Path(str(st.get("run_dir")))))
-    head = f"job {st.get('job')}   state {st.get('state')}   run {st.get('run_dir')}"
+    check = " (a check run)" if st.get("purpose") == "check" else ""
+    head = f"job {st.get('job')}{check}   state {st.get('state')}   run {st.get('run_dir')}"
     lines = [head, *handle.scheduler_lines(st), *throughput_lines(st.get("throughput")), *loss_line(st.get("tasks"))]
     if st.get("message"):
         lines.append(st["message"])
@@ -114,7 +117,7 @@ def status_text(st: dict[str, Any], handle: RunHandle | None = None, *, show_all
     ]
     for name, t in sorted(tasks.items()):
         exit_text = t.get("signal") or ("" if t.get("exit_code") is None else str(t.get("exit_code")))
-        step_time = t.get("step_time_s")
+        fig = TaskFigures.from_dict(t)  # the type `report` shows its rows in (supervise.figures: one owner)
         age = t.get("last_heartbeat_age_s")
         rows.append(
             (
@@ -124,12 +127,12 @@ def status_text(st: dict[str, Any], handle: RunHandle | None = None, *, show_all
                 str(t.get("host", "")),
                 str(t.get("state", "")),
                 exit_text,
-                "" if t.get("steps") is None else str(t.get("steps")),
-                "" if step_time is None else f"{step_time * 1000:.1f} ms",
-                "" if t.get("steps_per_s") is None else f"{t['steps_per_s']:.1f}",
-                "" if t.get("examples_per_s") is None else f"{t['examples_per_s']:.0f}",
-                "" if t.get("loss") is None else f"{t['loss']:.4g}",
-                "" if t.get("cpu_pct") is None else f"{t['cpu_pct']:.0f}",
+                "" if fig.steps is None else str(fig.steps),
+                "" if fig.step_time_s is None else f"{fig.step_time_s * 1000:.1f} ms",
+                "" if fig.steps_per_s is None else f"{fig.steps_per_s:.1f}",
+                "" if fig.examples_per_s is None else f"{fig.examples_per_s:.0f}",
+                "" if fig.loss is None else f"{fig.loss:.4g}",
+                "" if fig.cpu_pct is None else f"{fig.cpu_pct:.0f}",
                 "" if t.get("rss_mb") is None else f"{t['rss_mb']:.0f}",
                 "" if age is None or st.get("finished") else f"{age:.1f}s ago",
             )

@@ -52,6 +52,11 @@ CATEGORIES = {
     "gather_s": "gathering logs and checkpoints",
     "other_s": "other",
 }
+#: What keeps a failed attempt's work (said where goodput books training as lost without a backup).
+REMEDY = (
+    "a tf.keras.callbacks.BackupAndRestore(backup_dir=os.environ['TFCLUSTER_BACKUP_DIR']) in fit's callbacks "
+    "(with restart.max_restarts >= 1) would have kept every finished epoch"
+)
 BACKUP_NOTE = (
     "work lost to a failure = its training since the last backup: the last epoch end before the epoch the next "
     "attempt resumed at (Keras BackupAndRestore saves at every epoch end); without such evidence, all of it"
@@ -195,7 +200,7 @@ def _backup(a: Attempt, first: float, later: list[Attempt], proven: bool) -> tup
     elif proven and (top := max((ep for _, ep, _ in a.points if ep is not None), default=None)) is not None:
         resumed, why = top, f"it was in epoch {top} (earlier epochs were backed up)"
     else:
-        return first, "no backup evidence: all its training is lost"
+        return first, f"no backup evidence: all its training is lost; {REMEDY}"
     before = [t for t, ep, _ in a.points if ep is not None and ep < resumed]
     return (max(before), why) if before else (first, why + ": nothing it trained was kept")
 

@@ -27,6 +27,8 @@ from .noise_scale import noise_lines
 from .outliers import percentiles, shown
 from .pace import pace_lines
 from .records import event_records, heartbeat_records
+from .reportmodel import Report, flat_workers
+from .reporttext import over
 from .split import split_lines, split_workers
 
 #: The workers table: (heading, the worker's field, format); "after" and "step" are derived.
@@ -136,10 +138,6 @@ def _workers_section(page: Page, workers: Mapping[str, Mapping[str, Any]], strag
     return listed
 
 
-def stragglers(rep: Mapping[str, Any]) -> set[str]:
-    return {str(s.get("task")) for s in rep.get("stragglers") or []}
-
-
 def _slowest(means: Mapping[str, float], named: set[str], top: int = 5) -> list[str]:
     """The workers to mark on a distribution: the stragglers and, of the ``top`` slowest, those 10 %
     or more slower than the median (the fastest and the crowd are the bands)."""
@@ -151,59 +149,50 @@ def _slowest(means: Mapping[str, float], named: set[str], top: int = 5) -> list[
     return sorted(slow | (named & set(means)), key=lambda t: means[t])
 
 
-def report_page(run: RunDir, rep: Mapping[str, Any], text: str, out: Path | None = None) -> tuple[Path, list[Path]]:
+def report_page(run: RunDir, rep: Report, text: str, out: Path | None = None) -> tuple[Path, list[Path]]:
     """RUN/report/{report.html, step_times.png, time_split.png (, step_hist.png)}: what `report --html` writes."""
     out = out or run.path / "report"
     out.mkdir(parents=True, exist_ok=True, mode=0o700)
-    workers = rep.get("workers") or {}
-    named = stragglers(rep)
-    page = Page(f"tfcluster report: {rep.get('job')}")
-    page.p(f"run directory {rep.get('run_dir')}")
-    if rep.get("goodput"):
+    workers = flat_workers(rep.workers)  # the table's and the pictures' rows (the outliers' ranking reads them)
+    named = rep.straggler_tasks()
+    page = Page(f"tfcluster report: {rep.job}")
+    page.p(f"run directory {rep.run_dir}")
+    if rep.goodput:
         page.h2("Goodput: where the wall time went")
-        page.goodput_bar(rep["goodput"])
+        page.goodput_bar(rep.goodput)
     page.h2("Advice")
-    page.ul(rep.get("advice") or ["nothing to advise"])
+    page.ul(list(rep.advice) or ["nothing to advise"])
     page.h2(f"Workers ({len(workers)})")
     listed = _workers_section(page, workers, named)
-    for line in throughput_lines(rep.get("throughput")):
+    for line in throughput_lines(dict(rep.throughput)):
         page.p(line.strip())
-    split = rep.get("split")
-    if split:
+    if rep.split:
         page.h2("Where a step goes")
-        over = "step-weighted means of its step-clock windows"
-        if rep.get("window"):
-            over += f" of the last {rep['window']['last_s']:g} s"
-        page.pre("\n".join(split_lines(split, over)))
-        if rep.get("efficiency") is not None:
+        page.pre("\n".join(split_lines(rep.split, over(rep))))
+        if rep.efficiency is not None:
             page.p(
-                f"scaling efficiency ≈ {rep['efficiency']:.0%} (time outside the all-reduce and the wait for the "
+                f"scaling efficiency ≈ {rep.efficiency:.0%} (time outside the all-reduce and the wait for the "
                 "slowest worker / step time: N workers give efficiency x N times one worker)"
             )
-    if rep.get("stragglers") or rep.get("slowing"):
+    if rep.stragglers or rep.slowing:
         page.h2("Stragglers and slowing workers")
-        page.ul(
-            [
-                f"{s['task']} ({s.get('host')}): {s['message']}"
-                for s in [*(rep.get("stragglers") or []), *(rep.get("slowing") or [])]
-            ]
-        )
-    evaluation_section(page, rep.get("evaluations"))
-    if rep.get("pace"):
+        page.ul([f"{s.task} ({s.host}): {s.message}" for s in [*rep.stragglers, *rep.slowing]])
+    evaluation_section(page, dict(rep.evaluations or {}))
+    if rep.pace:
         page.h2("Pace")
-        page.pre("\n".join(pace_lines(rep["pace"])))
-    gm = rep.get("gpu_models") or {}
-    if gm.get("per_host"):
-        page.h2("GPUs" + (" (mixed models: every step waits for the slowest GPU)" if gm.get("mixed") else ""))
-        page.table(["host", "GPUs"], [[h, ", ".join(m)] for h, m in gm["per_host"].items()])
+        page.pre("\n".join(pace_lines(rep.pace)))
+    gm = rep.gpu_models
+    if gm.per_host:
+        page.h2("GPUs" + (" (mixed models: every step waits for the slowest GPU)" if gm.mixed else ""))
+        page.table(["host", "GPUs"], [[h, ", ".join(m)] for h, m in gm.per_host.items()])
     images = _run_images(run, rep, out, workers, listed)
-    if rep.get("loss") or (rep.get("noise_scale") or {}).get("windows"):
+    if rep.loss or rep.noise_scale.get("windows"):
         page.h2("Training loss and the gradient noise scale")
-        page.pre("\n".join([*loss_lines(rep.get("loss")), "", *noise_lines(rep.get("noise_scale") or {})]))
+        page.pre("\n".join([*loss_lines(rep.loss), "", *noise_lines(rep.noise_scale)]))
         images.append(
             (
                 "Training loss against steps, and B_simple (smoothed; band: ± one standard error) over the same steps",
-                lossplots.loss_and_noise(rep.get("loss"), rep.get("noise_scale"), out / "loss.png"),
+                lossplots.loss_and_noise(rep.loss, rep.noise_scale, out / "loss.png"),
             )
         )
     page.h2("Pictures")
@@ -215,17 +204,13 @@ def report_page(run: RunDir, rep: Mapping[str, Any], text: str, out: Path | None
 
 
 def _run_images(
-    run: RunDir, rep: Mapping[str, Any], out: Path, workers: Mapping[str, Any], listed: list[str]
+    run: RunDir, rep: Report, out: Path, workers: Mapping[str, Any], listed: list[str]
 ) -> list[tuple[str, Path]]:
-    marks = [
-        (float(s["ts"]), str(s.get("task")))
-        for s in rep.get("stragglers") or []
-        if isinstance(s.get("ts"), int | float)
-    ]
+    marks = [(float(s.ts), str(s.task)) for s in rep.stragglers if isinstance(s.ts, int | float)]
     series = step_series(run)
     many = len(series) > plots.LINES_UP_TO
-    means = {t: v for t, w in workers.items() if (v := _step_ms(w)) is not None}
-    outliers = _slowest(means, stragglers(rep)) if many else []
+    means = {t: v for t, w in rep.workers.items() if (v := w.step_ms) is not None}
+    outliers = _slowest(means, rep.straggler_tasks()) if many else []
     caption = (
         "Step time of every worker over the run: median, p10-p90 and min-max bands; the slowest in red"
         if many
@@ -238,7 +223,7 @@ def _run_images(
         images.append(
             (
                 "How many workers take how long per step (dashed: the slowest and the stragglers)",
-                plots.histogram(means, out / "step_hist.png", named=_slowest(means, stragglers(rep))),
+                plots.histogram(means, out / "step_hist.png", named=_slowest(means, rep.straggler_tasks())),
             )
         )
     parts = worker_parts({t: workers[t] for t in listed})

@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from ..core.text import table
 from ..events import BaseEvent
 from ..events.kinds import RoleFailure, Straggler, TaskReady, TrainingEnded, WorkerSlowing
 from ..plan.policy import StragglerPolicy
@@ -28,17 +27,29 @@ from ..supervise import GpuJudgement, explain, find_straggler, host_suspect, jud
 from ..supervise.figures import Figures, TaskFigures, throughput
 from ..supervise.gpus import WORK_RATIO
 from ..supervise.shared import SharedProblem, inflation_advice, shared_problems
-from .control import throughput_lines
-from .evaluations import evaluation_lines, evaluation_report
-from .goodput import goodput, goodput_lines
-from .loss import loss_curve, loss_lines
-from .noise_scale import noise_lines, noise_scale
-from .outliers import shown
-from .pace import pace, pace_advice, pace_lines
+from .evaluations import evaluation_report
+from .goodput import goodput
+from .loss import loss_curve
+from .noise_scale import noise_scale
+from .pace import pace, pace_advice
 from .records import event_records, heartbeat_records, json_object
-from .split import job_split, scores, split_lines
+from .reportmodel import (
+    HOST_KEYS,
+    Analysis,
+    GpuModels,
+    Report,
+    RoleNote,
+    Roles,
+    SlowingNote,
+    StragglerNote,
+    Window,
+    WorkerRow,
+    flat_workers,
+)
+from .reporttext import report_text
+from .split import job_split, scores
 
-HOST_KEYS = ("wait_pct", "throttled_pct", "steal_pct", "tcp_retrans_pct")
+__all__ = ["Report", "analyse", "build_report", "report_text"]
 
 
 def median_or_none(xs: list[float | None]) -> float | None:
@@ -47,12 +58,11 @@ def median_or_none(xs: list[float | None]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def build_report(
-    run: RunDir, last_s: float | None = None, records: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
-    """The report of a run; ``last_s`` keeps only samples from the run's last ``last_s`` seconds
-    (a straggler that appeared mid-run is diluted in whole-run means). ``records``: the run's
-    heartbeat records when the caller has read them already (a long run's file is large)."""
+def build_report(run: RunDir, last_s: float | None = None, records: list[dict[str, Any]] | None = None) -> Report:
+    """The report of a run, built once (``reportmodel.Report``); ``last_s`` keeps only samples from the
+    run's last ``last_s`` seconds (a straggler that appeared mid-run is diluted in whole-run means).
+    ``records``: the run's heartbeat records when the caller has read them already (a long run's file
+    is large)."""
     if records is None:  # damaged records skipped: a report, never a traceback
         records = heartbeat_records(run.heartbeats_jsonl)
     records = [r for r in records if r.get("task")]
@@ -69,7 +79,7 @@ def build_report(
             for r in records
             if start <= (r.get("ts") or 0) and (r.get("kind") == "profile" or (r.get("ts") or 0) <= end)
         ]
-        window = {"last_s": last_s, "from_ts": round(start, 3), "to_ts": round(end, 3)}
+        window = Window(last_s, round(start, 3), round(end, 3))
     profiles = _by_task(r for r in selected if r.get("kind") == "profile")
     beats = _by_task(r for r in selected if r.get("kind") != "profile")
     plan = plan_or_none(run)  # a damaged plan.json: the figures all the same, without hosts
@@ -80,110 +90,78 @@ def build_report(
         figures.add(rec["task"], rec)
     whole = figures.final()
     events = event_records(run.events_jsonl)
-    stragglers = [
-        {
-            "ts": ev.ts,
-            "task": ev.task,
-            "host": ev.host,
-            "wait_ms": ev.wait_ms,
-            "share": ev.share,
-            "cause": ev.cause,
-            "message": ev.message,
-        }
-        for ev in events
-        if isinstance(ev, Straggler)
-    ]
-    slowing = [
-        {"ts": ev.ts, "task": ev.task, "host": ev.host, "message": ev.message}
-        for ev in events
-        if isinstance(ev, WorkerSlowing)
-    ]
+    stragglers = tuple(StragglerNote.of(ev) for ev in events if isinstance(ev, Straggler))
+    slowing = tuple(SlowingNote.of(ev) for ev in events if isinstance(ev, WorkerSlowing))
     gpu_models = {ev.task: ev.gpus for ev in events if isinstance(ev, TaskReady) and ev.task}
+    sc = scores(every_profile)
 
-    workers: dict[str, dict[str, Any]] = {}
+    workers: dict[str, WorkerRow] = {}
     host_samples: dict[str, list[dict[str, Any]]] = {}
     training_hosts: dict[str, list[dict[str, Any]]] = {}
     gpu_beats: dict[str, list[list[dict[str, Any]]]] = {}
     for task in sorted(set(hosts) | set(beats) | set(profiles)):
         bs = beats.get(task, [])
-        fig = whole.get(task, TaskFigures())
         host_samples[task] = [b["host"] for b in bs if isinstance(b.get("host"), dict)]
         trained = _training(bs, end)  # GPUs and shared host problems: judged while it trained
         training_hosts[task] = [b["host"] for b in trained if isinstance(b.get("host"), dict)]
         gpu_beats[task] = [b["gpus"] for b in trained if isinstance(b.get("gpus"), list) and b["gpus"]]
-        w: dict[str, Any] = {
-            "host": hosts.get(task),
-            **fig.to_dict(),  # steps, step time, rates, CPU: the figures `status` shows for a finished run
-            "rss_mb_max": max((b.get("rss_mb") or 0 for b in bs), default=None),
-            "gpu_util_pct": _round(median_or_none([g.get("util") for b in bs for g in (b.get("gpus") or [])])),
-            "gpus": gpu_models.get(task, []),
-            "profiles": len(profiles.get(task, [])),
-            "cpu_ms": _round(median_or_none([p.get("cpu_ms") for p in profiles.get(task, [])])),
-        }
-        w.update(fig.split or {})
-        for key in HOST_KEYS:
-            w[key] = _round(median_or_none([h.get(key) for h in host_samples[task]]))
-        workers[task] = w
-    for task, sc in scores(every_profile).items():
-        workers[task].update(relative_score=sc["relative"], individual_score=sc["individual"])
+        workers[task] = WorkerRow(
+            task=task,
+            host=hosts.get(task),
+            figures=whole.get(task, TaskFigures()),  # steps, step time, rates, CPU: what `status` shows
+            rss_mb_max=max((b.get("rss_mb") or 0 for b in bs), default=None),
+            gpu_util_pct=_round(median_or_none([g.get("util") for b in bs for g in (b.get("gpus") or [])])),
+            gpus=tuple(gpu_models.get(task, [])),
+            profiles=len(profiles.get(task, [])),
+            cpu_ms=_round(median_or_none([p.get("cpu_ms") for p in profiles.get(task, [])])),
+            evidence={k: _round(median_or_none([h.get(k) for h in host_samples[task]])) for k in HOST_KEYS},
+            relative_score=sc.get(task, {}).get("relative"),
+            individual_score=sc.get(task, {}).get("individual"),
+        )
+    flat = flat_workers(workers)  # what the pure policies read (the live monitor's shape)
     work = {
-        t: {"local_ms": w.get("pre_collective_ms"), "individual": w.get("individual_score")} for t, w in workers.items()
+        t: {"local_ms": w.get("pre_collective_ms"), "individual": w.get("individual_score")} for t, w in flat.items()
     }
     judgement = judge_gpus({t: b for t, b in gpu_beats.items() if b}, gpu_models, work)
     shared = shared_problems(training_hosts)
-    paced = pace(workers, gpu_models)
+    paced = pace(flat, gpu_models)
 
-    lo = window["from_ts"] if window else 0.0
-    named = [s for s in stragglers if (s.get("ts") or 0) >= lo]
-    analysis = analyse(workers, host_samples, judgement, named, policy, shared=shared, paced=paced)
+    lo = window.from_ts if window else 0.0
+    named = [s.to_dict() for s in stragglers if (s.ts or 0) >= lo]
+    analysis = analyse(flat, host_samples, judgement, named, policy, shared=shared, paced=paced)
     if stragglers and end:
         # detection needs two slow windows in a row: the event follows the second one, so the
         # windows since ~1.5 windows before the first event are the slow ones
-        first = min(x["ts"] or end for x in stragglers)
-        analysis["suggested_last_s"] = math.ceil(end - first + 1.5 * policy.window_s)
-    return {
-        "run_dir": str(run.path),
-        "job": plan.job if plan else None,
-        "window": window,
-        "workers": workers,
-        "throughput": throughput(whole),  # the job's: every worker counts the global batch
-        "gpu_models": _gpu_models(workers),
-        "gpu_problems": [p.to_dict() for p in judgement.problems],
-        "gpu_clocks": judgement.models,
-        "shared_problems": [{"kind": p.kind, "detail": p.detail, **p.data} for p in shared],
-        "pace": paced,
-        "stragglers": stragglers,
-        "slowing": slowing,
-        **_roles(plan, events),
-        **evaluation_report(events),  # an evaluator's evaluations, per checkpoint
-        **analysis,
-        "goodput": _goodput(events, records, run, window),
-        "loss": loss_curve(records),  # the whole run's, like the noise scale (its estimate now)
-        "noise_scale": noise_scale(every_profile),
-    }
+        first = min(x.ts or end for x in stragglers)
+        analysis = replace(analysis, suggested_last_s=math.ceil(end - first + 1.5 * policy.window_s))
+    return Report(
+        run_dir=str(run.path),
+        job=plan.job if plan else None,
+        window=window,
+        workers=workers,
+        throughput=throughput(whole),  # the job's: every worker counts the global batch
+        gpu_models=_gpu_models(workers.values()),
+        gpu_problems=tuple(p.to_dict() for p in judgement.problems),
+        gpu_clocks=judgement.models,
+        shared_problems=tuple({"kind": p.kind, "detail": p.detail, **p.data} for p in shared),
+        pace=paced,
+        stragglers=stragglers,
+        slowing=slowing,
+        roles=_roles(plan, events),
+        evaluations=evaluation_report(events).get("evaluations"),  # an evaluator's evaluations, per checkpoint
+        analysis=analysis,
+        goodput=_goodput(events, records, run, window),
+        loss=loss_curve(records),  # the whole run's, like the noise scale (its estimate now)
+        noise_scale=noise_scale(every_profile),
+    )
 
 
-def _roles(plan: PlanRecord | None, events: list[BaseEvent]) -> dict[str, Any]:
+def _roles(plan: PlanRecord | None, events: list[BaseEvent]) -> Roles | None:
     """A job with roles (plan.json ``strategy``): what happened to each role that does not take the job
     down (restarts in place, a reported evaluator) and the end of the training."""
     if plan is None or not plan.roles:
-        return {}
-    happened = [
-        {
-            "ts": ev.ts,
-            "task": ev.task,
-            "host": ev.host,
-            "role": ev.role,
-            "action": ev.action,
-            "restarts": ev.restarts,
-            "message": ev.message,
-        }
-        if isinstance(ev, RoleFailure)
-        else {"ts": ev.ts, "message": ev.message}
-        for ev in events
-        if isinstance(ev, RoleFailure | TrainingEnded)
-    ]
-    return {"roles": {"strategy": plan.strategy, "events": happened}}
+        return None
+    return Roles(plan.strategy, tuple(RoleNote.of(ev) for ev in events if isinstance(ev, RoleFailure | TrainingEnded)))
 
 
 def _training(beats: list[dict[str, Any]], end: float) -> list[dict[str, Any]]:
@@ -216,17 +194,15 @@ def _round(x: float | None, scale: float = 1.0) -> float | None:
     return None if x is None else round(x * scale, 2)
 
 
-def _gpu_models(workers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _gpu_models(workers: Iterable[WorkerRow]) -> GpuModels:
     """GPU models and memory per host; ``mixed`` when hosts differ (every step waits for the slowest)."""
     per_host = {}
-    for w in workers.values():
-        gpus = w.get("gpus") or []
-        if gpus:
-            per_host[str(w.get("host"))] = sorted(
-                {f"{g.get('name')} ({(g.get('memory_mb') or 0) / 1024:.0f} GiB)" for g in gpus}
+    for w in workers:
+        if w.gpus:
+            per_host[str(w.host)] = sorted(
+                {f"{g.get('name')} ({(g.get('memory_mb') or 0) / 1024:.0f} GiB)" for g in w.gpus}
             )
-    models = {tuple(v) for v in per_host.values()}
-    return {"per_host": per_host, "mixed": len(models) > 1}
+    return GpuModels(per_host, len({tuple(v) for v in per_host.values()}) > 1)
 
 
 def analyse(
@@ -237,7 +213,7 @@ def analyse(
     policy: StragglerPolicy | None = None,
     shared: list[SharedProblem] | None = None,
     paced: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> Analysis:
     """The job's split, efficiency and advice in plain words: a straggler named from the step clock,
     its host's evidence or its GPUs (now, or by the launcher during the window: ``named``), and a
     problem every host shares (``shared``), come before any "communication-bound" verdict. ``policy``:
@@ -250,7 +226,7 @@ def analyse(
         gpu_lines = [p.text() for p in gpus.problems]
         if host is not None or gpu_lines or everywhere:
             found = [f"{host.task}: {host.cause} — {host.detail}"] if host is not None else []
-            return {"efficiency": None, "split": None, "advice": found + gpu_lines + everywhere}
+            return Analysis(None, None, (*found, *gpu_lines, *everywhere))
         if any(w.get("steps") for w in workers.values()):
             why = (
                 "no step-clock samples, although training steps were reported: the training was shorter than "
@@ -262,7 +238,7 @@ def analyse(
                 "no step-clock samples: run with job.instrument: true and heartbeat.profile_interval_s > 0 "
                 "(any MWMS training in a tf.function is instrumented automatically)"
             )
-        return {"efficiency": None, "split": None, "advice": [why]}
+        return Analysis(None, None, (why,))
     step = split["step_ms"]
     prof = {t: dict(w) for t, w in workers.items() if w.get("pre_collective_ms") is not None and w.get("step_ms")}
     finding = find_straggler(prof, policy or StragglerPolicy())
@@ -307,7 +283,7 @@ def analyse(
         advice.append("no dominant bottleneck found: work dominates the step, which is what scales")
     local = step - split["waiting_for_slowest_ms"] - split["allreduce_ms"]
     efficiency = local / step if step > 0 else None
-    return {"efficiency": round(efficiency, 3) if efficiency is not None else None, "split": split, "advice": advice}
+    return Analysis(round(efficiency, 3) if efficiency is not None else None, split, tuple(advice))
 
 
 def _by_model(finding: Any, paced: dict[str, Any] | None) -> Any:
@@ -326,93 +302,3 @@ def _by_model(finding: Any, paced: dict[str, Any] | None) -> Any:
             "other models: see the mixed-models advice"
         ),
     )
-
-
-def report_text(rep: dict[str, Any]) -> str:
-    lines = [f"job {rep.get('job')}   run {rep.get('run_dir')}", ""]
-    head = ("TASK", "HOST", "STEPS", "STEP ms", "STEPS/s", "EX/s", "INPUT", "COMPUTE", "IN COLL", "AFTER", "OWN WORK")
-    rows = [(*head, "REL", "IND", "CPU WAIT%", "CPU%", "RSS MB")]
-    listed, spread = shown(rep["workers"], {s["task"] for s in rep.get("stragglers") or []})
-    lines += [*spread, ""] if spread else []
-    for t in listed:
-        w = rep["workers"][t]
-        after = None if w.get("update_ms") is None else w["update_ms"] + (w.get("host_ms") or 0)
-        rows.append(
-            (
-                t,
-                str(w.get("host") or ""),
-                _s(w.get("steps")),
-                _s(w.get("step_ms") or _ms(w.get("step_time_s"))),
-                _s(w.get("steps_per_s")),
-                _s(w.get("examples_per_s"), ".0f"),
-                _s(w.get("input_ms")),
-                _s(w.get("compute_ms")),
-                _s(w.get("collective_ms")),
-                _s(after),
-                _s(w.get("pre_collective_ms")),
-                _s(w.get("relative_score"), ".2f"),
-                _s(w.get("individual_score"), ".2f"),
-                _s(w.get("wait_pct")),
-                _s(w.get("cpu_pct")),
-                _s(w.get("rss_mb_max")),
-            )
-        )
-    lines += table(rows)
-    lines += throughput_lines(rep.get("throughput"))
-    gm = rep.get("gpu_models") or {}
-    busy = {m: c for m, c in (rep.get("gpu_clocks") or {}).items() if c.get("clock_mhz")}
-    if gm.get("per_host") or busy:
-        lines += ["", "GPUs:" + ("  MIXED MODELS: every step waits for the slowest GPU" if gm.get("mixed") else "")]
-        lines += [f"  {h}: {', '.join(models)}" for h, models in (gm.get("per_host") or {}).items()]
-        lines += [f"  {m}: {c['busy']} busy, median SM clock {c['clock_mhz'] / 1000:.2f} GHz" for m, c in busy.items()]
-    if rep.get("pace"):
-        lines += ["", *pace_lines(rep["pace"])]
-    split = rep.get("split")
-    if split:
-        over = "step-weighted means of its step-clock windows"
-        if rep.get("window"):
-            over += f" of the last {rep['window']['last_s']:g} s"
-        lines += ["", *split_lines(split, over)]
-        lines += [
-            f"scaling efficiency ≈ {rep['efficiency']:.0%} (time outside the all-reduce and the wait for the slowest "
-            "worker / step time: N workers give efficiency x N times one worker)",
-        ]
-    if rep.get("stragglers"):
-        lines += ["", "straggler events:"] + [f"  {s['task']} ({s['host']}): {s['message']}" for s in rep["stragglers"]]
-        if not rep.get("window") and rep.get("suggested_last_s"):
-            lines.append(
-                f"  (the split above is over the whole run; `--last {rep['suggested_last_s']}s` splits only the "
-                "steps since the first straggler appeared)"
-            )
-    if rep.get("slowing"):
-        lines += ["", "slowing workers:"] + [f"  {s['task']} ({s['host']}): {s['message']}" for s in rep["slowing"]]
-    if rep.get("roles"):
-        lines += ["", f"roles ({rep['roles']['strategy']}):"]
-        for e in rep["roles"]["events"] or [{"message": "every task of every role ran to the end"}]:
-            then = {"restart": f"restarted in place ({e.get('restarts')})", "report": "reported, training went on"}
-            lines.append(
-                f"  {e['task']} ({e['host']}): {e['message']}; {then[e['action']]}"
-                if e.get("task")
-                else f"  {e['message']}"
-            )
-    lines += evaluation_lines(rep.get("evaluations"))
-    if rep.get("loss"):
-        lines += ["", *loss_lines(rep["loss"])]
-    if rep.get("noise_scale") and (rep["noise_scale"]["windows"] or rep.get("loss")):
-        lines += ["", *noise_lines(rep["noise_scale"])]
-    lines += ["", "advice:"] + [f"  - {a}" for a in rep["advice"]]
-    if rep.get("goodput"):
-        lines += ["", *goodput_lines(rep["goodput"])]
-    return "\n".join(lines)
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else seconds * 1000.0
-
-
-def _s(v: Any, fmt: str = ".1f") -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return format(v, fmt)
-    return str(v)

@@ -45,6 +45,7 @@ class RunRow:
     run_dir: str
     run_id: str | None = None
     scheduler: str | None = None
+    purpose: str | None = None  # "check": a run of `tfcluster check` (a job's name never means it)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,6 +126,7 @@ def read_run(run: RunDir, handle_of: Callable[[RunDir], RunHandle], now: float |
         "job": _text(plan.job) if plan else None,
         "run_id": _text(plan.run_id) if plan else None,
         "scheduler": _text(plan.scheduler) if plan else "ssh",
+        "purpose": plan.purpose if plan else None,
     }
     if isinstance(result, dict):
         started = _num(result.get("started_ts")) or started
@@ -259,7 +261,7 @@ def runs_text(listing: RunList, now: float | None = None) -> str:
     for r in listing.runs:
         rows.append(
             (
-                r.job or "?",
+                (r.job or "?") + (" (check)" if r.purpose == "check" else ""),
                 r.state,
                 _when(r.started, now),
                 _duration(r.wall_time_s),

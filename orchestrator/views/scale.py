@@ -20,6 +20,7 @@ from ..runs import RunDir, plan_or_none
 from ..supervise.figures import Figures, job_rate
 from .records import heartbeat_records
 from .report import build_report
+from .reportmodel import flat_workers
 from .stateff import compare_loss, loss_table, measure_loss
 
 #: Below this efficiency a size is "not scaling" and its bottleneck gets advice.
@@ -43,22 +44,17 @@ def measure_size(run_dir: str | Path, workers: int, target: float | None = None)
     # the report's rates, less each attempt's first window or 20% (tracing, first steps): steady state
     steps_per_s, examples_per_s = job_rate(figures.final(warmup_s=window))
     global_batch = round(examples_per_s / steps_per_s) if examples_per_s and steps_per_s else None
-    split = rep.get("split") or None
-    named = rep.get("stragglers") or []
+    split = dict(rep.split) if rep.split else None
     straggler = None
-    if named:
-        last = named[-1]
-        straggler = {k: last.get(k) for k in ("task", "host", "cause", "message")}
+    if rep.stragglers:
+        last = rep.stragglers[-1]
+        straggler = {"task": last.task, "host": last.host, "cause": last.cause, "message": last.message}
     else:
         slowest = (split or {}).get("slowest_worker")
-        text = next((a for a in rep.get("advice", []) if slowest and a.startswith(f"{slowest} is a straggler")), None)
+        text = next((a for a in rep.advice if slowest and a.startswith(f"{slowest} is a straggler")), None)
         if text:
-            straggler = {
-                "task": slowest,
-                "host": (rep["workers"].get(slowest) or {}).get("host"),
-                "cause": None,
-                "message": text,
-            }
+            row = rep.workers.get(slowest)
+            straggler = {"task": slowest, "host": row.host if row else None, "cause": None, "message": text}
     return {
         "workers": workers,
         "run_dir": str(run_dir),
@@ -69,11 +65,11 @@ def measure_size(run_dir: str | Path, workers: int, target: float | None = None)
         "step_ms": split.get("step_ms") if split else None,
         "split": split,
         "straggler": straggler,
-        "efficiency_estimate": rep.get("efficiency"),
-        "advice": rep.get("advice") or [],
+        "efficiency_estimate": rep.efficiency,
+        "advice": list(rep.advice),
         "gpu_mem_pct": gpu_mem_pct,
-        "shared_problems": rep.get("shared_problems") or [],  # every host alike (a CPU shortage): absolute
-        "per_worker": {t: {k: w.get(k) for k in SPLIT_KEYS} for t, w in rep["workers"].items()},
+        "shared_problems": [dict(p) for p in rep.shared_problems],  # every host alike (a CPU shortage): absolute
+        "per_worker": {t: {k: w.get(k) for k in SPLIT_KEYS} for t, w in flat_workers(rep.workers).items()},
         **measure_loss(records, str(run_dir), target),
     }
 

@@ -1,6 +1,8 @@
 """MWMS training with fault injection, for end-to-end tests. Plain TensorFlow: no tfcluster import.
 
 --fail-task worker:1 --fail-epoch 1 --fail-code 3   that task exits with that code at that epoch
+--fail-raise                                        ... raises instead (a traceback on stderr)
+--verbose 1                                         Keras' progress bar (fit's verbose; default 0)
 --never-start worker:2                              that task sleeps instead of joining MWMS
 --print-pid-file DIR                                every task writes DIR/<task>.pid (for kill tests)
 """
@@ -23,6 +25,8 @@ def main() -> int:
     p.add_argument("--fail-task", default="")
     p.add_argument("--fail-epoch", type=int, default=1)
     p.add_argument("--fail-code", type=int, default=3)
+    p.add_argument("--fail-raise", action="store_true")
+    p.add_argument("--verbose", type=int, default=0)
     p.add_argument("--never-start", default="")
     p.add_argument("--pid-dir", default="")
     p.add_argument("--step-sleep", type=float, default=0.0)
@@ -78,6 +82,8 @@ def main() -> int:
             if args.step_sleep:
                 time.sleep(args.step_sleep)
             if task == args.fail_task and self.epoch >= args.fail_epoch and batch == args.steps // 2:
+                if args.fail_raise:
+                    raise RuntimeError(f"{task}: injected failure in epoch {self.epoch}")
                 print(f"{task}: injected failure, exiting with {args.fail_code}", flush=True)
                 print(f"{task}: last words on stderr", file=sys.stderr, flush=True)
                 os._exit(args.fail_code)
@@ -85,7 +91,7 @@ def main() -> int:
         def on_epoch_end(self, epoch, logs=None):
             print(f"{task}: epoch {epoch} loss {logs['loss']:.4f}", flush=True)
 
-    model.fit(ds, epochs=args.epochs, steps_per_epoch=args.steps, verbose=0, callbacks=[Fault()])
+    model.fit(ds, epochs=args.epochs, steps_per_epoch=args.steps, verbose=args.verbose, callbacks=[Fault()])
     print(f"{task}: done", flush=True)
     return 0
 
