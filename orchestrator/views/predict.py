@@ -23,7 +23,6 @@ from .predict_model import (
     advice,
     expected_max_excess,
     parse_network,
-    predict,
     predict_size,
     ring_allreduce_s,
 )
@@ -156,7 +155,7 @@ def build_prediction(path: Path, sizes: Sequence[int], net: Network) -> dict[str
     inp = inputs_from(base)
     wanted = sorted(set(sizes) | {int(m["workers"]) for m in measured})
     verdict = contention_of(measured, inp, net)
-    rows = [contention.correct(r, verdict, _wait_factor) or r for r in predict(inp, net, wanted)]
+    rows = [_corrected(inp, net, verdict, n) for n in wanted]
     by_n = {int(m["workers"]): m for m in measured}
     for row in rows:
         m = by_n.get(int(row["workers"]))
@@ -166,7 +165,7 @@ def build_prediction(path: Path, sizes: Sequence[int], net: Network) -> dict[str
     bound_sizes(rows, ns, at, per_worker)
     curve = []
     if ns.get("b_simple") is not None and per_worker:
-        curve = time_to_loss_curve(ns, lambda n: predict_size(inp, net, n), at, per_worker)
+        curve = time_to_loss_curve(ns, lambda n: _corrected(inp, net, verdict, n), at, per_worker)
     out_sizes = [r for r in rows if r["workers"] in sizes or "measured_step_ms" in r]
     inputs = {
         "own_ms": round(inp.own_ms, 3),
@@ -201,6 +200,12 @@ def contention_of(measured: Sequence[Mapping[str, Any]], inp: Inputs, net: Netwo
         for m in measured
     ]
     return contention.assess([p for p in points if p is not None])
+
+
+def _corrected(inp: Inputs, net: Network, verdict: contention.Contention, n: int) -> dict[str, Any]:
+    """The model's size n, corrected by what the measured sizes below it say (contention)."""
+    row = predict_size(inp, net, n)
+    return contention.correct(row, verdict, _wait_factor) or row
 
 
 def _wait_factor(n: int, m: int) -> float:
