@@ -76,6 +76,7 @@ def test_a_cpu_starved_sweep_is_said_and_corrected_not_advised_to_scale_well(tmp
     )
     assert pred["advice"][0].startswith("cannot predict with confidence: each worker's own work per step grew")
     assert not any("scales well" in a for a in pred["advice"])
+    assert "contradicted by the measurements" in pred["assumptions"][-1]
     text = view.prediction_text(pred)
     assert "confidence: LOW" in text and "* corrected with the growth" in text and "scales well" not in text
 
@@ -94,6 +95,7 @@ def test_a_sweep_without_contention_keeps_the_model_and_its_confidence(tmp_path,
     monkeypatch.setattr(view, "measured_sizes", lambda path: measured)
     pred = view.build_prediction(tmp_path, [2, 3, 8], LOOPBACK)
     assert pred["confidence"] == {"level": "high", "reasons": []}
+    assert not any("contradicted" in a for a in pred["assumptions"])
     assert not any("corrected_from" in s for s in pred["sizes"])
     assert "confidence: LOW" not in view.prediction_text(pred)
 

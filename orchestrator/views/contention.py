@@ -149,6 +149,17 @@ def confidence(verdict: Contention, largest_measured: int) -> dict[str, Any]:
     }
 
 
+def assumption_lines(verdict: Contention) -> list[str]:
+    """What changes in the model's assumptions where the measurements contradict them."""
+    if not verdict.contradicted:
+        return []
+    return [
+        "contradicted by the measurements (confidence low): where two or more sizes were measured below a size "
+        "(marked *), its own work per step is not kept but continued from them, and under CPU wait so is the "
+        "all-reduce's excess over the network model"
+    ]
+
+
 def text_lines(conf: Mapping[str, Any]) -> list[str]:
     """predict's text: the confidence, and why it is low."""
     if conf.get("level") != "low":

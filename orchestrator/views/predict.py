@@ -181,7 +181,7 @@ def build_prediction(path: Path, sizes: Sequence[int], net: Network) -> dict[str
         "run": str(path),
         "inputs": inputs,
         "network": {"latency_s": net.latency_s, "bandwidth_Bps": net.bandwidth_Bps, "source": net.source},
-        "assumptions": assumptions(inp, net),
+        "assumptions": assumptions(inp, net) + contention.assumption_lines(verdict),
         "sizes": out_sizes,
         "noise_scale": {k: v for k, v in ns.items() if k != "windows"},
         "noise_at": at,
@@ -327,8 +327,7 @@ def sweep_prediction(summary: Mapping[str, Any], net: Network) -> tuple[dict[str
     rows = []
     verdict = contention_of(sizes, inp, net)
     for s in sizes:
-        p = predict_size(inp, net, int(s["workers"]))
-        p = contention.correct(p, verdict, _wait_factor) or p
+        p = _corrected(inp, net, verdict, int(s["workers"]))
         rows.append({**p, **compare_to(p, s)})
     conf = contention.confidence(verdict, max(int(s["workers"]) for s in sizes))
     out = {
