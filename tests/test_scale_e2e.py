@@ -81,7 +81,7 @@ def test_scale_sweep_names_the_throttled_host(testbed_factory, tmp_path):
     assert names == ["loss_by_size.png", "scaling.png", "split_by_size.png", "step_times_3.png", "time_split_3.png"]
     for png in summary["pngs"]:
         assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (sweep / "scale.html").read_text().count("data:image/png;base64,") == 4
+    assert (sweep / "scale.html").read_text().count("data:image/png;base64,") == 5  # every PNG above
     # each size is an ordinary run: report --html works on it
     rep = run_cli("report", str(sweep / "workers-3"), "--html", "--json")
     assert rep.returncode == 0, rep.stderr
