@@ -21,7 +21,7 @@ from waiting import wait_for
 
 from orchestrator.events import BaseEvent, event_from_dict
 from orchestrator.runs import RunDir
-from orchestrator.views.goodput import CATEGORIES, goodput
+from orchestrator.views.goodput import CATEGORIES, goodput, goodput_lines
 from orchestrator.views.records import clean_heartbeat
 from orchestrator.views.report import build_report, report_text
 
@@ -372,3 +372,29 @@ def test_goodput_of_a_real_run_with_a_restart(testbed_factory, tmp_path):
     assert all(g[k] >= 0 for k in CATEGORIES)
     text = run_cli("report", str(run_dir)).stdout
     assert "goodput" in text and "attempt 0: lost" in text
+
+
+def test_the_others_wait_for_an_input_bound_worker_is_booked_as_input_naming_it(monkeypatch):
+    """worker:1 is 4 ms per step late because its input pipeline takes 8 ms where worker:0's takes 4: the
+    4 ms worker:0 waits for it inside the all-reduce is input's cost (issue 32: "how much did input cost
+    me"), named, and no longer "waiting for the slowest worker"."""
+    base = goodput(*restart_run())
+
+    plain = _profile
+
+    def slow_input(ts: float, task: str) -> dict:
+        rec = plain(ts, task)
+        if task == "worker:1":
+            rec.update(input_ms=8.0, compute_ms=6.0)  # the same 14 ms before the all-reduce, its excess all input
+        return rec
+
+    monkeypatch.setitem(globals(), "_profile", slow_input)
+    g = goodput(*restart_run())
+    assert _sum(g) == pytest.approx(g["wall_s"], abs=0.01)
+    assert g["productive_s"] == pytest.approx(base["productive_s"])  # the same time, booked to its cause
+    assert g["straggler_wait_s"] == pytest.approx(0.0, abs=1e-6)
+    assert g["input_stall_s"] == pytest.approx(base["input_stall_s"] + base["straggler_wait_s"])
+    assert g["input_waits"] == {"worker:1": pytest.approx(7.6)}
+    assert base["input_waits"] == {}  # a worker late in its compute: still the slowest worker's wait
+    lines = "\n".join(goodput_lines(g))
+    assert "of which the others waiting for worker:1's input" in lines and "7.6 s" in lines

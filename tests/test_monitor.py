@@ -208,6 +208,21 @@ def test_straggler_needs_two_consecutive_rounds_and_clears_after_two():
     assert m.straggler is None
 
 
+def test_an_input_bound_straggler_is_named_live_with_its_remedy():
+    m = Monitor(TASKS, POLICY, now=0.0)
+    for now in (10.0, 20.0):
+        out = [v for t, pre in zip(TASKS, [3, 47, 3], strict=True) for v in m.on_profile(
+            t, profile(pre, inp=44.0 if t == "worker:1" else 1.0), now
+        )]  # fmt: skip
+    ((v,),) = [[v for v in out if v.kind == "straggler"]]
+    assert v.data["cause"] == "input pipeline" and "Remedy: end its tf.data pipeline with .prefetch(" in v.message
+    assert "tf.data.experimental.service" in v.message
+    m2 = Monitor(TASKS, POLICY, now=0.0)
+    feed_round(m2, 10.0, [3, 47, 3], cpu=20.0)
+    (other,) = feed_round(m2, 20.0, [3, 47, 3])
+    assert "Remedy" not in other.message  # a cause without a remedy to give gets none
+
+
 def test_alternating_noise_never_confirms():
     m = Monitor(TASKS, POLICY, now=0.0)
     for i, pres in enumerate([[3, 47, 3], [47, 3, 3], [3, 3, 47], [3, 47, 3], [47, 3, 3]]):

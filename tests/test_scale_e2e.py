@@ -81,10 +81,44 @@ def test_scale_sweep_names_the_throttled_host(testbed_factory, tmp_path):
     assert names == ["loss_by_size.png", "scaling.png", "split_by_size.png", "step_times_3.png", "time_split_3.png"]
     for png in summary["pngs"]:
         assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (sweep / "scale.html").read_text().count("data:image/png;base64,") == 4
+    assert (sweep / "scale.html").read_text().count("data:image/png;base64,") == 5  # every PNG above
     # each size is an ordinary run: report --html works on it
     rep = run_cli("report", str(sweep / "workers-3"), "--html", "--json")
     assert rep.returncode == 0, rep.stderr
     html = json.loads(rep.stdout)["html"]
     assert Path(html).exists() and "straggler" in Path(html).read_text()
+    assert_no_job_processes(tb, 10)
+
+
+def test_a_script_whose_global_batch_grows_with_the_replicas_is_called_weak_scaling(testbed_factory, tmp_path):
+    """TF's tutorials grow the global batch with the workers and end every epoch in a partial batch
+    (6,000 examples: 62.5 examples per worker per step on average at 3 workers, 64 in every full step).
+    The sweep reads each size's median step batch: 64 per worker at 1, 2 and 3, called weak scaling."""
+    tb = testbed_factory(3, mode="netns")
+    train = [PY, str(Path(__file__).parent / "workloads" / "weak_epochs.py")]
+    spec = tb.write_spec(
+        tmp_path / "spec.yaml",
+        "weak",
+        train,
+        job={"python": repo_python(tmp_path), "startup_timeout_s": 180},
+        heartbeat={"interval_s": 1.0, "timeout_s": 30},
+    )
+    sweep = tmp_path / "sweep"
+    out = run_cli(
+        "scale", str(spec), "--workers", "1,2,3", "--duration", "15s", "--run-dir", str(sweep), "--json",
+        tb=tb, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    sizes = {s["workers"]: s for s in summary["sizes"]}
+    assert all(s["state"] == "succeeded" for s in sizes.values()), summary
+    assert [sizes[n]["global_batch"] for n in (1, 2, 3)] == [64, 128, 192], summary
+    assert [sizes[n]["per_worker_batch"] for n in (1, 2, 3)] == [64, 64, 64]
+    assert all(sizes[n]["batch_from"] == "median step" for n in (1, 2, 3))
+    # the partial batches are there: the examples the workers counted per step are below the full batch at 3
+    assert sizes[3]["examples_per_s"] / sizes[3]["steps_per_s"] < 191.5, sizes[3]
+    assert summary["measured_scaling"] == "weak"
+    assert not any("strong scaling" in n for n in summary["notes"]), summary["notes"]
+    assert any(n.startswith("weak scaling: the script kept its per-worker batch (64 at 1, 64 at 2, 64 at 3)")
+               for n in summary["notes"]), summary["notes"]  # fmt: skip
     assert_no_job_processes(tb, 10)

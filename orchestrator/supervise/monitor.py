@@ -31,6 +31,7 @@ from worker_entry import protocol as p
 from .evidence import Scores, explain
 from .figures import job_step_ms
 from .gpuwatch import GpuWatch
+from .remedies import with_remedy
 from .stragglers import StragglerFinding, find_straggler
 from .verdicts import Policy, Verdict
 
@@ -242,7 +243,7 @@ class Monitor:
                 Verdict(
                     "straggler",
                     name,
-                    msg,
+                    with_remedy(msg, finding.cause),
                     fatal=p.kill,
                     data={
                         "wait_ms": round(finding.wait_ms, 2),

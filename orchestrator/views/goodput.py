@@ -7,7 +7,9 @@ lands in exactly one category, so the categories add up to the wall:
   and compiling the first steps included); attempt 0's also holds connecting and the preflight.
 - training, first step → last step, split by the step clock's shares of a step (the median worker's,
   see ``split``): ``input_stall_s`` (waiting for the batch) and ``straggler_wait_s`` (waiting for the
-  slowest worker inside the all-reduce) are parts of step time, so ``productive_s`` is the rest.
+  slowest worker inside the all-reduce) are parts of step time, so ``productive_s`` is the rest. When the
+  slowest worker is late because of its input pipeline, the others' wait for it is input's cost: booked
+  in ``input_stall_s``, and per worker in ``input_waits`` (issue 32: "how much did input cost me").
 - ``failure_s``: per failed attempt, the training since its last backup (work the next attempt
   redoes) plus failure → next attempt's start (teardown, reconnecting, copying the backup; for Slurm,
   the wait for the next allocation).
@@ -57,6 +59,9 @@ REMEDY = (
     "a tf.keras.callbacks.BackupAndRestore(backup_dir=os.environ['TFCLUSTER_BACKUP_DIR']) in fit's callbacks "
     "(with restart.max_restarts >= 1) would have kept every finished epoch"
 )
+#: The share of the slowest worker's excess that must be input for the others' wait to be input's cost
+#: (the straggler rule's: ``supervise.stragglers`` names "input pipeline" from half its excess).
+INPUT_BOUND = 0.5
 BACKUP_NOTE = (
     "work lost to a failure = its training since the last backup: the last epoch end before the epoch the next "
     "attempt resumed at (Keras BackupAndRestore saves at every epoch end); without such evidence, all of it"
@@ -178,8 +183,11 @@ def _first_step(recs: list[tuple[float, float, float | None]], start: float | No
     return began if start is None else max(start, began)
 
 
-def _shares(profiles: list[Mapping[str, Any]]) -> tuple[float, float] | None:
-    """(input, waiting for the slowest) as fractions of a step, from the step-clock windows."""
+def _shares(profiles: list[Mapping[str, Any]]) -> tuple[float, float, float, str | None] | None:
+    """(input, waiting for the slowest, of that wait the part that waits for its input pipeline, that
+    worker) as fractions of a step, from the step-clock windows. When the worker the others wait for is
+    late because of its input pipeline (at least half its excess over the others' own work is input, as
+    ``stragglers`` judges it), that share of their wait for it is input's cost, not the slowest worker's."""
     per_task: dict[str, list[Mapping[str, Any]]] = {}
     for r in profiles:
         per_task.setdefault(str(r.get("task")), []).append(r)
@@ -189,7 +197,19 @@ def _shares(profiles: list[Mapping[str, Any]]) -> tuple[float, float] | None:
         return None
     inp = min(1.0, max(0.0, (split["input_ms"] or 0.0) / split["step_ms"]))
     wait = min(1.0 - inp, max(0.0, split["waiting_for_slowest_ms"] / split["step_ms"]))
-    return inp, wait
+    slow = split["slowest_worker"]
+    others = [w for t, w in workers.items() if t != slow]
+    if wait <= 0 or not others:
+        return inp, wait, 0.0, None
+    excess = _excess(workers[slow], others, "pre_collective_ms")
+    frac = min(1.0, max(0.0, _excess(workers[slow], others, "input_ms") / excess)) if excess > 0 else 0.0
+    if frac < INPUT_BOUND:  # late for another reason: the others wait for the slowest worker
+        return inp, wait, 0.0, None
+    return inp, wait, wait * frac, slow
+
+
+def _excess(mine: Mapping[str, Any], others: list[Mapping[str, Any]], key: str) -> float:
+    return float(mine.get(key) or 0.0) - statistics.median(float(w.get(key) or 0.0) for w in others)
 
 
 def _backup(a: Attempt, first: float, later: list[Attempt], proven: bool) -> tuple[float, str]:
@@ -237,6 +257,7 @@ def goodput(
         return u - was
 
     details = []
+    waits_for: dict[str, float] = {}  # per worker: the others' wait for its input pipeline (in input_stall_s)
     for i, a in enumerate(attempts):
         nxt = attempts[i + 1] if i + 1 < len(attempts) else None
         gap = upto("startup_s" if i == 0 else "failure_s", a.start)
@@ -249,11 +270,13 @@ def goodput(
         else:
             d["startup_s"] = connect + upto("startup_s", a.first)
             keep, why = (a.last, None) if ok else _backup(a, a.first or t, attempts[i + 1 :], proven)
-            shares = _shares(profiles.get(i, [])) or run_shares or (0.0, 0.0)
+            shares = _shares(profiles.get(i, [])) or run_shares or (0.0, 0.0, 0.0, None)
             span = upto("productive_s", keep)
             sums["productive_s"] -= span * (shares[0] + shares[1])
-            sums["input_stall_s"] += span * shares[0]
-            sums["straggler_wait_s"] += span * shares[1]
+            sums["input_stall_s"] += span * (shares[0] + shares[2])  # a worker's input the others wait for: input
+            sums["straggler_wait_s"] += span * (shares[1] - shares[2])
+            if shares[3] is not None:
+                waits_for[shares[3]] = waits_for.get(shares[3], 0.0) + span * shares[2]
             d["training_s"] = span
             if not ok:
                 d["lost_work_s"], d["backup"] = upto("failure_s", a.failed_at), why
@@ -276,6 +299,7 @@ def goodput(
     out["finished"] = finished
     out["step_clock"] = run_shares is not None
     out["attempts"] = details
+    out["input_waits"] = {t: round(v, 3) for t, v in waits_for.items() if v > 0}
     notes = []
     if not trained:
         notes.append("no training steps were reported (progress records): productive time is unknown")
@@ -300,6 +324,10 @@ def goodput_lines(g: Mapping[str, Any]) -> list[str]:
     for k, label in CATEGORIES.items():
         v = g.get(k) or 0.0
         lines.append(f"  {label:<52}{v:9.1f} s  {v / wall if wall > 0 else 0.0:6.1%}")
+        if k == "input_stall_s":
+            for task, w in (g.get("input_waits") or {}).items():
+                text = f"  of which the others waiting for {task}'s input"
+                lines.append(f"  {text:<52}{w:9.1f} s  {w / wall if wall > 0 else 0.0:6.1%}")
     for a in g.get("attempts") or []:
         if a.get("backup"):
             lines.append(f"  attempt {a['attempt']}: lost {a.get('lost_work_s', 0):.1f} s of training ({a['backup']})")

@@ -16,7 +16,16 @@ from typing import Any
 from ..core.errors import UsageError
 from ..core.text import table
 from ..runs import RunDir, plan_or_none
-from .predict_model import Inputs, Network, advice, expected_max_excess, parse_network, predict, predict_size
+from . import contention
+from .predict_model import (
+    Inputs,
+    Network,
+    advice,
+    expected_max_excess,
+    parse_network,
+    predict_size,
+    ring_allreduce_s,
+)
 from .records import heartbeat_records
 from .stateff import bound_sizes, lr_advice, noise_of, predict_lines, time_to_loss_curve, time_to_loss_summary
 
@@ -145,7 +154,8 @@ def build_prediction(path: Path, sizes: Sequence[int], net: Network) -> dict[str
     base = measured[0]  # the smallest size measured
     inp = inputs_from(base)
     wanted = sorted(set(sizes) | {int(m["workers"]) for m in measured})
-    rows = predict(inp, net, wanted)
+    verdict = contention_of(measured, inp, net)
+    rows = [_corrected(inp, net, verdict, n) for n in wanted]
     by_n = {int(m["workers"]): m for m in measured}
     for row in rows:
         m = by_n.get(int(row["workers"]))
@@ -155,7 +165,7 @@ def build_prediction(path: Path, sizes: Sequence[int], net: Network) -> dict[str
     bound_sizes(rows, ns, at, per_worker)
     curve = []
     if ns.get("b_simple") is not None and per_worker:
-        curve = time_to_loss_curve(ns, lambda n: predict_size(inp, net, n), at, per_worker)
+        curve = time_to_loss_curve(ns, lambda n: _corrected(inp, net, verdict, n), at, per_worker)
     out_sizes = [r for r in rows if r["workers"] in sizes or "measured_step_ms" in r]
     inputs = {
         "own_ms": round(inp.own_ms, 3),
@@ -171,14 +181,44 @@ def build_prediction(path: Path, sizes: Sequence[int], net: Network) -> dict[str
         "run": str(path),
         "inputs": inputs,
         "network": {"latency_s": net.latency_s, "bandwidth_Bps": net.bandwidth_Bps, "source": net.source},
-        "assumptions": assumptions(inp, net),
+        "assumptions": assumptions(inp, net) + contention.assumption_lines(verdict),
         "sizes": out_sizes,
         "noise_scale": {k: v for k, v in ns.items() if k != "windows"},
         "noise_at": at,
         "time_to_loss": time_to_loss_summary(ns, per_worker, curve),
         "statistical": predict_lines(ns, at, per_worker, curve),
-        "advice": advice(inp, net, [r for r in rows if r["workers"] in sizes]) + lr_advice(ns, at, sizes, per_worker),
+        "confidence": contention.confidence(verdict, max(by_n)),
+        "advice": _advice(inp, net, verdict, [r for r in rows if r["workers"] in sizes])
+        + lr_advice(ns, at, sizes, per_worker),
     }
+
+
+def contention_of(measured: Sequence[Mapping[str, Any]], inp: Inputs, net: Network) -> contention.Contention:
+    """What the measured sizes say against the model's assumptions (own work constant in N)."""
+    points = [
+        contention.point_of(m, ring_allreduce_s(int(m["workers"]), inp.grad_bytes, net, inp.packs) * 1e3)
+        for m in measured
+    ]
+    return contention.assess([p for p in points if p is not None])
+
+
+def _corrected(inp: Inputs, net: Network, verdict: contention.Contention, n: int) -> dict[str, Any]:
+    """The model's size n, corrected by what the measured sizes below it say (contention)."""
+    row = predict_size(inp, net, n)
+    return contention.correct(row, verdict, _wait_factor) or row
+
+
+def _wait_factor(n: int, m: int) -> float:
+    """The model's wait for the slowest worker at n workers over its wait at m."""
+    return expected_max_excess(n) / expected_max_excess(m) if expected_max_excess(m) > 0 else 1.0
+
+
+def _advice(inp: Inputs, net: Network, verdict: contention.Contention, rows: list[dict[str, Any]]) -> list[str]:
+    """The model's advice; when the measurements contradict it, that first, and never "scales well"."""
+    lines = advice(inp, net, rows)
+    if not verdict.contradicted:
+        return lines
+    return [contention.advice_line(verdict), *(a for a in lines if not a.startswith("scales well"))]
 
 
 def compare_to(pred: Mapping[str, Any], m: Mapping[str, Any]) -> dict[str, Any]:
@@ -236,7 +276,7 @@ def prediction_text(pred: Mapping[str, Any]) -> str:
         rows.append(
             (
                 str(s["workers"]),
-                _f(s["step_ms"], ".1f"),
+                _f(s["step_ms"], ".1f") + ("*" if s.get("corrected_from") else ""),
                 _f(s["own_ms"], ".1f"),
                 _f(s["waiting_for_slowest_ms"], ".1f"),
                 _f(s["allreduce_ms"], ".1f"),
@@ -250,6 +290,7 @@ def prediction_text(pred: Mapping[str, Any]) -> str:
             )
         )
     lines = [f"predicted scaling of {pred['run']} (from {pred['inputs']['measured_workers']} worker(s) measured)", ""]
+    lines += contention.text_lines(pred.get("confidence") or {})
     if any("steps_to_loss_at_least" in s for s in pred["sizes"]):  # statistical efficiency (stateff: bounds)
         extra = [
             (
@@ -263,6 +304,8 @@ def prediction_text(pred: Mapping[str, Any]) -> str:
         head = (f"STAT EFF vs {at}", f"STEPS TO LOSS vs {at} >=", "TIME TO LOSS >=")
         rows = [rows[0] + head] + [r + e for r, e in zip(rows[1:], extra, strict=True)]
     lines += table(rows)
+    if any(s.get("corrected_from") for s in pred["sizes"]):
+        lines.append("* corrected with the growth the smaller sizes measured (confidence low: see above)")
     if pred.get("statistical"):
         lines += ["", *pred["statistical"]]
     lines += ["", "assumptions:"] + [f"  - {a}" for a in pred["assumptions"]]
@@ -282,13 +325,16 @@ def sweep_prediction(summary: Mapping[str, Any], net: Network) -> tuple[dict[str
     except UsageError as exc:
         return {"error": str(exc)}, [f"prediction: not possible ({exc})"]
     rows = []
+    verdict = contention_of(sizes, inp, net)
     for s in sizes:
-        p = predict_size(inp, net, int(s["workers"]))
+        p = _corrected(inp, net, verdict, int(s["workers"]))
         rows.append({**p, **compare_to(p, s)})
+    conf = contention.confidence(verdict, max(int(s["workers"]) for s in sizes))
     out = {
         "network": {"latency_s": net.latency_s, "bandwidth_Bps": net.bandwidth_Bps, "source": net.source},
         "from_workers": inp.measured_workers,
         "sizes": rows,
+        "confidence": conf,
     }
     cells = [("WORKERS", "PREDICTED STEP ms", "MEASURED", "ERR", "PREDICTED ALL-REDUCE ms", "MEASURED", "ERR")]
     for r in rows:
@@ -306,6 +352,7 @@ def sweep_prediction(summary: Mapping[str, Any], net: Network) -> tuple[dict[str
     lines = [
         f"prediction from {inp.measured_workers} worker(s) ({net.source}) against each size measured:",
         *table(cells),
+        *contention.text_lines(conf),
     ]
     return out, lines
 

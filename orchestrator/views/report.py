@@ -26,6 +26,7 @@ from ..runs import RunDir, plan_or_none
 from ..supervise import GpuJudgement, explain, find_straggler, host_suspect, judge_gpus
 from ..supervise.figures import Figures, TaskFigures, throughput
 from ..supervise.gpus import WORK_RATIO
+from ..supervise.remedies import with_remedy
 from ..supervise.shared import SharedProblem, inflation_advice, shared_problems
 from .evaluations import evaluation_report
 from .goodput import goodput
@@ -250,16 +251,15 @@ def analyse(
             if finding.wait_ms >= 1
             else ""
         )
-        advice.append(f"{finding.task} is a straggler: {waits}cause: {finding.cause} — {finding.detail}")
+        line = f"{finding.task} is a straggler: {waits}cause: {finding.cause} — {finding.detail}"
+        advice.append(with_remedy(line, finding.cause))
     told = finding.detail if finding is not None else ""
     advice += [p.text() for p in gpus.problems if p.text() not in told]  # every GPU problem, once
     advice += everywhere
     for s in named or []:
         if finding is None or finding.task != s.get("task"):
-            advice.append(
-                f"{s.get('task')} was named a straggler during this window (cause: {s.get('cause')}); the split mixes "
-                "its slow steps with others: see `--last` with the suggested window"
-            )
+            line = f"{s.get('task')} was named a straggler during this window (cause: {s.get('cause')}); the split"
+            advice.append(with_remedy(f"{line} mixes its slow steps with others: see `--last`", s.get("cause")))
     explained = finding is not None or gpus.suspect() is not None or bool(named)
     inflated = inflation_advice(shared, split["allreduce_ms"], step)
     if inflated is not None and step > 0 and split["allreduce_ms"] / step > 0.3:

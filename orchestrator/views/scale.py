@@ -18,6 +18,7 @@ from ..core.text import table
 from ..plan.policy import StragglerPolicy
 from ..runs import RunDir, plan_or_none
 from ..supervise.figures import Figures, job_rate
+from .batches import batch_notes, global_batch, scaling_of
 from .records import heartbeat_records
 from .report import build_report
 from .reportmodel import flat_workers
@@ -43,7 +44,7 @@ def measure_size(run_dir: str | Path, workers: int, target: float | None = None)
             figures.add(rec["task"], rec)
     # the report's rates, less each attempt's first window or 20% (tracing, first steps): steady state
     steps_per_s, examples_per_s = job_rate(figures.final(warmup_s=window))
-    global_batch = round(examples_per_s / steps_per_s) if examples_per_s and steps_per_s else None
+    batch, batch_source = global_batch(records, examples_per_s, steps_per_s)  # the median step's, when known
     split = dict(rep.split) if rep.split else None
     straggler = None
     if rep.stragglers:
@@ -60,8 +61,9 @@ def measure_size(run_dir: str | Path, workers: int, target: float | None = None)
         "run_dir": str(run_dir),
         "steps_per_s": _round(steps_per_s, 3),
         "examples_per_s": _round(examples_per_s, 1),
-        "global_batch": global_batch,
-        "per_worker_batch": round(global_batch / workers) if global_batch else None,
+        "global_batch": round(batch) if batch else None,
+        "per_worker_batch": round(batch / workers) if batch else None,
+        "batch_from": batch_source,
         "step_ms": split.get("step_ms") if split else None,
         "split": split,
         "straggler": straggler,
@@ -106,28 +108,10 @@ def compare(sizes: list[dict[str, Any]], strong: bool) -> dict[str, Any]:
             "dimension): throughput is steps/s"
             + ("" if strong else " x workers, assuming the per-worker batch stays the same (weak scaling)")
         )
-    batches = {
-        s["workers"]: (s.get("global_batch"), s.get("per_worker_batch")) for s in measured if s.get("global_batch")
-    }
-    if len(batches) >= 2:
-        globals_ = {g for g, _ in batches.values()}
-        per_worker = {p for _, p in batches.values()}
-        if strong and len(globals_) > 1:
-            notes.append(
-                f"--strong asked for the same global batch at every size, but the script used {_batches(batches, 0)}: "
-                "it keeps its per-worker batch, so this measured weak scaling; make it call "
-                "worker_entry.sweep_batch_size(per_worker_batch) (or read TFCLUSTER_SCALE_*)"
-            )
-        elif not strong and len(per_worker) > 1:
-            notes.append(
-                f"weak scaling keeps the per-worker batch, but the script used {_batches(batches, 1)} per worker: "
-                "it keeps a fixed global batch, so this measured strong scaling"
-            )
-    return {"unit": unit, "baseline_workers": base["workers"], "notes": notes}
-
-
-def _batches(batches: Mapping[int, tuple[Any, Any]], i: int) -> str:
-    return ", ".join(f"{v[i]} at {n}" for n, v in sorted(batches.items()))
+    batches = {s["workers"]: (s["global_batch"], s["per_worker_batch"]) for s in measured if s.get("global_batch")}
+    sources = {s.get("batch_from") for s in measured if s.get("global_batch")}
+    notes += batch_notes(batches, strong, sources.pop() if len(sources) == 1 else None)
+    return {"unit": unit, "baseline_workers": base["workers"], "measured_scaling": scaling_of(batches), "notes": notes}
 
 
 def advise(sizes: list[dict[str, Any]]) -> list[dict[str, str]]:

@@ -139,6 +139,9 @@ class Profile(Message):
     host_ms: float | None = field(default=None, metadata=spec(lo=0, hi=MS_MAX))
     other_ms: float | None = field(default=None, metadata=spec(lo=0, hi=MS_MAX))
     step_p50_ms: float | None = field(default=None, metadata=spec(lo=0, hi=MS_MAX))
+    # the median step's examples across the replicas in sync (the global batch; an epoch's partial last
+    # batch does not move it, where the window's mean would: `scale` tells weak from strong scaling by it)
+    batch_p50: float | None = field(default=None, metadata=spec(lo=0, hi=COUNT_MAX))
     stamps: str | None = field(default=None, metadata=spec(max_len=16))  # GPU sync mode of the stamps
     # what one step all-reduces, as the strategy sees it (its traced gradient tensors): bytes, tensors,
     # IndexedSlices (all-gathered), packs (bytes_per_pack, 0: one) and the implementation asked for

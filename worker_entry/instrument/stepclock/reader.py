@@ -25,7 +25,7 @@ from ..loss import book as loss_book
 from ..progress import warn_once
 from . import ring as stampring
 from .ring import COLLECTIVE
-from .timeline import DEFAULT_MIN_STEPS, MAX_WINDOW, StepSplit, Timeline, noise, summarize
+from .timeline import DEFAULT_MIN_STEPS, MAX_WINDOW, StepSplit, Timeline, median_batch, noise, summarize
 
 POLL_S = 0.5
 
@@ -169,6 +169,7 @@ class Reader:
             if best is None or rec.get("pre_collective_ms", 0) > best.get("pre_collective_ms", 0):
                 fns = [s.fn for s in window]
                 best = {**rec, **(self._wire(max(set(fns), key=fns.count)) or {})}  # the window's main function
+        batch = median_batch(self.windows.values())
         for window in self.windows.values():
             window.clear()
         self._window_steps = 0
@@ -178,6 +179,8 @@ class Reader:
             best["stamps"] = self.stamps
             if gns is not None:
                 best["noise"] = gns
+            if batch is not None:
+                best["batch_p50"] = batch
             self.records += 1
             self.last_record = best
             self._emit("profile", **best)

@@ -281,6 +281,22 @@ def summarize(steps: Sequence[StepSplit], cpu_s: float | None = None, counted: i
     return rec
 
 
+def median_batch(windows: Iterable[Sequence[StepSplit]]) -> float | None:
+    """The global batch of the window's median step: each local replica's median step examples (its share
+    of the replicas in sync), summed. The median, not the mean: an epoch's partial last batch (6,000 mod
+    192 = 48) would pull a mean below the batch the script asked for. None when a step's examples are unknown."""
+    total, any_ = 0.0, False
+    for w in windows:
+        ex = [s.examples for s in w]
+        if not ex:
+            continue
+        if any(e is None for e in ex):
+            return None
+        total += statistics.median(ex)  # type: ignore[type-var]
+        any_ = True
+    return round(total, 3) if any_ else None
+
+
 def noise(windows: Sequence[Sequence[StepSplit]]) -> dict | None:
     """One worker's noise-scale inputs over a window (``protocol.GradNoise``): untrimmed means over the
     steps with finite norms — the estimator is linear in them, trimming would bias it — of the mean
