@@ -293,3 +293,13 @@ def test_a_host_unreachable_at_the_restart_is_left_out(tmp_path):
     assert reshaped["host"] == "10.0.0.2" and reshaped["reason"].startswith("connect: timeout")
     wait_for(lambda: backend.closed, 5, "the backend closed")
     assert time.time() - reshaped["lost_ts"] < 120
+
+
+def test_the_batch_rule_keeps_the_planned_global_batch_on_fewer_workers():
+    from worker_entry import reshaped_batch_size
+
+    env = {p.Env.NUM_WORKERS: "2", p.Env.PLANNED_WORKERS: "3"}
+    assert reshaped_batch_size(64, env) == 96  # 3 x 64 = 192 global, over 2 workers
+    assert reshaped_batch_size(64, {p.Env.NUM_WORKERS: "3", p.Env.PLANNED_WORKERS: "3"}) == 64
+    assert reshaped_batch_size(64, {}) == 64  # not under tfcluster: as given
+    assert reshaped_batch_size(64, {p.Env.NUM_WORKERS: "x", p.Env.PLANNED_WORKERS: "3"}) == 64
