@@ -1,6 +1,7 @@
 """MWMS training with fault injection, for end-to-end tests. Plain TensorFlow: no tfcluster import.
 
 --fail-task worker:1 --fail-epoch 1 --fail-code 3   that task exits with that code at that epoch
+--fail-attempt 0                                    ... only in that attempt (TFCLUSTER_ATTEMPT; default: every one)
 --never-start worker:2                              that task sleeps instead of joining MWMS
 --print-pid-file DIR                                every task writes DIR/<task>.pid (for kill tests)
 """
@@ -23,6 +24,7 @@ def main() -> int:
     p.add_argument("--fail-task", default="")
     p.add_argument("--fail-epoch", type=int, default=1)
     p.add_argument("--fail-code", type=int, default=3)
+    p.add_argument("--fail-attempt", type=int, default=-1)
     p.add_argument("--never-start", default="")
     p.add_argument("--pid-dir", default="")
     p.add_argument("--step-sleep", type=float, default=0.0)
@@ -77,7 +79,8 @@ def main() -> int:
         def on_train_batch_end(self, batch, logs=None):
             if args.step_sleep:
                 time.sleep(args.step_sleep)
-            if task == args.fail_task and self.epoch >= args.fail_epoch and batch == args.steps // 2:
+            this_attempt = args.fail_attempt < 0 or os.environ.get("TFCLUSTER_ATTEMPT") == str(args.fail_attempt)
+            if task == args.fail_task and this_attempt and self.epoch >= args.fail_epoch and batch == args.steps // 2:
                 print(f"{task}: injected failure, exiting with {args.fail_code}", flush=True)
                 print(f"{task}: last words on stderr", file=sys.stderr, flush=True)
                 os._exit(args.fail_code)
