@@ -1,8 +1,9 @@
 """A job that outlives its hosts (issue 34), on the namespace test bed with real TensorFlow MWMS.
 
 3 workers + 1 spare: one host's link is cut for good in epoch 2; the job finishes on the other three,
-resumed from the last backed-up epoch, exit 0, and the run names the lost host and the spare. A worker
-whose script raises is restarted in place: no host is excluded.
+resumed from the last backed-up epoch, exit 0, and the run names the lost host and the spare. Without
+a spare and ``min_workers: 2`` it finishes on 2 workers, on the same global batch. A worker whose script
+raises is restarted in place: no host is excluded.
 """
 
 from __future__ import annotations
@@ -93,6 +94,29 @@ def test_a_host_cut_for_good_is_replaced_by_the_spare_and_the_job_resumes_from_t
             # resumed after the last backed-up epoch (not from epoch 1), finished on the same global batch
             assert after[0][0] > 1 and after[0][0] <= max((e for e, _ in before), default=0) + 1, (before, after)
             assert after[-1][0] == 4 and {b for _, b in after} == {64}
+        assert_no_job_processes(tb, 20)
+    finally:
+        tb.restore(tb.hosts[2])
+
+
+def test_without_a_spare_the_job_finishes_on_min_workers_from_the_backup(testbed_factory, tmp_path):
+    tb = testbed_factory(3, mode="netns")
+    try:
+        code, err, run_dir = _cut_in_epoch_2(tb, tmp_path, spare=False, restart={"max_restarts": 1, "min_workers": 2})
+        assert code == 0, err[-3000:]
+        result = json.loads((run_dir / "result.json").read_text())
+        _, second = result["attempts"]
+        assert {t: r["host"] for t, r in second["tasks"].items()} == {
+            "worker:0": tb.hosts[0].address,
+            "worker:1": tb.hosts[1].address,
+        }
+        (reshaped,) = [e for e in read_events(run_dir) if e["event"] == "reshaped"]
+        assert (reshaped["host"], reshaped["spare_in"], reshaped["workers_after"]) == (tb.hosts[2].address, None, 2)
+        for i in range(2):
+            before = _epochs(run_dir / "logs" / f"worker-{i}.log")
+            after = _epochs(run_dir / "logs" / f"worker-{i}.attempt-1.log")
+            assert after[0][0] > 1 and after[-1][0] == 4, (before, after)
+            assert {b for _, b in after} == {96}  # the planned global batch, 3 x 64, over 2 workers
         assert_no_job_processes(tb, 20)
     finally:
         tb.restore(tb.hosts[2])
