@@ -227,6 +227,18 @@ def test_a_lost_host_is_replaced_by_the_spare_on_a_new_plan(tmp_path):
     assert (change.out, change.spare_in, change.hosts_before["worker:2"]) == ("10.0.0.3", "10.0.0.4", "10.0.0.3")
     status = json.loads((run_dir / "status.json").read_text())
     assert status["elastic"]["excluded"][0]["host"] == "10.0.0.3" and status["elastic"]["spares"] == []
+    # what `status` and `report` say of it
+    from orchestrator.views.control import job_status, status_text
+    from orchestrator.views.report import build_report, report_text
+
+    text = status_text(job_status(RunDir(run_dir)))
+    assert "host excluded: 10.0.0.3 (worker:2, attempt 0): lost: " in text
+    assert "spares left: none   workers: 3 of 3 planned" in text
+    rep = build_report(RunDir(run_dir))
+    (r,) = rep["reshapes"]
+    assert (r["host"], r["spare_in"], r["attempt"]) == ("10.0.0.3", "10.0.0.4", 1)
+    assert r["loss_to_training_s"] is not None and 0 <= r["loss_to_training_s"] < 60
+    assert "10.0.0.3 (worker:2) out — lost: " in report_text(rep) and "spare 10.0.0.4 in" in report_text(rep)
 
 
 def test_without_a_spare_the_job_goes_on_with_min_workers(tmp_path):

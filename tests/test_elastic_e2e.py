@@ -17,6 +17,10 @@ from conftest import PY, WORKLOADS, assert_no_job_processes, backed_up_epochs, r
 from testbed_fixtures import requires_netns
 from waiting import wait_for
 
+from orchestrator.runs import RunDir
+from orchestrator.views.control import job_status, status_text
+from orchestrator.views.report import build_report
+
 pytestmark = [pytest.mark.e2e, requires_netns]
 
 EPOCH_RE = re.compile(r"\] epoch (\d+)/(\d+) .* batch=(\d+)")
@@ -84,6 +88,10 @@ def test_a_host_cut_for_good_is_replaced_by_the_spare_and_the_job_resumes_from_t
         assert (reshaped["host"], reshaped["spare_in"], reshaped["workers_after"]) == (lost, spare, 3)
         status = json.loads((run_dir / "status.json").read_text())
         assert [e["host"] for e in status["elastic"]["excluded"]] == [lost] and status["elastic"]["spares"] == []
+        text = status_text(job_status(RunDir(run_dir)))
+        assert f"host excluded: {lost} (worker:2, attempt 0): lost: " in text and "spares left: none" in text
+        (r,) = build_report(RunDir(run_dir))["reshapes"]
+        assert (r["host"], r["spare_in"]) == (lost, spare) and r["loss_to_training_s"] > 0
         plan = json.loads((run_dir / "plan.json").read_text())
         assert plan["attempt"] == 1 and [t["host"] for t in plan["tasks"]] == [h.address for h in tb.hosts[:2]] + [
             spare

@@ -36,6 +36,7 @@ from .noise_scale import noise_lines, noise_scale
 from .outliers import shown
 from .pace import pace, pace_advice, pace_lines
 from .records import event_records, heartbeat_records, json_object
+from .reshapes import reshape_lines, reshape_report
 from .split import job_split, scores, split_lines
 
 HOST_KEYS = ("wait_pct", "throttled_pct", "steal_pct", "tcp_retrans_pct")
@@ -156,6 +157,7 @@ def build_report(
         "slowing": slowing,
         **_roles(plan, events),
         **evaluation_report(events),  # an evaluator's evaluations, per checkpoint
+        **reshape_report(events),  # hosts lost for good: what replaced them, the loss to training again
         **analysis,
         "goodput": _goodput(events, records, run, window),
         "loss": loss_curve(records),  # the whole run's, like the noise scale (its estimate now)
@@ -395,7 +397,7 @@ def report_text(rep: dict[str, Any]) -> str:
                 if e.get("task")
                 else f"  {e['message']}"
             )
-    lines += evaluation_lines(rep.get("evaluations"))
+    lines += evaluation_lines(rep.get("evaluations")) + reshape_lines(rep.get("reshapes"))
     if rep.get("loss"):
         lines += ["", *loss_lines(rep["loss"])]
     if rep.get("noise_scale") and (rep["noise_scale"]["windows"] or rep.get("loss")):
