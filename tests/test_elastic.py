@@ -67,7 +67,8 @@ def test_slurm_spare_nodes_are_validated_and_said_to_be_unused_yet():
     assert "slurm.spare_nodes: warning: 1 spare node(s) are validated but not yet used" in warning
     (bad,) = _problems(base % "-1")
     assert "slurm.spare_nodes" in bad
-    (too_many,) = _problems("scheduler: slurm\nslurm: {nodes: 2, tasks_per_node: 2}\nrestart: {min_workers: 5}\n")
+    unused, too_many = _problems("scheduler: slurm\nslurm: {nodes: 2, tasks_per_node: 2}\nrestart: {min_workers: 5}\n")
+    assert "restart.min_workers: warning: not used with scheduler: slurm yet" in unused
     assert "5 is more than the 4 planned workers" in too_many
 
 

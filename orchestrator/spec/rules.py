@@ -102,6 +102,13 @@ def _min_workers_problems(data: dict, section: SchedulerSection | None, add: Add
             "its coordinator restarts a lost worker in place); remove min_workers",
         )
         return
+    if section is not None and not section.reshapes:
+        add(
+            ("restart", "min_workers"),
+            f"not used with scheduler: {section.name} yet: a host lost for good ends the run as before (only "
+            "scheduler: ssh reshapes a job); checked against the plan all the same",
+            "warning",
+        )
     planned = section.workers(data) if section is not None and section.workers is not None else None
     if planned is not None and k > planned:
         add(

@@ -57,6 +57,7 @@ class SchedulerSection:
     # the job's planned workers (chief and workers) from the raw document, None where it cannot say:
     # what ``restart.min_workers`` is checked against
     workers: Callable[[dict[str, Any]], int | None] | None = None
+    reshapes: bool = False  # a host lost for good can leave the run (spares, restart.min_workers: issue 34)
     extras: dict[str, Any] = field(default_factory=dict)  # more, for the scheduler's own use
 
 

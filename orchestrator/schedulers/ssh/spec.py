@@ -227,6 +227,7 @@ SECTION = SchedulerSection(
     rules=_rules,
     roles=_roles,
     workers=planned_workers,
+    reshapes=True,
     default=True,
     per_host=True,
 )
