@@ -202,7 +202,7 @@ def _events(run_dir, kind):
     return [e for e in map(json.loads, lines) if e["event"] == kind]
 
 
-def test_a_lost_host_is_replaced_by_the_spare_on_a_new_plan(tmp_path):
+def test_a_lost_host_is_replaced_by_the_spare_on_a_new_plan(tmp_path, capsys):
     result, backend, run_dir = _job(
         tmp_path, _lost_on("10.0.0.3"), hosts=_hosts(4, spares=(3,)), restart={"max_restarts": 1}
     )
@@ -228,7 +228,10 @@ def test_a_lost_host_is_replaced_by_the_spare_on_a_new_plan(tmp_path):
     assert (change.out, change.spare_in, change.hosts_before["worker:2"]) == ("10.0.0.3", "10.0.0.4", "10.0.0.3")
     status = json.loads((run_dir / "status.json").read_text())
     assert status["elastic"]["excluded"][0]["host"] == "10.0.0.3" and status["elastic"]["spares"] == []
-    # what `status` and `report` say of it
+    # what the console, `status` and `report` say of it
+    said = capsys.readouterr().err
+    assert "host 10.0.0.3 (worker:2) is out for good (lost: " in said
+    assert "spare 10.0.0.4 takes its place: 3 -> 3 workers, 0 spare(s) left" in said
     from orchestrator.views.control import job_status, status_text
     from orchestrator.views.report import build_report, report_text
 
