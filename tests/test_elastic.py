@@ -319,3 +319,14 @@ def test_the_batch_rule_keeps_the_planned_global_batch_on_fewer_workers():
     assert reshaped_batch_size(64, {p.Env.NUM_WORKERS: "3", p.Env.PLANNED_WORKERS: "3"}) == 64
     assert reshaped_batch_size(64, {}) == 64  # not under tfcluster: as given
     assert reshaped_batch_size(64, {p.Env.NUM_WORKERS: "x", p.Env.PLANNED_WORKERS: "3"}) == 64
+
+
+def test_preflight_checks_the_spares_like_any_host(monkeypatch):
+    from orchestrator.schedulers.ssh import preflight
+
+    seen = []
+    monkeypatch.setattr(preflight, "run_preflight", lambda spec, plan: seen.append(plan) or "report")
+    loaded, plan = make_plan(4, hosts=_hosts(4, spares=(1,)), ssh={"config_file": None})
+    assert SCHEDULER.preflight(loaded, plan) == "report"
+    (checked,) = seen
+    assert sorted(n.host for n in checked.nodes) == ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
