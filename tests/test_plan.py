@@ -214,7 +214,7 @@ def test_secrets_redacted_in_printed_plan():
 def test_plan_json_shape():
     """The record keeps what every task shares once, and each task as its name, host, endpoint, GPUs."""
     d = json.loads(PlanRecord.from_plan(plan_of("  - {address: a}\n  - {address: b, port: 2222}")).to_json())
-    assert d["job"] == "job" and d["version"] == 2
+    assert d["job"] == "job" and d["version"] == 3
     assert d["cluster"] == {"worker": ["a:12345", "b:12345"]}
     assert d["tasks"][1] == {"task": "worker:1", "host": "b", "gpus": 0, "tf_address": "b:12345", "ssh": "me@b:2222"}
     assert d["common"]["argv"] == ["python3", "-m", "worker_entry"] and "TF_CONFIG" not in d["common"]["env"]

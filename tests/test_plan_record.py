@@ -90,8 +90,8 @@ def test_plan_json_is_the_record_of_plan_json_output(capsys):
     [
         ("{not json", "not JSON"),
         ([1, 2], "not a plan record (expected a JSON object)"),
-        ({"version": 3, "job": "j", "run_id": "r", "tasks": []}, "version 3 was written by a newer tfcluster"),
-        ({"version": "2", "job": "j"}, "version: expected 1 or 2"),
+        ({"version": 4, "job": "j", "run_id": "r", "tasks": []}, "version 4 was written by a newer tfcluster"),
+        ({"version": "2", "job": "j"}, "version: expected 1 to 3"),
         ({"version": 2, "job": 5, "run_id": "r"}, "job: expected a string"),
         ({"version": 2, "job": "j", "run_id": "r", "tasks": {"a": 1}}, "tasks: expected a list"),
         ({"version": 2, "job": "j", "run_id": "r", "tasks": [{"task": "boss:1"}]}, "tasks[0].task: expected a task"),

@@ -24,6 +24,7 @@ _LAZY = {
     "report_evaluation": ("instrument.progress", "report_evaluation"),
     "progress_callback": ("instrument.keras_callback", "progress_callback"),
     "sweep_batch_size": ("instrument.sweep", "sweep_batch_size"),
+    "reshaped_batch_size": ("instrument.sweep", "reshaped_batch_size"),
 }
 
 

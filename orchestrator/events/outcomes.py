@@ -67,6 +67,21 @@ class Restart(BaseEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Reshaped(BaseEvent):
+    """A host lost for good leaves the run (``host``, the task it ran: ``task``): the next attempt runs on
+    a new plan, with a spare in its place or one worker fewer (issue 34)."""
+
+    KIND: ClassVar[str] = "reshaped"
+    attempt: int = field(metadata=COUNT)  # the attempt that runs on the new plan
+    reason: str = field(metadata=TEXT)
+    spare_in: str | None = field(default=None, metadata=TEXT)
+    workers_before: int = field(metadata=COUNT)
+    workers_after: int = field(metadata=COUNT)
+    spares_left: int = field(metadata=COUNT)
+    lost_ts: float = field(metadata=COUNT)  # when the host failed: "the loss to training again" starts here
+
+
+@dataclass(frozen=True, kw_only=True)
 class GatherStarted(BaseEvent):
     """Copying logs and checkpoints back begins, for ``attempts`` attempts."""
 

@@ -3,15 +3,18 @@ attempt's files, and return the result (``tfcluster launch``); ``scale`` runs on
 What differs per scheduler comes in from ``orchestrator/schedulers`` as objects (backend, scheduling)."""
 
 from .job import Job, LaunchOptions, launch
-from .policy import Action, AttemptPolicy, Decision, RestartPolicy
+from .policy import Action, AttemptPolicy, Decision, Exclusion, Members, Reshape, RestartPolicy
 from .scheduling import RunScheduling
 
 __all__ = [
     "Action",
     "AttemptPolicy",
     "Decision",
+    "Exclusion",
     "Job",
     "LaunchOptions",
+    "Members",
+    "Reshape",
     "RestartPolicy",
     "RunScheduling",
     "launch",

@@ -26,6 +26,7 @@ from ..supervise import Interrupt, Supervisor
 from .options import LaunchOptions
 from .outputs import RunOutputs
 from .policy import Action, Decision
+from .reshaping import Reshaper, connect_elastic
 from .scheduling import RunScheduling
 from .signals import signals_to
 from .transfers import transfers_for
@@ -72,6 +73,8 @@ class Job:
             backend.bind_events(self.bus.emit)
         self.logs = self.out.logs
         self.transfers = transfers_for(self)
+        self.reshaper = Reshaper(self.spec, plan, self.scheduling, self.rundir, self.bus)
+        self.out.elastic = self.reshaper.status()
         self._notes_seen = 0
 
     # --- the whole job ---------------------------------------------------------------------------
@@ -132,9 +135,12 @@ class Job:
 
     def _connect(self, attempt: int = 0) -> bool:
         """Reach every node (again before a restart: only those whose connection died); every
-        unreachable one is reported, then the job ends."""
+        unreachable one is reported, then the job ends — unless, at a restart of an elastic job, a
+        spare takes its place or the job goes on with fewer workers (``reshaping.connect_elastic``)."""
         t0 = time.monotonic()
-        problems = self.backend.connect(self.plan.nodes)
+        self.plan, problems, ended = connect_elastic(self.backend, self.reshaper, self.plan, attempt)
+        if ended is not None and ended.run_failure is not None:
+            self.result.failures.append(ended.run_failure)
         if problems:
             for d in problems:
                 self.bus.emit(ev.ConnectFailed(task=d.task, host=d.host, kind=d.code, message=d.message, hint=d.hint))
@@ -156,7 +162,7 @@ class Job:
         while True:
             self.result.become(JobState.STARTING)
             res, sup = self._attempt(attempt)
-            decision = self.conclude(res)
+            decision = self.conclude(res, gpu_faults(sup))
             for note in list(self.backend.notes)[self._notes_seen :]:
                 self.bus.emit(ev.JobWarning(message=f"{self.backend.name} teardown: {note}"))
             self._notes_seen = len(self.backend.notes)
@@ -168,9 +174,15 @@ class Job:
                 )
             )
             self.transfers.after_attempt(sup, attempt, final=decision.final)
-            if decision.action is not Action.RESTART:
+            if not decision.restarts:
                 return decision
             attempt += 1
+            if decision.reshape is not None:
+                new = self.reshaper.apply(self.plan, decision.reshape, attempt)
+                if new is None:
+                    why = f"the {self.backend.name} scheduler cannot plan without host {decision.reshape.out.host}"
+                    return Decision(Action.FINISH, run_failure=Failure("restart", why, time.time()))
+                self.plan = new
             self.bus.emit(
                 ev.Restart(
                     attempt=attempt,
@@ -178,14 +190,16 @@ class Job:
                     reason=res.root_cause.message if res.root_cause else "failed",
                 )
             )
-            if not self._connect(attempt):
+            connected = self._connect(attempt)
+            self.out.replan(self.plan, self.reshaper.status())
+            if not connected:
                 return Decision(Action.FINISH)
             self.transfers.before_restart()
 
-    def conclude(self, res: AttemptResult) -> Decision:
+    def conclude(self, res: AttemptResult, gpu_faults: frozenset[str] = frozenset()) -> Decision:
         """The policy's decision after an attempt, and the attempt recorded as it says; the run restarts
-        or takes the attempt's state."""
-        decision = self.policy.decide(res, self.result.attempts, self.interrupt)
+        (on the same plan or, a host lost for good, a new one) or takes the attempt's state."""
+        decision = self.policy.decide(res, self.result.attempts, self.interrupt, self.reshaper.members, gpu_faults)
         if decision.ended_by is not None:  # the allocation ended under it: a boundary, not an end
             res.become(JobState.REQUEUED)
             res.failures.insert(0, decision.ended_by)
@@ -193,7 +207,7 @@ class Job:
             res.become(JobState.SUCCEEDED)
             self.bus.emit(ev.TrainingCompleted(message=decision.completed))
         self.result.attempts.append(res)
-        self.result.become(JobState.RESTARTING if decision.action is Action.RESTART else res.state)
+        self.result.become(JobState.RESTARTING if decision.restarts else res.state)
         return decision
 
     def _attempt(self, attempt: int) -> tuple[AttemptResult, Supervisor]:
@@ -258,6 +272,11 @@ class Job:
         self.scheduling.hand_off(self, decision)
         self.bus.close()
         return result
+
+
+def gpu_faults(sup: Supervisor) -> frozenset[str]:
+    """The tasks whose GPUs had a fault by DCGM's rules (``supervise.gpus``) when the attempt ended."""
+    return frozenset(p.task for p in sup.monitor.gpus.judgement.problems if p.problem == "fault")
 
 
 def launch(

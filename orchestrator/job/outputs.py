@@ -58,6 +58,7 @@ class RunOutputs:
         self, rundir: RunDir, plan: Plan, *, live: bool, echo_logs: bool, max_log_bytes: int | None = None
     ) -> None:
         self.plan = plan
+        self.elastic: dict[str, Any] | None = None  # status.json's "elastic": hosts excluded, spares left
         self.live: Any = None
         if live and echo_logs and use_color(sys.stdout) and sys.stdout.isatty():
             from ..sinks.live import LiveTable
@@ -151,11 +152,21 @@ class RunOutputs:
                     log=str(self.hangup.log),
                 )
             )
+        if self.elastic is not None:
+            status.setdefault("elastic", self.elastic)
         if self.metrics is not None:
             self.metrics.update(status)
         if self.tensorboard is not None:
             self.tensorboard.update(status)
         self.status_file(status)
+
+    def replan(self, plan: Plan, elastic: dict[str, Any] | None) -> None:
+        """A reshaped attempt's plan (issue 34): the live table's rows, and what status.json shows of
+        the hosts excluded and the spares left (``elastic``)."""
+        self.plan = plan
+        self.elastic = elastic
+        if self.live is not None:
+            self.live.plan = plan
 
     def start_live(self) -> None:
         if self.live is not None:

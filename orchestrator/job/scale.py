@@ -81,7 +81,7 @@ def sized_spec(loaded: LoadedSpec, workers: int, opts: SweepOptions) -> LoadedSp
     """The spec on its first ``workers`` hosts, telling the script the sweep's size and mode, with
     step-clock windows short enough for several per size."""
     spec = loaded.spec
-    hosts = spec.hosts or []
+    hosts = [h for h in spec.hosts or [] if not getattr(h, "spare", False)]  # a sweep's sizes run no spare
     env = {
         **spec.job.env,
         Env.SCALE_WORKERS: str(workers),

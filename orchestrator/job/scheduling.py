@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..plan import Plan
 from ..spec import ClusterSpec
-from .policy import AttemptPolicy, Decision, RestartPolicy
+from .policy import AttemptPolicy, Decision, Members, RestartPolicy
 
 if TYPE_CHECKING:
     from .context import RunContext
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 class RunScheduling:
     #: Signals that, like SIGINT/SIGTERM, interrupt the job (Slurm: SIGUSR2, the time-limit warning).
     signals: tuple[int, ...] = ()
+    #: ``replan`` builds a plan without a host (issue 34): a host lost for good can leave the run.
+    reshapes: bool = False
 
     def policy(self, spec: ClusterSpec) -> AttemptPolicy:
         """What follows each attempt."""
@@ -43,6 +46,12 @@ class RunScheduling:
     def settle(self, job: RunContext, decision: Decision) -> None:
         """After the last attempt, before the result is recorded: the scheduler's bookkeeping (which may
         still change ``job.result``)."""
+        return None
+
+    def replan(self, plan: Plan, members: Members) -> Plan | None:
+        """The plan of a reshaped attempt (issue 34): ``members.hosts`` in this order, one task each, the
+        spares left standing by; built by the scheduler's planner, so TF_CONFIG and the task indices are
+        rebuilt. None: this scheduler cannot (its next attempt runs on the same plan, as before)."""
         return None
 
     def hand_off(self, job: RunContext, decision: Decision) -> None:

@@ -77,11 +77,19 @@ def build_plan(
     extras: dict[str, Any] | None = None,
     node_builds_cluster: bool = False,
     roles: dict[str, int] | None = None,
+    spares: tuple[str, ...] = (),
+    planned_workers: int | None = None,
+    members: tuple[str, ...] = (),
 ) -> Plan:
     """The one builder of a ``Plan`` and its ``NodePlan``s from a planner's placements (rank order):
     the cluster, the environment and the directories every task shares, kept once (``Common``).
-    ``entry``: worker_entry's mode (``slurm``, ``kubernetes``); ``dirs``: (checkpoint, backup)."""
+    ``entry``: worker_entry's mode (``slurm``, ``kubernetes``); ``dirs``: (checkpoint, backup);
+    ``spares``: the hosts standing by (issue 34); ``planned_workers``: the job's workers as planned, when
+    this plan has fewer (a reshape without a spare), else this plan's own; ``members``: each task's host
+    as a reshape names it (one task per host), else ()."""
     cluster = tf_cluster([pl.task for pl in placements], [pl.endpoint for pl in placements])
+    workers = sum(1 for pl in placements if pl.task.type in ("chief", "worker"))
+    planned = planned_workers if planned_workers is not None else workers
     checkpoint_dir, backup_dir = dirs
     common = Common(
         argv=(spec.job.python, "-m", WORKER_ENTRY_MODULE, *entry),
@@ -91,7 +99,12 @@ def build_plan(
         checkpoint_dir=checkpoint_dir,
         backup_dir=backup_dir,
         runtime=runtime_of(spec),
-        env=common_env(spec, communication, run_id, len(placements), checkpoint_dir, backup_dir),
+        env={
+            **common_env(spec, communication, run_id, len(placements), checkpoint_dir, backup_dir),
+            Env.NUM_WORKERS: str(workers),
+            Env.PLANNED_WORKERS: str(planned),
+            **spec.job.env,  # the user's word last, as in common_env
+        },
         cluster=cluster,
         node_builds_cluster=node_builds_cluster,
         roles=dict(roles or {}),
@@ -119,6 +132,9 @@ def build_plan(
         extras=extras,
         policy=StragglerPolicy.from_spec(spec),
         strategy=spec.tensorflow.strategy,
+        spares=tuple(spares),
+        planned_workers=planned,
+        members=tuple(members) if len(members) == len(placements) else (),
     )
 
 

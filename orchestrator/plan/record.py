@@ -6,7 +6,11 @@ cluster (every task's endpoint by role), the environment and the directories eve
 kept once; a task is its role, index, host, TF endpoint and GPUs (its own variables follow from those:
 ``model.task_env``; its TF_CONFIG from the cluster: ``tf_config``).
 
-Versions: 2 is this layout. 1 (every tfcluster before it) kept every task's environment and TF_CONFIG
+Versions: 3 is this layout: 2 and, where a job has them (issue 34), its spare hosts (``spares``), the
+workers as planned (``planned_workers``) and, once a host was lost for good, the attempt this plan is
+for (``attempt``) and every earlier reshape (``reshapes``: which host left, why, what came in, each
+earlier plan's hosts by task); a record without them reads as a plan with none. 2 is 3 without them.
+1 (every tfcluster before it) kept every task's environment and TF_CONFIG
 (``nodes``), with the cluster either once at the top (``cluster``, what a launch wrote) or in every
 task's TF_CONFIG (a Slurm submit, and the oldest runs); it is read into the same object. A newer
 version is refused with a message saying so.
@@ -28,7 +32,7 @@ from .model import Plan, TaskId
 from .policy import StragglerPolicy
 from .secrets import redact_argv, redact_env
 
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 #: The check workload's module (``job.check.check_spec`` runs it as the job's command).
 CHECK_MODULE = "worker_entry.check"
 #: A task's own variables in a version-1 record: every task had them (``model.task_env``), none is shared.
@@ -59,6 +63,57 @@ class TaskRecord:
 
 
 @dataclass(frozen=True)
+class PlanChange:
+    """One reshape of the run (issue 34): from ``attempt`` on the plan lost ``out`` and took ``spare_in``
+    (or nobody: a worker fewer); ``hosts_before``: the plan it replaced, each task's host."""
+
+    attempt: int
+    out: str
+    reason: str
+    spare_in: str | None
+    workers_before: int
+    workers_after: int
+    lost_ts: float  # when the host failed: the start of "the loss to training again"
+    hosts_before: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "out": self.out,
+            "reason": self.reason,
+            "spare_in": self.spare_in,
+            "workers_before": self.workers_before,
+            "workers_after": self.workers_after,
+            "lost_ts": self.lost_ts,
+            "hosts_before": dict(self.hosts_before),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> PlanChange | None:
+        """A recorded reshape; None where it is damaged (the record's history is for people: skipped)."""
+        if not isinstance(d, Mapping):
+            return None
+        ints = [d.get(k) for k in ("attempt", "workers_before", "workers_after")]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints):
+            return None
+        out, reason, spare = d.get("out"), d.get("reason"), d.get("spare_in")
+        lost = d.get("lost_ts")
+        if not isinstance(out, str) or not isinstance(reason, str) or not (spare is None or isinstance(spare, str)):
+            return None
+        before = d.get("hosts_before") if isinstance(d.get("hosts_before"), Mapping) else {}
+        return cls(
+            attempt=ints[0],
+            out=out,
+            reason=reason[:2000],
+            spare_in=spare,
+            workers_before=ints[1],
+            workers_after=ints[2],
+            lost_ts=float(lost) if isinstance(lost, int | float) and not isinstance(lost, bool) else 0.0,
+            hosts_before={str(k): v for k, v in before.items() if isinstance(v, str)},
+        )
+
+
+@dataclass(frozen=True)
 class PlanRecord:
     """A run's plan as recorded: read by ``status``, ``report``, ``predict``, ``scale``, the run list and
     the schedulers' handles."""
@@ -75,6 +130,10 @@ class PlanRecord:
     cluster: dict[str, list[str]] = field(default_factory=dict)
     common: dict[str, Any] = field(default_factory=dict)  # argv, command, workdir, task_root, dirs, env
     extras: dict[str, Any] | None = None  # the scheduler's own part, under its name (Slurm: sbatch, srun)
+    spares: tuple[str, ...] = ()  # hosts standing by for one lost for good (issue 34)
+    planned_workers: int | None = None  # the job's workers as planned (None: an older record)
+    attempt: int = 0  # the attempt this plan is for: 0, or the first attempt after its reshape
+    reshapes: tuple[PlanChange, ...] = ()  # the run's reshapes so far, oldest first
     version: int = PLAN_VERSION
 
     # --- what the readers ask -------------------------------------------------------------------------
@@ -108,8 +167,14 @@ class PlanRecord:
 
     # --- writing --------------------------------------------------------------------------------------
 
+    def workers(self) -> int:
+        """This plan's training tasks (chief and workers)."""
+        return sum(1 for t in self.tasks if t.task.split(":")[0] in ("chief", "worker"))
+
     @classmethod
-    def from_plan(cls, plan: Plan, *, show_secrets: bool = False) -> PlanRecord:
+    def from_plan(
+        cls, plan: Plan, *, show_secrets: bool = False, attempt: int = 0, reshapes: tuple[PlanChange, ...] = ()
+    ) -> PlanRecord:
         """The record of a plan; credentials in the environment and command redacted unless asked."""
         c = plan.common
         common = {
@@ -146,6 +211,10 @@ class PlanRecord:
             cluster={k: list(v) for k, v in c.cluster.items()},
             common=common,
             extras=plan.extras,
+            spares=plan.spares,
+            planned_workers=plan.planned_workers or None,
+            attempt=attempt,
+            reshapes=reshapes,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -165,6 +234,13 @@ class PlanRecord:
         }
         if self.extras is not None:
             out[self.scheduler] = self.extras
+        if self.planned_workers is not None:
+            out["planned_workers"] = self.planned_workers
+        if self.spares:
+            out["spares"] = list(self.spares)
+        if self.reshapes:
+            out["attempt"] = self.attempt
+            out["reshapes"] = [r.to_dict() for r in self.reshapes]
         return out
 
     def to_json(self) -> str:
@@ -186,7 +262,7 @@ class PlanRecord:
             raise PlanRecordError(f"{where}: not a plan record (expected a JSON object)")
         version = data.get("version", 1)
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise PlanRecordError(f"{where}: version: expected 1 or {PLAN_VERSION}, got {str(version)[:20]!r}")
+            raise PlanRecordError(f"{where}: version: expected 1 to {PLAN_VERSION}, got {str(version)[:20]!r}")
         if version > PLAN_VERSION:
             raise PlanRecordError(
                 f"{where}: version {version} was written by a newer tfcluster (this one reads {PLAN_VERSION} "
@@ -219,6 +295,10 @@ class PlanRecord:
             cluster=cluster,
             common=common,
             extras=extras if isinstance(extras, dict) else None,
+            spares=tuple(s for s in data.get("spares") or () if isinstance(s, str)),
+            planned_workers=_count(data.get("planned_workers")),
+            attempt=_count(data.get("attempt")) or 0,
+            reshapes=tuple(r for r in map(PlanChange.from_dict, _list(data.get("reshapes"))) if r is not None),
             version=PLAN_VERSION,
         )
 
@@ -228,6 +308,14 @@ def _text(data: Mapping[str, Any], key: str, where: str) -> str:
     if not isinstance(value, str):
         raise PlanRecordError(f"{where}: {key}: expected a string, got {str(value)[:40]!r}")
     return value
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _opt_text(value: Any, default: str) -> str:

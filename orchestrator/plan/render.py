@@ -44,6 +44,12 @@ def plan_text(plan: Plan, notes: PlanNotes, *, show_secrets: bool = False, every
         "",
         *_task_table(plan.nodes, every_task),
     ]
+    if plan.spares:  # issue 34: they run nothing until a host is lost for good
+        out += [
+            "",
+            f"spare hosts ({len(plan.spares)}, running nothing until a host is lost for good, then taking its "
+            "place): " + ", ".join(plan.spares),
+        ]
     if plan.has_roles:  # what each role's failure and end mean (plan.roles)
         out += ["", f"strategy {plan.strategy}:", *role_lines(plan.strategy)]
     for w in plan.warnings:

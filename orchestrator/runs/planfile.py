@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from ..plan import Plan
-from ..plan.record import PlanRecord, PlanRecordError
+from ..plan.record import PlanChange, PlanRecord, PlanRecordError
 from .rundir import RunDir, open_regular, write_bytes_atomic
 
 #: A plan.json larger than this is refused (this version's record of 65,536 tasks is ~10 MB; a version-1
@@ -16,9 +16,10 @@ from .rundir import RunDir, open_regular, write_bytes_atomic
 MAX_PLAN_BYTES = 64 << 20
 
 
-def write_plan(run: RunDir, plan: Plan) -> PlanRecord:
-    """Record the plan a run starts from (redacted, linear in the tasks); returns the record."""
-    record = PlanRecord.from_plan(plan)
+def write_plan(run: RunDir, plan: Plan, *, attempt: int = 0, reshapes: tuple[PlanChange, ...] = ()) -> PlanRecord:
+    """Record the plan a run starts from (redacted, linear in the tasks), or the plan of a reshaped
+    attempt with the run's reshapes so far (its history); returns the record."""
+    record = PlanRecord.from_plan(plan, attempt=attempt, reshapes=reshapes)
     write_bytes_atomic(run.plan_json, record.to_json().encode(), durable=False)
     return record
 

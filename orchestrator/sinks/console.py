@@ -207,6 +207,16 @@ def _restart(e: k.Restart) -> Line:
     return Line(f"restarting all tasks (attempt {e.attempt} of {e.max_attempts}): {e.reason}", WARN)
 
 
+@renders(k.Reshaped)
+def _reshaped(e: k.Reshaped) -> Line:
+    came = f"spare {e.spare_in} takes its place" if e.spare_in else "no spare left: one worker fewer"
+    return Line(
+        f"host {e.host} ({e.task}) is out for good ({e.reason}); {came}: {e.workers_before} -> {e.workers_after} "
+        f"workers, {e.spares_left} spare(s) left",
+        WARN,
+    )
+
+
 @renders(k.GatherFinished)
 def _gather_finished(e: k.GatherFinished) -> Line:
     return Line(f"gathered {e.files} file(s), {e.bytes / 1e6:.1f} MB into {e.dest} (verified)")

@@ -286,6 +286,12 @@ class RestartSpec(_Model):
         description="BackupAndRestore directory on the hosts (TFCLUSTER_BACKUP_DIR), the same for every attempt. "
         "Default: a per-run directory under job.remote_dir.",
     )
+    min_workers: Annotated[int, Field(strict=True, ge=1, le=100_000)] | None = Field(
+        None,
+        description="When a host is lost for good and no spare is left, restart on the remaining workers while "
+        "there are at least this many (TFCLUSTER_NUM_WORKERS tells the script). Default: the planned worker "
+        "count (no shrinking). Each reshape counts against max_restarts.",
+    )
 
 
 class MetricsSpec(_Model):

@@ -27,6 +27,8 @@ def cross_field_problems(data: dict, filename: str, positions: Positions) -> lis
     if section is not None and section.rules is not None and _get(data, section.key) is not None:
         section.rules(data, add)
 
+    _min_workers_problems(data, section, add)
+
     hb = _get(data, "heartbeat", {})
     interval = _get(hb, "interval_s", HeartbeatSpec.model_fields["interval_s"].default)
     timeout = _get(hb, "timeout_s", HeartbeatSpec.model_fields["timeout_s"].default)
@@ -84,3 +86,33 @@ def _scheduler_problems(data: dict, add: Add) -> SchedulerSection | None:
                 key=True,
             )
     return section
+
+
+def _min_workers_problems(data: dict, section: SchedulerSection | None, add: Add) -> None:
+    """``restart.min_workers`` against the plan: 1 <= K <= the planned workers, under MWMS (a job with
+    parameter servers keeps its shape: its coordinator restarts a worker in place)."""
+    k = _get(_get(data, "restart", {}), "min_workers")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        return  # absent, or the field's own check says what is allowed
+    strategy = _get(_get(data, "tensorflow", {}), "strategy", "multi_worker_mirrored")
+    if strategy != "multi_worker_mirrored":
+        add(
+            ("restart", "min_workers"),
+            f"reshaping to fewer workers needs tensorflow.strategy: multi_worker_mirrored (this job is {strategy}: "
+            "its coordinator restarts a lost worker in place); remove min_workers",
+        )
+        return
+    if section is not None and not section.reshapes:
+        add(
+            ("restart", "min_workers"),
+            f"not used with scheduler: {section.name} yet: a host lost for good ends the run as before (only "
+            "scheduler: ssh reshapes a job); checked against the plan all the same",
+            "warning",
+        )
+    planned = section.workers(data) if section is not None and section.workers is not None else None
+    if planned is not None and k > planned:
+        add(
+            ("restart", "min_workers"),
+            f"{k} is more than the {planned} planned workers; allowed: 1 to {planned} (default {planned}: "
+            "no shrinking)",
+        )

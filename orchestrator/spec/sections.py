@@ -54,6 +54,10 @@ class SchedulerSection:
     roles: Callable[[dict[str, Any]], RoleHolders | None] | None = None  # where its jobs give roles
     default: bool = False  # ``scheduler:`` may be left out for this one
     per_host: bool = False  # a spec lists its hosts (launch --check may leave named hosts out)
+    # the job's planned workers (chief and workers) from the raw document, None where it cannot say:
+    # what ``restart.min_workers`` is checked against
+    workers: Callable[[dict[str, Any]], int | None] | None = None
+    reshapes: bool = False  # a host lost for good can leave the run (spares, restart.min_workers: issue 34)
     extras: dict[str, Any] = field(default_factory=dict)  # more, for the scheduler's own use
 
 

@@ -17,6 +17,7 @@ from ..supervise.figures import TaskFigures
 from ..supervise.summary import FULL_UP_TO, summarize, summary_lines
 from .evaluations import status_lines
 from .handle import RunHandle
+from .reshapes import elastic_lines
 
 
 def launcher_alive(run: RunDir, handle: RunHandle | None = None) -> bool:
@@ -42,6 +43,8 @@ def job_status(run: RunDir, handle: RunHandle | None = None) -> dict[str, Any]:
     if isinstance(status.get("refused_connections"), dict):
         out["refused_connections"] = status["refused_connections"]
     out["throughput"] = status["throughput"] if isinstance(status.get("throughput"), dict) else None
+    if isinstance(status.get("elastic"), dict):  # hosts excluded for good, spares left (issue 34)
+        out["elastic"] = status["elastic"]
     if result is not None:
         out.update(
             {
@@ -102,6 +105,7 @@ def status_text(st: dict[str, Any], handle: RunHandle | None = None, *, show_all
             f"connect-back port: {refused['count']} connection(s) refused; last from "
             f"{last.get('peer', '?')}: {last.get('reason', '?')}"
         )
+    lines += elastic_lines(st.get("elastic"))
     rc = st.get("root_cause")
     if rc:
         lines.append(f"root cause: {rc.get('task') or 'job'} ({rc.get('host') or '-'}): {rc.get('message')}")

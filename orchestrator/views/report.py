@@ -48,6 +48,7 @@ from .reportmodel import (
     flat_workers,
 )
 from .reporttext import report_text
+from .reshapes import reshape_report
 from .split import job_split, scores
 
 __all__ = ["Report", "analyse", "build_report", "report_text"]
@@ -154,6 +155,7 @@ def build_report(run: RunDir, last_s: float | None = None, records: list[dict[st
         goodput=_goodput(events, records, run, window),
         loss=loss_curve(records),  # the whole run's, like the noise scale (its estimate now)
         noise_scale=noise_scale(every_profile),
+        reshapes=tuple(reshape_report(events).get("reshapes", ())),  # hosts lost for good, the loss to training again
     )
 
 

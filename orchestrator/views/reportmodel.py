@@ -227,6 +227,8 @@ class Report:
     goodput: Mapping[str, Any] | None
     loss: Mapping[str, Any] | None
     noise_scale: Mapping[str, Any]
+    #: hosts lost for good and what replaced them (``reshapes.reshape_report``), in order
+    reshapes: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def split(self) -> Mapping[str, Any] | None:
@@ -265,6 +267,8 @@ class Report:
             out["roles"] = self.roles.to_dict()
         if self.evaluations:
             out["evaluations"] = self.evaluations
+        if self.reshapes:
+            out["reshapes"] = [dict(r) for r in self.reshapes]
         out.update(efficiency=self.analysis.efficiency, split=self.analysis.split, advice=list(self.analysis.advice))
         if self.analysis.suggested_last_s is not None:
             out["suggested_last_s"] = self.analysis.suggested_last_s

@@ -13,6 +13,7 @@ from .noise_scale import noise_lines
 from .outliers import shown
 from .pace import pace_lines
 from .reportmodel import Report, flat_workers
+from .reshapes import reshape_lines
 from .split import split_lines
 
 
@@ -82,7 +83,7 @@ def report_text(rep: Report) -> str:
                 lines.append(f"  {e.task} ({e.host}): {e.message}; {did}")
         if not rep.roles.events:
             lines.append("  every task of every role ran to the end")
-    lines += evaluation_lines(dict(rep.evaluations or {}))
+    lines += evaluation_lines(dict(rep.evaluations or {})) + reshape_lines(rep.reshapes)
     if rep.loss:
         lines += ["", *loss_lines(rep.loss)]
     if rep.noise_scale and (rep.noise_scale["windows"] or rep.loss):

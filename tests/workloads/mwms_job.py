@@ -2,6 +2,7 @@
 
 --fail-task worker:1 --fail-epoch 1 --fail-code 3   that task exits with that code at that epoch
 --fail-raise                                        ... raises instead (a traceback on stderr)
+--fail-attempt 0                                    ... only in that attempt (TFCLUSTER_ATTEMPT; default: every one)
 --verbose 1                                         Keras' progress bar (fit's verbose; default 0)
 --never-start worker:2                              that task sleeps instead of joining MWMS
 --print-pid-file DIR                                every task writes DIR/<task>.pid (for kill tests)
@@ -27,6 +28,7 @@ def main() -> int:
     p.add_argument("--fail-code", type=int, default=3)
     p.add_argument("--fail-raise", action="store_true")
     p.add_argument("--verbose", type=int, default=0)
+    p.add_argument("--fail-attempt", type=int, default=-1)
     p.add_argument("--never-start", default="")
     p.add_argument("--pid-dir", default="")
     p.add_argument("--step-sleep", type=float, default=0.0)
@@ -81,7 +83,8 @@ def main() -> int:
         def on_train_batch_end(self, batch, logs=None):
             if args.step_sleep:
                 time.sleep(args.step_sleep)
-            if task == args.fail_task and self.epoch >= args.fail_epoch and batch == args.steps // 2:
+            this_attempt = args.fail_attempt < 0 or os.environ.get("TFCLUSTER_ATTEMPT") == str(args.fail_attempt)
+            if task == args.fail_task and this_attempt and self.epoch >= args.fail_epoch and batch == args.steps // 2:
                 if args.fail_raise:
                     raise RuntimeError(f"{task}: injected failure in epoch {self.epoch}")
                 print(f"{task}: injected failure, exiting with {args.fail_code}", flush=True)

@@ -6,8 +6,9 @@
 It uses nothing from tfcluster, so it runs alone (one process, no TF_CONFIG), under any MWMS launcher,
 and under tfcluster (which adds progress reporting through its instrumentation). Every task prints one
 flushed line per epoch. ``--batch-size`` is per worker (the global batch is that times the number of
-workers). ``--slow-input-ms N`` sleeps N ms per batch inside a tf.data map, on ``--slow-task`` only
-(every task if omitted): a reproducible input-bound straggler. ``--extra-matmuls N`` makes the model's
+workers; with ``--backup``, an attempt on fewer workers than planned after a host was lost for good
+keeps the planned global batch: ``worker_entry.reshaped_batch_size``). ``--slow-input-ms N`` sleeps N
+ms per batch inside a tf.data map, on ``--slow-task`` only (every task if omitted): a reproducible input-bound straggler. ``--extra-matmuls N`` makes the model's
 forward pass multiply N extra 256x256 matrices on ``--matmul-task`` (default: ``--slow-task``) only (the
 result is added times a zero variable, so the losses do not change): a compute-bound straggler.
 """
@@ -22,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from worker_entry import sweep_batch_size  # the public API (worker_entry.instrument.sweep)
+from worker_entry import reshaped_batch_size, sweep_batch_size  # the public API (worker_entry.instrument.sweep)
 
 # Keras 3 breaks multi-worker model.fit under MWMS in TF 2.21 (keras-team/keras#20585): use tf_keras
 # through tf.keras. The launcher sets this; setting the default here keeps the script runnable alone.
@@ -88,10 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     features = rng.random((4096, 10), dtype=np.float32)
     labels = (features @ rng.random((10, 1), dtype=np.float32)).astype(np.float32)
 
+    # Under `tfcluster scale --strong` each worker takes its share of the baseline's global batch; with
+    # --backup, resumed on fewer workers than planned, its share of the planned global batch (global / N).
+    per_worker_batch = sweep_batch_size(args.batch_size)
+    if args.backup:
+        per_worker_batch = reshaped_batch_size(per_worker_batch)
+
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         ds = tf.data.Dataset.from_tensor_slices((features, labels)).repeat()
-        # Under `tfcluster scale --strong` each worker takes its share of the baseline's global batch.
-        per_worker = sweep_batch_size(args.batch_size)
+        per_worker = per_worker_batch
         per_replica = ctx.get_per_replica_batch_size(per_worker * ctx.num_replicas_in_sync)
         # A static batch size (drop_remainder on a repeated dataset drops nothing): shapes are known
         # to TensorFlow, and tfcluster's instrumentation can count examples/s from it.
@@ -147,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             loss = (logs or {}).get("loss", float("nan"))
             print(
                 f"[{task}] epoch {epoch + 1}/{args.epochs} loss={float(loss):.4f} "
-                f"steps={args.steps_per_epoch} time={time.perf_counter() - self._t0:.2f}s",
+                f"steps={args.steps_per_epoch} time={time.perf_counter() - self._t0:.2f}s batch={per_worker_batch}",
                 flush=True,
             )
 

@@ -16,6 +16,8 @@ class Env:
     TASK_TYPE = "TFCLUSTER_TASK_TYPE"
     TASK_INDEX = "TFCLUSTER_TASK_INDEX"
     NUM_TASKS = "TFCLUSTER_NUM_TASKS"
+    NUM_WORKERS = "TFCLUSTER_NUM_WORKERS"  # this attempt's training tasks (chief and workers): fewer after a shrink
+    PLANNED_WORKERS = "TFCLUSTER_PLANNED_WORKERS"  # ... as planned (the batch-size rule: global / NUM_WORKERS)
     IS_CHIEF = "TFCLUSTER_IS_CHIEF"
     NUM_GPUS = "TFCLUSTER_NUM_GPUS"
     COMMUNICATION = "TFCLUSTER_COMMUNICATION"

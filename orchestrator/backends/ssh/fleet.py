@@ -85,19 +85,21 @@ class SshBackend(PerTaskBackend):
     def __init__(self, keys: KeyCache | None = None) -> None:
         self.keys = keys or KeyCache()
         self.conns: dict[str, Connection] = {}
+        self.hosts: dict[str, str] = {}  # each connected task's host: a reshaped plan moves a task to another
         self.connect_seconds = 0.0
 
     def connect(self, nodes: Sequence[NodePlan]) -> list[Diagnostic]:
         todo = []
         for n in nodes:
             conn = self.conns.get(str(n.task))
-            if conn is not None and conn.is_alive():
+            if conn is not None and conn.is_alive() and self.hosts.get(str(n.task)) == n.host:
                 continue
             if conn is not None:
                 self.conns.pop(str(n.task)).close()
             todo.append(n)
         conns, failures, self.connect_seconds = connect_all(todo, self.keys)
         self.conns.update(conns)
+        self.hosts.update({str(n.task): n.host for n in todo if str(n.task) in conns})
         return [f.failure.diagnostic(f.task, f.host) for f in failures]
 
     def start(self, node: NodePlan, config: NodeConfig) -> Channel:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from ...core.result import AttemptResult, Failure, TaskResult
 from ...core.states import JobState, TaskState, interrupted_state
 from ...events import kinds as ev
-from ...job import Action, Decision, RestartPolicy, RunScheduling
+from ...job import Action, Decision, Members, RestartPolicy, RunScheduling
 from ...job.policy import all_tasks_exited_0, every_task_completed, signal_name
 from ...runs import RunDir
 from ...spec import ClusterSpec
@@ -245,7 +245,14 @@ class SlurmPolicy:
         self.scheduling = scheduling
         self.restarts = restarts
 
-    def decide(self, attempt: AttemptResult, earlier: Sequence[AttemptResult], interrupt: Interrupt) -> Decision:
+    def decide(
+        self,
+        attempt: AttemptResult,
+        earlier: Sequence[AttemptResult],
+        interrupt: Interrupt,
+        members: Members | None = None,
+        gpu_faults: frozenset[str] = frozenset(),
+    ) -> Decision:
         s = self.scheduling
         # Every task completed its training (exit 0), even during the save grace: the run is done, whatever
         # the signal said — a requeue would start the training over (BackupAndRestore removed its backup).
@@ -261,7 +268,7 @@ class SlurmPolicy:
         ending = None if attempt.state == JobState.SUCCEEDED else s.allocation_ending(interrupt)
         s.ending = ending
         if ending is None:
-            return self.restarts.decide(attempt, earlier, interrupt)
+            return self.restarts.decide(attempt, earlier, interrupt, members, gpu_faults)
         ended_by = Failure("scheduler", s.ending_message(ending, interrupt), time.time(), attempt=attempt.attempt)
         slurm = s.spec.slurm
         cap = slurm.max_requeues if slurm else 0

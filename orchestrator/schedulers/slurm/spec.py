@@ -105,6 +105,11 @@ class SlurmSpec(SpecModel):
     max_requeues: Annotated[int, Field(strict=True, ge=0, le=1000)] = Field(
         10, description="At most this many requeues after preemptions, and this many after time limits."
     )
+    spare_nodes: Annotated[int, Field(strict=True, ge=0, le=100_000)] = Field(
+        0,
+        description="Nodes the allocation holds beyond slurm.nodes, to replace a node lost for good in the next "
+        "attempt (restart.min_workers: the fewest workers to go on with when none is left).",
+    )
     roles: dict[Role, Annotated[int, Field(strict=True, ge=0, le=65536)]] | None = Field(
         None,
         description="Tasks of the job by role (chief, worker, ps, evaluator), e.g. {chief: 1, worker: 6, ps: 1}: "
@@ -123,6 +128,15 @@ def _rules(data: dict[str, Any], add: Add) -> None:
             f"{gpus} GPUs per node do not split evenly among {per_node} tasks per node; MWMS needs the same "
             "number of GPUs on every task",
         )
+    spare = slurm.get("spare_nodes")
+    if isinstance(spare, int) and not isinstance(spare, bool) and spare > 0:
+        add(
+            ("slurm", "spare_nodes"),
+            f"{spare} spare node(s) are validated but not yet used: this version neither allocates them nor "
+            "starts the next attempt on them (a node lost for good ends the run, or shrinks it with "
+            "restart.min_workers under the SSH fleet only)",
+            "warning",
+        )
     roles = slurm.get("roles")
     nodes = slurm.get("nodes")
     clean = isinstance(roles, dict) and roles == raw_roles({"roles": roles}, 0, False)  # the fields say the rest
@@ -135,6 +149,18 @@ def _rules(data: dict[str, Any], add: Add) -> None:
                 f"{nodes * per_node} task slots: make them equal (Slurm places the tasks in rank order: chief, "
                 "workers, ps, evaluator)",
             )
+
+
+def planned_workers(data: dict[str, Any]) -> int | None:
+    """The job's training tasks (chief and workers): slurm.nodes x tasks_per_node, or its roles'."""
+    slurm = data.get("slurm") if isinstance(data.get("slurm"), dict) else {}
+    roles, nodes, per_node = slurm.get("roles"), slurm.get("nodes"), slurm.get("tasks_per_node", 1)
+    if isinstance(roles, dict):
+        clean = raw_roles({"roles": roles}, 0, False)
+        return clean.get("chief", 0) + clean.get("worker", 0)
+    if isinstance(nodes, int) and isinstance(per_node, int) and not isinstance(nodes, bool) and nodes > 0 < per_node:
+        return nodes * per_node
+    return None
 
 
 def _roles(data: dict[str, Any]) -> RoleHolders | None:
@@ -159,4 +185,5 @@ SECTION = SchedulerSection(
     package="orchestrator.schedulers.slurm.scheduler",
     rules=_rules,
     roles=_roles,
+    workers=planned_workers,
 )

@@ -18,13 +18,40 @@ from ...spec.roles import default_roles
 from .targets import SshLookup, ssh_target
 
 
-def ssh_plan(spec: ClusterSpec, *, run_id: str, local_user: str, ssh_lookup: SshLookup | None = None) -> Plan:
+def host_label(spec: ClusterSpec, index: int) -> str:
+    """How a host is named among the job's members: its address, with its SSH port where another host
+    has the same address (every host entry is one (address, port): the spec's rule)."""
+    hosts = spec.hosts or []
+    h = hosts[index]
+    if sum(1 for o in hosts if o.address.lower() == h.address.lower()) == 1:
+        return h.address
+    return f"{h.address}:{h.port or spec.ssh.port or 22}"
+
+
+def ssh_plan(
+    spec: ClusterSpec,
+    *,
+    run_id: str,
+    local_user: str,
+    ssh_lookup: SshLookup | None = None,
+    members: tuple[str, ...] | None = None,
+    spares: tuple[str, ...] | None = None,
+    planned_workers: int | None = None,
+) -> Plan:
     """Resolve every host's SSH target and each task's place (its host, TF address and port).
 
     `ssh_lookup(address)` returns the ~/.ssh/config options for a host (paramiko's SSHConfig.lookup
     shape: hostname, user, port, identityfile, proxycommand); explicit spec values win over it.
+    ``members``: the hosts that run (``host_label``s, in this order; default: every host not a spare),
+    ``spares`` the ones standing by (default: the spare hosts) — a reshaped attempt's plan (issue 34).
     """
-    hosts = spec.hosts or []
+    every = spec.hosts or []
+    labels = [host_label(spec, i) for i in range(len(every))]
+    if members is None:
+        members = tuple(label for label, h in zip(labels, every, strict=True) if not h.spare)
+    if spares is None:
+        spares = tuple(label for label, h in zip(labels, every, strict=True) if h.spare)
+    hosts = [every[labels.index(m)] for m in members]
     with_roles = any(h.roles is not None for h in hosts)
     host_roles = [
         h.roles if h.roles is not None else default_roles(i, spec.tensorflow.chief and not with_roles)
@@ -59,4 +86,7 @@ def ssh_plan(spec: ClusterSpec, *, run_id: str, local_user: str, ssh_lookup: Ssh
         dirs=(checkpoint_dir, backup_dir),
         communication=resolve_communication(spec.tensorflow.communication, gpus),
         warnings=warnings,
+        spares=spares,
+        planned_workers=planned_workers,
+        members=tuple(members[h] for h, _, _ in slots) if len(slots) == len(members) else (),
     )

@@ -6,6 +6,7 @@ from typing import Any
 
 from ...backends import Backend
 from ...core.errors import UsageError
+from ...job import Members, RunScheduling
 from ...plan import Plan, PlanNotes
 from ...runs import RunDir, plan_or_none
 from ...spec import LoadedSpec
@@ -16,7 +17,8 @@ from .plan import ssh_plan
 class SshScheduler(Scheduler):
     name = "ssh"
 
-    def plan(self, loaded: LoadedSpec, run_id: str) -> Plan:
+    def plan(self, loaded: LoadedSpec, run_id: str, **members: Any) -> Plan:
+        """The plan; ``members``: ``ssh_plan``'s (the hosts of a reshaped attempt, the spares left)."""
         from .sshconfig import SshConfigError, local_user, ssh_config_lookup
 
         spec = loaded.spec
@@ -24,7 +26,10 @@ class SshScheduler(Scheduler):
             lookup = ssh_config_lookup(spec.ssh.config_file)
         except SshConfigError as exc:
             raise UsageError(f"ssh.config_file: {exc}") from None
-        return ssh_plan(spec, run_id=run_id, local_user=local_user(), ssh_lookup=lookup)
+        return ssh_plan(spec, run_id=run_id, local_user=local_user(), ssh_lookup=lookup, **members)
+
+    def scheduling(self, loaded: LoadedSpec, plan: Plan) -> RunScheduling:
+        return SshScheduling(self, loaded)
 
     def plan_notes(self, plan: Plan) -> PlanNotes:
         return PlanNotes(started_by=lambda n: f"  remote:     {n.shell_line()}   (config on stdin)")
@@ -37,6 +42,8 @@ class SshScheduler(Scheduler):
     def preflight(self, loaded: LoadedSpec, plan: Plan) -> Any:
         from .preflight import run_preflight
 
+        if plan.spares:  # a spare is checked like any other host: as the task it would run
+            plan = self.plan(loaded, plan.run_id, members=(*plan.members, *plan.spares), spares=())
         return run_preflight(loaded.spec, plan)
 
     def gather(self, run: RunDir) -> dict[str, Any]:
@@ -50,6 +57,25 @@ class SshScheduler(Scheduler):
     def check_sweep(self, loaded: LoadedSpec) -> None:
         if not loaded.spec.hosts:
             super().check_sweep(loaded)
+
+
+class SshScheduling(RunScheduling):
+    """The SSH fleet's part of a running job: a plan without a host lost for good (issue 34)."""
+
+    reshapes = True
+
+    def __init__(self, scheduler: SshScheduler, loaded: LoadedSpec) -> None:
+        self.scheduler = scheduler
+        self.loaded = loaded
+
+    def replan(self, plan: Plan, members: Members) -> Plan | None:
+        return self.scheduler.plan(
+            self.loaded,
+            plan.run_id,
+            members=members.hosts,
+            spares=members.spares,
+            planned_workers=members.planned,
+        )
 
 
 SCHEDULER = SshScheduler()

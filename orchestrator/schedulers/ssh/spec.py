@@ -69,6 +69,12 @@ class HostSpec(SpecModel):
         "each task on it after the first takes the next tf_port. Default: one worker (the chief, for the first "
         "host with tensorflow.chief). Which roles a strategy allows: tensorflow.strategy.",
     )
+    spare: bool = Field(
+        False,
+        description="A spare host: checked by validate and preflight like any other, it runs nothing until a "
+        "host is lost for good (lost, hung, a GPU fault, unreachable), then takes that host's place in the "
+        "next attempt. Each such reshape counts against restart.max_restarts.",
+    )
 
 
 def _get(d: Any, key: str, default: Any = None) -> Any:
@@ -151,6 +157,8 @@ def _rules(data: dict[str, Any], add: Add) -> None:
                 break
             seen_tf[tkey] = i
 
+    _spare_rules(hosts, tf, add)
+
     comm = _get(tf, "communication", "auto")
     if comm == "nccl" and gpu_counts and all(g == 0 for _, g in gpu_counts):
         add(
@@ -158,6 +166,38 @@ def _rules(data: dict[str, Any], add: Add) -> None:
             "nccl needs GPUs but every host has gpus: 0; TensorFlow will fall back with a warning (use auto or ring)",
             "warning",
         )
+
+
+def _spare_rules(hosts: list[Any], tf: Any, add: Add) -> None:
+    """A spare takes a lost host's place: one worker on each host, under MWMS, and a host left to run."""
+    spares = [i for i, h in enumerate(hosts) if _get(h, "spare") is True]
+    if not spares:
+        return
+    strategy = _get(tf, "strategy", "multi_worker_mirrored")
+    for i in spares:
+        if strategy != "multi_worker_mirrored":
+            add(
+                ("hosts", i, "spare"),
+                f"spare hosts need tensorflow.strategy: multi_worker_mirrored (this job is {strategy}); remove spare",
+            )
+        elif _get(hosts[i], "roles") is not None or any(isinstance(h, dict) and "roles" in h for h in hosts):
+            add(
+                ("hosts", i, "spare"),
+                "a spare takes a lost host's one task: spare hosts need hosts without roles (one worker "
+                "each, the chief first with tensorflow.chief); remove roles or spare",
+            )
+    if len(spares) == len(hosts):
+        add(("hosts", spares[0], "spare"), "every host is a spare: at least one host must run the job")
+
+
+def planned_workers(data: dict[str, Any]) -> int | None:
+    """The job's training tasks (chief and workers) on its hosts that are not spares."""
+    hosts = _get(data, "hosts")
+    if not isinstance(hosts, list):
+        return None
+    chief = _get(_get(data, "tensorflow", {}), "chief") is True
+    running = [h for h in hosts if isinstance(h, dict) and _get(h, "spare") is not True]
+    return sum(r.get("chief", 0) + r.get("worker", 0) for r in (raw_roles(h, i, chief) for i, h in enumerate(running)))
 
 
 def _roles(data: dict[str, Any]) -> RoleHolders | None:
@@ -186,6 +226,8 @@ SECTION = SchedulerSection(
     package="orchestrator.schedulers.ssh.scheduler",
     rules=_rules,
     roles=_roles,
+    workers=planned_workers,
+    reshapes=True,
     default=True,
     per_host=True,
 )
