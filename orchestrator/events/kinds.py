@@ -23,6 +23,7 @@ from .defences import NodeProtocolError as NodeProtocolError
 from .defences import PodIgnored as PodIgnored
 from .outcomes import (
     AttemptFinished,
+    BackupCopied,
     GatherFailed,
     GatherFinished,
     GatherStarted,
@@ -282,6 +283,7 @@ EVENT_TYPES: dict[str, type[BaseEvent]] = {
         RoleFailure,
         TrainingEnded,
         Restart,
+        BackupCopied,
         GatherStarted,
         GatherFinished,
         GatherFailed,

@@ -352,10 +352,12 @@ def _load_syncfs() -> Any:
 _SYNCFS = _load_syncfs()
 
 
-def list_files(conn: Connection, python: str, roots: list[str], clean: list[str]) -> list[p.Manifest]:
+def list_files(
+    conn: Connection, python: str, roots: list[str], clean: list[str], timeout: float = 120.0
+) -> list[p.Manifest]:
     """The node's listing of each root (validated), after removing ``clean``'s temporary copies."""
     payload = {"roots": roots, "exclude_prefixes": [TEMP_PREFIX], "clean": clean}
-    code, out, err = conn.run([python, "-m", "worker_entry", "manifest"], p.command_line(payload), timeout=120)
+    code, out, err = conn.run([python, "-m", "worker_entry", "manifest"], p.command_line(payload), timeout=timeout)
     if code != 0:
         raise RuntimeError(f"listing files failed (exit {code}): {err.decode('utf-8', 'replace').strip()[-300:]}")
     line = out.strip().splitlines()[-1] if out.strip() else b"{}"
