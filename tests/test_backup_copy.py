@@ -88,17 +88,19 @@ def test_a_save_during_the_copy_makes_it_torn_and_nothing_of_it_is_used(tmp_path
     save(chief, 2)
     real = backupcopy.fetch
 
-    def fetch_then_save(*args, **kwargs):
-        real(*args, **kwargs)
+    def save_then_fetch(*args, **kwargs):
         time.sleep(0.01)
-        save(chief, 3)  # the chief saved again while we copied: what we hold mixes two saves
+        save(chief, 3)  # the chief saves again between the listing and the copy: its state file is replaced
+        real(*args, **kwargs)
 
-    monkeypatch.setattr(backupcopy, "fetch", fetch_then_save)
-    with pytest.raises(TornCopy, match="changed while it was copied"):
+    monkeypatch.setattr(backupcopy, "fetch", save_then_fetch)
+    with pytest.raises(TornCopy, match="replaced since it was listed"):
         store.take(conn, PY, "~/bk/chief", {})
     assert [c.seq for c in store.copies()] == [1] and not list(store.root.glob(".incoming-*"))
     monkeypatch.setattr(backupcopy, "fetch", real)
-    assert store.take(conn, PY, "~/bk/chief", {}).seq == 2  # the next pass copies the newer save
+    again = store.take(conn, PY, "~/bk/chief", {})  # the next pass copies the newer save, whole
+    assert again.seq == 2 and "ckpt-3" in (again.root / FILES / "checkpoint").read_text()
+    assert tree(again.root / FILES) == tree(chief)
 
 
 def test_an_unfinished_copy_and_a_damaged_copy_are_never_used(tmp_path):

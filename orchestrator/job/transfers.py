@@ -90,6 +90,10 @@ class ChannelTransfers:
         if self.keeper is not None:
             self.keeper.stop()
             self._copied()
+            if not self.keeper.copies and self.keeper.problem:
+                job.bus.emit(
+                    ev.JobWarning(message=f"the chief's backup was not copied off its host: {self.keeper.problem}")
+                )
         fetch = job.opts.gather
         self.attempts = attempt + 1
         if final:

@@ -137,12 +137,13 @@ class CopyStore:
             linked = _link_unchanged(prev, items, state)
             if not check_space(self.root, [it for it in items if str(it.dest) not in state.files], totals):
                 raise TornCopy("; ".join(totals.errors[:3]))
-            fetch(conn, python, listed.root, items, state, totals, Progress(0, enabled=False))
+            # Every file exactly as listed (same size and mtime when sent, gone is an error): the copy is the
+            # listing's snapshot, whatever the chief saves meanwhile (it writes new files, then renames its
+            # ``checkpoint`` state over the old one, then deletes the old files: each of those is seen).
+            fetch(conn, python, listed.root, items, state, totals, Progress(0, enabled=False), as_listed=True)
             if totals.errors or any(str(it.dest) not in state.files for it in items):
-                raise TornCopy("; ".join(totals.errors[:3]) or "not every file was copied")
-            again = list_files(conn, python, [root], [], timeout=timeout)[0]
-            if signature(again) != signature(listed):
-                raise TornCopy(f"{root} changed while it was copied (a newer save): the next pass copies it")
+                why = "; ".join(totals.errors[:3]) or "not every file was copied"
+                raise TornCopy(f"{root} changed while it was copied (a newer save?): {why}")
             files = [CopiedFile(it.rel, it.size, it.mtime_ns, state.files[str(it.dest)]["sha256"]) for it in items]
             mtimes = [f.mtime_ns for f in files if f.mtime_ns is not None]
             changed = [it.mtime_ns for it in items if it.mtime_ns is not None and it.rel not in linked]

@@ -46,6 +46,8 @@ class BackupKeeper:
         self.interval_s = interval_s
         self.watched: Watched | None = None
         self.problem: str | None = None  # the last pass's trouble (a torn copy, a host out of reach)
+        self.torn = False  # the last pass met a save under way
+        self.copies = 0  # copies made for the watched attempt
         self._lock = threading.Lock()  # one pass at a time: the thread's or the job's catch-up
         self._events: list[BackupCopied] = []
         self._stop = threading.Event()
@@ -54,6 +56,7 @@ class BackupKeeper:
     def start(self, plan: Plan, attempt: int) -> None:
         """Watch ``plan``'s chief for this attempt (no thread when copies are off)."""
         self.watched = Watched.of(plan, attempt)
+        self.copies = 0
         if self.interval_s <= 0:
             return
         self._stop.clear()
@@ -68,8 +71,11 @@ class BackupKeeper:
             self._thread = None
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        wait = self.interval_s
+        while not self._stop.wait(wait):
             self.copy_once()
+            # a torn copy (the chief saved meanwhile) is tried again soon: the save it met is complete now
+            wait = min(self.interval_s, 0.5) if self.torn else self.interval_s
 
     def copy_once(self, timeout: float = PASS_TIMEOUT_S) -> Copy | None:
         """One pass: a new save of the watched chief copied, or None (nothing new, or it could not be)."""
@@ -77,6 +83,7 @@ class BackupKeeper:
         if w is None:
             return None
         with self._lock:
+            self.torn = False
             try:
                 conn = self.connection(w.task)
                 if conn is None:
@@ -86,13 +93,14 @@ class BackupKeeper:
                     conn, w.python, w.root, {"task": w.task, "host": w.host, "attempt": w.attempt}, timeout
                 )
             except TornCopy as exc:
-                self.problem = str(exc)
+                self.problem, self.torn = str(exc), True
                 return None
             except Exception as exc:  # a host that is gone, a listing refused: the copies so far stay
                 self.problem = f"{w.host}: {exc}"
                 return None
             if c is not None:
                 self.problem = None
+                self.copies += 1
                 self._events.append(
                     BackupCopied(
                         task=w.task,
