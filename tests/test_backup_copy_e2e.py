@@ -38,7 +38,16 @@ def copied_epoch(run_dir: Path) -> int:
 
 def test_the_chiefs_host_lost_with_its_disk_resumes_from_the_copied_backup(testbed_factory, tmp_path):
     tb = testbed_factory(3)
-    command = [PY, "-m", "worker_entry.examples.keras_synthetic", "--epochs", "5", "--steps-per-epoch", "200", "--backup"]
+    command = [
+        PY,
+        "-m",
+        "worker_entry.examples.keras_synthetic",
+        "--epochs",
+        "5",
+        "--steps-per-epoch",
+        "200",
+        "--backup",
+    ]
     backup = tmp_path / "backup"
     spec = tb.write_spec(
         tmp_path / "spec.yaml",
