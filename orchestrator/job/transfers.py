@@ -130,7 +130,9 @@ class ChannelTransfers:
         job = self.job
         plan = plan or job.plan
         if self.keeper is not None:
-            self.keeper.copy_once()
+            from ..transfer.backupkeep import CATCH_UP_TIMEOUT_S
+
+            self.keeper.copy_once(CATCH_UP_TIMEOUT_S)
             self._copied()
         found = {str(n.task): job.backend.connection(str(n.task)) for n in plan.nodes}
         try:

@@ -33,7 +33,7 @@ from typing import Any
 from worker_entry import protocol as p
 
 from ..backends import Connection
-from .fetch import fetch, items_of, list_files
+from .fetch import StopCheck, fetch, items_of, list_files
 from .state import GatherState, Item, Progress, Totals, check_space
 
 MANIFEST = "manifest.json"
@@ -112,10 +112,17 @@ class CopyStore:
         return max(seqs, default=0) + 1
 
     def take(
-        self, conn: Connection, python: str, root: str, info: dict[str, Any], timeout: float = 60.0
+        self,
+        conn: Connection,
+        python: str,
+        root: str,
+        info: dict[str, Any],
+        timeout: float = 60.0,
+        stop: StopCheck | None = None,
     ) -> Copy | None:
         """Copy the node's ``root`` if it holds a save the newest copy does not; the new copy, or None
-        when there was nothing new. Raises ``TornCopy`` (nothing kept) when it could not be made whole."""
+        when there was nothing new. Raises ``TornCopy`` (nothing kept) when it could not be made whole.
+        ``timeout`` bounds each listing; ``stop`` (2: abort) ends the copy within a second."""
         t0 = time.monotonic()
         listed = list_files(conn, python, [root], [], timeout=timeout)[0]
         if not listed.exists or not listed.files:
@@ -140,7 +147,7 @@ class CopyStore:
             # Every file exactly as listed (same size and mtime when sent, gone is an error): the copy is the
             # listing's snapshot, whatever the chief saves meanwhile (it writes new files, then renames its
             # ``checkpoint`` state over the old one, then deletes the old files: each of those is seen).
-            fetch(conn, python, listed.root, items, state, totals, Progress(0, enabled=False), as_listed=True)
+            fetch(conn, python, listed.root, items, state, totals, Progress(0, enabled=False), stop, as_listed=True)
             if totals.errors or any(str(it.dest) not in state.files for it in items):
                 why = "; ".join(totals.errors[:3]) or "not every file was copied"
                 raise TornCopy(f"{root} changed while it was copied (a newer save?): {why}")

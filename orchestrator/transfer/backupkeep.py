@@ -18,9 +18,12 @@ from ..backends import Connection
 from ..events.kinds import BackupCopied
 from ..plan import Plan
 from .backupcopy import Copy, CopyStore, TornCopy
+from .fetch import StopCheck
 
-#: A listing or a copy that hangs on a host that is gone gives up after this long.
-PASS_TIMEOUT_S = 30.0
+#: A listing on a host that is gone gives up after this long (a copy under way stops with the attempt).
+PASS_TIMEOUT_S = 15.0
+#: The last look at the chief before the next attempt: short, the host may be the one that is gone.
+CATCH_UP_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -59,25 +62,27 @@ class BackupKeeper:
         self.copies = 0
         if self.interval_s <= 0:
             return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="backup-keeper", daemon=True)
+        self._stop = threading.Event()  # its own: a pass of the last attempt still ending keeps the old one
+        self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="backup-keeper", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """The attempt ended: no new pass starts; one under way ends within ``PASS_TIMEOUT_S``."""
+        """The attempt ended: no new pass starts, a copy under way is abandoned (within a second; a
+        listing within ``PASS_TIMEOUT_S``). Not waited for: the attempt's end is not held up by a host
+        that is gone (the next ``copy_once`` waits for that pass)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(PASS_TIMEOUT_S + 5)
+            self._thread.join(2.0)
             self._thread = None
 
-    def _loop(self) -> None:
+    def _loop(self, stopped: threading.Event) -> None:
         wait = self.interval_s
-        while not self._stop.wait(wait):
-            self.copy_once()
+        while not stopped.wait(wait):
+            self.copy_once(stop=lambda: 2 if stopped.is_set() else 0)
             # a torn copy (the chief saved meanwhile) is tried again soon: the save it met is complete now
             wait = min(self.interval_s, 0.5) if self.torn else self.interval_s
 
-    def copy_once(self, timeout: float = PASS_TIMEOUT_S) -> Copy | None:
+    def copy_once(self, timeout: float = PASS_TIMEOUT_S, stop: StopCheck | None = None) -> Copy | None:
         """One pass: a new save of the watched chief copied, or None (nothing new, or it could not be)."""
         w = self.watched
         if w is None:
@@ -89,9 +94,8 @@ class BackupKeeper:
                 if conn is None:
                     self.problem = f"{w.host} cannot be reached for helper commands"
                     return None
-                c = self.store.take(
-                    conn, w.python, w.root, {"task": w.task, "host": w.host, "attempt": w.attempt}, timeout
-                )
+                info = {"task": w.task, "host": w.host, "attempt": w.attempt}
+                c = self.store.take(conn, w.python, w.root, info, timeout, stop)
             except TornCopy as exc:
                 self.problem, self.torn = str(exc), True
                 return None
