@@ -135,12 +135,17 @@ def test_a_link_planted_in_the_run_directory_is_never_followed(tmp_path):
     planted.unlink()
     planted.symlink_to(secret)
     assert any("unchanged" in p for p in verify_copy(first))  # verification does not read through it
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (store.root / "copy-000009").symlink_to(elsewhere)  # a planted "newer copy" is no copy
+    (store.root / ".incoming-2").symlink_to(elsewhere)  # nor is a planted place to assemble one
+    assert [c.seq for c in store.copies()] == [1]
     time.sleep(0.01)
     save(chief, 2, keep_data=True)
     second = store.take(conn, PY, "~/bk/chief", {})
     copied = second.root / FILES / "sub" / "unchanged"
     assert not copied.is_symlink() and copied.read_bytes() == b"the same in every save"  # fetched again
-    assert verify_copy(second) == []
+    assert verify_copy(second) == [] and second.seq > 1 and list(elsewhere.iterdir()) == []
 
 
 def local_plan(tmp_path: Path, n: int = 3):

@@ -133,8 +133,11 @@ class CopyStore:
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         seq = self._next_seq()
         incoming = self.root / f".incoming-{seq}"
+        if incoming.is_symlink():  # planted: removed, never written through
+            incoming.unlink()
         shutil.rmtree(incoming, ignore_errors=True)
-        (incoming / FILES).mkdir(mode=0o700, parents=True)
+        incoming.mkdir(mode=0o700)
+        (incoming / FILES).mkdir(mode=0o700)
         try:
             totals = Totals()
             items = items_of(listed, incoming / FILES, totals)
