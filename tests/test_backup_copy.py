@@ -207,3 +207,14 @@ def test_a_keeper_pass_on_a_host_out_of_reach_keeps_the_copies(tmp_path):
     keeper.connection = lambda task: None
     assert keeper.copy_once() is None and "cannot be reached" in keeper.problem
     assert keeper.store.newest().seq == 1
+
+
+def test_plan_says_whether_the_backup_is_copied_off_the_chiefs_host():
+    from orchestrator.plan import PlanNotes, plan_text
+
+    notes = PlanNotes(started_by=lambda n: "  remote: x")
+    for shared, want in ((False, "copied to RUN/backup/"), (True, "nothing is copied")):
+        _, plan = make_plan(2, restart={"backup_shared": shared})
+        assert plan.common.backup_shared is shared
+        (line,) = [x for x in plan_text(plan, notes).splitlines() if x.startswith("  backup:")]
+        assert want in line and plan.common.backup_dir in line

@@ -68,7 +68,9 @@ class ChannelTransfers:
             from ..transfer.backupkeep import BackupKeeper
 
             self.keeper = BackupKeeper(
-                CopyStore(job.rundir.backup_copies), job.backend.connection, job.spec.restart.backup_copy_interval_s
+                CopyStore(job.rundir.backup_copies),
+                lambda task: job.backend.connection(task),  # asked on each pass: a connection may be replaced
+                job.spec.restart.backup_copy_interval_s,
             )
 
     def attempt_started(self, plan: Plan, attempt: int) -> None:
