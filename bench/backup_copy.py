@@ -13,8 +13,10 @@ data in 8 shards ``ckpt-N.data-0000K-of-00008``), random bytes. Rows:
 * a new save (the TF pattern: new ckpt-N files, the old ones deleted): every data file crosses again;
 * one shard changed (a save that rewrote 1 of 8 files in place): only it crosses, 7 are hard-linked.
 
-Each copy is verified against the sha256 of the generated files. Ratio printed last: a new save's copy
-MB/s (target: none; the copy never blocks training, it only bounds how fresh the copy is).
+Baseline: ``scp -r`` of the same directory (same key and host), after the first copy. Each copy is
+verified against the sha256 of the generated files. Ratio printed last: a new save's copy MB/s over
+scp's (target >= 0.8, as for the gather; the copy never blocks training, it only bounds how fresh
+the copy is).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import Report, base_parser, say, set_verbose, testbed
+import subprocess
+
+from common import Report, base_parser, say, set_verbose, testbed, write_ssh_config
 
 SHARDS = 8
 
@@ -78,7 +82,11 @@ def main() -> int:
     )
     with tempfile.TemporaryDirectory(prefix="bench-backup-") as wd, testbed(1, mode="loopback") as tb:
         work = Path(wd)
-        spec = load_spec(tb.write_spec(work / "spec.yaml", "bk", ["true"])).spec
+        python = work / "python-this-repo"  # the nodes run this checkout's worker_entry
+        repo = Path(__file__).resolve().parent.parent
+        python.write_text(f'#!/bin/sh\nPYTHONPATH={repo}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
+        python.chmod(0o755)
+        spec = load_spec(tb.write_spec(work / "spec.yaml", "bk", ["true"], job={"python": str(python)})).spec
         plan = ssh_plan(spec, run_id="bk-1", local_user=tb.user)
         conns, failures, _ = connect_all(plan.nodes)
         if failures:
@@ -115,6 +123,24 @@ def main() -> int:
                 say(f"{case}: {rep.rows[-1]}")
 
             copy("first copy")
+            cfg = work / "ssh_config"
+            write_ssh_config(tb, cfg)
+            t0 = time.monotonic()
+            dest = work / "scp"
+            argv = ["scp", "-r", "-q", "-F", str(cfg), f"{tb.hosts[0].name}:{chief}", str(dest)]
+            subprocess.run(argv, check=True, timeout=900)
+            s = time.monotonic() - t0
+            if sums(dest) != sums(chief):
+                raise RuntimeError("scp's copy differs from the backup")
+            mib = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
+            rep.rows.append(
+                {
+                    "case": "scp -r (baseline)",
+                    "mib": round(mib / 2**20, 1),
+                    "s": round(s, 3),
+                    "mbps": round(mib / 1e6 / s, 1),
+                }
+            )
             copy("nothing new (one listing)")
             epoch += 1
             time.sleep(0.01)
@@ -129,7 +155,9 @@ def main() -> int:
     rep.notes.append(
         "a copy runs on the launcher beside training; only the listing (a short worker_entry) runs on the chief"
     )
-    rep.set_ratio("a new save's copy MB/s", new["mbps"], "-", None)
+    scp = next(r for r in rep.rows if r["case"].startswith("scp"))
+    ratio = round(new["mbps"] / scp["mbps"], 3) if scp["mbps"] else None
+    rep.set_ratio("a new save's copy MB/s / scp -r MB/s", ratio, ">= 0.8", None if ratio is None else ratio >= 0.8)
     rep.emit(args.json)
     return 0
 
