@@ -74,8 +74,11 @@ class ChannelTransfers:
             )
 
     def attempt_started(self, plan: Plan, attempt: int) -> None:
-        """Copy each new save of this attempt's chief off its host while the attempt runs (a thread)."""
-        if self.keeper is not None:
+        """Copy each new save of this attempt's chief off its host while the attempt runs (a thread):
+        where the backend has a helper connection to the chief's node (the SSH fleet; not Slurm's
+        connect-back tasks, whose backup belongs on shared storage)."""
+        find = getattr(self.job.backend, "connection", None)  # test doubles may lack it
+        if self.keeper is not None and find is not None and find(str(plan.chief.task)) is not None:
             self.keeper.start(plan, attempt)
 
     def _copied(self) -> None:
