@@ -150,7 +150,12 @@ class CopyStore:
             # Every file exactly as listed (same size and mtime when sent, gone is an error): the copy is the
             # listing's snapshot, whatever the chief saves meanwhile (it writes new files, then renames its
             # ``checkpoint`` state over the old one, then deletes the old files: each of those is seen).
-            fetch(conn, python, listed.root, items, state, totals, Progress(0, enabled=False), stop, as_listed=True)
+            # Newest first: the file a save replaces last (the state naming the checkpoint) is sent before a
+            # save under way can replace it; the files it names are written once and only deleted later.
+            newest_first = sorted(items, key=lambda it: -(it.mtime_ns or 0))
+            fetch(
+                conn, python, listed.root, newest_first, state, totals, Progress(0, enabled=False), stop, as_listed=True
+            )
             if totals.errors or any(str(it.dest) not in state.files for it in items):
                 why = "; ".join(totals.errors[:3]) or "not every file was copied"
                 raise TornCopy(f"{root} changed while it was copied (a newer save?): {why}")
