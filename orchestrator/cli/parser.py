@@ -290,6 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the prediction as JSON (sizes shaped like scale.json's)")
     p.add_argument("--html", metavar="OUT.html", help="also write a page with the curve (and OUT.png beside it)")
     p.add_argument("--png", metavar="OUT.png", help="also write the curve as a PNG (matplotlib)")
+    p.add_argument(
+        "--mtbf", metavar="DURATION", help="mean time between failures (6h, 90m, 2d) for the backup interval"
+    )
+    p.add_argument("--save-cost", metavar="DURATION", help="one backup's cost (30s); default: measured from the copies")
     p.add_argument("--runs-dir", default="runs")
     p.set_defaults(func=_predict)
 

@@ -21,12 +21,36 @@ def parse_workers(text: str) -> list[int]:
     return sorted(out)
 
 
+def _durations(args: argparse.Namespace) -> tuple[float | None, float | None]:
+    """--mtbf and --save-cost in seconds (None: measured in the run), refused before anything is read."""
+    from ..views.logs import parse_duration
+
+    mtbf = parse_duration(args.mtbf, "--mtbf") if getattr(args, "mtbf", None) else None
+    cost = parse_duration(args.save_cost, "--save-cost") if getattr(args, "save_cost", None) else None
+    if mtbf is not None and mtbf <= 0:
+        raise UsageError(f"--mtbf {args.mtbf!r}: must be more than 0")
+    return mtbf, cost
+
+
+def _backup_interval(path: Path, args: argparse.Namespace) -> dict | None:
+    """The Young-Daly advice: the save cost and MTBF measured in the run (a run directory), or given."""
+    from ..views.backup_interval import backup_advice
+    from ..views.records import event_records
+
+    mtbf, cost = _durations(args)
+    events = event_records(path / "events.jsonl") if (path / "events.jsonl").is_file() else []
+    stamps = [e.ts for e in events]
+    wall = max(stamps) - min(stamps) if stamps else 0.0
+    return backup_advice(events, wall, mtbf_s=mtbf, save_s=cost)
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     """Predicted step time, examples/s, speed-up and efficiency per size (text, --json, --html/--png)."""
     from ..runs import resolve_run
     from ..views.predict import SCALE_JSON, build_prediction, network_of, prediction_text
 
     sizes = parse_workers(args.workers)
+    _durations(args)
     if args.network:
         network_of(None, args.network)  # a bad value is named before anything is read
     path = Path(args.run)
@@ -35,6 +59,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     net = network_of(args.check, args.network, near=[path, path.parent])
     pred = build_prediction(path, sizes, net)
     text = prediction_text(pred)
+    advice = _backup_interval(path, args)
+    if advice is not None:
+        from ..views.backup_interval import advice_lines
+
+        pred["backup_interval"] = advice
+        text += "\n\n" + "\n".join(advice_lines(advice))
     if args.html or args.png:
         from ..views.predict_plot import curve, page
 

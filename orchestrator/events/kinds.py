@@ -23,6 +23,7 @@ from .defences import NodeProtocolError as NodeProtocolError
 from .defences import PodIgnored as PodIgnored
 from .outcomes import (
     AttemptFinished,
+    BackupCopied,
     GatherFailed,
     GatherFinished,
     GatherStarted,
@@ -284,6 +285,7 @@ EVENT_TYPES: dict[str, type[BaseEvent]] = {
         TrainingEnded,
         Restart,
         Reshaped,
+        BackupCopied,
         GatherStarted,
         GatherFinished,
         GatherFailed,

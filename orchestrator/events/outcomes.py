@@ -82,6 +82,23 @@ class Reshaped(BaseEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class BackupCopied(BaseEvent):
+    """A new save of the chief's backup was copied off its host into ``copy`` (RUN/backup/copy-N), whole
+    and verified: the next attempt can resume from it even if that host is gone. ``fetched`` files
+    crossed the network, the rest were unchanged; ``save_s``: the chief's writing of the save, from its
+    first to its last changed file (a floor); ``copy_s``: the copy's own time."""
+
+    KIND: ClassVar[str] = "backup_copied"
+    attempt: int = field(metadata=COUNT)
+    copy: str
+    files: int = field(metadata=COUNT)
+    bytes: int = field(metadata=COUNT)
+    fetched: int = field(metadata=COUNT)
+    save_s: float
+    copy_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class GatherStarted(BaseEvent):
     """Copying logs and checkpoints back begins, for ``attempts`` attempts."""
 

@@ -227,6 +227,7 @@ class Job:
             figures=self.out.figures,
             evaluations=self.out.evaluations,
         )
+        self.transfers.attempt_started(self.plan, attempt)  # the chief's backup copied off its host meanwhile
         return sup.run(), sup
 
     def stop_live(self) -> None:

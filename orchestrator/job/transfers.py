@@ -17,14 +17,17 @@ from ..events import kinds as ev
 from ..transfer.state import GatherState, Totals
 
 if TYPE_CHECKING:
+    from ..plan import Plan
     from ..supervise import Supervisor
     from .context import RunContext
 
 
 class Transfers(Protocol):
+    def attempt_started(self, plan: Plan, attempt: int) -> None: ...
+
     def after_attempt(self, sup: Supervisor, attempt: int, *, final: bool) -> None: ...
 
-    def before_restart(self) -> None: ...
+    def before_restart(self, plan: Plan | None = None) -> None: ...
 
     def summarize(self) -> None: ...
 
@@ -33,12 +36,15 @@ class NoTransfers:
     def __init__(self, job: RunContext) -> None:
         self.job = job
 
+    def attempt_started(self, plan: Plan, attempt: int) -> None:
+        return None
+
     def after_attempt(self, sup: Supervisor, attempt: int, *, final: bool) -> None:
         for s in sup.sessions.values():
             s.close()
         report_unconfirmed(self.job, sup)
 
-    def before_restart(self) -> None:
+    def before_restart(self, plan: Plan | None = None) -> None:
         return None
 
     def summarize(self) -> None:
@@ -56,6 +62,29 @@ class ChannelTransfers:
         self.logs: dict[str, str] = {}
         self.checkpoints: dict[str, Any] | None = None
         self.attempts = 0
+        self.keeper = None
+        if not job.plan.common.backup_shared:  # local disks: the chief's backup is copied off its host
+            from ..transfer.backupcopy import CopyStore
+            from ..transfer.backupkeep import BackupKeeper
+
+            self.keeper = BackupKeeper(
+                CopyStore(job.rundir.backup_copies),
+                lambda task: job.backend.connection(task),  # asked on each pass: a connection may be replaced
+                job.spec.restart.backup_copy_interval_s,
+            )
+
+    def attempt_started(self, plan: Plan, attempt: int) -> None:
+        """Copy each new save of this attempt's chief off its host while the attempt runs (a thread):
+        where the backend has a helper connection to the chief's node (the SSH fleet; not Slurm's
+        connect-back tasks, whose backup belongs on shared storage)."""
+        find = getattr(self.job.backend, "connection", None)  # test doubles may lack it
+        if self.keeper is not None and find is not None and find(str(plan.chief.task)) is not None:
+            self.keeper.start(plan, attempt)
+
+    def _copied(self) -> None:
+        if self.keeper is not None:
+            for e in self.keeper.drain():
+                self.job.bus.emit(e)
 
     def after_attempt(self, sup: Supervisor, attempt: int, *, final: bool) -> None:
         """Complete this attempt's logs, and after the final attempt bring the chief's checkpoint
@@ -63,6 +92,13 @@ class ChannelTransfers:
         from ..transfer.handover import hand_over
 
         job = self.job
+        if self.keeper is not None:
+            self.keeper.stop()
+            self._copied()
+            if not self.keeper.copies and self.keeper.problem:
+                job.bus.emit(
+                    ev.JobWarning(message=f"the chief's backup was not copied off its host: {self.keeper.problem}")
+                )
         fetch = job.opts.gather
         self.attempts = attempt + 1
         if final:
@@ -89,14 +125,25 @@ class ChannelTransfers:
             job.result.gather_interrupted = job.interrupt.signum
         report_unconfirmed(job, sup)
 
-    def before_restart(self) -> None:
-        """Every task must restore from the chief's backup; copy it where storage is not shared."""
-        from ..transfer import sync_backup
+    def before_restart(self, plan: Plan | None = None) -> None:
+        """Every task of the next attempt's ``plan`` (default: the job's; a new plan after a host is lost)
+        must restore from the newest backup: the last save of the chief that ran is copied off its host
+        if it still answers, then every task is seeded from the newest complete copy
+        (``transfer.seed_backups``), whichever host is gone; where storage is shared nothing moves."""
+        from ..transfer import seed_backups
 
         job = self.job
-        found = {str(n.task): job.backend.connection(str(n.task)) for n in job.plan.nodes}
+        plan = plan or job.plan
+        if self.keeper is not None:
+            from ..transfer.backupkeep import CATCH_UP_TIMEOUT_S
+
+            self.keeper.copy_once(CATCH_UP_TIMEOUT_S)
+            self._copied()
+        found = {str(n.task): job.backend.connection(str(n.task)) for n in plan.nodes}
         try:
-            sync_backup(job.plan, {t: c for t, c in found.items() if c is not None}, job.bus)
+            seed_backups(
+                plan, {t: c for t, c in found.items() if c is not None}, self.keeper and self.keeper.store, job.bus
+            )
         except Exception as exc:  # the restart still happens; Keras then starts those tasks from scratch
             job.bus.emit(ev.JobWarning(message=f"could not copy the chief's backup to the other tasks: {exc}"))
 

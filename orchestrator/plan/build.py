@@ -108,6 +108,7 @@ def build_plan(
         cluster=cluster,
         node_builds_cluster=node_builds_cluster,
         roles=dict(roles or {}),
+        backup_shared=spec.restart.backup_shared,
     )
     nodes = tuple(
         NodePlan(

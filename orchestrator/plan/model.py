@@ -102,6 +102,8 @@ class Common:
     node_builds_cluster: bool = False
     # the job's tasks by role, for nodes that build their own TF_CONFIG from their rank (Slurm with roles)
     roles: dict[str, int] = field(default_factory=dict)
+    # restart.backup_shared: every host sees the same backup_dir, so the chief's backup is never copied off it
+    backup_shared: bool = False
 
     @property
     def has_chief(self) -> bool:

@@ -187,6 +187,7 @@ class PlanRecord:
             "backup_dir": c.backup_dir,
             "env": dict(c.env) if show_secrets else redact_env(c.env),
             **({"node_builds_cluster": True} if c.node_builds_cluster else {}),
+            **({"backup_shared": True} if c.backup_shared else {}),
         }
         tasks = tuple(
             TaskRecord(

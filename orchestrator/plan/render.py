@@ -34,6 +34,7 @@ class PlanNotes:
     workdir_default: str = "~ (login directory)"
     tf_config_note: str = ""  # appended to the TF_CONFIG line (a template the task fills in, ...)
     extra: Sequence[str] = field(default=())  # lines after the table (the scheduler's own commands)
+    backup_note: str | None = None  # where the backup lives when the scheduler says (pods: their volume)
 
 
 def plan_text(plan: Plan, notes: PlanNotes, *, show_secrets: bool = False, every_task: bool = False) -> str:
@@ -68,6 +69,7 @@ def plan_text(plan: Plan, notes: PlanNotes, *, show_secrets: bool = False, every
         f"  command:    {_command(first, show_secrets)}",
         f"  workdir:    {first.workdir or notes.workdir_default}",
         f"  task dir:   {common.task_root}/<type>-<index>",
+        f"  backup:     {common.backup_dir}   " + (notes.backup_note or _backup_note(common.backup_shared)),
         "  TF_CONFIG:  built on the node: the cluster below, the task's own type and index, rpc_layer grpc"
         + notes.tf_config_note,
         "  cluster:",
@@ -79,6 +81,13 @@ def plan_text(plan: Plan, notes: PlanNotes, *, show_secrets: bool = False, every
         f"one task in full (its TF_CONFIG and environment): tfcluster plan SPEC --task {first.task}",
     ]
     return "\n".join(out)
+
+
+def _backup_note(shared: bool) -> str:
+    """Where the chief's BackupAndRestore backup survives the loss of its host (issue 34)."""
+    if shared:
+        return "(restart.backup_shared: every host sees it; nothing is copied)"
+    return "(local disks: each new save of the chief's is copied to RUN/backup/, and every task resumes from it)"
 
 
 def task_text(plan: Plan, node: NodePlan, notes: PlanNotes, *, show_secrets: bool = False) -> str:

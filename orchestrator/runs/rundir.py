@@ -9,6 +9,7 @@ RUN/
   .reserve                space held for result.json and status.json on a full disk (``runs.reserve``), until the end
   tensorboard/            TensorBoard scalars per task and for the job (``sinks.tensorboard``; or the user's dir)
   checkpoints/            the chief's checkpoint directory, gathered and verified
+  backup/copy-N/          the chief's BackupAndRestore backup, copied off its host after each save (local disks)
   nodes/                  node-side task directories (exit.json, complete logs) copied back
   gather-state.json       what the gather has verified (a resumed gather skips it)
   slurm.json  slurm/      Slurm: the run across allocations; batch script, sbatch/srun output, stop request,
@@ -91,6 +92,11 @@ class RunDir:
     @property
     def checkpoints_dir(self) -> Path:
         return self.path / "checkpoints"
+
+    @property
+    def backup_copies(self) -> Path:
+        """Complete copies of the chief's backup (``transfer.backupcopy.CopyStore``): they outlive its host."""
+        return self.path / "backup"
 
     @property
     def gather_dir(self) -> Path:

@@ -292,6 +292,17 @@ class RestartSpec(_Model):
         "there are at least this many (TFCLUSTER_NUM_WORKERS tells the script). Default: the planned worker "
         "count (no shrinking). Each reshape counts against max_restarts.",
     )
+    backup_shared: bool = Field(
+        False,
+        description="true: backup_dir is on storage every host shares (NFS, Lustre, a ReadWriteMany volume): "
+        "nothing is copied. false (local disks): the launcher copies each new save of the chief's backup to "
+        "RUN/backup/ while the job runs, and the next attempt resumes from it even if the chief's host is gone.",
+    )
+    backup_copy_interval_s: NonNegFloat = Field(
+        10.0,
+        description="How often the launcher looks for a new save in the chief's backup (one listing on that "
+        "host) to copy it off the host. 0: never copied while the job runs.",
+    )
 
 
 class MetricsSpec(_Model):

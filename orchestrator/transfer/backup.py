@@ -6,6 +6,10 @@ shared filesystem that is one directory; on hosts with local disks the other tas
 backup, start from epoch 0 while the chief resumes, and the collectives would not match. So before
 relaunching we compare each task's copy with the chief's (names, sizes, mtimes) and copy it over
 where it differs, verified by sha256, swapped in atomically on the node.
+
+``seed_backups`` is what the next attempt calls with its plan (the same one, or a new one after a host
+is lost): it seeds every task from the newest complete copy the launcher kept (``backupcopy``), which
+outlives the chief's host, and falls back to the chief's own backup where there is no copy.
 """
 
 from __future__ import annotations
@@ -27,14 +31,14 @@ from ..backends import Connection, wait_readable
 from ..events import EventBus
 from ..events.kinds import JobWarning
 from ..plan import NodePlan, Plan
+from .backupcopy import Copy, CopyStore, signature, verify_copy
 from .fetch import fetch, items_of, list_files
 from .state import GatherState, Item, Progress, Totals, check_space
 
 CHUNK = 1 << 20
 
 
-def _signature(manifest: p.Manifest) -> list[tuple[str, int, int | None]]:
-    return sorted((f.path, f.size, f.mtime_ns) for f in manifest.files)
+_signature = signature
 
 
 def push_dir(conn: Connection, python: str, items: list[Item], remote_root: str) -> dict[str, Any]:
@@ -125,3 +129,71 @@ def sync_backup(plan: Plan, conns: Mapping[str, Connection], bus: EventBus) -> d
         return {"synced": done, "errors": errors, "files": len(verified)}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _listings(plan: Plan, conns: Mapping[str, Connection], timeout: float) -> dict[str, p.Manifest | None]:
+    """Each reachable task's BACKUP_DIR/chief as its node lists it (None: the listing failed)."""
+    nodes = [n for n in plan.nodes if str(n.task) in conns]
+
+    def listing(node: NodePlan) -> tuple[str, p.Manifest | None]:
+        try:
+            conn = conns[str(node.task)]
+            return str(node.task), list_files(conn, node.argv[0], [f"{node.backup_dir}/chief"], [], timeout=timeout)[0]
+        except Exception:
+            return str(node.task), None
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(nodes)))) as pool:
+        return dict(pool.map(listing, nodes))
+
+
+def _newest_mtime(files: Any) -> int:
+    return max((f.mtime_ns or 0 for f in files), default=0)
+
+
+def newest_verified(store: CopyStore, bus: EventBus) -> Copy | None:
+    """The newest copy whose every file still matches its sha256; a copy that does not is named and skipped."""
+    for c in store.copies():
+        problems = verify_copy(c)
+        if not problems:
+            return c
+        bus.emit(JobWarning(message=f"the backup copy {c.root} failed verification and is not used: {problems[:2]}"))
+    return None
+
+
+def seed_backups(
+    plan: Plan, conns: Mapping[str, Connection], store: CopyStore | None, bus: EventBus, timeout: float = 60.0
+) -> dict[str, Any]:
+    """Before an attempt on ``plan`` (the same plan or a new one): every task's BACKUP_DIR/chief becomes
+    the newest complete, verified copy in ``store``, whichever host is gone. The chief of ``plan`` keeps
+    its own backup when it is newer than every copy (a save after the last copy): then that one is
+    spread, as before (``sync_backup``). Without a copy, the same."""
+    copy = newest_verified(store, bus) if store is not None else None
+    if copy is None:
+        return sync_backup(plan, conns, bus)
+    found = _listings(plan, conns, timeout)
+    live = found.get(str(plan.chief.task))
+    if live is not None and live.files and _newest_mtime(live.files) > _newest_mtime(copy.files):
+        return sync_backup(plan, conns, bus)
+    want = copy.signature
+    targets = [
+        n
+        for n in plan.nodes
+        if str(n.task) in conns and ((m := found.get(str(n.task))) is None or signature(m) != want)
+    ]
+    if not targets:
+        return {"synced": [], "copy": str(copy.root), "skipped": "every task already holds the newest copy"}
+    items = copy.items()
+    done, errors = [], []
+    for node in targets:
+        try:
+            res = push_dir(conns[str(node.task)], node.argv[0], items, f"{node.backup_dir}/chief")
+        except Exception as exc:
+            res = {"ok": False, "error": str(exc)}
+        (done if res.get("ok") else errors).append(f"{node.task}" + ("" if res.get("ok") else f": {res.get('error')}"))
+    bus.emit(
+        JobWarning(
+            message=f"seeded the backup copy {copy.root.name} ({len(items)} files) to {', '.join(done) or 'no task'} "
+            "before the attempt" + (f"; failed: {errors}" if errors else ""),
+        )
+    )
+    return {"synced": done, "errors": errors, "files": len(items), "copy": str(copy.root)}

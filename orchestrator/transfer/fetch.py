@@ -131,8 +131,12 @@ def fetch(
     totals: Totals,
     progress: Progress,
     stop: StopCheck | None = None,
+    *,
+    as_listed: bool = False,
 ) -> None:
-    """Copy ``items`` from ``root`` on the node over one new exec channel (``worker_entry send``)."""
+    """Copy ``items`` from ``root`` on the node over one new exec channel (``worker_entry send``).
+    ``as_listed``: a file whose mtime is no longer the listed one is not copied (a snapshot of a directory
+    another process rewrites: the chief's backup)."""
     todo = _todo(items, state, totals, progress)
     if not todo:
         return
@@ -141,7 +145,8 @@ def fetch(
     chan = conn.exec([python, "-m", "worker_entry", "send"])
     try:
         chan.send(p.command_line({"root": root, "files": _requests(todo)}))
-        receive_files(chan, p.FrameDecoder(), root, {it.rel: it for it in todo}, writer, totals, stop=stop)
+        by_rel = {it.rel: it for it in todo}
+        receive_files(chan, p.FrameDecoder(), root, by_rel, writer, totals, stop=stop, as_listed=as_listed)
     finally:
         writer.q.put(("stop", None))
         writer.join()
@@ -187,6 +192,7 @@ def receive_files(
     totals: Totals,
     on_frame: OnFrame | None = None,
     stop: StopCheck | None = None,
+    as_listed: bool = False,
 ) -> bool:
     """Route a file stream into the writer; every message validated, every byte counted against the
     listing (a file may not grow past what was listed, nor end at another size). Between files a
@@ -234,6 +240,9 @@ def receive_files(
                             f"{root}/{m.path}: {m.size} bytes now, {cur.size} when listed; not copied "
                             "(the file changed: run `tfcluster gather` again)"
                         )
+                        cur = None
+                    elif as_listed and m.mtime_ns != cur.mtime_ns:
+                        totals.errors.append(f"{root}/{m.path}: replaced since it was listed; not copied")
                         cur = None
                     else:
                         writer.q.put(("open", (cur, m.offset)))
@@ -352,10 +361,12 @@ def _load_syncfs() -> Any:
 _SYNCFS = _load_syncfs()
 
 
-def list_files(conn: Connection, python: str, roots: list[str], clean: list[str]) -> list[p.Manifest]:
+def list_files(
+    conn: Connection, python: str, roots: list[str], clean: list[str], timeout: float = 120.0
+) -> list[p.Manifest]:
     """The node's listing of each root (validated), after removing ``clean``'s temporary copies."""
     payload = {"roots": roots, "exclude_prefixes": [TEMP_PREFIX], "clean": clean}
-    code, out, err = conn.run([python, "-m", "worker_entry", "manifest"], p.command_line(payload), timeout=120)
+    code, out, err = conn.run([python, "-m", "worker_entry", "manifest"], p.command_line(payload), timeout=timeout)
     if code != 0:
         raise RuntimeError(f"listing files failed (exit {code}): {err.decode('utf-8', 'replace').strip()[-300:]}")
     line = out.strip().splitlines()[-1] if out.strip() else b"{}"

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..events import BaseEvent, kinds
+from .backup_interval import advice_lines, backup_advice
 from .records import is_number
 from .split import job_split, weighted
 
@@ -300,6 +301,7 @@ def goodput(
     out["step_clock"] = run_shares is not None
     out["attempts"] = details
     out["input_waits"] = {t: round(v, 3) for t, v in waits_for.items() if v > 0}
+    out["backup_interval"] = backup_advice(events, wall)  # Young-Daly, from the run's copies and failures
     notes = []
     if not trained:
         notes.append("no training steps were reported (progress records): productive time is unknown")
@@ -332,4 +334,4 @@ def goodput_lines(g: Mapping[str, Any]) -> list[str]:
         if a.get("backup"):
             lines.append(f"  attempt {a['attempt']}: lost {a.get('lost_work_s', 0):.1f} s of training ({a['backup']})")
     lines += [f"  ({n})" for n in g.get("notes") or []]
-    return lines
+    return lines + [f"  {x}" for x in advice_lines(g.get("backup_interval"))]

@@ -105,11 +105,13 @@ def stream_files(root: str, files: list[dict[str, Any]], put: Callable[[bytes], 
             put(p.msg_frame(p.FileError(path=rel, error=exc.strerror or str(exc))))
             continue
         with os.fdopen(fd, "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
+            st = os.fstat(f.fileno())
+            size = st.st_size
             h = _sha256()
             if offset > size:
                 offset = 0
-            put(p.msg_frame(p.FileStart(path=rel, size=size, offset=offset)))
+            # the mtime of what is sent: a launcher copying a whole directory sees a file replaced since it listed it
+            put(p.msg_frame(p.FileStart(path=rel, size=size, offset=offset, mtime_ns=st.st_mtime_ns)))
             left = offset
             while left:
                 chunk = f.read(min(CHUNK, left))

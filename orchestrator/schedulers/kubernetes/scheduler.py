@@ -28,6 +28,7 @@ class KubernetesScheduler(Scheduler):
                 f"  pod runs:   {shlex.join(n.argv)} -- COMMAND   (settings in the pod spec: tfcluster render)"
             ),
             workdir_default="the image WORKDIR",
+            backup_note="(on the pods' volume: nothing is copied; a ReadWriteMany volume outlives any node)",
         )
 
     def backend(self, loaded: LoadedSpec, plan: Plan) -> Backend:

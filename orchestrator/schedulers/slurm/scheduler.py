@@ -35,6 +35,7 @@ class SlurmScheduler(Scheduler):
             started_by=lambda n: f"  started by: slurm ({shlex.join(n.argv)}; config over the connect-back channel)",
             tf_config_note="   (template: the task fills in addresses and ports)",
             extra=describe(plan),
+            backup_note="(nothing is copied off the nodes under Slurm: put restart.backup_dir on shared storage)",
         )
 
     def check(self, opts: LaunchOptions) -> None:
