@@ -194,7 +194,7 @@ class Job:
             self.out.replan(self.plan, self.reshaper.status())
             if not connected:
                 return Decision(Action.FINISH)
-            self.transfers.before_restart()
+            self.transfers.before_restart(self.plan)
 
     def conclude(self, res: AttemptResult, gpu_faults: frozenset[str] = frozenset()) -> Decision:
         """The policy's decision after an attempt, and the attempt recorded as it says; the run restarts
