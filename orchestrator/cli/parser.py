@@ -101,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-live", action="store_true", help="no live status table, even on a terminal")
     p.add_argument("--quiet", "-q", action="store_true", help="do not print worker output (it is still stored)")
     p.add_argument(
+        "--all-output",
+        action="store_true",
+        help="print every worker line as it comes: no collapsing of what several tasks print alike, no hiding of "
+        "TensorFlow's known start-up chatter (the logs always keep every line)",
+    )
+    p.add_argument(
         "--detach",
         action="store_true",
         help="run the launcher in the background (no terminal; output in RUN/launcher.log) and return at once",
