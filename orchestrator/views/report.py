@@ -20,7 +20,7 @@ from typing import Any
 
 from ..core.text import table
 from ..events import BaseEvent
-from ..events.kinds import RoleFailure, Straggler, TaskReady, TrainingEnded, WorkerSlowing
+from ..events.kinds import RoleFailure, ScriptHint, Straggler, TaskReady, TrainingEnded, WorkerSlowing
 from ..plan.policy import StragglerPolicy
 from ..plan.record import PlanRecord
 from ..runs import RunDir, plan_or_none
@@ -136,6 +136,7 @@ def build_report(
     lo = window["from_ts"] if window else 0.0
     named = [s for s in stragglers if (s.get("ts") or 0) >= lo]
     analysis = analyse(workers, host_samples, judgement, named, policy, shared=shared, paced=paced)
+    analysis["advice"][:0] = [f"{e.task} ({e.host}): fix: {e.message}" for e in events if isinstance(e, ScriptHint)]
     if stragglers and end:
         # detection needs two slow windows in a row: the event follows the second one, so the
         # windows since ~1.5 windows before the first event are the slow ones

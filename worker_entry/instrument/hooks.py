@@ -103,7 +103,13 @@ def patch_mwms(module: ModuleType) -> bool:
         changed = before(self, args, kwargs)
         if changed is not None:
             args, kwargs = changed
-        original(self, *args, **kwargs)
+        try:
+            original(self, *args, **kwargs)
+        except RuntimeError as exc:  # the late-strategy mistake: a hint for the launcher, the error as it was
+            from . import strategy as st
+
+            st.hint_failure(exc)
+            raise
         after(self)
 
     setattr(__init__, _WRAPPED, True)
