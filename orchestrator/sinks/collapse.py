@@ -25,6 +25,7 @@ The rules:
 from __future__ import annotations
 
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -66,8 +67,8 @@ class ConsoleLines:
         self.window_s = window_s
         self.clock = clock
         self.hidden = 0  # lines of noise not shown
-        self._held: dict[int, _Held] = {}  # seq -> line, in arrival order (dicts keep insertion order)
-        self._by_key: dict[bytes, list[_Held]] = {}
+        self._held: OrderedDict[int, _Held] = OrderedDict()  # seq -> line, in arrival order (O(1) from the front)
+        self._by_key: dict[bytes, deque[_Held]] = {}  # a text's held lines, oldest first
         self._last: dict[str, int] = {}  # task -> seq of its newest held line
         self._seq = 0
 
@@ -98,7 +99,7 @@ class ConsoleLines:
         self._seq += 1
         held = _Held(self._seq, key, line, tag, now, [task])
         self._held[held.seq] = held
-        self._by_key.setdefault(key, []).append(held)
+        self._by_key.setdefault(key, deque()).append(held)
         self._last[task] = held.seq
 
     def flush(self) -> None:
@@ -116,10 +117,11 @@ class ConsoleLines:
         self._show(len(self._held))
 
     def _show(self, count: int) -> None:
-        for seq in list(self._held)[:count]:
-            held = self._held.pop(seq)
+        """Show the ``count`` oldest held lines (each is the oldest of its text's)."""
+        for _ in range(min(count, len(self._held))):
+            _, held = self._held.popitem(last=False)
             same = self._by_key[held.key]
-            same.remove(held)
+            same.popleft()
             if not same:
                 del self._by_key[held.key]
             tag = held.tag if len(held.tasks) == 1 else b"[" + task_ranges(held.tasks).encode() + b"] "
