@@ -179,3 +179,14 @@ def test_the_router_with_all_output_prints_every_line_at_once(tmp_path: Path):
         router.write(f"worker:{i}", BANNER + b"\n")
     assert out.getvalue() == b"".join(f"[worker:{i} h] ".encode() + BANNER + b"\n" for i in range(2))
     router.close()
+
+
+def test_tfcluster_logs_hides_tf_noise_only_when_asked():
+    from orchestrator.runs import logline
+    from orchestrator.views.logs import LogQuery
+
+    line = (logline.stamp(1.0) + b"[worker:0 h] " + BANNER).decode()
+    assert LogQuery.from_args(tasks=None, grep=None, since=None, raw=False).render(line, False) is not None
+    hidden = LogQuery.from_args(tasks=None, grep=None, since=None, raw=False, hide_tf_noise=True)
+    assert hidden.render(line, False) is None
+    assert hidden.render((logline.stamp(1.0) + b"[worker:0 h] loss 0.5").decode(), False) == "[worker:0 h] loss 0.5"

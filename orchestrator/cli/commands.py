@@ -242,7 +242,12 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     run, handle = _run_and_handle(args, wait=args.follow)
     query = LogQuery.from_args(
-        tasks=args.task, grep=args.grep, since=args.since, raw=args.raw, timestamps=args.timestamps
+        tasks=args.task,
+        grep=args.grep,
+        since=args.since,
+        raw=args.raw,
+        timestamps=args.timestamps,
+        hide_tf_noise=args.hide_tf_noise,
     )
     show_logs(run, query, follow=args.follow, out=sys.stdout, alive=handle.alive)
     return EXIT_OK
