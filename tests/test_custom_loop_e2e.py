@@ -148,21 +148,26 @@ def test_custom_loop_slow_input_pipeline_is_named(testbed_factory, tmp_path):
     assert_no_job_processes(tb, 10)
 
 
-@pytest.mark.parametrize("accum", [1, 4])
-def test_custom_loop_reports_steps_and_raises_nothing(testbed_factory, tmp_path, accum):
-    """Homogeneous workers; with ``accum=4`` only every 4th call all-reduces: a step is an optimizer step."""
+@pytest.mark.parametrize("accum,together", [(1, False), (4, False), (4, True)])
+def test_custom_loop_reports_steps_and_raises_nothing(testbed_factory, tmp_path, accum, together):
+    """Homogeneous workers; with ``accum=4`` only every 4th call all-reduces: a step is an optimizer step,
+    and it trained on its 4 micro-batches of 96 on each of the 3 workers (issue 32.4: the examples are
+    those consumed), whether each micro-batch has its own ``strategy.run`` or the 4 go to one together."""
     tb = testbed_factory(3, mode="netns")
     steps = 400 if accum == 1 else 120
-    spec = _spec(tb, tmp_path, f"homog{accum}", "--steps", str(steps), "--accum", str(accum))
+    args = ["--steps", str(steps), "--accum", str(accum), "--batch-size", "96", *(["--together"] if together else [])]
+    spec = _spec(tb, tmp_path, f"homog{accum}", *args)
     r = run_launch(tb, spec, tmp_path / "run", "-q", "--no-gather")
     assert r.rc == 0, r.stderr[-3000:]
     quiet = {"straggler", "worker_slowing", "worker_hung", "job_stalled"}
     assert [e for e in r.events if e["event"] in quiet] == []
     for task in ("worker:0", "worker:1", "worker:2"):
-        done = [
-            b["progress"]["steps"] for b in _records(r.run_dir, "heartbeat") if b["task"] == task and b.get("progress")
-        ]
-        assert done and max(done) == steps, (task, done[-5:])  # one step per gradient all-reduce
+        progress = [b["progress"] for b in _records(r.run_dir, "heartbeat") if b["task"] == task and b.get("progress")]
+        assert progress and max(x["steps"] for x in progress) == steps, (task, progress[-5:])  # one per all-reduce
+        assert max(x["examples"] for x in progress) == steps * accum * 96 * 3, (task, progress[-1])
+    status = json.loads(run_cli("status", str(r.run_dir), "--json").stdout)
+    for t in status["tasks"].values():  # examples/s = steps/s x the examples of an optimizer step
+        assert t["examples_per_s"] == pytest.approx(t["steps_per_s"] * accum * 96 * 3, rel=0.02), t
     profiles = _records(r.run_dir, "profile")
     # every worker's windows, its last one written as it exits (a window's count depends on speed)
     assert len({p["task"] for p in profiles}) == 3, profiles

@@ -219,6 +219,13 @@ def test_command_not_found_is_a_clear_root_cause(testbed_factory, tmp_path):
     tb = testbed_factory(2)
     spec = tb.write_spec(tmp_path / "spec.yaml", "nocmd", ["definitely-not-a-command-xyz", "--flag"])
     r = run_launch(tb, spec, tmp_path / "run")
+    assert r.rc == 4  # refused before the go (agent.scriptcheck): nothing ran
+    rc = r.result["root_cause"]
+    assert rc["kind"] == "preflight"
+    assert "job.command[0]: definitely-not-a-command-xyz is not on PATH" in rc["message"]
+    assert {t["state"] for t in r.result["tasks"].values()} == {"not_started"}
+    # without the checks (--no-preflight) it fails as it starts, as a shell would say it
+    r = run_launch(tb, spec, tmp_path / "run2", "--no-preflight")
     assert r.rc == 3
     rc = r.result["root_cause"]
     assert rc["exit_code"] == 127

@@ -100,6 +100,35 @@ def test_launch_preflight_stops_a_busy_tf_port_before_anything_runs(testbed_fact
     assert {t["state"] for t in r.result["tasks"].values()} == {"not_started"}
 
 
+def test_a_missing_script_is_refused_by_preflight_naming_host_path_and_field(testbed_factory, tmp_path):
+    """Issue 32.9: a wrong script path passed validate and preflight and failed at launch (exit 3)."""
+    tb = testbed_factory(2)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "train.py").write_text("print('trained')\n")
+    ok = tb.write_spec(tmp_path / "ok.yaml", "script-ok", [PY, "train.py"], job={"workdir": str(workdir)})
+    bad = tb.write_spec(tmp_path / "bad.yaml", "script-bad", [PY, "trian.py"], job={"workdir": str(workdir)})
+    assert run_cli("preflight", str(ok)).returncode == 0
+    r = run_cli("preflight", str(bad), "--json")
+    assert r.returncode == 4, r.stdout + r.stderr
+    errors = [f for f in json.loads(r.stdout)["findings"] if f["severity"] == "error"]
+    assert sorted((f["task"], f["host"].rsplit(":", 1)[0], f["code"]) for f in errors) == [
+        (f"worker:{i}", tb.hosts[i].address, "script") for i in range(2)
+    ], errors  # the host as preflight names it: its SSH address and port
+    assert all(
+        f"job.command: the script trian.py is not a file on this host (looked for {workdir / 'trian.py'})"
+        == f["message"]
+        and "job.workdir" in f["hint"]
+        for f in errors
+    )
+    human = run_cli("preflight", str(bad))
+    assert human.returncode == 4 and "trian.py" in human.stdout and tb.hosts[1].address in human.stdout
+    launched = run_launch(tb, bad, tmp_path / "run")
+    assert launched.rc == 4 and launched.result["root_cause"]["kind"] == "preflight"
+    assert {t["state"] for t in launched.result["tasks"].values()} == {"not_started"}  # nothing ran
+    assert_no_job_processes(tb, 5)
+
+
 def test_preflight_passes_on_a_healthy_cluster(testbed_factory, tmp_path):
     tb = testbed_factory(2)
     spec = tb.write_spec(tmp_path / "spec.yaml", "ok", ["true"])

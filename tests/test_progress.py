@@ -144,3 +144,31 @@ def test_keras_callback_reports_train_test_predict(pipe, monkeypatch):
     assert test and test[-1]["steps"] == 16  # validation: 8 steps per epoch
     predict = [r for r in records if r["phase"] == "predict"]
     assert predict and predict[-1]["steps"] == 4
+
+
+def test_a_ps_coordinators_schedules_are_steps_and_a_join_dates_them(pipe, monkeypatch):
+    """Issue 32.1: ``ClusterCoordinator.schedule`` from the script is a step, Keras's own is not; a ``join``
+    writes a record carrying the time the scheduled steps were done."""
+    import types
+
+    from worker_entry.instrument.coordinator import patch_coordinator
+
+    class ClusterCoordinator:
+        def schedule(self, fn, args=None):
+            return fn(*(args or ()))
+
+        def join(self):
+            return None
+
+    module = types.SimpleNamespace(ClusterCoordinator=ClusterCoordinator)
+    assert patch_coordinator(module) and not patch_coordinator(module)  # once
+    c = ClusterCoordinator()
+    for _ in range(3):
+        assert c.schedule(lambda x: x + 1, args=(1,)) == 2  # the user's call, unchanged
+    keras_loop = {"__name__": "tf_keras.src.engine.training", "c": c}
+    exec("for _ in range(5): c.schedule(lambda: None)", keras_loop)  # fit's schedules: its callback counts
+    assert progress.counter("train").steps == 3 and progress.counter("train").owner == "coordinator"
+    monkeypatch.setattr(progress.time, "time", lambda: 1234.5)
+    c.join()
+    last = [json.loads(x) for x in os.read(pipe, 65536).splitlines()][-1]
+    assert (last["kind"], last["steps"], last["ts"]) == ("progress", 3, 1234.5)

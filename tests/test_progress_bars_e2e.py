@@ -24,13 +24,27 @@ pytestmark = pytest.mark.e2e
 STEPS = 30
 KERAS_FIT = [PY, str(WORKLOADS / "keras_bar.py"), "2", str(STEPS)]
 FINAL = re.compile(rf"\b{STEPS}/{STEPS}\b.*ms/step - loss: \d")
-PREFIX = re.compile(r"^\[worker:[01] 127\.\d+\.\d+\.\d+\] ")
+PREFIX = re.compile(r"^\[worker:[01] (127\.\d+\.\d+\.\d+|both)\] ")
+COLLAPSED = "[worker:0-1] "  # a line both printed within the console's window (sinks.collapse)
+
+
+def _expanded(lines: list[str]) -> list[str]:
+    """The console shows a line both tasks printed once, as ``[worker:0-1] …``: one line per task again."""
+    out = []
+    for ln in lines:
+        if ln.startswith(COLLAPSED):
+            out += [f"[worker:{i} both] {ln[len(COLLAPSED) :]}" for i in range(2)]
+        else:
+            out.append(ln)
+    return out
 
 
 def _check_lines(text: str, where: str) -> None:
     """Every task line carries its prefix; no raw redraw; each task's two epochs end in a final bar."""
     assert "\r" not in text and "\b" not in text, where
-    lines = [ln for ln in safe_text(text).splitlines() if ln.strip()]  # Keras's colours aside (the logs keep them)
+    lines = _expanded(
+        [ln for ln in safe_text(text).splitlines() if ln.strip()]
+    )  # Keras's colours aside (the logs keep them)
     task_lines = [ln for ln in lines if f"/{STEPS}" in ln or "Epoch " in ln or "fit done" in ln]
     bad = [ln for ln in task_lines if not PREFIX.match(ln)]
     assert not bad, (where, bad[:3])

@@ -249,3 +249,14 @@ def test_plan_json_and_text_say_what_each_role_means():
     plain = plan_of("version: 1\nname: j\nhosts:\n  - {address: a}\njob: {command: [x]}\n")
     plain = PlanRecord.from_plan(plain).to_dict()
     assert "roles" not in plain and "strategy" not in plain  # plan.json of plain MWMS jobs as before
+
+
+def test_a_shared_host_problem_of_a_job_with_roles_names_tasks_not_workers():
+    """Issue 32.1: a PS job's chief and ps are no "workers" in what every host reports alike."""
+    from orchestrator.supervise.shared import shared_problems
+
+    busy = [{"run_ms": 100.0, "wait_ms": 300.0}]
+    (ps,) = shared_problems({"chief:0": busy, "ps:0": busy, "worker:0": busy, "worker:1": busy})
+    assert ps.detail.startswith("all 4 tasks' training processes waited for a CPU 75%"), ps.detail
+    (mwms,) = shared_problems({"worker:0": busy, "worker:1": busy})
+    assert mwms.detail.startswith("all 2 workers' training processes"), mwms.detail

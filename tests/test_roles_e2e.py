@@ -18,11 +18,12 @@ import os
 import re
 import signal
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PY, assert_no_job_processes, read_events, repo_python, run_cli, start_launch
+from conftest import PY, assert_no_job_processes, jsonl, read_events, repo_python, run_cli, start_launch
 from testbed_fixtures import requires_netns
 from waiting import wait_for
 
@@ -269,4 +270,35 @@ def test_mwms_sidecar_evaluator_evaluates_and_its_death_does_not_stop_training(t
     # the workers trained on after the evaluator died: their last epoch ended after it
     done = [e["ts"] for e in read_events(run_dir) if e["event"] == "task_exited" and e["task"].startswith("worker")]
     assert min(done) > killed_at
+    assert_no_job_processes(tb, 10)
+
+
+def test_a_plain_ps_coordinator_loop_is_counted_on_the_chief_to_its_last_step(testbed_factory, tmp_path):
+    """Issue 32.1: the TF tutorial's ``ClusterCoordinator`` loop as written (no tfcluster call): each
+    ``schedule`` is a step of the chief, each ``join`` the time its steps were done, so the run's training
+    ends with the coordinator's last step, not in "after the last step"."""
+    tb = testbed_factory(3, mode="netns")
+    proc, run_dir = _launch(
+        tb,
+        tmp_path,
+        "ps-plain",
+        [*PS_LOOP, "--steps", "60", "--step-ms", "40", "--plain"],
+        PS_ROLES,
+        tensorflow={"strategy": "parameter_server"},
+    )
+    code, err = _finish(proc, timeout=240)
+    assert code == 0, err[-3000:]
+    assert "step 60/60" in _log(run_dir, "chief-0")
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["tasks"]["chief:0"]["steps"] == 60, status["tasks"]["chief:0"]
+    # its last progress record carries the last join's time: the training ends with the coordinator's last
+    # step (the line the script prints right after that join), not with the chief's exit or a schedule
+    chief = [r for r in jsonl(run_dir / "heartbeats.jsonl") if r.get("task") == "chief:0" and r.get("progress")]
+    last = max(r["progress"]["ts"] for r in chief)
+    line = next(ln for ln in (run_dir / "combined.log").read_text().splitlines() if "step 60/60" in ln)
+    printed = datetime.strptime(line.split(" ", 1)[0], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+    assert printed - 0.5 <= last <= printed + 0.01, (last, line)
+    report = json.loads(run_cli("report", str(run_dir), "--json").stdout)
+    (attempt,) = report["goodput"]["attempts"]
+    assert attempt["training_s"] > 0 and report["goodput"]["productive_s"] > 0, report["goodput"]
     assert_no_job_processes(tb, 10)

@@ -121,6 +121,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         gather=not args.no_gather,
         live=not args.no_live and not args.detached_child,
         echo_logs=not args.quiet,
+        all_output=args.all_output,
         adopt_run_dir=args.detached_child,
         metrics_port=args.metrics_port,
         bound=bound if bound.active else None,
@@ -133,7 +134,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.detach and scheduler.supervises_here():
         from ..job.detach import launch_detached
 
-        flags = [f for f, on in (("--no-preflight", args.no_preflight), ("--no-gather", args.no_gather)) if on]
+        switches = (
+            ("--no-preflight", args.no_preflight),
+            ("--no-gather", args.no_gather),
+            ("--all-output", args.all_output),
+        )
+        flags = [f for f, on in switches if on]
         if args.metrics_port is not None:
             flags += ["--metrics-port", str(args.metrics_port)]
         flags += ["--max-steps", str(args.max_steps)] if args.max_steps is not None else []
@@ -236,7 +242,12 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     run, handle = _run_and_handle(args, wait=args.follow)
     query = LogQuery.from_args(
-        tasks=args.task, grep=args.grep, since=args.since, raw=args.raw, timestamps=args.timestamps
+        tasks=args.task,
+        grep=args.grep,
+        since=args.since,
+        raw=args.raw,
+        timestamps=args.timestamps,
+        hide_tf_noise=args.hide_tf_noise,
     )
     show_logs(run, query, follow=args.follow, out=sys.stdout, alive=handle.alive)
     return EXIT_OK

@@ -101,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-live", action="store_true", help="no live status table, even on a terminal")
     p.add_argument("--quiet", "-q", action="store_true", help="do not print worker output (it is still stored)")
     p.add_argument(
+        "--all-output",
+        action="store_true",
+        help="print every worker line as it comes: no collapsing of what several tasks print alike, no hiding of "
+        "TensorFlow's known start-up chatter (the logs always keep every line)",
+    )
+    p.add_argument(
         "--detach",
         action="store_true",
         help="run the launcher in the background (no terminal; output in RUN/launcher.log) and return at once",
@@ -152,6 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--since", metavar="DURATION", help="only lines from the last DURATION (30s, 5m, 2h)")
     p.add_argument("--raw", action="store_true", help="without the [task host] prefix")
     p.add_argument("--timestamps", "-t", action="store_true", help="show each line's UTC receive time")
+    p.add_argument(
+        "--hide-tf-noise",
+        action="store_true",
+        help="leave out TensorFlow's known start-up chatter (as launch's console does; the log keeps it)",
+    )
     p.add_argument("--runs-dir", default="runs", help="where job names are looked up (default: ./runs)")
     p.set_defaults(func=c.cmd_logs)
 

@@ -178,6 +178,18 @@ class Evaluation(BaseEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ScriptHint(BaseEvent):
+    """The instrumentation recognised a known mistake in the script as it failed (``supervise.hints``
+    words it; the task's failure carries it as its fix): the first task to report each mistake."""
+
+    KIND: ClassVar[str] = "hint"
+    code: str
+    message: str = field(metadata=TEXT)
+    file: str | None = None
+    line: int | None = field(default=None, metadata=COUNT)
+
+
+@dataclass(frozen=True, kw_only=True)
 class TaskExited(BaseEvent):
     """A task ended, or the launcher stopped waiting for it: every field always there, null when unknown
     (``code`` null: past the teardown deadline, silent, or its channel closed during the teardown)."""
@@ -264,6 +276,7 @@ EVENT_TYPES: dict[str, type[BaseEvent]] = {
         TaskSpawned,
         TaskStarted,
         Evaluation,
+        ScriptHint,
         TaskExited,
         TaskLost,
         ExitUnconfirmed,

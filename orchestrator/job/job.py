@@ -66,7 +66,12 @@ class Job:
             ended_ts=started,
         )
         self.out = RunOutputs(
-            self.rundir, plan, live=opts.live, echo_logs=opts.echo_logs, max_log_bytes=self.spec.logs.max_bytes_per_task
+            self.rundir,
+            plan,
+            live=opts.live,
+            echo_logs=opts.echo_logs,
+            max_log_bytes=self.spec.logs.max_bytes_per_task,
+            all_output=opts.all_output,
         )
         self.bus = self.out.bus
         if hasattr(backend, "bind_events"):  # a forged pod is reported as it is seen (test doubles may lack it)

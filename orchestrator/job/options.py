@@ -15,6 +15,7 @@ class LaunchOptions:
     gather: bool = True
     live: bool = True
     echo_logs: bool = True
+    all_output: bool = False  # the console shows every line: no collapse, no noise filter (sinks.collapse)
     adopt_run_dir: bool = False  # --detach: the run directory was created for us (holds launcher.log)
     metrics_port: int | None = None  # overrides the spec's metrics.port
     bound: RunBound | None = None  # stop cleanly (a success) after N steps or D seconds of training

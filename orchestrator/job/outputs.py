@@ -55,7 +55,14 @@ class _Tee:
 
 class RunOutputs:
     def __init__(
-        self, rundir: RunDir, plan: Plan, *, live: bool, echo_logs: bool, max_log_bytes: int | None = None
+        self,
+        rundir: RunDir,
+        plan: Plan,
+        *,
+        live: bool,
+        echo_logs: bool,
+        max_log_bytes: int | None = None,
+        all_output: bool = False,
     ) -> None:
         self.plan = plan
         self.elastic: dict[str, Any] | None = None  # status.json's "elastic": hosts excluded, spares left
@@ -66,7 +73,7 @@ class RunOutputs:
             self.live = LiveTable(plan)
         self.guard = WriteGuard()  # the run directory may fill up mid-run: one warning, the job goes on
         self.bus = EventBus([EventFileSink(rundir.events_jsonl, self.guard), ConsoleSink()])
-        self.logs = LogRouter(rundir, echo=echo_logs, guard=self.guard)
+        self.logs = LogRouter(rundir, echo=echo_logs, guard=self.guard, all_output=all_output)
         self.logs.limit(max_log_bytes, self._log_cut)  # a flooding task costs neither disk nor memory
         if self.live is not None:
             self.logs.console_hook = self.live.print_log

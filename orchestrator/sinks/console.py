@@ -106,6 +106,11 @@ def _preflight(e: k.Preflight) -> Line | None:
     return None if e.ok and not e.warnings else Line(f"preflight: {e.summary}")
 
 
+@renders(k.ScriptHint)
+def _script_hint(e: k.ScriptHint) -> Line:
+    return Line(f"{_who(e)}: hint: {e.message}", WARN)
+
+
 @renders(k.TaskExited)
 def _task_exited(e: k.TaskExited) -> Line | None:
     if e.stopped:

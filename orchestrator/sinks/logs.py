@@ -9,6 +9,7 @@ from typing import IO, Any
 
 from ..core.terminal import redraw, redraw_lines, safe_bytes
 from ..runs import RunDir, logline, write_json_atomic
+from .collapse import ConsoleLines
 from .guard import GuardedFile, WriteGuard
 from .style import PALETTE, use_color
 
@@ -34,6 +35,8 @@ class LogRouter:
         out: IO[bytes] | None = None,
         color: bool | None = None,
         guard: WriteGuard | None = None,
+        all_output: bool = False,
+        clock: Any = time.monotonic,
     ):
         self.rundir = rundir
         self.guard = guard or WriteGuard()
@@ -57,10 +60,15 @@ class LogRouter:
         self._dirty = False
         self._unflushed: set[GuardedFile] = set()
         self._closed = False
+        # the console's view: what every task says once, TF's known chatter hidden (``--all-output``: all)
+        self.all_output = all_output
+        self.console = ConsoleLines(self._echo, collapse=not all_output, show_noise=all_output, clock=clock)
 
     def open_attempt(self, attempt: int, tasks: list[tuple[str, str, str]]) -> None:
         """tasks: (task, slug, host). Opens this attempt's per-task files."""
         self._settle()
+        self.console.close()  # the last attempt's lines before this one's
+        self.console.collapse = not self.all_output and len(tasks) > 1  # one task: nothing to wait for
         for f in self.files.values():
             f.close()
         self.files = {}
@@ -131,15 +139,20 @@ class LogRouter:
         self.combined.write(tag + body.replace(b"\n", b"\n" + tag) + b"\n")
         if self.echo:  # the file keeps the bytes as printed; the terminal gets them made safe
             ctag = self.console_prefix.get(task, tag)
-            shown = safe_bytes(body, keep_sgr=self.color)
-            text = ctag + shown.replace(b"\n", b"\n" + ctag) + b"\n"
-            if self.console_hook is not None:
-                self.console_hook(text)
-            else:
-                try:
-                    self.out.write(text)
-                except (OSError, ValueError):
-                    self.echo = False
+            self.console.add(task, ctag, safe_bytes(body, keep_sgr=self.color).split(b"\n"))
+        self._dirty = True
+
+    def _echo(self, text: bytes) -> None:
+        """One or more console lines: above the live table when it shows, else on stdout."""
+        if not self.echo:
+            return
+        if self.console_hook is not None:
+            self.console_hook(text)
+        else:
+            try:
+                self.out.write(text)
+            except (OSError, ValueError):
+                self.echo = False
         self._dirty = True
 
     def _progress(self, task: str, data: bytes) -> None:
@@ -163,6 +176,7 @@ class LogRouter:
         self._dirty = True
 
     def flush(self) -> None:
+        self.console.flush()  # the lines held for their window (``ConsoleLines``)
         if not self._dirty:
             return
         for f in self._unflushed:  # only the files written since (a thousand tasks, a few lines each)
@@ -181,6 +195,7 @@ class LogRouter:
             return
         self._closed = True
         self._settle()
+        self.console.close()
         self.flush()
         for f in self.files.values():
             f.close()

@@ -16,6 +16,7 @@ from ..events import EventBus, HeartbeatSink
 from ..events import kinds as ev
 from .clock import on_launcher_clock
 from .figures import Figures
+from .hints import hint_text
 from .monitor import Monitor
 from .session import TaskSession, record_of
 from .status import Snapshots
@@ -41,6 +42,7 @@ class Observations:
         self.figures = figures
         self.snapshots = snapshots
         self.attempt = attempt
+        self.hinted: set[str] = set()  # the codes of the script's mistakes told so far (supervise.hints)
 
     def message(self, s: TaskSession, m: p.Message, now: float) -> list[Verdict]:
         """Take in one message of ``s`` (validated, in order: its session accepted it); the verdicts it
@@ -67,6 +69,10 @@ class Observations:
             record = record_of(m)
             self._record(s.task, on_launcher_clock({**record, "kind": "profile", "attempt": self.attempt}, s))
             return self.monitor.on_profile(s.task, record, now)
+        elif isinstance(m, p.Hint) and m.code not in self.hinted:  # every worker makes the same mistake: once
+            self.hinted.add(m.code)
+            where = {"file": m.file or None, "line": m.line}
+            self.bus.emit(ev.ScriptHint(task=s.task, host=s.host, code=m.code, message=hint_text(m), **where))
         elif isinstance(m, p.Evaluation):  # an evaluator's metrics: an event, folded into its status entry
             fields = {k: getattr(m, k) for k in _EVALUATION}
             self.snapshots.evaluated(self.bus.emit(ev.Evaluation(task=s.task, host=s.host, **fields)))

@@ -66,9 +66,11 @@ Incoming = Output | ShellNoise | Violation | p.Message
 _ALLOWED: dict[TaskState, frozenset[str]] = {
     TaskState.STARTING: frozenset({"hello"}),
     TaskState.READY: frozenset({"heartbeat", "stopping", "exited", "spawned"}),
-    TaskState.RUNNING: frozenset({"heartbeat", "started", "strategy", "profile", "evaluation", "stopping", "exited"}),
+    TaskState.RUNNING: frozenset(
+        {"heartbeat", "started", "strategy", "profile", "evaluation", "hint", "stopping", "exited"}
+    ),
     TaskState.STOPPING: frozenset(
-        {"hello", "heartbeat", "started", "strategy", "profile", "evaluation", "stopping", "exited", "spawned"}
+        {"hello", "heartbeat", "started", "strategy", "profile", "evaluation", "hint", "stopping", "exited", "spawned"}
     ),
 }
 
@@ -99,6 +101,7 @@ class TaskSession:
         self.heartbeat_wall: float | None = None
         self.profile: p.Profile | None = None
         self.exit: p.Exited | None = None
+        self.hint: p.Hint | None = None  # a known mistake its script made (the first): its failure's fix
         self.files: p.TaskFiles | None = None  # what the node offers after its task ended
         self.abandoned = False  # we stopped waiting for it: its channel is closed, nothing to fetch
         self.exit_confirmed: bool | None = None  # its node said its processes are gone (None: not asked)
@@ -246,6 +249,8 @@ class TaskSession:
             self.heartbeat_wall = time.time()
         elif isinstance(msg, p.Profile):
             self.profile = msg
+        elif isinstance(msg, p.Hint):
+            self.hint = self.hint or msg
         elif isinstance(msg, p.Exited):
             self.exit = msg
 

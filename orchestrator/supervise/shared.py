@@ -70,7 +70,9 @@ def shared_problems(hosts: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Sh
         return []
     out = []
     n = len(hosts)
-    every = "the worker's" if n == 1 else f"all {n} workers'"
+    # a job with roles (a PS chief and ps, an evaluator) has tasks, not only workers: named as what they are
+    noun = "worker" if all(t.partition(":")[0] == "worker" for t in hosts) else "task"
+    every = f"the {noun}'s" if n == 1 else f"all {n} {noun}s'"
     hit = _every({t: _wait_pct(s) for t, s in hosts.items()}, WAIT_PCT_MIN)
     if hit:
         lo, mid, hi = hit

@@ -32,6 +32,7 @@ from .bound import BoundWatch, RunBound
 from .closed import EOF_POLL_S, ClosedChannels
 from .figures import Figures
 from .gate import GoGate
+from .hints import hint_text
 from .inputs import ChannelPump, ChannelReady, InputQueue, Interrupt, Received
 from .monitor import Monitor
 from .observe import Observations
@@ -250,7 +251,8 @@ class Supervisor:
         else:
             kind, msg = "exit", m.error or f"exited with code {m.code}"
         self._blame_suspects(s)
-        self._fail(s.failure(kind, msg, exit_code=m.code, signal=m.signal_name))
+        hint = hint_text(s.hint) if s.hint is not None else ""  # a known mistake of the script: its fix
+        self._fail(s.failure(kind, msg, exit_code=m.code, signal=m.signal_name, hint=hint))
 
     def _on_eof(self, s: TaskSession) -> None:
         """Nothing more comes on this channel: decided by ``_settle_closed``, at once or on a later pass."""

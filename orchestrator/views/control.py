@@ -109,6 +109,8 @@ def status_text(st: dict[str, Any], handle: RunHandle | None = None, *, show_all
     rc = st.get("root_cause")
     if rc:
         lines.append(f"root cause: {rc.get('task') or 'job'} ({rc.get('host') or '-'}): {rc.get('message')}")
+        if rc.get("hint"):
+            lines.append(f"  fix: {rc['hint']}")
     tasks = st.get("tasks", {})
     if len(tasks) > FULL_UP_TO and not show_all:
         lines.append("")

@@ -16,6 +16,7 @@ from ..runs import RunDir
 from ..runs.logline import parse_line
 from ..runs.tail import Tail
 from ..sinks import PALETTE, use_color
+from ..sinks.noise import is_noise
 from .handle import RunHandle
 
 DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
@@ -37,10 +38,18 @@ class LogQuery:
     since_ts: float | None = None
     raw: bool = False
     timestamps: bool = False
+    hide_tf_noise: bool = False  # TensorFlow's known chatter left out (``sinks.noise``; the logs keep it)
 
     @classmethod
     def from_args(
-        cls, *, tasks: list[str] | None, grep: str | None, since: str | None, raw: bool, timestamps: bool = False
+        cls,
+        *,
+        tasks: list[str] | None,
+        grep: str | None,
+        since: str | None,
+        raw: bool,
+        timestamps: bool = False,
+        hide_tf_noise: bool = False,
     ) -> LogQuery:
         norm = set()
         for t in tasks or []:
@@ -53,7 +62,7 @@ class LogQuery:
         except re.error as exc:
             raise UsageError(f"--grep {grep!r}: not a valid regular expression: {exc}") from None
         since_ts = time.time() - parse_duration(since) if since else None
-        return cls(frozenset(norm), pattern, since_ts, raw, timestamps)
+        return cls(frozenset(norm), pattern, since_ts, raw, timestamps, hide_tf_noise)
 
     def render(self, line: str, color: bool) -> str | None:
         """The line as shown, or None when filtered out."""
@@ -63,6 +72,8 @@ class LogQuery:
         if self.tasks and not parsed.is_note and parsed.task not in self.tasks:
             return None
         if self.pattern and not self.pattern.search(parsed.body):
+            return None
+        if self.hide_tf_noise and not parsed.is_note and is_noise(parsed.body.encode("utf-8", "replace")):
             return None
         if self.since_ts is not None:
             ts = parsed.ts

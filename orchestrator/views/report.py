@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..events import BaseEvent
-from ..events.kinds import RoleFailure, Straggler, TaskReady, TrainingEnded, WorkerSlowing
+from ..events.kinds import RoleFailure, ScriptHint, Straggler, TaskReady, TrainingEnded, WorkerSlowing
 from ..plan.policy import StragglerPolicy
 from ..plan.record import PlanRecord
 from ..runs import RunDir, plan_or_none
@@ -131,6 +131,8 @@ def build_report(run: RunDir, last_s: float | None = None, records: list[dict[st
     lo = window.from_ts if window else 0.0
     named = [s.to_dict() for s in stragglers if (s.ts or 0) >= lo]
     analysis = analyse(flat, host_samples, judgement, named, policy, shared=shared, paced=paced)
+    hints = tuple(f"{e.task} ({e.host}): fix: {e.message}" for e in events if isinstance(e, ScriptHint))
+    analysis = replace(analysis, advice=hints + tuple(analysis.advice)) if hints else analysis
     if stragglers and end:
         # detection needs two slow windows in a row: the event follows the second one, so the
         # windows since ~1.5 windows before the first event are the slow ones

@@ -78,6 +78,7 @@ def custom_loop(
     *,
     inside=False,
     accum=1,
+    together=False,
     two_opts=False,
     legacy=False,
     embedding=False,
@@ -152,8 +153,18 @@ def custom_loop(
     def apply_step():
         s.run(apply_fn)
 
+    @tf.function
+    def train_together(*batches):  # the micro-batches of an optimizer step in one replica function
+        losses = s.run(lambda *bs: tf.add_n([step_fn(*b) for b in bs]), args=batches)
+        return s.reduce(tf.distribute.ReduceOp.MEAN, losses, axis=None)
+
     it = iter(dist)
     losses = []
+    if together:
+        for _ in range(steps):
+            losses.append(round(float(train_together(*[next(it) for _ in range(accum)])), 6))
+            apply_step()
+        return losses, [train_together, apply_step]
     for i in range(steps * accum):
         loss = train_from(it) if inside else train_step(next(it))
         if accum > 1 and (i + 1) % accum == 0:
@@ -185,6 +196,7 @@ CASES = {
     "loop embedding": lambda s: custom_loop(s, embedding=True),
     "loop two optimizers": lambda s: custom_loop(s, two_opts=True),
     "loop accumulation": lambda s: custom_loop(s, accum=4, steps=8),
+    "loop accumulation together": lambda s: custom_loop(s, accum=4, steps=8, together=True),
     "fit": lambda s: keras_fit(s),
     "fit 3 per execution": lambda s: keras_fit(s, spe=3),
     "fit legacy optimizer": lambda s: keras_fit(s, legacy=True),

@@ -2,8 +2,8 @@
 (``TFCLUSTER_PROGRESS_FD``: one JSON object a line; docs/architecture.md, "Progress records").
 
 Each is validated with the protocol's own records: the latest ``progress`` is kept for the next
-heartbeat (counters are cumulative: a dropped record loses nothing), ``strategy``, ``profile`` and
-``evaluation`` are sent on as messages, and the first sign of training (a progress record, the
+heartbeat (counters are cumulative: a dropped record loses nothing), ``strategy``, ``profile``,
+``evaluation`` and ``hint`` are sent on as messages, and the first sign of training (a progress record, the
 strategy, or the TF server listening) is the task's ``started``. A bad record is skipped, and said
 once on the task's stderr: the agent never stops over what the user's process wrote.
 """
@@ -48,7 +48,7 @@ class ProgressRecords:
             elif kind == "strategy":
                 self.mark_started("strategy")
                 self.send(p.StrategyInfo.from_dict(rec))
-            elif kind in ("profile", "evaluation"):
+            elif kind in ("profile", "evaluation", "hint"):
                 self.send(p.NODE_MESSAGES[kind].from_dict(rec))
         except (ValueError, RecursionError, p.ProtocolError) as exc:
             self.bad_records += 1

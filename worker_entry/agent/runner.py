@@ -123,7 +123,7 @@ class Runner:
 
     def _probe_config(self) -> dict[str, Any]:
         c = self.cfg
-        return {"workdir": c.workdir, "tf_port": c.tf_port, "gpus": c.gpus, "env": c.env}
+        return {"workdir": c.workdir, "tf_port": c.tf_port, "gpus": c.gpus, "env": c.env, "command": c.argv}
 
     def _wait_for_go(self) -> bool:
         next_beat = time.monotonic()

@@ -245,6 +245,13 @@ def node_facts(config: dict[str, Any], nvml: Nvml | None = None) -> dict[str, An
                     "fix": "create it or fix job.workdir",
                 }
             )
+    if config.get("command"):  # the script and its interpreter, as the command will start (scriptcheck)
+        from .scriptcheck import command_problems
+
+        try:
+            problems += command_problems(config["command"], workdir, config.get("env") or {})
+        except Exception as exc:  # a check of ours that breaks must not stop the job: said, not blocking
+            warnings.append({"check": "command", "message": f"could not check the command: {exc!r}", "fix": ""})
     tf_port = config.get("tf_port")
     if tf_port:
         holder = port_in_use(int(tf_port))

@@ -14,6 +14,7 @@ input pipeline of ``--slow-task`` (every task if omitted) sleeps N ms per batch,
 seconds into training. ``--extra-matmuls N``: N extra 256x256 matmuls per step on ``--slow-task``.
 ``--hang-task T --hang-after-steps N``: T stops stepping (sleeps) after N steps, its peers wait in the
 next all-reduce. ``--next-inside``: the iterator goes into the ``tf.function`` (``next()`` inside it).
+``--together`` (with ``--accum K``): the K micro-batches go to one ``strategy.run`` as K arguments.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-task", default="")
     p.add_argument("--hang-after-steps", type=int, default=0)
     p.add_argument("--next-inside", action="store_true")
+    p.add_argument("--together", action="store_true", help="--accum K: the K micro-batches in one strategy.run")
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -135,6 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     def train_step_inside(iterator):
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(fn, args=(next(iterator),)), axis=None)
 
+    def accumulate_all(*micro_batches):
+        return tf.add_n([accumulate_fn(b) for b in micro_batches])
+
+    @tf.function
+    def train_together(*batches):
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(accumulate_all, args=batches), axis=None)
+
     @tf.function
     def apply_step():
         strategy.run(apply_fn)
@@ -146,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         if task == args.hang_task and step > args.hang_after_steps:
             print(f"[{task}] hanging after {args.hang_after_steps} steps", flush=True)
             time.sleep(3600)
-        for _ in range(args.accum):
+        if args.together and args.accum > 1:
+            loss = train_together(*[next(iterator) for _ in range(args.accum)])
+        for _ in range(0 if args.together and args.accum > 1 else args.accum):
             loss = train_step_inside(iterator) if args.next_inside else train_step(next(iterator))
         if args.accum > 1:
             apply_step()

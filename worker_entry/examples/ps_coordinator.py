@@ -7,7 +7,8 @@ One script for every role (``TF_CONFIG``'s task type decides): ``worker`` and ``
 ``tf.distribute.Server`` and wait for the coordinator's work — they never exit by themselves; the
 ``chief`` builds the strategy and the coordinator, schedules ``--steps`` training steps over the
 workers (the coordinator reschedules the steps of a worker that died, and uses it again once it is
-back) and exits 0 when they are done. It reports its steps with ``worker_entry.progress.report_step``.
+back) and exits 0 when they are done. It reports its steps with ``worker_entry.progress.report_step``
+(``--plain``: it does not, as the TF tutorial is written: the instrumentation counts its schedules).
 ``--step-ms``: each step sleeps that long on its worker (a slower run, for fault tests).
 """
 
@@ -27,6 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=20, help="steps per scheduled batch and log line")
     p.add_argument("--batch-size", type=int, default=32, help="per-step batch size")
     p.add_argument("--step-ms", type=float, default=0.0, help="sleep this long in each step (on the worker)")
+    p.add_argument("--plain", action="store_true", help="no report_step: the TF tutorial's loop as written")
     return p.parse_args(argv)
 
 
@@ -49,7 +51,8 @@ def coordinate(args: argparse.Namespace) -> int:
     import numpy as np
     import tensorflow as tf
 
-    from worker_entry.progress import flush, report_step
+    if not args.plain:
+        from worker_entry.progress import flush, report_step
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.ParameterServerStrategy(resolver)
@@ -89,9 +92,11 @@ def coordinate(args: argparse.Namespace) -> int:
         results = [coordinator.schedule(step, args=(iterator,)) for _ in range(n)]
         coordinator.join()  # steps of a worker that died run again on another (or on it, once it is back)
         done += n
-        report_step(n, examples=n * args.batch_size)
+        if not args.plain:  # --plain: the instrumentation counts the coordinator's schedules by itself
+            report_step(n, examples=n * args.batch_size)
         print(f"[chief:0] step {done}/{args.steps} loss {float(results[-1].fetch()):.4f}", flush=True)
-    flush()  # the last steps, before the process exits (records are written ~4 times a second)
+    if not args.plain:
+        flush()  # the last steps, before the process exits (records are written ~4 times a second)
     print("[chief:0] training done", flush=True)
     return 0
 

@@ -36,6 +36,7 @@ from types import ModuleType
 from typing import Any
 
 from ..protocol.env import OFF_VALUES, Env
+from .coordinator import patch_coordinator
 from .progress import note_checkpoint, warn_once
 
 ENV_INSTRUMENT = Env.INSTRUMENT
@@ -103,7 +104,13 @@ def patch_mwms(module: ModuleType) -> bool:
         changed = before(self, args, kwargs)
         if changed is not None:
             args, kwargs = changed
-        original(self, *args, **kwargs)
+        try:
+            original(self, *args, **kwargs)
+        except RuntimeError as exc:  # the late-strategy mistake: a hint for the launcher, the error as it was
+            from . import strategy as st
+
+            st.hint_failure(exc)
+            raise
         after(self)
 
     setattr(__init__, _WRAPPED, True)
@@ -319,6 +326,7 @@ HOOKS: dict[str, Callable[[ModuleType], Any]] = {
     "keras.src.backend.tensorflow.trainer": lambda m: _keras(m.TensorFlowTrainer, "keras"),  # Keras 3
     "keras.src.engine.training": lambda m: _keras(m.Model, "keras"),  # Keras 2.13-2.15
     "keras.engine.training": lambda m: _keras(m.Model, "keras"),  # Keras <= 2.12
+    "tensorflow.python.distribute.coordinator.cluster_coordinator": patch_coordinator,  # PS: a schedule, a step
     "tf_keras.src.utils.sidecar_evaluator": patch_sidecar,
     "keras.src.utils.sidecar_evaluator": patch_sidecar,  # Keras 2.13-2.15 (Keras 3 has no SidecarEvaluator)
 }

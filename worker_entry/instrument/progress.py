@@ -145,7 +145,7 @@ def emit(kind: str, **fields: Any) -> bool:
 #: Who counts a phase's steps when several sources report them: the step clock's stamps (steps
 #: derived from the gradient all-reduces) outrank the Keras callback, an explicit ``report_step``
 #: outranks both. A lower source still sets the epoch (and the callback the batch size).
-SOURCES = {"callback": 0, "stamps": 1, "user": 2}
+SOURCES = {"callback": 0, "stamps": 1, "coordinator": 1, "user": 2}  # coordinator: a PS chief's schedules
 
 
 class StepCounter:
@@ -244,6 +244,15 @@ class StepCounter:
             step_time_s=step_time,
             phase=self.phase,
         )
+
+    def settle(self, at: float) -> bool:
+        """The steps counted so far were done at ``at`` (a PS coordinator's ``join``): a record now, with
+        that time, so the training's end is the last step's, not the last count's."""
+        if not self.steps:
+            return False
+        self._at = at
+        self._emitted = -1  # a record even when these steps were reported already
+        return self.flush()
 
     def reset_window(self) -> None:
         """Forget the open window (e.g. between epochs) without touching the cumulative counters."""

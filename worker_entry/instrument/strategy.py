@@ -136,6 +136,46 @@ def report_strategy(strategy: Any) -> bool:
         return False
 
 
+#: TensorFlow's words when MWMS is built after the eager context started (a dataset, tensor or model first):
+#: ``context.configure_collective_ops`` refuses, and every worker fails with this RuntimeError.
+LATE_STRATEGY = "must be configured at program startup"
+_NOT_THE_SCRIPT = (os.sep + "tensorflow" + os.sep, os.sep + "keras" + os.sep, os.sep + "tf_keras" + os.sep)
+
+
+def script_frame(frame: Any = None) -> tuple[str, int] | None:
+    """(file, line) of the innermost caller outside TensorFlow, Keras and tfcluster: the script's line
+    that made the failing call."""
+    import sys
+
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame = frame or sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        path = os.path.abspath(name)
+        if not name.startswith("<") and not path.startswith(ours) and not any(d in path for d in _NOT_THE_SCRIPT):
+            return path, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def hint_failure(exc: BaseException) -> bool:
+    """MWMS's constructor raised ``exc``: when it is the late-strategy mistake, tell the launcher (a
+    ``hint`` record: the code and the script's line; the launcher words it). Never raises."""
+    try:
+        if not isinstance(exc, RuntimeError) or LATE_STRATEGY not in str(exc):
+            return False
+        if getattr(exc, "_tfcluster_hinted", False):  # make_strategy() under the hooks: told once
+            return False
+        exc._tfcluster_hinted = True  # type: ignore[attr-defined]
+        where = script_frame()
+        fields: dict[str, Any] = {"code": "late_strategy"}
+        if where is not None:
+            fields.update(file=os.path.basename(where[0])[:255], line=where[1])
+        return emit("hint", **fields)
+    except Exception:
+        return False
+
+
 def make_strategy(**overrides: Any) -> Any:
     """``tf.distribute.MultiWorkerMirroredStrategy`` configured from the tfcluster environment.
 
@@ -151,7 +191,11 @@ def make_strategy(**overrides: Any) -> Any:
         configure_coordination_heartbeat(cluster_resolver=overrides.get("cluster_resolver"))
     except Exception as exc:  # a missing heartbeat tweak must not stop training
         warn_once("heartbeat", f"could not pre-configure the coordination heartbeat: {exc!r}")
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(**overrides)
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(**overrides)
+    except RuntimeError as exc:
+        hint_failure(exc)
+        raise
     report_strategy(strategy)
     return strategy
 

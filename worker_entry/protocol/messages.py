@@ -175,6 +175,19 @@ class Evaluation(Message):
 
 
 @dataclass
+class Hint(Message):
+    """A known mistake the instrumentation recognised in the training script, as it failed: ``code`` names
+    it (the launcher owns the wording: a node sends facts, never text for the user's terminal), ``file``
+    and ``line`` where in the script (the frame that made the failing call; ``file`` its base name)."""
+
+    TYPE: ClassVar[str] = "hint"
+    code: Literal["late_strategy"]
+    file: str = field(default="", metadata=spec(max_len=255))
+    line: int | None = field(default=None, metadata=spec(lo=1, hi=COUNT_MAX))
+    ts: float = field(default=0.0, metadata=spec(lo=0, hi=TS_MAX))
+
+
+@dataclass
 class Stopping(Message):
     TYPE: ClassVar[str] = "stopping"
     reason: str = field(metadata=spec(max_len=LONG))
@@ -326,7 +339,7 @@ class Bye(Message):
 #: Messages a running task may send (MSG frames on its channel).
 NODE_MESSAGES: dict[str, type[Message]] = {
     m.TYPE: m
-    for m in (Hello, Heartbeat, Spawned, Started, StrategyInfo, Profile, Evaluation, Stopping, Exited, TaskFiles)
+    for m in (Hello, Heartbeat, Spawned, Started, StrategyInfo, Profile, Evaluation, Hint, Stopping, Exited, TaskFiles)
 }
 #: Commands the launcher sends to a running task.
 COMMANDS: dict[str, type[Message]] = {m.TYPE: m for m in (Go, Ping, Stop, Fetch, Bye)}

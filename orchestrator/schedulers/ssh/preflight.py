@@ -65,7 +65,8 @@ def probe_config(node: NodePlan) -> dict[str, Any]:
         "workdir": node.workdir,
         "tf_port": node.tf_port,
         "gpus": node.gpus,
-        "env": {p.Env.CHECKPOINT_DIR: node.checkpoint_dir},
+        "env": {**node.env, p.Env.CHECKPOINT_DIR: node.checkpoint_dir},
+        "command": list(node.command),  # checked as it will start: script, interpreter (agent.scriptcheck)
     }
 
 

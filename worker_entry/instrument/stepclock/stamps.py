@@ -125,8 +125,8 @@ class _Run:
     mark: int
     t_start: Any
     t_data: Any
-    batch: Any  # the first input with a batch dimension (a tensor, ragged or sparse), or None
-    per_replica: float  # examples per replica function = its batch x this factor (replicas in sync / local)
+    batches: list[Any]  # one input with a batch dimension per batch it consumes (``_batch_inputs``)
+    per_replica: float  # examples per replica function = its batches x this factor (replicas in sync / local)
     inputs: list[Any] = field(default_factory=list)
     inline: list[tuple[int, Any, Any]] = field(default_factory=list)  # (call, t_enter, t_exit)
     results: list[tuple[Any, list[Any]]] = field(default_factory=list)  # (t_exit, the collective's outputs)
@@ -188,22 +188,48 @@ def _begin_run(extended: Any, args: tuple, kwargs: dict) -> tuple[_Run, tuple, d
     for op in _input_ops(flat, graph):
         op._add_control_input(t_start.op)  # t_start is taken before the batch is fetched
     t_data = _stamp(tf, "tfcluster_t_data", [*devsync.ready(tf, flat, device), t_start])
-    batch = _batch_input(tf, args, kwargs)
+    batches = _batch_inputs(tf, args, kwargs, graph)
     factor = _replica_factor(extended)
-    run = _Run(tf, graph, fid, replica, device, len(graph.get_operations()), t_start, t_data, batch, factor, flat)
+    run = _Run(tf, graph, fid, replica, device, len(graph.get_operations()), t_start, t_data, batches, factor, flat)
     with _runs_lock:
         _runs[(id(graph), replica)] = run
     return run, args, kwargs
 
 
-def _batch_input(tf: Any, args: tuple, kwargs: dict) -> Any:
-    """The replica function's first input with a batch dimension (rank >= 1): a tensor, or a ragged or
-    sparse tensor as a whole (their component tensors do not have the batch as first dimension)."""
+def _batch_inputs(tf: Any, args: tuple, kwargs: dict, graph: Any) -> list[Any]:
+    """One input with a batch dimension (rank >= 1: a tensor, or a ragged or sparse tensor as a whole) per
+    batch the replica function consumes. Usually one: features and labels of one batch count once. Several
+    when it is given several batches at once (gradient accumulation over micro-batches passed together):
+    inputs fetched by different dataset ``next()``s in this graph, or else several positional arguments of
+    the same nested structure (``strategy.run(fn, args=(b1, b2, b3, b4))``, each ``(x, y)``)."""
     composites = (tf.RaggedTensor, tf.SparseTensor)
-    for x in tf.nest.flatten((args, kwargs)):
-        if isinstance(x, (tf.Tensor, *composites)) and x.shape.rank:
-            return x
-    return None
+
+    def batchlike(x: Any) -> bool:
+        return isinstance(x, (tf.Tensor, *composites)) and bool(x.shape.rank)
+
+    found = [x for x in tf.nest.flatten((args, kwargs)) if batchlike(x)]
+    if len(found) < 2:
+        return found
+    fetched: dict[str, Any] = {}
+    for x in found:
+        parts = [t for t in tf.nest.flatten(x, expand_composites=True) if isinstance(t, tf.Tensor)]
+        ops = {op.name for op in _input_ops(parts, graph)}
+        if len(ops) != 1:
+            fetched = {}
+            break
+        fetched.setdefault(ops.pop(), x)  # the first input of each next(): its batch
+    if len(fetched) > 1:
+        return list(fetched.values())
+    if len(args) > 1 and all(tf.nest.is_nested(a) and len(tf.nest.flatten(a)) > 1 for a in args):
+        try:
+            for a in args[1:]:
+                tf.nest.assert_same_structure(args[0], a)
+        except (ValueError, TypeError):
+            return found[:1]
+        per_arg = [[x for x in tf.nest.flatten(a) if batchlike(x)][:1] for a in args]
+        if all(per_arg):
+            return [xs[0] for xs in per_arg]
+    return found[:1]
 
 
 def _replica_factor(extended: Any) -> float:
@@ -220,25 +246,32 @@ def _examples(tf: Any, run: _Run) -> Any:
     in the graph. Its batch dimension is metadata of the input (``Shape``, placed with the input, so a
     GPU tensor is not copied and nothing waits for a kernel): no sync point is added to the step, and
     the row that carries it is written at ``t_done`` as before."""
-    x = run.batch
-    if x is None:
-        return 0.0
-    if x.shape[0] is not None:
-        return float(int(x.shape[0]) * run.per_replica)
+    static = 0.0
+    measured: list[Any] = []
+    for x in run.batches:
+        if x.shape[0] is not None:
+            static += float(int(x.shape[0]) * run.per_replica)
+        else:
+            measured.append(_rows(tf, x))
+    if not measured:
+        return static
+    with tf.device("/cpu:0"):
+        return tf.add_n([tf.cast(r, tf.float64) for r in measured]) * run.per_replica + static
+
+
+def _rows(tf: Any, x: Any) -> Any:
+    """The batch dimension of ``x`` measured in the graph, read where ``x`` is (its ``Shape``: metadata)."""
     from tensorflow.python.framework import ops
 
     with tf.name_scope("tfcluster_batch"):
         if isinstance(x, tf.RaggedTensor):
             with ops.colocate_with(x.row_splits):
-                rows = tf.shape(x.row_splits, out_type=tf.int64)[0] - 1
-        elif isinstance(x, tf.SparseTensor):
+                return tf.shape(x.row_splits, out_type=tf.int64)[0] - 1
+        if isinstance(x, tf.SparseTensor):
             with ops.colocate_with(x.dense_shape):
-                rows = x.dense_shape[0]
-        else:
-            with ops.colocate_with(x):
-                rows = tf.shape(x, out_type=tf.int64)[0]
-        with tf.device("/cpu:0"):
-            return tf.cast(rows, tf.float64) * run.per_replica
+                return x.dense_shape[0]
+        with ops.colocate_with(x):
+            return tf.shape(x, out_type=tf.int64)[0]
 
 
 def _end_run(run: _Run, outputs: Any) -> None:
