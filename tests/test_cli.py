@@ -80,7 +80,7 @@ def test_validate_all_examples_exit_zero(capsys):
 def test_plan_json_is_the_documented_shape(capsys):
     assert main(["plan", str(REPO / "cluster_specs" / "gpu-4x8.yaml"), "--json", "--run-id", "r1"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["job"] == "resnet-4x8" and data["run_id"] == "r1" and data["version"] == 2
+    assert data["job"] == "resnet-4x8" and data["run_id"] == "r1" and data["version"] == 3
     assert data["tasks"][0]["task"] == "chief:0" and len(data["tasks"]) == len(data["cluster"]["worker"]) + 1
     assert data["common"]["env"]["TFCLUSTER_COMMUNICATION"] == "nccl"
     assert data["common"]["argv"] == ["/opt/venv/bin/python", "-m", "worker_entry"]
