@@ -132,7 +132,7 @@ def mark_latency(run_dir: Path, gen_file: Path, cues, ranks: list[int]) -> list[
     return out
 
 
-def one_size(n: int, seconds: float, work: Path, *, views: bool = False) -> dict:
+def one_size(n: int, seconds: float, work: Path, *, views: bool = False, hb_timeout: float = 10.0) -> dict:
     d = work / f"n{n}"
     d.mkdir()
     os.mkfifo(d / "cues")
@@ -152,7 +152,7 @@ def one_size(n: int, seconds: float, work: Path, *, views: bool = False) -> dict
         "--interval",
         "1",
         "--timeout",
-        "10",
+        str(hb_timeout),
         "--profile-s",
         "5",
         "--log-rate",
@@ -209,6 +209,12 @@ def main() -> int:
     ap.add_argument("--sizes", default="3,1024,4096")
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--slurm", action="store_true", help="also 258 real worker_entry tasks under a local Slurm")
+    ap.add_argument(
+        "--hb-timeout",
+        type=float,
+        default=10.0,
+        help="the spec's heartbeat timeout (a box loaded by others can starve the one generator process past 10 s)",
+    )
     ap.add_argument("--views", action="store_true", help="also every command on each run (bench/views_scale.py)")
     args = ap.parse_args()
     set_verbose(args.verbose)
@@ -218,7 +224,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tfc-scale-") as tmp:
         for n in sizes:
             say(f"{n} load-generator tasks ...")
-            rows.append({"method": "load generator", **one_size(n, seconds, Path(tmp), views=args.views)})
+            try:
+                row = one_size(n, seconds, Path(tmp), views=args.views, hb_timeout=args.hb_timeout)
+            except (OSError, RuntimeError) as exc:  # one size that failed says why; the others still run
+                err = Path(tmp) / f"n{n}" / "launcher.err"
+                tail = err.read_text(errors="replace")[-600:] if err.exists() else ""
+                say(f"{n} tasks failed: {exc!r}; launcher stderr: {tail}")
+                row = {"tasks": n, "state": f"error: {exc!r}"[:80]}
+            rows.append({"method": "load generator", **row})
         if args.slurm:
             from slurm_scale import slurm_258
 
