@@ -174,7 +174,7 @@ def one_size(n: int, seconds: float, work: Path, *, views: bool = False, hb_time
         row["to_running_s"] = round(max(spawned) - fork, 2)
         time.sleep(3)
         row["cpu_pct"], row["rss_mb"] = (round(x, 1) for x in measure(proc.pid, seconds))
-        url = next((e.get("url") for e in tail.poll() if e.get("event") == "metrics_served"), None)
+        url = next((e.get("url") for e in tail.poll() if e.get("event") == "metrics"), None)
         if views and url:
             row.update(views_scale.metrics_page(url))
         lat = mark_latency(run_dir, gen_file, cues, [n // 7, n // 3, n // 2, (2 * n) // 3, n - 1][: min(5, n)])

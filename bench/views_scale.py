@@ -189,15 +189,40 @@ def main() -> int:
     import tempfile
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+")
+    ap.add_argument("runs", nargs="*")
+    ap.add_argument(
+        "--synthetic",
+        help="SIZES (256,1024,4096): also tests/bigrun.py's finished N-task runs (the recorded 3-worker run's "
+        "records copied to N workers, 46 heartbeat records each), made here",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="tfc-views-") as tmp:
         for run in args.runs:
-            rows.append({"run": run, **views(Path(run), Path(tmp))})
-    print(json.dumps(rows, indent=None if args.json else 2))
+            rows.append({"run": run, "tasks": _tasks(Path(run)), **views(Path(run), Path(tmp))})
+        for n in [int(x) for x in args.synthetic.split(",")] if args.synthetic else []:
+            sys.path.insert(0, str(REPO / "tests"))
+            from bigrun import big_run
+
+            start = time.monotonic()
+            run = big_run(Path(tmp) / f"synthetic{n}", n)
+            made = round(time.monotonic() - start, 1)
+            print(f"synthetic run of {n} tasks made in {made} s", file=sys.stderr, flush=True)
+            rows.append({"run": f"synthetic {n}", "tasks": n, **views(run, Path(tmp))})
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print("\n".join(table(rows)))
+        print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     return 0
+
+
+def _tasks(run: Path) -> int:
+    try:
+        return len(json.loads((run / "result.json").read_text()).get("tasks", {}))
+    except (OSError, ValueError):
+        return 0
 
 
 if __name__ == "__main__":

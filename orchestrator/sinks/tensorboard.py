@@ -230,7 +230,6 @@ class EventFiles:
         self.root = root
         self.suffix = suffix
         self._files: dict[str, Any] = {}
-        self._dirty: set[str] = set()  # runs written since the last flush
         private_dirs(root)
 
     def add(self, point: Point) -> None:
@@ -245,17 +244,10 @@ class EventFiles:
         for tag, value in point.values.items():
             event.summary.value.add(tag=tag, simple_value=value)
         writer.write_event(event)
-        self._dirty.add(point.run)
 
     def flush(self) -> None:
-        """What was written since the last flush, to the kernel (TensorBoard reads it from there). No
-        fsync while the job runs: tensorboardX's own flush fsyncs, and every 5 s that was one fsync per
-        task (1,024 of them at 1,024 tasks: the sink's largest system cost); ``close`` still does."""
-        for run in self._dirty:
-            w = self._files[run]
-            raw = getattr(getattr(w, "_py_recordio_writer", None), "_writer", None)  # the file under it
-            (raw if raw is not None and hasattr(raw, "flush") else w).flush()
-        self._dirty.clear()
+        for w in self._files.values():
+            w.flush()
 
     def close(self) -> None:
         for w in self._files.values():
