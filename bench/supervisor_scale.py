@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import views_scale
 from common import PY, REPO, Report, base_parser, say, set_verbose
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -131,7 +132,7 @@ def mark_latency(run_dir: Path, gen_file: Path, cues, ranks: list[int]) -> list[
     return out
 
 
-def one_size(n: int, seconds: float, work: Path) -> dict:
+def one_size(n: int, seconds: float, work: Path, *, views: bool = False, hb_timeout: float = 10.0) -> dict:
     d = work / f"n{n}"
     d.mkdir()
     os.mkfifo(d / "cues")
@@ -151,11 +152,12 @@ def one_size(n: int, seconds: float, work: Path) -> dict:
         "--interval",
         "1",
         "--timeout",
-        "10",
+        str(hb_timeout),
         "--profile-s",
         "5",
         "--log-rate",
         "0.1",
+        *(["--metrics"] if views else []),
     ]
     fork = time.time()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(d / "launcher.err", "wb"))  # noqa: SIM115
@@ -172,6 +174,9 @@ def one_size(n: int, seconds: float, work: Path) -> dict:
         row["to_running_s"] = round(max(spawned) - fork, 2)
         time.sleep(3)
         row["cpu_pct"], row["rss_mb"] = (round(x, 1) for x in measure(proc.pid, seconds))
+        url = next((e.get("url") for e in tail.poll() if e.get("event") == "metrics"), None)
+        if views and url:
+            row.update(views_scale.metrics_page(url))
         lat = mark_latency(run_dir, gen_file, cues, [n // 7, n // 3, n // 2, (2 * n) // 3, n - 1][: min(5, n)])
         row["hb_to_status_s"] = round(statistics.median(lat), 2) if lat else None
         row["hb_to_status_max_s"] = round(max(lat), 2) if lat else None
@@ -188,6 +193,8 @@ def one_size(n: int, seconds: float, work: Path) -> dict:
         proc.wait(300)
         row["launcher_wall_s"] = round(time.time() - fork, 1)
         row["state"] = json.loads((run_dir / "result.json").read_text())["state"]
+        if views:
+            row.update(views_scale.views(run_dir, d))
     finally:
         with contextlib.suppress(OSError):
             cues.close()
@@ -202,6 +209,13 @@ def main() -> int:
     ap.add_argument("--sizes", default="3,1024,4096")
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--slurm", action="store_true", help="also 258 real worker_entry tasks under a local Slurm")
+    ap.add_argument(
+        "--hb-timeout",
+        type=float,
+        default=10.0,
+        help="the spec's heartbeat timeout (a box loaded by others can starve the one generator process past 10 s)",
+    )
+    ap.add_argument("--views", action="store_true", help="also every command on each run (bench/views_scale.py)")
     args = ap.parse_args()
     set_verbose(args.verbose)
     seconds = 10.0 if args.quick else args.seconds
@@ -210,7 +224,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tfc-scale-") as tmp:
         for n in sizes:
             say(f"{n} load-generator tasks ...")
-            rows.append({"method": "load generator", **one_size(n, seconds, Path(tmp))})
+            try:
+                row = one_size(n, seconds, Path(tmp), views=args.views, hb_timeout=args.hb_timeout)
+            except (OSError, RuntimeError) as exc:  # one size that failed says why; the others still run
+                err = Path(tmp) / f"n{n}" / "launcher.err"
+                tail = err.read_text(errors="replace")[-600:] if err.exists() else ""
+                say(f"{n} tasks failed: {exc!r}; launcher stderr: {tail}")
+                row = {"tasks": n, "state": f"error: {exc!r}"[:80]}
+            rows.append({"method": "load generator", **row})
         if args.slurm:
             from slurm_scale import slurm_258
 
@@ -230,6 +251,8 @@ def main() -> int:
         ("state", "state"),
     ]
     report = Report("supervisor scale: one launcher, N tasks, 1 Hz heartbeats", columns, rows)
+    if args.views:
+        report.notes.extend(views_scale.table(rows))
     big = next((r for r in rows if r["tasks"] == 1024), None)
     if big is not None:
         report.notes.append(

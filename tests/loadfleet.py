@@ -95,10 +95,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cues")
     ap.add_argument("--gen-events")
+    ap.add_argument("--metrics", action="store_true", help="serve /metrics on a free loopback port")
     args = ap.parse_args(argv)
+    extra = {"metrics": {"port": 0}} if args.metrics else {}
     backend = LoadGenBackend(threads=args.threads, log_rate=args.log_rate, cues=args.cues, events=args.gen_events)
     result = run_job(
-        args.tasks, Path(args.run_dir), backend, interval=args.interval, timeout=args.timeout, profile_s=args.profile_s
+        args.tasks,
+        Path(args.run_dir),
+        backend,
+        interval=args.interval,
+        timeout=args.timeout,
+        profile_s=args.profile_s,
+        **extra,
     )
     print(
         json.dumps(

@@ -71,7 +71,11 @@ class JobMetrics:
         self.stragglers = 0
         self.verdicts = 0
         self.detection_s: float | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held only to swap or copy a reference: the decision loop takes it
+        # The label bound's, held by a scrape while it builds every task's samples (seconds at thousands of
+        # tasks, on a loaded box): the decision loop never waits for it (it did, and stalled past the
+        # heartbeat timeout at 1,024 tasks: docs/benchmarks.md §11).
+        self._scrape_lock = threading.Lock()
 
     def update(self, status: dict[str, Any]) -> None:
         with self._lock:
@@ -142,7 +146,7 @@ class _Collector:
             d.add_metric([job], detection)
         yield d
         yield from _job_figures(job, status)
-        with self.m._lock:  # scrapes may come from several threads: the bound is one
+        with self.m._scrape_lock:  # scrapes may come from several threads: the bound is one
             families = list(_task_metrics(job, status.get("tasks") or {}, profiles, self.m.labels))
             dropped = self.m.labels.dropped
         yield from families

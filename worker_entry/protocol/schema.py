@@ -42,6 +42,7 @@ ID_MAX = (1 << 31) - 1  # pids, thread and process counts
 _INT_LIMIT = (1 << 63) - 1
 _FLOAT_LIMIT = 1e300
 _INF = float("inf")
+_PLACES = 256  # field-name tables kept per record class
 
 
 def _fail(path: str, expected: str, value: Any) -> ProtocolError:
@@ -62,6 +63,13 @@ def _compile(tp: Any, meta: dict[str, Any]) -> Check:
         nullable = _NONE in args
         checks = [_compile(a, meta) for a in args if a is not _NONE]
         expected = " or ".join(_name(a) for a in args)
+        if len(checks) == 1:  # ``X | None``: the protocol's every optional field, checked without a loop
+            only = checks[0]
+
+            def optional(v: Any, path: str, depth: int) -> Any:
+                return None if v is None and nullable else only(v, path, depth)
+
+            return optional
 
         def union(v: Any, path: str, depth: int) -> Any:
             if v is None and nullable:
@@ -155,6 +163,9 @@ def _compile(tp: Any, meta: dict[str, Any]) -> Check:
     high = limit if hi is None else hi
 
     def number(v: Any, path: str, depth: int) -> Any:
+        t = type(v)  # the usual value first: a float (or an int) in range; NaN and ±inf fail the range
+        if ((t is float and not is_int) or t is int) and low <= v <= high:
+            return v if t is float or is_int else float(v)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (is_int and not isinstance(v, int)):
             raise _fail(path, "an integer" if is_int else "a number", v)
         if isinstance(v, float) and (v != v or v in (_INF, -_INF)):
@@ -203,10 +214,24 @@ class Record:
         return compiled
 
     @classmethod
+    def _fields_at(cls, path: str) -> list[tuple[str, bool, Check, str]]:
+        """The validators with each field's full name under ``path`` (``progress.steps``): built once per
+        place a record appears, not per field per message. The places are the schema's own (a list's
+        index is bounded by its length); past ``_PLACES`` of them the names are built each time."""
+        places = cls.__dict__.get("_places")
+        if places is None:
+            places = cls._places = {}  # type: ignore[attr-defined]
+        fields = places.get(path)
+        if fields is None:
+            fields = [(n, r, c, f"{path}.{n}" if path else n) for n, r, c in cls._validators()]
+            if len(places) < _PLACES:
+                places[path] = fields
+        return fields
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any], path: str = "", depth: int = 0) -> Any:
         kwargs = {}
-        for name, required, check in cls._validators():
-            where = f"{path}.{name}" if path else name
+        for name, required, check, where in cls._fields_at(path):
             if name not in data:
                 if required:
                     raise ProtocolError(f"{where}: required field is missing", where)
