@@ -32,11 +32,14 @@ from ...core.states import JobState, TaskState, interrupted_state
 from ...events import kinds as ev
 from ...job import Action, Decision, Members, RestartPolicy, RunScheduling
 from ...job.policy import all_tasks_exited_0, every_task_completed, signal_name
+from ...plan import Plan
 from ...runs import RunDir
 from ...spec import ClusterSpec
 from ...supervise import Interrupt
 from . import commands as sc
+from .plan import reshapable, slurm_plan
 from .state import SlurmState, stop_requested
+from .step import allocation_nodes
 
 if TYPE_CHECKING:
     from ...job.context import RunContext
@@ -62,6 +65,29 @@ class SlurmScheduling(RunScheduling):
         self.job_id = sc.job_id_of(env)
         self.restart_count = int(env["SLURM_RESTART_COUNT"]) if env.get("SLURM_RESTART_COUNT", "").isdigit() else 0
         self.ending: str | None = None  # "timeout" | "preempted": this allocation ends, the run does not
+        self.nodes = allocation_nodes(env)  # the allocation's nodes, in Slurm's order
+
+    @property
+    def reshapes(self) -> bool:  # type: ignore[override]
+        """A node lost for good leaves the run (issue 34): the next attempt is a new step on the nodes
+        left, a spare node in its place (``slurm.spare_nodes``) or one fewer (``restart.min_workers``)."""
+        return reshapable(self.spec) and bool(self.nodes)
+
+    def replan(self, plan: Plan, members: Members) -> Plan | None:
+        """The plan of a reshaped attempt inside this allocation: ``members.hosts`` in the allocation's
+        order (the order srun gives the step's ranks: the chief stays on the first node while it lives)."""
+        if not self.reshapes or not set(members.hosts) <= set(self.nodes):
+            return None
+        order = {n: i for i, n in enumerate(self.nodes)}
+        hosts = sorted(members.hosts, key=order.__getitem__)
+        return slurm_plan(
+            self.spec,
+            run_id=plan.run_id,
+            node_names=self.nodes,
+            members=hosts,
+            spares=members.spares,
+            planned_workers=members.planned,
+        )
 
     def policy(self, spec: ClusterSpec) -> SlurmPolicy:
         return SlurmPolicy(self, RestartPolicy(spec.restart.max_restarts))
