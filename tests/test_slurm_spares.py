@@ -133,3 +133,31 @@ def test_the_version_is_asked_once_of_sinfo_then_scontrol(monkeypatch):
         assert asked == ["sinfo", "scontrol"]
     finally:
         sv.slurm_version.cache_clear()
+
+
+def test_after_its_own_requeue_the_job_asks_slurm_to_avoid_the_lost_nodes(tmp_path, monkeypatch):
+    from orchestrator.schedulers.slurm import allocation as al
+
+    s = spec()
+    sch = scheduling(s, tmp_path)
+    plan = slurm_plan(s, run_id="r", node_names=sch.nodes)
+    nxt, _ = members_of(plan, s, True).without(Exclusion("n2", "lost", 0, 1.0))
+    assert sch.replan(plan, nxt) is not None and sch.lost_nodes == ["n2"]
+    ran, warned = [], []
+    monkeypatch.setattr(al.sc, "run", lambda argv, **kw: ran.append(argv) or "")
+
+    class Job:
+        class bus:  # a stand-in for the job's event bus
+            emit = staticmethod(warned.append)
+
+    sch._avoid_lost_nodes(Job)
+    assert ran == [["scontrol", "update", "JobId=41", "ExcNodeList=n2"]] and warned == []
+    assert sch._exclude() == ["--exclude=n2"]
+
+    def refuse(argv, **kw):
+        raise al.sc.SlurmError("scontrol failed (exit 1): Job is no longer pending execution")
+
+    monkeypatch.setattr(al.sc, "run", refuse)
+    sch._avoid_lost_nodes(Job)
+    assert "may get n2 again" in warned[0].message
+    assert scheduling(s, tmp_path)._exclude() == []  # nothing lost: nothing asked
