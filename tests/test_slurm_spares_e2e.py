@@ -133,3 +133,47 @@ def test_a_requeued_job_takes_the_nodes_to_avoid_on_this_slurm(slurm, tmp_path):
 
 def _show(slurm, job_id: str) -> str:
     return slurm.run(["scontrol", "show", "job", job_id], check=False).stdout
+
+
+def test_without_a_spare_the_next_step_runs_on_fewer_nodes_down_to_min_workers(slurm, tmp_path):
+    """No spare node, ``restart.min_workers: 2``: worker:2's agent on n3 killed; the next attempt is a
+    second step of the same job on n[1-2], two workers resumed from the backup."""
+    show = 'echo "STEP $SLURM_JOB_ID.$SLURM_STEP_ID $SLURM_STEP_NODELIST"; exec "$0" "$@"'
+    cmd = ["sh", "-c", show, PY, "-m", "worker_entry.examples.keras_synthetic", "--backup", "--epochs", "4"]
+    cmd += ["--steps-per-epoch", "30", "--slow-input-ms", "40"]
+    spec = write_spec(
+        tmp_path / "spec.yaml",
+        "sl-shrink",
+        cmd,
+        slurm={"nodes": 3, "time": "5:00"},
+        restart={"max_restarts": 2, "min_workers": 2},
+        job={"stop_grace_s": 1},
+        tensorflow={"port": _free_base(3)},
+    )
+    run_dir = tmp_path / "run"
+    proc = start(slurm, launch_argv(spec, run_dir, "-q", "--no-gather"), cwd=REPO)
+    try:
+        wait_for(lambda: len(_epochs(run_dir, 0, "worker-2")) >= 2, 150, "worker:2 in its second epoch")
+        ready = [e for e in events(run_dir) if e["event"] == "task_ready" and e["task"] == "worker:2"]
+        os.kill(ready[-1]["pid"], signal.SIGKILL)
+        rc, _out, err = finish(proc, timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, err[-3000:]
+    res = result(run_dir)
+    assert [a["state"] for a in res["attempts"]] == ["failed", "succeeded"], res["attempts"]
+    reshaped = [e for e in events(run_dir) if e["event"] == "reshaped"]
+    assert [(e["host"], e["spare_in"], e["workers_before"], e["workers_after"]) for e in reshaped] == [
+        ("n3", None, 3, 2)
+    ], reshaped
+    assert {k: t["host"] for k, t in res["tasks"].items()} == {"worker:0": "n1", "worker:1": "n2"}, res["tasks"]
+    state = json.loads((run_dir / "slurm.json").read_text())
+    job_id = state["allocations"][0]["job_id"]
+    assert len(state["allocations"]) == 1 and state["requeues"] == 0, state
+    seen = {m.groups() for m in STEP_RE.finditer((run_dir / "combined.log").read_text())}
+    assert {job for job, _, _ in seen} == {job_id}, seen
+    first_step, second_step = sorted({(int(step), nodes) for _, step, nodes in seen})
+    assert first_step[1] == "n[1-3]" and second_step[0] > first_step[0] and second_step[1] == "n[1-2]", seen
+    after = _epochs(run_dir, 1, "worker-0")
+    assert after and after[0] > 1 and after[-1] == 4, after
