@@ -61,15 +61,17 @@ def test_spare_hosts_need_one_worker_per_host_under_mwms_and_a_host_left_to_run(
     assert any("restart.min_workers: reshaping to fewer workers needs" in m for m in ps)
 
 
-def test_slurm_spare_nodes_are_validated_and_said_to_be_unused_yet():
+def test_slurm_spare_nodes_are_validated_and_used_with_one_task_per_node():
     base = "scheduler: slurm\nslurm: {nodes: 2, spare_nodes: %s}\n"
-    (warning,) = _problems(base % "1")
-    assert "slurm.spare_nodes: warning: 1 spare node(s) are validated but not yet used" in warning
+    assert _problems(base % "1") == []  # used: no warning
     (bad,) = _problems(base % "-1")
     assert "slurm.spare_nodes" in bad
     unused, too_many = _problems("scheduler: slurm\nslurm: {nodes: 2, tasks_per_node: 2}\nrestart: {min_workers: 5}\n")
-    assert "restart.min_workers: warning: not used with scheduler: slurm yet" in unused
+    assert "restart.min_workers: warning: not used by this job: a node leaves a Slurm job" in unused
     assert "5 is more than the 4 planned workers" in too_many
+    (spare,) = _problems("scheduler: slurm\nslurm: {nodes: 2, tasks_per_node: 2, spare_nodes: 1}\n")
+    assert "slurm.spare_nodes: warning: not used by this job" in spare
+    assert _problems("scheduler: slurm\nslurm: {nodes: 3}\nrestart: {min_workers: 2}\n") == []
 
 
 def test_the_plan_leaves_the_spares_out_and_lists_them():

@@ -32,11 +32,15 @@ from ...core.states import JobState, TaskState, interrupted_state
 from ...events import kinds as ev
 from ...job import Action, Decision, Members, RestartPolicy, RunScheduling
 from ...job.policy import all_tasks_exited_0, every_task_completed, signal_name
+from ...plan import Plan
 from ...runs import RunDir
 from ...spec import ClusterSpec
 from ...supervise import Interrupt
 from . import commands as sc
+from .plan import reshapable, slurm_plan
 from .state import SlurmState, stop_requested
+from .step import allocation_nodes
+from .versions import avoid_nodes_argv
 
 if TYPE_CHECKING:
     from ...job.context import RunContext
@@ -62,6 +66,31 @@ class SlurmScheduling(RunScheduling):
         self.job_id = sc.job_id_of(env)
         self.restart_count = int(env["SLURM_RESTART_COUNT"]) if env.get("SLURM_RESTART_COUNT", "").isdigit() else 0
         self.ending: str | None = None  # "timeout" | "preempted": this allocation ends, the run does not
+        self.nodes = allocation_nodes(env)  # the allocation's nodes, in Slurm's order
+        self.lost_nodes: list[str] = []  # out for good (reshapes): the next allocation avoids them
+
+    @property
+    def reshapes(self) -> bool:  # type: ignore[override]
+        """A node lost for good leaves the run (issue 34): the next attempt is a new step on the nodes
+        left, a spare node in its place (``slurm.spare_nodes``) or one fewer (``restart.min_workers``)."""
+        return reshapable(self.spec) and bool(self.nodes)
+
+    def replan(self, plan: Plan, members: Members) -> Plan | None:
+        """The plan of a reshaped attempt inside this allocation: ``members.hosts`` in the allocation's
+        order (the order srun gives the step's ranks: the chief stays on the first node while it lives)."""
+        if not self.reshapes or not set(members.hosts) <= set(self.nodes):
+            return None
+        self.lost_nodes = [e.host for e in members.excluded if e.host in self.nodes]
+        order = {n: i for i, n in enumerate(self.nodes)}
+        hosts = sorted(members.hosts, key=order.__getitem__)
+        return slurm_plan(
+            self.spec,
+            run_id=plan.run_id,
+            node_names=self.nodes,
+            members=hosts,
+            spares=members.spares,
+            planned_workers=members.planned,
+        )
 
     def policy(self, spec: ClusterSpec) -> SlurmPolicy:
         return SlurmPolicy(self, RestartPolicy(spec.restart.max_restarts))
@@ -220,6 +249,21 @@ class SlurmScheduling(RunScheduling):
                     ev.JobWarning(message=f"scontrol requeue refused ({exc}); resubmitted as Slurm job {new_job}")
                 )
                 self.state.save(self.rundir)
+            else:
+                self._avoid_lost_nodes(job)
+
+    def _avoid_lost_nodes(self, job: RunContext) -> None:
+        """The requeued (now pending) job leaves the nodes lost for good in this allocation out of its
+        next one: ``scontrol update JobId=J ExcNodeList=...`` (22.05 on: pending jobs only)."""
+        if not self.lost_nodes:
+            return
+        try:
+            sc.run(avoid_nodes_argv(self.job_id, self.lost_nodes))
+        except sc.SlurmError as exc:
+            job.bus.emit(ev.JobWarning(message=f"the requeued job may get {','.join(self.lost_nodes)} again: {exc}"))
+
+    def _exclude(self) -> list[str]:
+        return [f"--exclude={','.join(self.lost_nodes)}"] if self.lost_nodes else []
 
     def _resubmit(self, job: RunContext) -> str | None:
         """Where requeue is not allowed: the same batch job again, after this one."""
@@ -228,7 +272,7 @@ class SlurmScheduling(RunScheduling):
             if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv) and argv[:1] == ["sbatch"]):
                 raise ValueError("not an sbatch command line")
             new = sc.submit(
-                [*argv[:-1], f"--dependency=afterany:{self.job_id}", argv[-1]]
+                [*argv[:-1], f"--dependency=afterany:{self.job_id}", *self._exclude(), argv[-1]]
             )  # RUN/slurm/private-spec.json
         except (OSError, ValueError) as exc:
             job.bus.emit(ev.JobWarning(message=f"could not resubmit the job: {exc}"))

@@ -36,17 +36,35 @@ from ...spec import ClusterSpec
 BATCH_COMMAND = "slurm-batch"
 
 
-def slurm_plan(spec: ClusterSpec, *, run_id: str, node_names: Sequence[str] | None = None) -> Plan:
-    """Every task in rank order. ``node_names`` (inside an allocation) labels the nodes; else node0..."""
+def slurm_plan(
+    spec: ClusterSpec,
+    *,
+    run_id: str,
+    node_names: Sequence[str] | None = None,
+    members: Sequence[str] | None = None,
+    spares: Sequence[str] | None = None,
+    planned_workers: int | None = None,
+) -> Plan:
+    """Every task in rank order. ``node_names`` (inside an allocation) labels the nodes; else node0...
+    The first ``slurm.nodes`` run the job, the next ``slurm.spare_nodes`` stand by as its spares.
+    ``members``/``spares``: a reshaped attempt's nodes (issue 34), in the allocation's order (the order
+    Slurm gives a step's ranks)."""
     s = spec.slurm
     assert s is not None  # the spec rules require the section with scheduler: slurm
-    n = s.nodes * s.tasks_per_node
+    named = [
+        node_names[i] if node_names and i < len(node_names) else f"node{i}" for i in range(s.nodes + s.spare_nodes)
+    ]
+    labels = list(members) if members is not None else named[: s.nodes]
+    if spares is not None:
+        standby = tuple(spares)
+    else:  # inside an allocation: only the nodes it holds (one without spare nodes has none)
+        standby = tuple(node_names[s.nodes : s.nodes + s.spare_nodes]) if node_names else tuple(named[s.nodes :])
+    n = len(labels) * s.tasks_per_node
     roles = dict(s.roles or {})
     tasks = [t for _, t, _ in role_slots([roles])] if roles else assign_tasks(n, spec.tensorflow.chief)
     gpus = s.gpus_per_node // s.tasks_per_node
     job_root, checkpoint_dir, backup_dir = job_dirs(spec, run_id)
     base = tf_port_base(spec)
-    labels = [node_names[i] if node_names and i < len(node_names) else f"node{i}" for i in range(s.nodes)]
     placements = []
     for rank, task in enumerate(tasks):
         label = labels[rank // s.tasks_per_node]  # block distribution
@@ -62,7 +80,8 @@ def slurm_plan(spec: ClusterSpec, *, run_id: str, node_names: Sequence[str] | No
         )
     entry = ("slurm",)
     details = {
-        "nodes": s.nodes,
+        "nodes": len(labels),
+        "spare_nodes": s.spare_nodes,
         "tasks_per_node": s.tasks_per_node,
         "ntasks": n,
         "gpus_per_node": s.gpus_per_node,
@@ -70,7 +89,7 @@ def slurm_plan(spec: ClusterSpec, *, run_id: str, node_names: Sequence[str] | No
         "requeue": s.requeue,
         "signal_lead_s": s.signal_lead_s,
         "max_requeues": s.max_requeues,
-        "srun": srun_argv(spec, (spec.job.python, "-m", WORKER_ENTRY_MODULE, *entry), attempt=0),
+        "srun": srun_argv(spec, (spec.job.python, "-m", WORKER_ENTRY_MODULE, *entry), attempt=0, nodes=len(labels)),
     }
     run_dir = f"runs/{run_id}"  # what launch uses without --run-dir (made absolute when submitting)
     details["script"] = batch_script("python3", run_dir, run_id)
@@ -93,7 +112,18 @@ def slurm_plan(spec: ClusterSpec, *, run_id: str, node_names: Sequence[str] | No
         extras=details,
         node_builds_cluster=True,
         roles=roles,
+        spares=standby,
+        planned_workers=planned_workers,
+        # a node runs one task of the job: a node lost for good can leave it (issue 34; not with roles,
+        # whose counts are fixed, nor with several tasks per node)
+        members=tuple(labels) if reshapable(spec) and node_names else (),
     )
+
+
+def reshapable(spec: ClusterSpec) -> bool:
+    """Whether a node lost for good can leave this job: one task per node and no fixed roles."""
+    s = spec.slurm
+    return s is not None and s.tasks_per_node == 1 and not s.roles
 
 
 def tf_port_base(spec: ClusterSpec) -> int | None:
@@ -116,9 +146,11 @@ def sbatch_argv(spec: ClusterSpec, run_dir: str, script: str, run_id: str) -> li
         "--parsable",
         f"--job-name={spec.name}",
         f"--comment={job_comment(run_id)}",
-        f"--nodes={s.nodes}",
+        f"--nodes={s.nodes + s.spare_nodes}",
         f"--ntasks-per-node={s.tasks_per_node}",
     ]
+    if s.spare_nodes:
+        argv.append("--no-kill")  # a node that fails must not take the allocation (and its spares) down
     if s.gpus_per_node:
         argv.append(f"--gpus-per-node={s.gpus_per_node}")
     for opt in ("partition", "account", "qos", "time", "constraint"):
@@ -151,16 +183,17 @@ def batch_script(python: str, run_dir: str, run_id: str) -> str:
     )
 
 
-def srun_argv(spec: ClusterSpec, entry: Sequence[str], *, attempt: int) -> list[str]:
+def srun_argv(spec: ClusterSpec, entry: Sequence[str], *, attempt: int, nodes: int | None = None) -> list[str]:
     """One step for every task: block distribution (the nodes' TF_CONFIG assumes it), Slurm kills the
-    step when a task exits non-zero (the first teardown layer)."""
+    step when a task exits non-zero (the first teardown layer). ``nodes``: this attempt's (a reshape)."""
     s = spec.slurm
     assert s is not None
+    n = s.nodes if nodes is None else nodes
     argv = [
         "srun",
         f"--job-name={spec.name}-a{attempt}",
-        f"--nodes={s.nodes}",
-        f"--ntasks={s.nodes * s.tasks_per_node}",
+        f"--nodes={n}",
+        f"--ntasks={n * s.tasks_per_node}",
         f"--ntasks-per-node={s.tasks_per_node}",
         "--distribution=block",
         # Slurm kills the step when a task exits non-zero: only when every role's failure takes the job

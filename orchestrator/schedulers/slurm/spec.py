@@ -129,14 +129,20 @@ def _rules(data: dict[str, Any], add: Add) -> None:
             "number of GPUs on every task",
         )
     spare = slurm.get("spare_nodes")
-    if isinstance(spare, int) and not isinstance(spare, bool) and spare > 0:
-        add(
-            ("slurm", "spare_nodes"),
-            f"{spare} spare node(s) are validated but not yet used: this version neither allocates them nor "
-            "starts the next attempt on them (a node lost for good ends the run, or shrinks it with "
-            "restart.min_workers under the SSH fleet only)",
-            "warning",
-        )
+    restart = data.get("restart") if isinstance(data.get("restart"), dict) else {}
+    asked = [
+        key
+        for key, value in ((("slurm", "spare_nodes"), spare), (("restart", "min_workers"), restart.get("min_workers")))
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0
+    ]
+    if asked and (per_node != 1 or slurm.get("roles")):
+        for key in asked:
+            add(
+                key,
+                "not used by this job: a node leaves a Slurm job for good only with slurm.tasks_per_node: 1 "
+                "and no slurm.roles (a node lost for good restarts the job in place)",
+                "warning",
+            )
     roles = slurm.get("roles")
     nodes = slurm.get("nodes")
     clean = isinstance(roles, dict) and roles == raw_roles({"roles": roles}, 0, False)  # the fields say the rest
@@ -186,4 +192,5 @@ SECTION = SchedulerSection(
     rules=_rules,
     roles=_roles,
     workers=planned_workers,
+    reshapes=True,
 )

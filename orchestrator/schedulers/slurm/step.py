@@ -62,6 +62,20 @@ def advertise_address(env: Mapping[str, str], addrs: Mapping[str, str]) -> str:
     return socket.getfqdn()
 
 
+def step_placement(allocation: Sequence[str], hosts: Sequence[str], spec: ClusterSpec) -> list[str]:
+    """Where the step runs, as srun options: the plan's nodes (``--nodelist``) and every other node of
+    the allocation left out (``--exclude``: the spares standing by, the nodes lost for good) — when the
+    allocation holds more nodes than the step uses and the plan names its nodes (issue 34)."""
+    used = list(dict.fromkeys(hosts))
+    if not allocation or not used or not set(used) <= set(allocation):
+        s = spec.slurm  # the plan's labels are not the allocation's names: its first nodes, as planned
+        return [f"--nodelist={','.join(allocation[: s.nodes])}"] if s is not None and len(allocation) > s.nodes else []
+    if len(allocation) <= len(used):
+        return []
+    others = [n for n in allocation if n not in used]
+    return [f"--nodelist={','.join(used)}", f"--exclude={','.join(others)}"]
+
+
 class SlurmStepBackend(ConnectBackBackend):
     """Tasks of one attempt = one srun step in the current allocation."""
 
@@ -112,11 +126,8 @@ class SlurmStepBackend(ConnectBackBackend):
         if self.srun is not None and self.srun.poll() is None:
             raise OSError("the previous attempt's srun step is still running")
         attempt = starts[0][1].attempt
-        argv = srun_argv(self.spec, starts[0][0].argv, attempt=attempt)
-        nodes = allocation_nodes(self.env)
-        s = self.spec.slurm
-        if s is not None and len(nodes) > s.nodes:  # the plan named these: the step must run there
-            argv.insert(2, f"--nodelist={','.join(nodes[: s.nodes])}")
+        argv = srun_argv(self.spec, starts[0][0].argv, attempt=attempt, nodes=self.step_nodes(starts))
+        argv[2:2] = step_placement(allocation_nodes(self.env), [n.host for n, _ in starts], self.spec)
         self.step_name = argv[1].split("=", 1)[1]
         env = {**self.env, **self.connect_env(), Env.ATTEMPT: str(attempt)}  # bound into each node's proof
         if self.node_addrs and len(self.node_addrs) < MAX_ADDRS_ENV:
@@ -137,6 +148,10 @@ class SlurmStepBackend(ConnectBackBackend):
         self._give_secret(self.srun)
         self._watch = threading.Thread(target=self._watch_srun, args=(self.srun,), name="srun-watch", daemon=True)
         self._watch.start()
+
+    def step_nodes(self, starts: Sequence[tuple[NodePlan, NodeConfig]]) -> int:
+        """The nodes this attempt's step runs on: one per host of its tasks (fewer after a shrink)."""
+        return len(dict.fromkeys(n.host for n, _ in starts)) or (self.spec.slurm.nodes if self.spec.slurm else 1)
 
     def relaunch(self, rank: int, node: NodePlan, config: NodeConfig, placement: Placement) -> None:
         """A task restarted in place: a one-task step on the node it ran on, dialing back as ``rank``,

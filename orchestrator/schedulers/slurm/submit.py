@@ -33,6 +33,7 @@ from . import commands as sc
 from .plan import batch_script, sbatch_argv
 from .private_spec import remove_private_spec, write_private_spec
 from .state import SlurmState
+from .versions import requeue_option, slurm_version
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ def submit(
     script = sdir / "job.sh"
     write_private(script, batch_script(sys.executable, str(rundir.path), plan.run_id), 0o700)
     argv = sbatch_argv(loaded.spec, str(rundir.path), str(script), plan.run_id)
+    argv = [requeue_option(True, slurm_version()) if a == "--requeue" else a for a in argv]  # 25.11+: expedite
     write_private(sdir / "sbatch.json", json.dumps(argv, indent=2) + "\n")
     try:
         job_id = sc.submit(argv)

@@ -1,0 +1,179 @@
+"""A Slurm allocation with a spare node (issue 34 item 6) on the local Slurm, with real TensorFlow.
+
+Submitted from the "login node": 2 nodes + 1 spare (sbatch --nodes=3 --no-kill). Worker:1's
+worker_entry on n2 is SIGKILLed mid-run: its channel closes, a host reason (``lost``), so n2 is out
+for good. The next attempt is a second srun step in the same Slurm job on n1 and the spare n3
+(``--nodelist=n1,n3 --exclude=n2``), resumed from the backup; no new allocation, no queue wait.
+(The local Slurm's nodes share one host: killing n2's slurmd would leave its tasks running until
+SlurmdTimeout; the fixtures make a node fail by its task's agent instead.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from slurm_fixtures import PY, REPO, events, finish, launch_argv, result, start, write_spec
+from waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+
+EPOCH_RE = re.compile(r"\] epoch (\d+)/(\d+) ")
+STEP_RE = re.compile(r"\] STEP (\d+)\.(\d+) (\S+)")
+
+
+def _free_base(n: int) -> int:
+    """A port with the next ``n - 1`` free as well (tasks sharing an address count up from it)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65535:
+            continue
+        try:
+            for port in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("0.0.0.0", port))
+        except OSError:
+            continue
+        return base
+    raise AssertionError("no block of free ports")
+
+
+def _epochs(run_dir: Path, attempt: int, task: str) -> list[int]:
+    name = f"{task}.log" if attempt == 0 else f"{task}.attempt-{attempt}.log"
+    try:
+        return [int(m.group(1)) for m in EPOCH_RE.finditer((run_dir / "logs" / name).read_text())]
+    except OSError:
+        return []
+
+
+def test_a_lost_node_is_replaced_by_the_spare_in_a_new_step_of_the_same_allocation(slurm, tmp_path):
+    show = 'echo "STEP $SLURM_JOB_ID.$SLURM_STEP_ID $SLURM_STEP_NODELIST"; exec "$0" "$@"'
+    cmd = ["sh", "-c", show, PY, "-m", "worker_entry.examples.keras_synthetic", "--backup", "--epochs", "5"]
+    cmd += ["--steps-per-epoch", "30", "--slow-input-ms", "40"]
+    spec = write_spec(
+        tmp_path / "spec.yaml",
+        "sl-spare",
+        cmd,
+        slurm={"nodes": 2, "spare_nodes": 1, "time": "5:00"},
+        restart={"max_restarts": 2},
+        job={"stop_grace_s": 1},
+        # this machine's other local Slurms number their jobs from 1 too: ports derived from the job and
+        # step id could collide with theirs, so a base that is free now
+        tensorflow={"port": _free_base(3)},
+    )
+    run_dir = tmp_path / "run"
+    # --no-gather: the lost node's own log cannot be handed over (exit 5, as under SSH: test_elastic_e2e)
+    proc = start(slurm, launch_argv(spec, run_dir, "-q", "--no-gather"), cwd=REPO)
+    try:
+        wait_for(lambda: len(_epochs(run_dir, 0, "worker-1")) >= 2, 150, "worker:1 in its second epoch")
+        ready = [e for e in events(run_dir) if e["event"] == "task_ready" and e["task"] == "worker:1"]
+        os.kill(ready[-1]["pid"], signal.SIGKILL)
+        killed_at = time.time()
+        rc, _out, err = finish(proc, timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, err[-3000:]
+    res = result(run_dir)
+    assert res["state"] == "succeeded", res
+    assert [a["state"] for a in res["attempts"]][-1] == "succeeded" and len(res["attempts"]) == 2, res["attempts"]
+    first = res["attempts"][0]["root_cause"]
+    assert (first["task"], first["host"], first["kind"]) == ("worker:1", "n2", "lost"), first
+    # the same Slurm job (one allocation, never requeued), a second step, n2 left out of it
+    state = json.loads((run_dir / "slurm.json").read_text())
+    assert len(state["allocations"]) == 1 and state["requeues"] == 0, state
+    job_id = state["allocations"][0]["job_id"]
+    assert json.loads((run_dir / "slurm" / "submitted.json").read_text())["job_id"] == job_id
+    assert "--no-kill" in json.loads((run_dir / "slurm" / "sbatch.json").read_text())
+    reshaped = [e for e in events(run_dir) if e["event"] == "reshaped"]
+    assert [(e["host"], e["spare_in"], e["workers_before"], e["workers_after"]) for e in reshaped] == [
+        ("n2", "n3", 2, 2)
+    ], reshaped
+    assert reshaped[0]["ts"] - killed_at < 60
+    assert {t["host"] for t in res["tasks"].values()} == {"n1", "n3"}, res["tasks"]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["reshapes"][0]["out"] == "n2" and plan["reshapes"][0]["spare_in"] == "n3", plan.get("reshapes")
+    # what each task saw of its step: every one in the same Slurm job; attempt 1 a later step without n2
+    seen = {m.groups() for m in STEP_RE.finditer((run_dir / "combined.log").read_text())}
+    assert {job for job, _, _ in seen} == {job_id}, seen
+    first_step, second_step = sorted({(int(step), nodes) for _, step, nodes in seen})
+    assert first_step[1] == "n[1-2]" and second_step[0] > first_step[0] and second_step[1] == "n[1,3]", seen
+    # resumed from the backup, not from epoch 1
+    for task in ("worker-0", "worker-1"):
+        before, after = _epochs(run_dir, 0, task), _epochs(run_dir, 1, task)
+        assert after and after[0] > 1 and after[0] <= max(before) + 1 and after[-1] == 5, (task, before, after)
+
+
+def test_a_requeued_job_takes_the_nodes_to_avoid_on_this_slurm(slurm, tmp_path):
+    """What ``SlurmScheduling`` asks after its own ``scontrol requeue`` when nodes were lost for good:
+    Slurm 22.05 takes ``ExcNodeList`` for the requeued (pending) job."""
+    from orchestrator.schedulers.slurm.versions import avoid_nodes_argv, parse_version
+
+    version = parse_version(slurm.run(["sinfo", "--version"]).stdout)
+    assert version is not None and version >= (22, 5, 0), version
+    job = slurm.run(["sbatch", "--parsable", "--nodes=1", "--requeue", f"--output={tmp_path}/o", "--wrap=sleep 60"])
+    job_id = job.stdout.strip().split(";")[0]
+    try:
+        wait_for(lambda: "JobState=RUNNING" in _show(slurm, job_id), 30, "the job to run")
+        slurm.run(["scontrol", "requeuehold", job_id])  # requeued, held so that it stays pending here
+        wait_for(lambda: "JobState=PENDING" in _show(slurm, job_id), 30, "the requeued job to be pending")
+        slurm.run(avoid_nodes_argv(job_id, ["n2", "n3"]))
+        assert "ExcNodeList=n2,n3" in _show(slurm, job_id), _show(slurm, job_id)
+    finally:
+        slurm.run(["scancel", job_id], check=False)
+
+
+def _show(slurm, job_id: str) -> str:
+    return slurm.run(["scontrol", "show", "job", job_id], check=False).stdout
+
+
+def test_without_a_spare_the_next_step_runs_on_fewer_nodes_down_to_min_workers(slurm, tmp_path):
+    """No spare node, ``restart.min_workers: 2``: worker:2's agent on n3 killed; the next attempt is a
+    second step of the same job on n[1-2], two workers resumed from the backup."""
+    show = 'echo "STEP $SLURM_JOB_ID.$SLURM_STEP_ID $SLURM_STEP_NODELIST"; exec "$0" "$@"'
+    cmd = ["sh", "-c", show, PY, "-m", "worker_entry.examples.keras_synthetic", "--backup", "--epochs", "4"]
+    cmd += ["--steps-per-epoch", "30", "--slow-input-ms", "40"]
+    spec = write_spec(
+        tmp_path / "spec.yaml",
+        "sl-shrink",
+        cmd,
+        slurm={"nodes": 3, "time": "5:00"},
+        restart={"max_restarts": 2, "min_workers": 2},
+        job={"stop_grace_s": 1},
+        tensorflow={"port": _free_base(3)},
+    )
+    run_dir = tmp_path / "run"
+    proc = start(slurm, launch_argv(spec, run_dir, "-q", "--no-gather"), cwd=REPO)
+    try:
+        wait_for(lambda: len(_epochs(run_dir, 0, "worker-2")) >= 2, 150, "worker:2 in its second epoch")
+        ready = [e for e in events(run_dir) if e["event"] == "task_ready" and e["task"] == "worker:2"]
+        os.kill(ready[-1]["pid"], signal.SIGKILL)
+        rc, _out, err = finish(proc, timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, err[-3000:]
+    res = result(run_dir)
+    assert [a["state"] for a in res["attempts"]] == ["failed", "succeeded"], res["attempts"]
+    reshaped = [e for e in events(run_dir) if e["event"] == "reshaped"]
+    assert [(e["host"], e["spare_in"], e["workers_before"], e["workers_after"]) for e in reshaped] == [
+        ("n3", None, 3, 2)
+    ], reshaped
+    assert {k: t["host"] for k, t in res["tasks"].items()} == {"worker:0": "n1", "worker:1": "n2"}, res["tasks"]
+    state = json.loads((run_dir / "slurm.json").read_text())
+    job_id = state["allocations"][0]["job_id"]
+    assert len(state["allocations"]) == 1 and state["requeues"] == 0, state
+    seen = {m.groups() for m in STEP_RE.finditer((run_dir / "combined.log").read_text())}
+    assert {job for job, _, _ in seen} == {job_id}, seen
+    first_step, second_step = sorted({(int(step), nodes) for _, step, nodes in seen})
+    assert first_step[1] == "n[1-3]" and second_step[0] > first_step[0] and second_step[1] == "n[1-2]", seen
+    after = _epochs(run_dir, 1, "worker-0")
+    assert after and after[0] > 1 and after[-1] == 4, after
