@@ -66,11 +66,13 @@ def test_cpu_quota_host_is_named_slow_host(bed, tmp_path):
     slow = bed.hosts[1].address
     with cpu_quota(0.1, "tfcluster-check-e2e") as cg:
         (cg / "cgroup.procs").write_text(str(bed.sshd_pid(1)))  # what its sshd starts inherits the quota
-        out, check = _check(bed, _spec(bed, tmp_path), tmp_path / "run")
+        # a tenth of a core: TensorFlow's import alone takes ~35 s there, so both checks get 150 s (the
+        # default 60 s ends the check with no figures from anyone: the collective rounds wait for it)
+        out, check = _check(bed, _spec(bed, tmp_path), tmp_path / "run", timeout="150")
         # launch --check with check.without_named_hosts: the job starts on the other two hosts, and its
         # own events.jsonl says what was left out and why
         run = tmp_path / "launch"
-        spec = _spec(bed, tmp_path, without_named_hosts=True)
+        spec = _spec(bed, tmp_path, without_named_hosts=True, timeout_s=150)
         launched = run_cli(
             "launch", str(spec), "--check", "--run-dir", str(run), "--no-live", "-q", tb=bed, timeout=300
         )
