@@ -81,6 +81,23 @@ def test_oversized_record_is_dropped(pipe):
     assert _read_records(pipe) == []
 
 
+def test_a_coordinators_schedules_give_way_to_the_scripts_own_report_of_the_same_steps(pipe):
+    """A PS chief's schedules are counted at once (the hook); when the script then reports those very
+    steps itself (report_step after its join), they are counted once, not twice."""
+    now = [100.0]
+    c = progress.StepCounter("train", min_interval_s=0.25, clock=lambda: now[0])
+    for _ in range(10):
+        c.add(1, examples=32, source="coordinator")
+    assert c.steps == 10
+    now[0] += 1.0
+    c.add(10, examples=320, source="user")  # the same 10 steps, from report_step
+    assert (c.steps, c.examples, c.owner) == (10, 320, "user")
+    for _ in range(5):
+        c.add(1, examples=32, source="coordinator")  # the hook's later counts are the script's now
+    c.add(5, examples=160, source="user")
+    assert (c.steps, c.examples) == (15, 480)
+
+
 def test_step_counter_rate_limits_and_accumulates(pipe):
     now = [100.0]
     c = progress.StepCounter("train", min_interval_s=0.25, clock=lambda: now[0])

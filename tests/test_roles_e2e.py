@@ -89,7 +89,13 @@ def test_ps_worker_sigkilled_is_restarted_and_the_job_succeeds(testbed_factory, 
         tb,
         tmp_path,
         "ps-kill-worker",
-        [*PS_LOOP, "--steps", "240", "--step-ms", "40"],
+        [
+            *PS_LOOP,
+            "--steps",
+            "600",
+            "--step-ms",
+            "40",
+        ],  # ~20 s after the kill: its restart (a TF import) is back long before
         PS_ROLES,
         gather=True,
         tensorflow={"strategy": "parameter_server"},
@@ -108,7 +114,7 @@ def test_ps_worker_sigkilled_is_restarted_and_the_job_succeeds(testbed_factory, 
     (rf,) = [e for e in events if e["event"] == "role_failure"]
     assert (rf["task"], rf["kind"], rf["action"], rf["restarts"]) == ("worker:1", "signal", "restart", 1)
     assert len([e for e in events if e["event"] == "task_spawned" and e["task"] == "worker:1"]) == 2
-    assert "step 240/240" in _log(run_dir, "chief-0")
+    assert "step 600/600" in _log(run_dir, "chief-0")
     assert _log(run_dir, "worker-1").count("server up at") == 2  # it came back on its own port
     # its first incarnation's task directory moved into the restarted one's (earlier/), gathered with it
     remote = Path(read_plan(RunDir(run_dir)).task_dir("worker:1")).expanduser()
@@ -122,7 +128,7 @@ def test_ps_worker_sigkilled_is_restarted_and_the_job_succeeds(testbed_factory, 
     status = run_cli("status", str(run_dir))
     assert status.returncode == 0 and "worker:1 (restarted 1x)" in status.stdout, status.stdout + status.stderr
     # the coordinator's steps are the job's progress (report_step), every one of them counted
-    assert json.loads((run_dir / "status.json").read_text())["tasks"]["chief:0"]["steps"] == 240
+    assert json.loads((run_dir / "status.json").read_text())["tasks"]["chief:0"]["steps"] == 600
     report = run_cli("report", str(run_dir))
     assert report.returncode == 0 and "roles (parameter_server):" in report.stdout, report.stdout + report.stderr
     assert "killed by SIGKILL; restarted in place (1)" in report.stdout

@@ -167,6 +167,7 @@ class StepCounter:
         self._last_emit = -float("inf")
         self._emitted = 0  # steps in the last record
         self.owner: str | None = None  # the source whose counts are used (see SOURCES)
+        self._coordinated = (0, 0)  # steps and examples counted from a PS coordinator's schedules
         self.examples_per_step: int | None = None  # hint from the Keras callback (global batch size)
         self._at: float | None = None  # wall time of the last counted step's end, when its source knows it
 
@@ -197,6 +198,16 @@ class StepCounter:
         rank = SOURCES.get(source, 2)
         if self.owner is not None and rank < SOURCES.get(self.owner, 2):
             return False
+        if self.owner == "coordinator" and source != "coordinator":
+            # the script reports its own steps after all (report_step after each join): the schedules the
+            # coordinator hook counted until now are those very steps, counted again otherwise
+            self.steps = max(0, self.steps - self._coordinated[0])
+            if self.examples is not None:
+                self.examples = max(0, self.examples - self._coordinated[1])
+            self._window_steps = max(0, self._window_steps - self._coordinated[0])
+            self._coordinated = (0, 0)
+        elif source == "coordinator":
+            self._coordinated = (self._coordinated[0] + int(steps), self._coordinated[1] + int(examples or 0))
         self.owner = source
         if examples is None and self.examples_per_step and source == "stamps":
             examples = self.examples_per_step * int(steps)
