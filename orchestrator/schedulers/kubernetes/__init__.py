@@ -6,9 +6,7 @@ Only ``backend``/``api`` import the ``kubernetes`` client, and only when a launc
 rendering and validating never do.
 """
 
-import importlib
-from typing import Any
-
+from ..lazy import lazy_attributes
 from .spec import SECTION
 
 #: What the package offers, each loaded when first used: the spec reads SECTION alone (no launch code).
@@ -24,13 +22,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # looked up once: later imports find it here
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = ["SECTION", *_LAZY]
