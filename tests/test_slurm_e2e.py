@@ -34,11 +34,12 @@ MWMS = ["tests/workloads/mwms_job.py"]
 def mwms(*args: str, hold: Path | None = None) -> list[str]:
     """The MWMS workload, after printing the TF_CONFIG the task built (`TF_CONFIG {...}`). With ``hold``
     each task, its training done, waits for that file before it exits with the workload's status: the
-    test looks at the running job for as long as it needs, whatever the training's speed."""
+    test looks at the running job for as long as it needs, whatever the training's speed, and then
+    prints ``RELEASED``: a line every task prints within ~0.1 s of the others (they wait for one file)."""
     show = 'echo "TF_CONFIG $TF_CONFIG"; echo "SECRET ${TFCLUSTER_SECRET:-none}"; echo "TOKENLEN ${#API_TOKEN}"'
     if hold is None:
         return ["sh", "-c", show + '; exec "$0" "$@"', PY, *MWMS, *args]
-    wait = f"; rc=$?; until [ -e {shlex.quote(str(hold))} ]; do sleep 0.1; done; exit $rc"
+    wait = f"; rc=$?; until [ -e {shlex.quote(str(hold))} ]; do sleep 0.1; done; echo RELEASED; exit $rc"
     return ["sh", "-c", show + '; "$0" "$@"' + wait, PY, *MWMS, *args]
 
 
@@ -73,8 +74,15 @@ def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
     assert res["state"] == "succeeded" and res["gather"]["errors"] == []
     hosts = {t: v["host"] for t, v in res["tasks"].items()}
     assert hosts == {"worker:0": "n1", "worker:1": "n2", "worker:2": "n3"}
-    assert out.count("SECRET none") == 3  # the connect-back secret never reaches the training command
-    assert out.count(f"TOKENLEN {len(token)}") == 3  # the spec's credential reached every task (via the job's env)
+    # the connect-back secret never reaches the training command; the spec's credential reached every task
+    # (via the job's env): each task said so once, on a line of its own or collapsed with the others'
+    assert _tasks_saying(out, "SECRET none") == _tasks_saying(out, f"TOKENLEN {len(token)}") == [0, 1, 2], out
+    # what every task printed at the same moment is one console line on the login node (issue 32.10);
+    # each task's log keeps its own copy, combined.log all three
+    assert [ln for ln in out.splitlines() if ln.endswith("RELEASED")] == ["[worker:0-2] RELEASED"], out
+    for i in range(3):
+        assert (run_dir / "logs" / f"worker-{i}.log").read_text().count("RELEASED") == 1
+    assert (run_dir / "combined.log").read_text().count("] RELEASED\n") == 3
     stored = [p for p in run_dir.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
     assert stored == [], stored
     for i in range(3):
@@ -93,6 +101,17 @@ def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
     for name in ("slurm/job.sh", "slurm/sbatch.json", "slurm.json", "spec.yaml"):
         assert os.stat(run_dir / name).st_mode & 0o077 == 0, name
     assert "TFCLUSTER_SECRET" not in (run_dir / "slurm" / "job.sh").read_text()
+
+
+def _tasks_saying(out: str, text: str) -> list[int]:
+    """The worker indices of every console line ending in ``text``: ``[worker:1 n2] text`` or collapsed,
+    ``[worker:0-2] text`` / ``[worker:0,2] text``; an index as often as it was shown."""
+    said: list[int] = []
+    for m in re.finditer(rf"^\[worker:([0-9,-]+)(?: \S+)?\] {re.escape(text)}$", out, flags=re.M):
+        for part in m[1].split(","):
+            a, _, b = part.partition("-")
+            said += range(int(a), int(b or a) + 1)
+    return sorted(said)
 
 
 def _bytes(path: Path) -> bytes:

@@ -66,9 +66,16 @@ class LogQuery:
 
     def render(self, line: str, color: bool) -> str | None:
         """The line as shown, or None when filtered out."""
+        parts = self.parts(line, color)
+        return None if parts is None else parts[1] + parts[2]
+
+    def parts(self, line: str, color: bool) -> tuple[str | None, str, str] | None:
+        """The line as shown, in parts: its task (None for a launcher note or a foreign line), its prefix
+        and its body; None when filtered out. The Slurm follower collapses by task what every rank said
+        (``sinks.collapse``), so it needs the task apart from the text."""
         parsed = parse_line(line)
         if parsed is None:
-            return safe_text(line) if not (self.tasks or self.pattern) else None
+            return (None, "", safe_text(line)) if not (self.tasks or self.pattern) else None
         if self.tasks and not parsed.is_note and parsed.task not in self.tasks:
             return None
         if self.pattern and not self.pattern.search(parsed.body):
@@ -80,14 +87,15 @@ class LogQuery:
             if ts is not None and ts < self.since_ts:
                 return None
         body = safe_text(parsed.body, keep_sgr=color)  # combined.log has the bytes as printed; not the terminal
+        task = None if parsed.is_note else parsed.task
         if self.raw:
-            return body
+            return task, "", body
         prefix = f"[{safe_text(parsed.tag)}]"
         if color and not parsed.is_note:
             idx = _task_color_index(parsed.task)
             prefix = f"\x1b[{PALETTE[idx % len(PALETTE)]}m{prefix}\x1b[0m"
-        out = f"{prefix} {body}"
-        return f"{parsed.ts_text} {out}" if self.timestamps else out
+        prefix += " "
+        return task, (f"{parsed.ts_text} {prefix}" if self.timestamps else prefix), body
 
 
 def _task_color_index(task: str) -> int:

@@ -1,8 +1,10 @@
 """Follow a submitted Slurm run from the login node, as if its supervisor ran here.
 
 The supervisor runs inside the allocation and writes the run directory (shared storage); this prints
-what it writes: every task's lines with their ``[task host]`` prefix, the events the supervisor's
-console would show, the live table on a terminal, and Slurm's own view of the job (pending and why,
+what it writes: every task's lines with their ``[task host]`` prefix — a line several tasks printed
+within the window once, with the set of its tasks, and TensorFlow's known chatter hidden, as on the
+launcher's console (``sinks.collapse.ConsoleLines``, the one implementation; ``all_output``: every
+line as it comes) —, the events the supervisor's console would show, the live table on a terminal, and Slurm's own view of the job (pending and why,
 running where, requeued). It ends when result.json appears — or, when the job is gone without one,
 after writing it (``views.slurm.finalize``). Ctrl-C asks whether to cancel the job or detach (``ask``;
 without a terminal: cancel); a second Ctrl-C after cancelling scancels the whole job.
@@ -21,6 +23,7 @@ from ...plan import Plan
 from ...runs import RunDir, json_objects
 from ...runs.tail import Tail
 from ...sinks import ConsoleSink, EventFileSink, use_color
+from ...sinks.collapse import ConsoleLines
 from ...views.logs import LogQuery
 from . import commands as sc
 from .commands import SlurmError
@@ -44,12 +47,16 @@ class Follower:
         out: IO[str] | None = None,
         err: IO[str] | None = None,
         ask: Callable[[], str] | None = None,
+        all_output: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.run = run
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.color = use_color(self.out)
-        self.query = LogQuery()
+        self.query: Any = LogQuery()  # ``parts(line, color)``: a task's line as shown, or None (``--quiet``)
+        collapse = not all_output and len(plan.nodes) > 1  # one task: nothing to wait for
+        self.lines = ConsoleLines(self._echo, collapse=collapse, show_noise=all_output, clock=clock)
         self.console = ConsoleSink(stream=self.err)
         self.logs = Tail(run.combined_log)
         self.events = Tail(run.events_jsonl)
@@ -66,15 +73,25 @@ class Follower:
         self.err.write(f"tfcluster: {text}\n")
         self.err.flush()
 
+    def _echo(self, text: bytes) -> None:
+        """Console lines (whole, newline-ended): above the live table when it shows, else on stdout."""
+        if self.live is not None and self.live.active:
+            self.live.print_log(text)
+        else:
+            self.out.write(text.decode("utf-8", "replace"))
+
     def _pump(self) -> None:
         for raw in self.logs.lines():
-            shown = self.query.render(raw.decode("utf-8", "replace"), self.color)
-            if shown is None:
+            parts = self.query.parts(raw.decode("utf-8", "replace"), self.color)
+            if parts is None:
                 continue
-            if self.live is not None and self.live.active:
-                self.live.print_log((shown + "\n").encode())
+            task, prefix, body = parts
+            if task is None:  # a launcher note (an attempt begins): after every task line before it
+                self.lines.close()
+                self._echo(f"{prefix}{body}\n".encode())
             else:
-                self.out.write(shown + "\n")
+                self.lines.add(task, prefix.encode(), [body.encode()])
+        self.lines.flush()  # the lines held for their window
         self.out.flush()
         for ev in parse_events(json_objects(self.events.lines())):  # a damaged line is skipped, never shown raw
             self.console.handle(ev)
@@ -125,6 +142,8 @@ class Follower:
                     if not self._interrupted():
                         return None
         finally:
+            self.lines.close()  # what is still held: the run's last lines
+            self.out.flush()
             if self.live is not None:
                 self.live.stop()
         return self.run.read_json(self.run.result_json)

@@ -36,7 +36,7 @@ def submit_and_follow(loaded: LoadedSpec, plan: Plan, opts: LaunchOptions) -> Ru
         return None
     note(f"submitted Slurm job {sub.job_id}; run directory {sub.rundir.path} (Ctrl-C: cancel or detach)")
     live = opts.live and opts.echo_logs and use_color(sys.stdout) and sys.stdout.isatty()
-    follower = Follower(sub.rundir, plan, live=live, ask=ask_cancel_or_detach)
+    follower = Follower(sub.rundir, plan, live=live, ask=ask_cancel_or_detach, all_output=opts.all_output)
     if not opts.echo_logs:
         follower.query = _Silent()
     data = follower.follow()
@@ -61,5 +61,5 @@ def _result(data: object, fallback: JobState) -> RunResult:
 class _Silent:
     """--quiet: worker lines are stored, not printed."""
 
-    def render(self, line: str, color: bool) -> None:
+    def parts(self, line: str, color: bool) -> None:
         return None
