@@ -189,3 +189,57 @@ def test_a_ps_coordinators_schedules_are_steps_and_a_join_dates_them(pipe, monke
     c.join()
     last = [json.loads(x) for x in os.read(pipe, 65536).splitlines()][-1]
     assert (last["kind"], last["steps"], last["ts"]) == ("progress", 3, 1234.5)
+
+
+def test_a_scheduled_evaluation_is_not_a_training_step(pipe):
+    """Issue 32.1: the tutorial schedules ``eval_step`` (no gradient) with the same coordinator after its
+    training loop: those are ``test`` steps; a function computing a gradient is a training step, also when
+    its gradient is taken inside a nested ``tf.function``. Real traced functions, read from their graphs."""
+    import types
+
+    import tensorflow as tf
+
+    from worker_entry.instrument.coordinator import patch_coordinator
+
+    class ClusterCoordinator:
+        def schedule(self, fn, args=None):
+            return fn(*(args or ()))
+
+        def join(self):
+            return None
+
+    patch_coordinator(types.SimpleNamespace(ClusterCoordinator=ClusterCoordinator))
+    w = tf.Variable(tf.ones((3, 1)))
+
+    @tf.function
+    def step_fn(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.matmul(x, w))
+        w.assign_sub(0.1 * tape.gradient(loss, w))
+        return loss
+
+    @tf.function
+    def inner(x):
+        return tf.gradients(tf.reduce_sum(tf.matmul(x, w)), [w])[0]
+
+    @tf.function
+    def nested_step(x):
+        w.assign_sub(0.1 * inner(x))
+        return tf.constant(0.0)
+
+    @tf.function
+    def eval_step(x):
+        return tf.reduce_mean(tf.matmul(x, w))
+
+    nested = nested_step.get_concrete_function(tf.TensorSpec((None, 3), tf.float32))  # a ConcreteFunction too
+    c, x = ClusterCoordinator(), tf.ones((2, 3))
+    for _ in range(3):
+        c.schedule(step_fn, args=(x,))
+    c.schedule(nested, args=(x,))
+    c.join()
+    for _ in range(2):
+        c.schedule(eval_step, args=(x,))
+    c.join()
+    assert progress.counter("train").steps == 4 and progress.counter("test").steps == 2
+    records = [r for r in _read_records(pipe) if r["kind"] == "progress"]
+    assert max(r["steps"] for r in records if r["phase"] == "train") == 4

@@ -279,32 +279,56 @@ def test_mwms_sidecar_evaluator_evaluates_and_its_death_does_not_stop_training(t
     assert_no_job_processes(tb, 10)
 
 
-def test_a_plain_ps_coordinator_loop_is_counted_on_the_chief_to_its_last_step(testbed_factory, tmp_path):
-    """Issue 32.1: the TF tutorial's ``ClusterCoordinator`` loop as written (no tfcluster call): each
-    ``schedule`` is a step of the chief, each ``join`` the time its steps were done, so the run's training
-    ends with the coordinator's last step, not in "after the last step"."""
+def _printed(run_dir: Path, text: str, nth: int = 0) -> float:
+    """When the chief printed its ``nth`` line containing ``text`` (combined.log's time of the line)."""
+    lines = [ln for ln in (run_dir / "combined.log").read_text().splitlines() if "[chief:0 " in ln and text in ln]
+    return datetime.strptime(lines[nth].split(" ", 1)[0], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+
+
+TUTORIAL = {"fit_epochs": 2, "fit_steps": 20, "loop_epochs": 4, "loop_steps": 5, "eval_steps": 2}
+
+
+def test_the_ps_tutorial_fit_then_its_coordinator_loop_is_counted_on_the_chief(testbed_factory, tmp_path):
+    """Issue 32.1: TensorFlow's parameter-server tutorial as a user runs it (``examples/ps_tutorial``: the
+    notebook's code, no tfcluster call): ``Model.fit``, then a ``ClusterCoordinator`` loop of 4 x 5 steps
+    and one more, then 2 scheduled evaluation steps. The chief's steps are fit's and the loop's, each once
+    (the evaluation is no training step); the loop is training in ``report``'s split, not "after the last
+    step"; ``status`` and ``report`` name the chief and the ps by role."""
     tb = testbed_factory(3, mode="netns")
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in TUTORIAL.items()]
     proc, run_dir = _launch(
         tb,
         tmp_path,
-        "ps-plain",
-        [*PS_LOOP, "--steps", "60", "--step-ms", "40", "--plain"],
+        "ps-tutorial",
+        [PY, "-m", "worker_entry.examples.ps_tutorial", *flags],
         PS_ROLES,
         tensorflow={"strategy": "parameter_server"},
     )
-    code, err = _finish(proc, timeout=240)
+    code, err = _finish(proc, timeout=300)
     assert code == 0, err[-3000:]
-    assert "step 60/60" in _log(run_dir, "chief-0")
+    log = _log(run_dir, "chief-0")
+    assert "Finished epoch 3" in log and "Final loss is" in log and log.count("Evaluation accuracy") == 2, log[-3000:]
+    fit = TUTORIAL["fit_epochs"] * TUTORIAL["fit_steps"]
+    loop = TUTORIAL["loop_epochs"] * TUTORIAL["loop_steps"] + 1  # the notebook schedules one more for its loss
     status = json.loads((run_dir / "status.json").read_text())
-    assert status["tasks"]["chief:0"]["steps"] == 60, status["tasks"]["chief:0"]
-    # its last progress record carries the last join's time: the training ends with the coordinator's last
-    # step (the line the script prints right after that join), not with the chief's exit or a schedule
+    assert status["tasks"]["chief:0"]["steps"] == fit + loop, status["tasks"]["chief:0"]
     chief = [r for r in jsonl(run_dir / "heartbeats.jsonl") if r.get("task") == "chief:0" and r.get("progress")]
-    last = max(r["progress"]["ts"] for r in chief)
-    line = next(ln for ln in (run_dir / "combined.log").read_text().splitlines() if "step 60/60" in ln)
-    printed = datetime.strptime(line.split(" ", 1)[0], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
-    assert printed - 0.5 <= last <= printed + 0.01, (last, line)
+    train = [r["progress"] for r in chief if r["progress"].get("phase", "train") == "train"]
+    assert max(p["steps"] for p in train) == fit + loop  # never more on the way: nothing counted twice
+    # the training ends with the loop's last step: after the loss the last step returned was printed, at the
+    # latest when the scheduled evaluation's join returned (the line printed right after it)
+    last = max(p["ts"] for p in train)
+    assert _printed(run_dir, "Final loss is") - 0.5 <= last <= _printed(run_dir, "Evaluation accuracy", 1) + 0.01
     report = json.loads(run_cli("report", str(run_dir), "--json").stdout)
-    (attempt,) = report["goodput"]["attempts"]
-    assert attempt["training_s"] > 0 and report["goodput"]["productive_s"] > 0, report["goodput"]
+    goodput = report["goodput"]
+    finished = next(e["ts"] for e in read_events(run_dir) if e["event"] == "job_finished")
+    # "after the last step" holds no part of the loop: at most what came after its last step's loss
+    assert goodput["teardown_s"] <= finished - _printed(run_dir, "Final loss is") + 0.1, goodput
+    first_loop_step = _printed(run_dir, "Finished epoch 0")
+    assert goodput["productive_s"] > 0 and last > first_loop_step, goodput
+    text = run_cli("report", str(run_dir)).stdout
+    assert "roles (parameter_server):" in text, text
+    for shown in (text, run_cli("status", str(run_dir)).stdout):  # each task's row under its role's name
+        rows = {ln.split()[0] for ln in shown.splitlines() if re.match(r"^(chief|worker|ps):\d ", ln)}
+        assert rows == {"chief:0", "worker:0", "worker:1", "ps:0"}, shown
     assert_no_job_processes(tb, 10)

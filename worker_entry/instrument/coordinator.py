@@ -9,7 +9,12 @@ were done — the progress record it writes carries that time, so the run's trai
 coordinator's last step, not with its last schedule.
 
 Keras's own ``schedule`` calls (``fit``/``evaluate`` under the strategy schedule their functions too) are
-left to the Keras callback: a call whose caller is Keras or TensorFlow is not counted. Stdlib only.
+left to the Keras callback: a call whose caller is Keras or TensorFlow is not counted. The tutorial also
+schedules an evaluation (``eval_step``: no gradient) with the same coordinator: a scheduled function whose
+graph computes no gradient is an evaluation step, counted in the ``test`` phase, never as training (a
+training step's graph has TensorFlow's ``gradient_tape/`` or ``gradients/`` ops; read once per traced
+function). A function whose graph cannot be read is a training step, as before. Stdlib only (TensorFlow
+reached through the objects the script passes).
 """
 
 from __future__ import annotations
@@ -24,6 +29,36 @@ from .progress import counter
 
 _WRAPPED = "_tfcluster_wrapped"
 _NOT_THE_SCRIPT = ("keras", "tf_keras", "tensorflow")
+_GRADIENT_SCOPES = ("gradient_tape/", "gradients/")  # GradientTape's ops, tf.gradients' ops
+_KNOWN_MAX = 256  # traced functions remembered (a script schedules a handful)
+_known: dict[int, tuple[Any, str]] = {}  # id(scheduled function) -> (it, kept alive for the id; its phase)
+
+
+def _phase(fn: Any) -> str:
+    """``train`` when the scheduled function computes a gradient (or cannot be read), else ``test``;
+    decided once per function object (its traces are the script's one step function's)."""
+    known = _known.get(id(fn))
+    if known is not None and known[0] is fn:
+        return known[1]
+    # a ConcreteFunction scheduled as is; a tf.function: ``schedule`` has just traced it (its closure's
+    # reference to the trace is gone by now)
+    traces = [fn] if hasattr(fn, "graph") else list(getattr(fn, "_list_all_concrete_functions", list)())
+    if not traces:
+        return "train"
+    phase = "train" if any(_computes_gradients(t.graph) for t in traces) else "test"
+    if len(_known) >= _KNOWN_MAX:
+        _known.clear()
+    _known[id(fn)] = (fn, phase)
+    return phase
+
+
+def _computes_gradients(graph: Any) -> bool:
+    """Whether ``graph``, or a function it calls (a nested tf.function, a loop's body), has gradient ops."""
+    graph_def = graph.as_graph_def()
+    nodes = [n.name for n in graph_def.node]
+    for f in graph_def.library.function:
+        nodes += [n.name for n in f.node_def]
+    return any(name.startswith(scope) or f"/{scope}" in name for name in nodes for scope in _GRADIENT_SCOPES)
 
 
 def _from_the_script(depth: int = 2) -> bool:
@@ -48,8 +83,10 @@ def patch_coordinator(module: ModuleType) -> bool:
         result = schedule(self, *args, **kwargs)
         if _from_the_script():
             try:
-                counter("train").add(1, source="coordinator")
-                pending["steps"] += 1
+                phase = _phase(args[0] if args else kwargs.get("fn"))
+                counter(phase).add(1, source="coordinator")
+                if phase == "train":
+                    pending["steps"] += 1
             except Exception:  # counting must never change the user's call
                 pass
         return result
