@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -137,3 +138,17 @@ def cli(cluster: ls.LocalSlurm, cwd: Path, *args: str, timeout: float = 120) -> 
         text=True,
         timeout=timeout,
     )
+
+
+def tasks_saying(out: str, text: str) -> list[str]:
+    """The tasks of every console line that is ``text`` after its prefix, one entry per task shown: a line
+    of its own (``[worker:1 n2] text``) or collapsed with others' (``[worker:0-2] text``,
+    ``[chief:0 worker:0,2] text``: the login-node follower shows what several tasks printed alike once)."""
+    said: list[str] = []
+    for m in re.finditer(rf"^\[([^\]]*)\] {re.escape(text)}$", out, flags=re.M):
+        for token in m[1].split():
+            role, _, indices = token.partition(":")
+            for part in indices.split(",") if indices else ():
+                a, _, b = part.partition("-")
+                said += [f"{role}:{i}" for i in range(int(a), int(b or a) + 1)]
+    return sorted(said)

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_fixtures import PY, cli, env_for, events, finish, launch_argv, result, start, write_spec
+from slurm_fixtures import PY, cli, env_for, events, finish, launch_argv, result, start, tasks_saying, write_spec
 from waiting import wait_for
 
 from orchestrator.supervise.figures import FIGURE_KEYS
@@ -76,7 +76,8 @@ def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
     assert hosts == {"worker:0": "n1", "worker:1": "n2", "worker:2": "n3"}
     # the connect-back secret never reaches the training command; the spec's credential reached every task
     # (via the job's env): each task said so once, on a line of its own or collapsed with the others'
-    assert _tasks_saying(out, "SECRET none") == _tasks_saying(out, f"TOKENLEN {len(token)}") == [0, 1, 2], out
+    every = [f"worker:{i}" for i in range(3)]
+    assert tasks_saying(out, "SECRET none") == tasks_saying(out, f"TOKENLEN {len(token)}") == every, out
     # what every task printed at the same moment is one console line on the login node (issue 32.10);
     # each task's log keeps its own copy, combined.log all three
     assert [ln for ln in out.splitlines() if ln.endswith("RELEASED")] == ["[worker:0-2] RELEASED"], out
@@ -101,17 +102,6 @@ def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
     for name in ("slurm/job.sh", "slurm/sbatch.json", "slurm.json", "spec.yaml"):
         assert os.stat(run_dir / name).st_mode & 0o077 == 0, name
     assert "TFCLUSTER_SECRET" not in (run_dir / "slurm" / "job.sh").read_text()
-
-
-def _tasks_saying(out: str, text: str) -> list[int]:
-    """The worker indices of every console line ending in ``text``: ``[worker:1 n2] text`` or collapsed,
-    ``[worker:0-2] text`` / ``[worker:0,2] text``; an index as often as it was shown."""
-    said: list[int] = []
-    for m in re.finditer(rf"^\[worker:([0-9,-]+)(?: \S+)?\] {re.escape(text)}$", out, flags=re.M):
-        for part in m[1].split(","):
-            a, _, b = part.partition("-")
-            said += range(int(a), int(b or a) + 1)
-    return sorted(said)
 
 
 def _bytes(path: Path) -> bytes:
