@@ -1,11 +1,12 @@
 """A Slurm allocation with a spare node (issue 34 item 6) on the local Slurm, with real TensorFlow.
 
-Submitted from the "login node": 2 nodes + 1 spare (sbatch --nodes=3 --no-kill). Worker:1's
-worker_entry on n2 is SIGKILLed mid-run: its channel closes, a host reason (``lost``), so n2 is out
-for good. The next attempt is a second srun step in the same Slurm job on n1 and the spare n3
-(``--nodelist=n1,n3 --exclude=n2``), resumed from the backup; no new allocation, no queue wait.
-(The local Slurm's nodes share one host: killing n2's slurmd would leave its tasks running until
-SlurmdTimeout; the fixtures make a node fail by its task's agent instead.)
+Submitted from the "login node": 2 nodes + 1 spare (sbatch --nodes=3 --no-kill). Node n2 fails like a
+host losing power: its slurmd is SIGKILLed, and so are its slurmstepd and every task process of the job
+step there (found from worker:1's PID up to its slurmstepd, never by name): nothing of n2 answers any
+more. The launcher sees worker:1 lost (its channel closed), a host reason, so n2 is out for good; the
+next attempt is a second srun step in the same Slurm job on n1 and the spare n3
+(``--nodelist=n1,n3 --exclude=n2``), resumed from the backup; no new allocation, no queue wait, and it
+does not wait for Slurm to mark n2 DOWN (SlurmdTimeout). The test brings n2 back afterwards.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import socket
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from slurm_fixtures import PY, REPO, events, finish, launch_argv, result, start, write_spec
 from waiting import wait_for
@@ -46,6 +48,13 @@ def _free_base(n: int) -> int:
     raise AssertionError("no block of free ports")
 
 
+def _not_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _epochs(run_dir: Path, attempt: int, task: str) -> list[int]:
     name = f"{task}.log" if attempt == 0 else f"{task}.attempt-{attempt}.log"
     try:
@@ -72,16 +81,23 @@ def test_a_lost_node_is_replaced_by_the_spare_in_a_new_step_of_the_same_allocati
     run_dir = tmp_path / "run"
     # --no-gather: the lost node's own log cannot be handed over (exit 5, as under SSH: test_elastic_e2e)
     proc = start(slurm, launch_argv(spec, run_dir, "-q", "--no-gather"), cwd=REPO)
+    killed: list[int] = []
     try:
         wait_for(lambda: len(_epochs(run_dir, 0, "worker-1")) >= 2, 150, "worker:1 in its second epoch")
         ready = [e for e in events(run_dir) if e["event"] == "task_ready" and e["task"] == "worker:1"]
-        os.kill(ready[-1]["pid"], signal.SIGKILL)
+        killed = slurm.fail_node("n2", ready[-1]["pid"])
         killed_at = time.time()
         rc, _out, err = finish(proc, timeout=240)
+        n2_during = slurm.run(["sinfo", "-h", "-N", "-n", "n2", "-o", "%t"]).stdout.strip()
     finally:
         if proc.poll() is None:
             proc.kill()
+        slurm.restore_node("n2")
     assert rc == 0, err[-3000:]
+    # n2 was gone for real: its slurmd and its step's slurmstepd and tasks (at least the agent and the
+    # training process under them), and Slurm saw it stop responding
+    assert len(killed) >= 4 and not any(psutil.pid_exists(p) and _not_zombie(p) for p in killed), killed
+    assert n2_during.endswith("*") or n2_during.startswith("down"), n2_during
     res = result(run_dir)
     assert res["state"] == "succeeded", res
     assert [a["state"] for a in res["attempts"]][-1] == "succeeded" and len(res["attempts"]) == 2, res["attempts"]
@@ -97,7 +113,10 @@ def test_a_lost_node_is_replaced_by_the_spare_in_a_new_step_of_the_same_allocati
     assert [(e["host"], e["spare_in"], e["workers_before"], e["workers_after"]) for e in reshaped] == [
         ("n2", "n3", 2, 2)
     ], reshaped
-    assert reshaped[0]["ts"] - killed_at < 60
+    # the new step did not wait for the old one, which Slurm keeps on its books while n2 does not answer
+    assert "Requested nodes are busy" not in (run_dir / "slurm" / "srun-attempt-1.log").read_text()
+    # the reshape came from the lost channel, well before Slurm's SlurmdTimeout (30 s) marks n2 DOWN
+    assert reshaped[0]["ts"] - killed_at < 30, reshaped[0]["ts"] - killed_at
     assert {t["host"] for t in res["tasks"].values()} == {"n1", "n3"}, res["tasks"]
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["reshapes"][0]["out"] == "n2" and plan["reshapes"][0]["spare_in"] == "n3", plan.get("reshapes")
