@@ -196,3 +196,52 @@ def test_without_a_spare_the_next_step_runs_on_fewer_nodes_down_to_min_workers(s
     assert first_step[1] == "n[1-3]" and second_step[0] > first_step[0] and second_step[1] == "n[1-2]", seen
     after = _epochs(run_dir, 1, "worker-0")
     assert after and after[0] > 1 and after[-1] == 4, after
+
+
+def test_after_slurms_own_requeue_for_a_failed_node_the_next_allocation_leaves_it_out(slurm, tmp_path):
+    """Not tfcluster's requeue but Slurm's: a 2-node ``--requeue`` job on n[1-2] loses node n2 for real
+    (its slurmd, slurmstepd and task killed); Slurm marks n2 down and requeues the job (NODE_FAIL).
+    What the follower does when it sees the job back in the queue (``avoid``: the failed nodes of the
+    allocation it lost join the pending job's ExcNodeList) keeps n2 out even once n2 answers again:
+    the job runs again on n1 and n3."""
+    from orchestrator.schedulers.slurm.avoid import RequeueWatch, avoid_failed
+
+    job = slurm.run(
+        ["sbatch", "--parsable", "--nodes=2", "--requeue", f"--output={tmp_path}/o", "--wrap=srun sleep 120"]
+    ).stdout.strip()
+    watch = RequeueWatch()
+    try:
+        wait_for(lambda: _state(slurm, job) == ("RUNNING", "n[1-2]"), 30, "the job on n[1-2]")
+        assert watch.see(*_state(slurm, job)) == []
+        wait_for(lambda: _task_on(slurm, "n2") is not None, 30, "its step's task on n2")
+        slurm.fail_node("n2", _task_on(slurm, "n2"))
+        wait_for(lambda: _state(slurm, job)[0] == "PENDING", 120, "Slurm to requeue the job after n2 failed")
+        lost = watch.see(*_state(slurm, job))
+        assert lost == ["n1", "n2"]
+        assert avoid_failed(job, lost, env=slurm.env()) == ["n2"]
+        slurm.restore_node("n2")  # n2 answers again: only the ExcNodeList keeps the job off it
+        wait_for(lambda: _state(slurm, job)[0] == "RUNNING", 60, "the requeued job to run again")
+        assert _state(slurm, job) == ("RUNNING", "n[1,3]"), _show(slurm, job)
+        assert "ExcNodeList=n2" in _show(slurm, job)
+    finally:
+        slurm.run(["scancel", job], check=False)
+        slurm.restore_node("n2")
+
+
+def _state(slurm, job_id: str) -> tuple[str, str]:
+    out = slurm.run(["squeue", "-h", "-j", job_id, "-o", "%T|%N"], check=False).stdout.strip()
+    state, _, nodes = out.partition("|")
+    return state, nodes
+
+
+def _task_on(slurm, node: str) -> int | None:
+    """The PID of a task this test's job runs on ``node`` (under that node's slurmstepd)."""
+    for p in slurm.processes():
+        try:
+            parent = p.parent()
+            under_stepd = p.name() == "sleep" and parent is not None and parent.name() == "slurmstepd"
+            if under_stepd and any(f.path.endswith(f"slurmd-{node}.log") for f in parent.open_files()):
+                return p.pid
+        except psutil.Error:
+            continue
+    return None
