@@ -13,60 +13,28 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import socket
 import time
-from pathlib import Path
 
-import psutil
 import pytest
-from slurm_fixtures import PY, REPO, events, finish, launch_argv, result, start, write_spec
+from slurm_fixtures import REPO, events, finish, launch_argv, result, start, write_spec
+from slurmbed import (
+    alive,
+    epochs,
+    free_port_base,
+    job_state,
+    keras_backup_job,
+    show_job,
+    sleep_task_on,
+    steps_seen,
+)
 from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
-EPOCH_RE = re.compile(r"\] epoch (\d+)/(\d+) ")
-STEP_RE = re.compile(r"\] STEP (\d+)\.(\d+) (\S+)")
-
-
-def _free_base(n: int) -> int:
-    """A port with the next ``n - 1`` free as well (tasks sharing an address count up from it)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        try:
-            for port in range(base, base + n):
-                with socket.socket() as s:
-                    s.bind(("0.0.0.0", port))
-        except OSError:
-            continue
-        return base
-    raise AssertionError("no block of free ports")
-
-
-def _not_zombie(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _epochs(run_dir: Path, attempt: int, task: str) -> list[int]:
-    name = f"{task}.log" if attempt == 0 else f"{task}.attempt-{attempt}.log"
-    try:
-        return [int(m.group(1)) for m in EPOCH_RE.finditer((run_dir / "logs" / name).read_text())]
-    except OSError:
-        return []
-
 
 def test_a_lost_node_is_replaced_by_the_spare_in_a_new_step_of_the_same_allocation(slurm, tmp_path):
-    show = 'echo "STEP $SLURM_JOB_ID.$SLURM_STEP_ID $SLURM_STEP_NODELIST"; exec "$0" "$@"'
-    cmd = ["sh", "-c", show, PY, "-m", "worker_entry.examples.keras_synthetic", "--backup", "--epochs", "5"]
-    cmd += ["--steps-per-epoch", "30", "--slow-input-ms", "40"]
+    cmd = keras_backup_job(5)
     spec = write_spec(
         tmp_path / "spec.yaml",
         "sl-spare",
@@ -74,16 +42,14 @@ def test_a_lost_node_is_replaced_by_the_spare_in_a_new_step_of_the_same_allocati
         slurm={"nodes": 2, "spare_nodes": 1, "time": "5:00"},
         restart={"max_restarts": 2},
         job={"stop_grace_s": 1},
-        # this machine's other local Slurms number their jobs from 1 too: ports derived from the job and
-        # step id could collide with theirs, so a base that is free now
-        tensorflow={"port": _free_base(3)},
+        tensorflow={"port": free_port_base(3)},
     )
     run_dir = tmp_path / "run"
     # --no-gather: the lost node's own log cannot be handed over (exit 5, as under SSH: test_elastic_e2e)
     proc = start(slurm, launch_argv(spec, run_dir, "-q", "--no-gather"), cwd=REPO)
     killed: list[int] = []
     try:
-        wait_for(lambda: len(_epochs(run_dir, 0, "worker-1")) >= 2, 150, "worker:1 in its second epoch")
+        wait_for(lambda: len(epochs(run_dir, 0, "worker-1")) >= 2, 150, "worker:1 in its second epoch")
         ready = [e for e in events(run_dir) if e["event"] == "task_ready" and e["task"] == "worker:1"]
         killed = slurm.fail_node("n2", ready[-1]["pid"])
         killed_at = time.time()
@@ -96,7 +62,7 @@ def test_a_lost_node_is_replaced_by_the_spare_in_a_new_step_of_the_same_allocati
     assert rc == 0, err[-3000:]
     # n2 was gone for real: its slurmd and its step's slurmstepd and tasks (at least the agent and the
     # training process under them), and Slurm saw it stop responding
-    assert len(killed) >= 4 and not any(psutil.pid_exists(p) and _not_zombie(p) for p in killed), killed
+    assert len(killed) >= 4 and not any(alive(p) for p in killed), killed
     assert n2_during.endswith("*") or n2_during.startswith("down"), n2_during
     res = result(run_dir)
     assert res["state"] == "succeeded", res
@@ -121,13 +87,13 @@ def test_a_lost_node_is_replaced_by_the_spare_in_a_new_step_of_the_same_allocati
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["reshapes"][0]["out"] == "n2" and plan["reshapes"][0]["spare_in"] == "n3", plan.get("reshapes")
     # what each task saw of its step: every one in the same Slurm job; attempt 1 a later step without n2
-    seen = {m.groups() for m in STEP_RE.finditer((run_dir / "combined.log").read_text())}
+    seen = steps_seen(run_dir)
     assert {job for job, _, _ in seen} == {job_id}, seen
     first_step, second_step = sorted({(int(step), nodes) for _, step, nodes in seen})
     assert first_step[1] == "n[1-2]" and second_step[0] > first_step[0] and second_step[1] == "n[1,3]", seen
     # resumed from the backup, not from epoch 1
     for task in ("worker-0", "worker-1"):
-        before, after = _epochs(run_dir, 0, task), _epochs(run_dir, 1, task)
+        before, after = epochs(run_dir, 0, task), epochs(run_dir, 1, task)
         assert after and after[0] > 1 and after[0] <= max(before) + 1 and after[-1] == 5, (task, before, after)
 
 
@@ -141,25 +107,19 @@ def test_a_requeued_job_takes_the_nodes_to_avoid_on_this_slurm(slurm, tmp_path):
     job = slurm.run(["sbatch", "--parsable", "--nodes=1", "--requeue", f"--output={tmp_path}/o", "--wrap=sleep 60"])
     job_id = job.stdout.strip().split(";")[0]
     try:
-        wait_for(lambda: "JobState=RUNNING" in _show(slurm, job_id), 30, "the job to run")
+        wait_for(lambda: "JobState=RUNNING" in show_job(slurm, job_id), 30, "the job to run")
         slurm.run(["scontrol", "requeuehold", job_id])  # requeued, held so that it stays pending here
-        wait_for(lambda: "JobState=PENDING" in _show(slurm, job_id), 30, "the requeued job to be pending")
+        wait_for(lambda: "JobState=PENDING" in show_job(slurm, job_id), 30, "the requeued job to be pending")
         slurm.run(avoid_nodes_argv(job_id, ["n2", "n3"]))
-        assert "ExcNodeList=n2,n3" in _show(slurm, job_id), _show(slurm, job_id)
+        assert "ExcNodeList=n2,n3" in show_job(slurm, job_id), show_job(slurm, job_id)
     finally:
         slurm.run(["scancel", job_id], check=False)
-
-
-def _show(slurm, job_id: str) -> str:
-    return slurm.run(["scontrol", "show", "job", job_id], check=False).stdout
 
 
 def test_without_a_spare_the_next_step_runs_on_fewer_nodes_down_to_min_workers(slurm, tmp_path):
     """No spare node, ``restart.min_workers: 2``: worker:2's agent on n3 killed; the next attempt is a
     second step of the same job on n[1-2], two workers resumed from the backup."""
-    show = 'echo "STEP $SLURM_JOB_ID.$SLURM_STEP_ID $SLURM_STEP_NODELIST"; exec "$0" "$@"'
-    cmd = ["sh", "-c", show, PY, "-m", "worker_entry.examples.keras_synthetic", "--backup", "--epochs", "4"]
-    cmd += ["--steps-per-epoch", "30", "--slow-input-ms", "40"]
+    cmd = keras_backup_job(4)
     spec = write_spec(
         tmp_path / "spec.yaml",
         "sl-shrink",
@@ -167,12 +127,12 @@ def test_without_a_spare_the_next_step_runs_on_fewer_nodes_down_to_min_workers(s
         slurm={"nodes": 3, "time": "5:00"},
         restart={"max_restarts": 2, "min_workers": 2},
         job={"stop_grace_s": 1},
-        tensorflow={"port": _free_base(3)},
+        tensorflow={"port": free_port_base(3)},
     )
     run_dir = tmp_path / "run"
     proc = start(slurm, launch_argv(spec, run_dir, "-q", "--no-gather"), cwd=REPO)
     try:
-        wait_for(lambda: len(_epochs(run_dir, 0, "worker-2")) >= 2, 150, "worker:2 in its second epoch")
+        wait_for(lambda: len(epochs(run_dir, 0, "worker-2")) >= 2, 150, "worker:2 in its second epoch")
         ready = [e for e in events(run_dir) if e["event"] == "task_ready" and e["task"] == "worker:2"]
         os.kill(ready[-1]["pid"], signal.SIGKILL)
         rc, _out, err = finish(proc, timeout=240)
@@ -190,11 +150,11 @@ def test_without_a_spare_the_next_step_runs_on_fewer_nodes_down_to_min_workers(s
     state = json.loads((run_dir / "slurm.json").read_text())
     job_id = state["allocations"][0]["job_id"]
     assert len(state["allocations"]) == 1 and state["requeues"] == 0, state
-    seen = {m.groups() for m in STEP_RE.finditer((run_dir / "combined.log").read_text())}
+    seen = steps_seen(run_dir)
     assert {job for job, _, _ in seen} == {job_id}, seen
     first_step, second_step = sorted({(int(step), nodes) for _, step, nodes in seen})
     assert first_step[1] == "n[1-3]" and second_step[0] > first_step[0] and second_step[1] == "n[1-2]", seen
-    after = _epochs(run_dir, 1, "worker-0")
+    after = epochs(run_dir, 1, "worker-0")
     assert after and after[0] > 1 and after[-1] == 4, after
 
 
@@ -211,37 +171,18 @@ def test_after_slurms_own_requeue_for_a_failed_node_the_next_allocation_leaves_i
     ).stdout.strip()
     watch = RequeueWatch()
     try:
-        wait_for(lambda: _state(slurm, job) == ("RUNNING", "n[1-2]"), 30, "the job on n[1-2]")
-        assert watch.see(*_state(slurm, job)) == []
-        wait_for(lambda: _task_on(slurm, "n2") is not None, 30, "its step's task on n2")
-        slurm.fail_node("n2", _task_on(slurm, "n2"))
-        wait_for(lambda: _state(slurm, job)[0] == "PENDING", 120, "Slurm to requeue the job after n2 failed")
-        lost = watch.see(*_state(slurm, job))
+        wait_for(lambda: job_state(slurm, job) == ("RUNNING", "n[1-2]"), 30, "the job on n[1-2]")
+        assert watch.see(*job_state(slurm, job)) == []
+        wait_for(lambda: sleep_task_on(slurm, "n2") is not None, 30, "its step's task on n2")
+        slurm.fail_node("n2", sleep_task_on(slurm, "n2"))
+        wait_for(lambda: job_state(slurm, job)[0] == "PENDING", 120, "Slurm to requeue the job after n2 failed")
+        lost = watch.see(*job_state(slurm, job))
         assert lost == ["n1", "n2"]
         assert avoid_failed(job, lost, env=slurm.env()) == ["n2"]
         slurm.restore_node("n2")  # n2 answers again: only the ExcNodeList keeps the job off it
-        wait_for(lambda: _state(slurm, job)[0] == "RUNNING", 60, "the requeued job to run again")
-        assert _state(slurm, job) == ("RUNNING", "n[1,3]"), _show(slurm, job)
-        assert "ExcNodeList=n2" in _show(slurm, job)
+        wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 60, "the requeued job to run again")
+        assert job_state(slurm, job) == ("RUNNING", "n[1,3]"), show_job(slurm, job)
+        assert "ExcNodeList=n2" in show_job(slurm, job)
     finally:
         slurm.run(["scancel", job], check=False)
         slurm.restore_node("n2")
-
-
-def _state(slurm, job_id: str) -> tuple[str, str]:
-    out = slurm.run(["squeue", "-h", "-j", job_id, "-o", "%T|%N"], check=False).stdout.strip()
-    state, _, nodes = out.partition("|")
-    return state, nodes
-
-
-def _task_on(slurm, node: str) -> int | None:
-    """The PID of a task this test's job runs on ``node`` (under that node's slurmstepd)."""
-    for p in slurm.processes():
-        try:
-            parent = p.parent()
-            under_stepd = p.name() == "sleep" and parent is not None and parent.name() == "slurmstepd"
-            if under_stepd and any(f.path.endswith(f"slurmd-{node}.log") for f in parent.open_files()):
-                return p.pid
-        except psutil.Error:
-            continue
-    return None

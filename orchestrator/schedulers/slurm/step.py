@@ -132,8 +132,9 @@ class SlurmStepBackend(ConnectBackBackend):
         )
         if ghost:
             self.notes.append(
-                f"step {' '.join(ghost)} of the previous attempt is still on Slurm's books, its tasks gone (a node "
-                "that does not answer): the new step shares its CPUs (srun --overlap) instead of waiting for them"
+                f"step {' '.join(ghost)} of the previous attempt is still listed by Slurm after the teardown (still "
+                "completing, or a node that does not answer keeps it until marked DOWN): the new step shares its "
+                "CPUs (srun --overlap) instead of waiting for them"
             )
         argv[2:2] = step_placement(allocation_nodes(self.env), [n.host for n, _ in starts], self.spec)
         self.step_name = argv[1].split("=", 1)[1]
