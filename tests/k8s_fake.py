@@ -151,6 +151,10 @@ class FakeCluster:
         self.index_failures: dict[tuple[str, str, str], int] = {}  # (job, attempt, index) -> failed pods
         self.replaced: set[str] = set()  # failed pods their Job started again
         self.reconcile: list[Callable[[], None]] = []  # what the controllers do at their next reconcile
+        self.node_of: dict[str, str] = {}  # task -> the node its next pod is bound to (spec.nodeName)
+        # nodes whose kubelet no longer answers: a pod there, once deleted, stays Terminating until it
+        # is force-deleted (gracePeriodSeconds 0), and its Job deleted in the foreground stays with it
+        self.dead_nodes: set[str] = set()
         self.cond = threading.Condition(threading.RLock())
         self._ids = itertools.count()
         self.core, self.batch, self.custom = _Core(self), _Batch(self), _Custom(self)
@@ -225,11 +229,18 @@ class FakeCluster:
             self.cond.notify_all()
             self._react(obj)
 
-    def sigterm(self, pod: str) -> None:
-        """The kubelet's SIGTERM: worker_entry stops the task and reports (what it prints on it)."""
+    def sigterm(self, pod: str, grace_s: int | None = None) -> None:
+        """The kubelet's SIGTERM: worker_entry stops the task and reports (what it prints on it). On a
+        dead node nothing happens but the deletion's mark (the shortest grace asked so far)."""
         with self.cond:
             obj = self.pods.get(pod)
             if obj is None or pod in self.ended:
+                return
+            if self.stuck(obj):
+                meta = obj["metadata"]
+                grace = obj["spec"].get("terminationGracePeriodSeconds", 30) if grace_s is None else grace_s
+                meta["deletionGracePeriodSeconds"] = min(grace, meta.get("deletionGracePeriodSeconds", grace))
+                meta.setdefault("deletionTimestamp", "2026-11-23T10:04:00Z")
                 return
             obj["metadata"]["deletionTimestamp"] = "2026-11-23T10:04:00Z"
             if obj["status"].get("phase") == "Running":
@@ -240,6 +251,21 @@ class FakeCluster:
                 self.ended.add(pod)
                 self.pods.pop(pod, None)
                 self.cond.notify_all()
+
+    def stuck(self, pod: dict[str, Any]) -> bool:
+        """On a dead node: nothing there will ever end it."""
+        return pod["spec"].get("nodeName") in self.dead_nodes
+
+    def force_delete(self, pod: str) -> None:
+        """``gracePeriodSeconds: 0``: the API server removes the pod without waiting for its kubelet."""
+        with self.cond:
+            self.pods.pop(pod, None)
+            self.ended.add(pod)
+            for key, job in list(self.objects.items()):  # a Job deleted in the foreground goes with its last pod
+                left = [p for p in self.pods_of(**{"job-name": key[1]}) if p["metadata"]["name"] not in self.ended]
+                if key[0] == "Job" and job["metadata"].get("deletionTimestamp") and not left:
+                    del self.objects[key]
+            self.cond.notify_all()
 
     def pods_of(self, **labels: str) -> list[dict[str, Any]]:
         return [
@@ -264,6 +290,8 @@ class FakeCluster:
         meta["uid"] = str(uuid.uuid4())
         pod["spec"]["hostname"], pod["spec"]["subdomain"] = f"{job}-{index}", subdomain
         task = f"{meta['labels'].get('tfcluster/task-type')}:{index}"
+        if task in self.node_of:
+            pod["spec"]["nodeName"] = self.node_of.pop(task)
         pod["status"] = recorded(self.start_state.get(task, "status-pending-creating.json"))
         pod["_task"] = task
         self.pods[name] = pod
@@ -319,6 +347,14 @@ class FakeCluster:
             for i in range(rj["template"]["spec"]["completions"]):
                 self._new_pod(job, template, i, extra, js["spec"]["network"]["subdomain"])
 
+    def _recreate(self, js: dict[str, Any], old: list[dict[str, Any]]) -> None:
+        """restartStrategy Recreate with foreground deletion: the new pods once the old ones are gone
+        (a real controller waits per child Job; the fake waits for all of them)."""
+        if any(p["metadata"]["name"] in self.pods and p["metadata"]["name"] not in self.ended for p in old):
+            self.reconcile.append(lambda: self._recreate(js, old))
+            return
+        self._jobset_pods(js, js["status"]["restarts"])
+
     def create_job(self, body: dict[str, Any]) -> None:
         body = copy.deepcopy(body)
         body["metadata"].setdefault("uid", str(uuid.uuid4()))
@@ -354,7 +390,7 @@ class FakeCluster:
                 for peer in peers:
                     self.sigterm(peer["metadata"]["name"])
                 if restart:  # at the controller's next reconcile (the next call), as a real one does
-                    self.reconcile.append(lambda js=js: self._jobset_pods(js, js["status"]["restarts"]))
+                    self.reconcile.append(lambda js=js, old=peers: self._recreate(js, old))
             else:
                 self._success_policy(js, peers)
             return
@@ -430,13 +466,17 @@ class FakeCluster:
 
     def delete_owned(self, kind: str, name: str) -> None:
         with self.cond:
-            self.objects.pop((kind, name), None)
+            obj = self.objects.pop((kind, name), None)
             if kind == "JobSet":  # its Jobs go with it
                 for key in [k for k, o in self.objects.items() if o.get("_jobset") == name]:
                     del self.objects[key]
             key = "jobset.sigs.k8s.io/jobset-name" if kind == "JobSet" else "job-name"
             for pod in self.pods_of(**{key: name}):
                 self.sigterm(pod["metadata"]["name"])
+            left = [pod for pod in self.pods_of(**{key: name}) if self.stuck(pod)]
+            if kind == "Job" and left and obj is not None:  # foreground: the Job waits for its pods
+                obj["metadata"]["deletionTimestamp"] = "2026-11-23T10:05:00Z"
+                self.objects[(kind, name)] = obj
 
 
 class FakeLog:
@@ -555,7 +595,10 @@ class _Core:
         self.c.call("delete_namespaced_pod", (name, namespace), kw)
         if name not in self.c.pods:
             raise self.c.not_found(name)
-        self.c.sigterm(name)
+        if kw.get("grace_period_seconds") == 0:
+            self.c.force_delete(name)
+        else:
+            self.c.sigterm(name, kw.get("grace_period_seconds"))
         return FakeResponse({})
 
     def read_namespaced_pod_log(self, name, namespace, **kw):

@@ -36,7 +36,7 @@ from worker_entry.protocol.podlog import encode_output
 pytestmark = pytest.mark.timeout(120)
 
 
-def spec_text(flavor: str = "jobset", restarts: int = 0, startup: float = 20, **job) -> str:
+def spec_text(flavor: str = "jobset", restarts: int = 0, startup: float = 20, kube: dict | None = None, **job) -> str:
     doc = {
         "version": 1,
         "name": "fake-run",
@@ -46,6 +46,7 @@ def spec_text(flavor: str = "jobset", restarts: int = 0, startup: float = 20, **
             "image": "registry.example.com/ml/tf-train:2.21",
             "workers": 3,
             "flavor": flavor,
+            **(kube or {}),
         },
         "job": {"command": ["python", "train.py"], "startup_timeout_s": startup, "stop_grace_s": 1, **job},
         "heartbeat": {"interval_s": 0.2, "timeout_s": 30, "progress_timeout_s": None},

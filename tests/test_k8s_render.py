@@ -82,7 +82,8 @@ def test_render_refuses_an_ssh_spec():
 def test_the_jobset_restarts_all_pods_together_under_stable_dns_names(path):
     spec, plan, (js,) = rendered(path, "jobset")
     assert js["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
-    assert js["spec"]["failurePolicy"] == {"maxRestarts": spec.restart.max_restarts}
+    # Recreate: each child Job made again once its own pods are gone (not BlockingRecreate: all of them)
+    assert js["spec"]["failurePolicy"] == {"maxRestarts": spec.restart.max_restarts, "restartStrategy": "Recreate"}
     assert js["spec"]["network"] == {
         "enableDNSHostnames": True,
         "subdomain": spec.name,

@@ -180,7 +180,7 @@ def test_failure_and_success_policies_follow_the_role_table():
     (js,) = workload(spec, kubernetes_plan(spec, run_id="r1"))
     jobs = templates([js])
     assert js["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["chief"]}
-    assert js["spec"]["failurePolicy"] == {"maxRestarts": 1}
+    assert js["spec"]["failurePolicy"] == {"maxRestarts": 1, "restartStrategy": "Recreate"}
     assert jobs["chief"]["backoffLimit"] == 0 and jobs["ps"]["backoffLimit"] == 0
     assert (jobs["worker"]["backoffLimitPerIndex"], jobs["worker"]["maxFailedIndexes"]) == (2, 0)
     assert jobs["worker"]["podReplacementPolicy"] == "Failed"  # one pod per hostname at a time

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from slurm_fixtures import PY, cli, env_for, events, finish, launch_argv, result, start, tasks_saying, write_spec
+from slurmbed import epochs as task_epochs
 from waiting import wait_for
 
 from orchestrator.supervise.figures import FIGURE_KEYS
@@ -270,17 +271,6 @@ def _status(slurm, run_dir) -> dict:
     return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else {}
 
 
-EPOCH_RE = re.compile(r"\] epoch (\d+)/(\d+) ")
-
-
-def _epochs(run_dir, attempt: int, task: str = "worker-1") -> list[int]:
-    name = f"{task}.log" if attempt == 0 else f"{task}.attempt-{attempt}.log"
-    try:
-        return [int(m.group(1)) for m in EPOCH_RE.finditer((run_dir / "logs" / name).read_text())]
-    except OSError:
-        return []
-
-
 def test_time_limit_and_preemption_requeue_and_resume_from_the_backup(slurm, tmp_path):
     """USR2 (the time-limit warning, faked with scancel --signal) → save, scontrol requeue; then a
     preemption (faked with an outside `scontrol requeue`) → SIGTERM, Slurm requeues. Each allocation
@@ -309,10 +299,10 @@ def test_time_limit_and_preemption_requeue_and_resume_from_the_backup(slurm, tmp
     run_dir = tmp_path / "run"
     proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
     try:
-        wait_for(lambda: _epochs(run_dir, 0), 120, "an epoch of the first allocation")
+        wait_for(lambda: task_epochs(run_dir, 0), 120, "an epoch of the first allocation")
         job = json.loads((run_dir / "slurm" / "submitted.json").read_text())["job_id"]
         slurm.run(["scancel", "--batch", "--signal=USR2", job])
-        wait_for(lambda: _epochs(run_dir, 1), 120, "an epoch in the second allocation")
+        wait_for(lambda: task_epochs(run_dir, 1), 120, "an epoch in the second allocation")
         slurm.run(["scontrol", "requeue", job])
         rc, _out, err = finish(proc, timeout=150)
     finally:
@@ -330,7 +320,7 @@ def test_time_limit_and_preemption_requeue_and_resume_from_the_backup(slurm, tmp
     requeued = [e for e in events(run_dir) if e["event"] == "requeued"]
     assert [(e["reason"], e["how"]) for e in requeued] == [("timeout", "scontrol requeue"), ("preempted", "by Slurm")]
     for i in range(2):
-        first, second, third = (_epochs(run_dir, a, f"worker-{i}") for a in range(3))
+        first, second, third = (task_epochs(run_dir, a, f"worker-{i}") for a in range(3))
         # resumed at the interrupted epoch, from the backup: Keras prints an epoch's line before
         # BackupAndRestore saves it, so a stop (SIGKILL after a 1 s grace) that lands between the two
         # trains that one epoch again — never an earlier one, never from the start
@@ -370,7 +360,7 @@ def test_a_requeue_in_the_last_epoch_does_not_train_again(slurm, tmp_path):
     run_dir = tmp_path / "run"
     proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
     try:
-        wait_for(lambda: 4 in _epochs(run_dir, 0, "worker-0"), 150, "epoch 4 of 5 to end: the last one runs")
+        wait_for(lambda: 4 in task_epochs(run_dir, 0, "worker-0"), 150, "epoch 4 of 5 to end: the last one runs")
         job = json.loads((run_dir / "slurm" / "submitted.json").read_text())["job_id"]
         slurm.run(["scontrol", "requeue", job])
         rc, _out, err = finish(proc, timeout=150)
@@ -384,7 +374,7 @@ def test_a_requeue_in_the_last_epoch_does_not_train_again(slurm, tmp_path):
     res = result(run_dir)
     assert res["state"] == "succeeded", res
     for i in range(2):
-        epochs = [_epochs(run_dir, a, f"worker-{i}") for a in range(len(res["attempts"]) + 1)]
+        epochs = [task_epochs(run_dir, a, f"worker-{i}") for a in range(len(res["attempts"]) + 1)]
         assert epochs[0] == [1, 2, 3, 4, 5], epochs  # the last epoch finished during the stop
         assert all(e == [] for e in epochs[1:]), epochs  # nothing was trained again
     kinds = [e["event"] for e in events(run_dir)]

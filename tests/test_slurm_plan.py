@@ -437,6 +437,39 @@ def test_srun_still_running_after_the_teardown_gets_its_step_scancelled_then_kil
     assert any("scancel --signal=KILL 7.0" in n for n in backend.notes) and any("killed" in n for n in backend.notes)
 
 
+def test_a_step_left_on_slurms_books_by_a_dead_node_is_overlapped_not_waited_for(tmp_path, monkeypatch):
+    """A node that stopped answering keeps the previous attempt's step on Slurm's books (until it is
+    marked DOWN): the next step would wait for that step's CPUs ("Requested nodes are busy"), so it is
+    started with --overlap, and the run is told why. A step that ended normally changes nothing."""
+    import subprocess
+
+    from orchestrator.schedulers.slurm import step as st
+
+    spec = load_spec_text(spec_text()).spec
+    plan = slurm_plan(spec, run_id="x")
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]"}
+    started: list[list[str]] = []
+    real_popen = subprocess.Popen
+
+    def popen(argv, **kw):
+        started.append(list(argv))
+        return real_popen(["true"], **kw)
+
+    monkeypatch.setattr(st.subprocess, "Popen", popen)
+    monkeypatch.setattr(sc, "node_addrs", lambda nodelist: "")
+    starts = [(n, n.node_config(1)) for n in plan.nodes]
+    for books, overlap in ((["7.0"], True), ([], False)):
+        monkeypatch.setattr(sc, "steps_named", lambda job, name, books=books: list(books) if name == "sl-a0" else [])
+        backend = st.SlurmStepBackend(spec, plan, log_dir=tmp_path, env=env)
+        backend.step_name = "sl-a0"  # the previous attempt's step (its srun is gone)
+        backend.launch(starts)
+        assert ("--overlap" in started[-1]) is overlap, started[-1]
+        assert any("7.0" in n and "--overlap" in n for n in backend.notes) is overlap, backend.notes
+        backend.close()
+    assert srun_argv(spec, plan.nodes[0].argv, attempt=1, overlap=True)[-5] == "--overlap"
+    assert "--overlap" not in srun_argv(spec, plan.nodes[0].argv, attempt=1)
+
+
 # ----------------------------------------------------------------------------- requeue caps and resubmission
 
 

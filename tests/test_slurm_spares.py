@@ -4,6 +4,7 @@ reshaped attempt's plan and where its step runs, and what depends on the Slurm v
 from __future__ import annotations
 
 import pytest
+from conftest import jsonl
 
 from orchestrator.job import Exclusion
 from orchestrator.job.reshaping import members_of
@@ -151,7 +152,8 @@ def test_after_its_own_requeue_the_job_asks_slurm_to_avoid_the_lost_nodes(tmp_pa
             emit = staticmethod(warned.append)
 
     sch._avoid_lost_nodes(Job)
-    assert ran == [["scontrol", "update", "JobId=41", "ExcNodeList=n2"]] and warned == []
+    show = ["scontrol", "show", "job", "-o", "41"]  # what the job excludes already is kept
+    assert ran == [show, ["scontrol", "update", "JobId=41", "ExcNodeList=n2"]] and warned == []
     assert sch._exclude() == ["--exclude=n2"]
 
     def refuse(argv, **kw):
@@ -161,3 +163,75 @@ def test_after_its_own_requeue_the_job_asks_slurm_to_avoid_the_lost_nodes(tmp_pa
     sch._avoid_lost_nodes(Job)
     assert "may get n2 again" in warned[0].message
     assert scheduling(s, tmp_path)._exclude() == []  # nothing lost: nothing asked
+
+
+# ----------------------------------------------------------------------------- Slurm's own requeue after a node failure
+
+SINFO = "n1|idle\nn2|down*\nn3|mix*\nn4|drain\nn5|alloc\nn6|fail\nn7|idle~\n"
+
+
+def test_the_failed_nodes_are_those_not_responding_down_drained_or_failing():
+    from orchestrator.schedulers.slurm import avoid as av
+
+    assert av.failed_nodes(SINFO, ["n1", "n2", "n3", "n4", "n5", "n6"]) == ["n2", "n3", "n4", "n6"]
+    assert av.failed_nodes(SINFO, ["n1", "n5"]) == []
+    assert av.failed_nodes(SINFO, ["n9"]) == []  # a node sinfo does not list is not guessed at
+    assert av.excluded_of("JobId=7 JobState=PENDING ExcNodeList=n[2-3],gpu7 Features=(null)") == ["n2", "n3", "gpu7"]
+    assert av.excluded_of("JobId=7 ExcNodeList=(null)") == [] and av.excluded_of("JobId=7") == []
+
+
+def test_the_follower_names_the_allocation_lost_once_when_the_job_goes_back_to_the_queue():
+    from orchestrator.schedulers.slurm import avoid as av
+
+    watch = av.RequeueWatch()
+    assert watch.see("PENDING", "") == []  # the first wait: nothing was lost
+    assert watch.see("RUNNING", "n[1-3]") == []
+    assert watch.see("COMPLETING", "n[1-3]") == []
+    assert watch.see("PENDING", "") == ["n1", "n2", "n3"]  # requeued
+    assert watch.see("PENDING", "") == []  # once
+    assert watch.see("RUNNING", "n[2-4]") == [] and watch.see("COMPLETED", "") == []  # ended: not a requeue
+
+
+def test_after_slurms_requeue_the_failed_nodes_join_what_the_job_already_excludes(monkeypatch):
+    from orchestrator.schedulers.slurm import avoid as av
+
+    ran: list[list[str]] = []
+
+    def fake_run(argv, **kw):
+        ran.append(list(argv))
+        if argv[0] == "sinfo":
+            return SINFO
+        if argv[:3] == ["scontrol", "show", "job"]:
+            return "JobId=41 JobState=PENDING ExcNodeList=n9"  # the user's own --exclude
+        return ""
+
+    monkeypatch.setattr(av.sc, "run", fake_run)
+    assert av.avoid_failed("41", ["n1", "n2", "n3"]) == ["n2", "n3"]
+    assert ran[0] == ["sinfo", "-h", "-N", "-n", "n1,n2,n3", "-o", "%N|%t"]
+    assert ran[-1] == ["scontrol", "update", "JobId=41", "ExcNodeList=n9,n2,n3"]
+    ran.clear()
+    assert av.avoid_failed("41", ["n1", "n5"]) == [] and [a[0] for a in ran] == ["sinfo"]  # none failed: no update
+    ran.clear()
+    assert av.exclude_more("41", ["n9"]) == [] and ran == [["scontrol", "show", "job", "-o", "41"]]  # no change
+
+
+def test_the_follower_asks_once_when_slurm_puts_the_job_back_in_the_queue(tmp_path, monkeypatch):
+    import io
+
+    from orchestrator.schedulers.slurm import follow as fo
+    from orchestrator.schedulers.slurm.commands import JobInfo
+
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    seen = iter([JobInfo("41", "RUNNING", nodes="n[1-2]"), JobInfo("41", "PENDING", "BeginTime")] * 2)
+    monkeypatch.setattr(fo, "job_info", lambda r: next(seen))
+    asked: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(fo, "avoid_failed", lambda job, nodes: asked.append((job, nodes)) or ["n2"][: len(asked) - 1])
+    err = io.StringIO()
+    follower = fo.Follower(run, None, out=io.StringIO(), err=err)  # type: ignore[arg-type]
+    for _ in range(4):
+        follower._poll_slurm()
+    assert asked == [("41", ["n1", "n2"]), ("41", ["n1", "n2"])]  # each requeue once; the 1st: nothing failed
+    assert err.getvalue().count("after node n2 failed: the next allocation leaves it out") == 1
+    warnings = [e for e in jsonl(run.events_jsonl) if e["event"] == "warning"]
+    assert len(warnings) == 1 and "ExcNodeList" in warnings[0]["message"]

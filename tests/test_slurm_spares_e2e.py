@@ -1,63 +1,40 @@
 """A Slurm allocation with a spare node (issue 34 item 6) on the local Slurm, with real TensorFlow.
 
-Submitted from the "login node": 2 nodes + 1 spare (sbatch --nodes=3 --no-kill). Worker:1's
-worker_entry on n2 is SIGKILLed mid-run: its channel closes, a host reason (``lost``), so n2 is out
-for good. The next attempt is a second srun step in the same Slurm job on n1 and the spare n3
-(``--nodelist=n1,n3 --exclude=n2``), resumed from the backup; no new allocation, no queue wait.
-(The local Slurm's nodes share one host: killing n2's slurmd would leave its tasks running until
-SlurmdTimeout; the fixtures make a node fail by its task's agent instead.)
+Submitted from the "login node": 2 nodes + 1 spare (sbatch --nodes=3 --no-kill). Node n2 fails like a
+host losing power: its slurmd is SIGKILLed, and so are its slurmstepd and every task process of the job
+step there (found from worker:1's PID up to its slurmstepd, never by name): nothing of n2 answers any
+more. The launcher sees worker:1 lost (its channel closed), a host reason, so n2 is out for good; the
+next attempt is a second srun step in the same Slurm job on n1 and the spare n3
+(``--nodelist=n1,n3 --exclude=n2``), resumed from the backup; no new allocation, no queue wait, and it
+does not wait for Slurm to mark n2 DOWN (SlurmdTimeout). The test brings n2 back afterwards.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import socket
 import time
-from pathlib import Path
 
 import pytest
-from slurm_fixtures import PY, REPO, events, finish, launch_argv, result, start, write_spec
+from slurm_fixtures import REPO, events, finish, launch_argv, result, start, write_spec
+from slurmbed import (
+    alive,
+    epochs,
+    free_port_base,
+    job_state,
+    keras_backup_job,
+    show_job,
+    sleep_task_on,
+    steps_seen,
+)
 from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
-EPOCH_RE = re.compile(r"\] epoch (\d+)/(\d+) ")
-STEP_RE = re.compile(r"\] STEP (\d+)\.(\d+) (\S+)")
-
-
-def _free_base(n: int) -> int:
-    """A port with the next ``n - 1`` free as well (tasks sharing an address count up from it)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        try:
-            for port in range(base, base + n):
-                with socket.socket() as s:
-                    s.bind(("0.0.0.0", port))
-        except OSError:
-            continue
-        return base
-    raise AssertionError("no block of free ports")
-
-
-def _epochs(run_dir: Path, attempt: int, task: str) -> list[int]:
-    name = f"{task}.log" if attempt == 0 else f"{task}.attempt-{attempt}.log"
-    try:
-        return [int(m.group(1)) for m in EPOCH_RE.finditer((run_dir / "logs" / name).read_text())]
-    except OSError:
-        return []
-
 
 def test_a_lost_node_is_replaced_by_the_spare_in_a_new_step_of_the_same_allocation(slurm, tmp_path):
-    show = 'echo "STEP $SLURM_JOB_ID.$SLURM_STEP_ID $SLURM_STEP_NODELIST"; exec "$0" "$@"'
-    cmd = ["sh", "-c", show, PY, "-m", "worker_entry.examples.keras_synthetic", "--backup", "--epochs", "5"]
-    cmd += ["--steps-per-epoch", "30", "--slow-input-ms", "40"]
+    cmd = keras_backup_job(5)
     spec = write_spec(
         tmp_path / "spec.yaml",
         "sl-spare",
@@ -65,23 +42,28 @@ def test_a_lost_node_is_replaced_by_the_spare_in_a_new_step_of_the_same_allocati
         slurm={"nodes": 2, "spare_nodes": 1, "time": "5:00"},
         restart={"max_restarts": 2},
         job={"stop_grace_s": 1},
-        # this machine's other local Slurms number their jobs from 1 too: ports derived from the job and
-        # step id could collide with theirs, so a base that is free now
-        tensorflow={"port": _free_base(3)},
+        tensorflow={"port": free_port_base(3)},
     )
     run_dir = tmp_path / "run"
     # --no-gather: the lost node's own log cannot be handed over (exit 5, as under SSH: test_elastic_e2e)
     proc = start(slurm, launch_argv(spec, run_dir, "-q", "--no-gather"), cwd=REPO)
+    killed: list[int] = []
     try:
-        wait_for(lambda: len(_epochs(run_dir, 0, "worker-1")) >= 2, 150, "worker:1 in its second epoch")
+        wait_for(lambda: len(epochs(run_dir, 0, "worker-1")) >= 2, 150, "worker:1 in its second epoch")
         ready = [e for e in events(run_dir) if e["event"] == "task_ready" and e["task"] == "worker:1"]
-        os.kill(ready[-1]["pid"], signal.SIGKILL)
+        killed = slurm.fail_node("n2", ready[-1]["pid"])
         killed_at = time.time()
         rc, _out, err = finish(proc, timeout=240)
+        n2_during = slurm.run(["sinfo", "-h", "-N", "-n", "n2", "-o", "%t"]).stdout.strip()
     finally:
         if proc.poll() is None:
             proc.kill()
+        slurm.restore_node("n2")
     assert rc == 0, err[-3000:]
+    # n2 was gone for real: its slurmd and its step's slurmstepd and tasks (at least the agent and the
+    # training process under them), and Slurm saw it stop responding
+    assert len(killed) >= 4 and not any(alive(p) for p in killed), killed
+    assert n2_during.endswith("*") or n2_during.startswith("down"), n2_during
     res = result(run_dir)
     assert res["state"] == "succeeded", res
     assert [a["state"] for a in res["attempts"]][-1] == "succeeded" and len(res["attempts"]) == 2, res["attempts"]
@@ -97,18 +79,21 @@ def test_a_lost_node_is_replaced_by_the_spare_in_a_new_step_of_the_same_allocati
     assert [(e["host"], e["spare_in"], e["workers_before"], e["workers_after"]) for e in reshaped] == [
         ("n2", "n3", 2, 2)
     ], reshaped
-    assert reshaped[0]["ts"] - killed_at < 60
+    # the new step did not wait for the old one, which Slurm keeps on its books while n2 does not answer
+    assert "Requested nodes are busy" not in (run_dir / "slurm" / "srun-attempt-1.log").read_text()
+    # the reshape came from the lost channel, well before Slurm's SlurmdTimeout (30 s) marks n2 DOWN
+    assert reshaped[0]["ts"] - killed_at < 30, reshaped[0]["ts"] - killed_at
     assert {t["host"] for t in res["tasks"].values()} == {"n1", "n3"}, res["tasks"]
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["reshapes"][0]["out"] == "n2" and plan["reshapes"][0]["spare_in"] == "n3", plan.get("reshapes")
     # what each task saw of its step: every one in the same Slurm job; attempt 1 a later step without n2
-    seen = {m.groups() for m in STEP_RE.finditer((run_dir / "combined.log").read_text())}
+    seen = steps_seen(run_dir)
     assert {job for job, _, _ in seen} == {job_id}, seen
     first_step, second_step = sorted({(int(step), nodes) for _, step, nodes in seen})
     assert first_step[1] == "n[1-2]" and second_step[0] > first_step[0] and second_step[1] == "n[1,3]", seen
     # resumed from the backup, not from epoch 1
     for task in ("worker-0", "worker-1"):
-        before, after = _epochs(run_dir, 0, task), _epochs(run_dir, 1, task)
+        before, after = epochs(run_dir, 0, task), epochs(run_dir, 1, task)
         assert after and after[0] > 1 and after[0] <= max(before) + 1 and after[-1] == 5, (task, before, after)
 
 
@@ -122,25 +107,19 @@ def test_a_requeued_job_takes_the_nodes_to_avoid_on_this_slurm(slurm, tmp_path):
     job = slurm.run(["sbatch", "--parsable", "--nodes=1", "--requeue", f"--output={tmp_path}/o", "--wrap=sleep 60"])
     job_id = job.stdout.strip().split(";")[0]
     try:
-        wait_for(lambda: "JobState=RUNNING" in _show(slurm, job_id), 30, "the job to run")
+        wait_for(lambda: "JobState=RUNNING" in show_job(slurm, job_id), 30, "the job to run")
         slurm.run(["scontrol", "requeuehold", job_id])  # requeued, held so that it stays pending here
-        wait_for(lambda: "JobState=PENDING" in _show(slurm, job_id), 30, "the requeued job to be pending")
+        wait_for(lambda: "JobState=PENDING" in show_job(slurm, job_id), 30, "the requeued job to be pending")
         slurm.run(avoid_nodes_argv(job_id, ["n2", "n3"]))
-        assert "ExcNodeList=n2,n3" in _show(slurm, job_id), _show(slurm, job_id)
+        assert "ExcNodeList=n2,n3" in show_job(slurm, job_id), show_job(slurm, job_id)
     finally:
         slurm.run(["scancel", job_id], check=False)
-
-
-def _show(slurm, job_id: str) -> str:
-    return slurm.run(["scontrol", "show", "job", job_id], check=False).stdout
 
 
 def test_without_a_spare_the_next_step_runs_on_fewer_nodes_down_to_min_workers(slurm, tmp_path):
     """No spare node, ``restart.min_workers: 2``: worker:2's agent on n3 killed; the next attempt is a
     second step of the same job on n[1-2], two workers resumed from the backup."""
-    show = 'echo "STEP $SLURM_JOB_ID.$SLURM_STEP_ID $SLURM_STEP_NODELIST"; exec "$0" "$@"'
-    cmd = ["sh", "-c", show, PY, "-m", "worker_entry.examples.keras_synthetic", "--backup", "--epochs", "4"]
-    cmd += ["--steps-per-epoch", "30", "--slow-input-ms", "40"]
+    cmd = keras_backup_job(4)
     spec = write_spec(
         tmp_path / "spec.yaml",
         "sl-shrink",
@@ -148,12 +127,12 @@ def test_without_a_spare_the_next_step_runs_on_fewer_nodes_down_to_min_workers(s
         slurm={"nodes": 3, "time": "5:00"},
         restart={"max_restarts": 2, "min_workers": 2},
         job={"stop_grace_s": 1},
-        tensorflow={"port": _free_base(3)},
+        tensorflow={"port": free_port_base(3)},
     )
     run_dir = tmp_path / "run"
     proc = start(slurm, launch_argv(spec, run_dir, "-q", "--no-gather"), cwd=REPO)
     try:
-        wait_for(lambda: len(_epochs(run_dir, 0, "worker-2")) >= 2, 150, "worker:2 in its second epoch")
+        wait_for(lambda: len(epochs(run_dir, 0, "worker-2")) >= 2, 150, "worker:2 in its second epoch")
         ready = [e for e in events(run_dir) if e["event"] == "task_ready" and e["task"] == "worker:2"]
         os.kill(ready[-1]["pid"], signal.SIGKILL)
         rc, _out, err = finish(proc, timeout=240)
@@ -171,9 +150,39 @@ def test_without_a_spare_the_next_step_runs_on_fewer_nodes_down_to_min_workers(s
     state = json.loads((run_dir / "slurm.json").read_text())
     job_id = state["allocations"][0]["job_id"]
     assert len(state["allocations"]) == 1 and state["requeues"] == 0, state
-    seen = {m.groups() for m in STEP_RE.finditer((run_dir / "combined.log").read_text())}
+    seen = steps_seen(run_dir)
     assert {job for job, _, _ in seen} == {job_id}, seen
     first_step, second_step = sorted({(int(step), nodes) for _, step, nodes in seen})
     assert first_step[1] == "n[1-3]" and second_step[0] > first_step[0] and second_step[1] == "n[1-2]", seen
-    after = _epochs(run_dir, 1, "worker-0")
+    after = epochs(run_dir, 1, "worker-0")
     assert after and after[0] > 1 and after[-1] == 4, after
+
+
+def test_after_slurms_own_requeue_for_a_failed_node_the_next_allocation_leaves_it_out(slurm, tmp_path):
+    """Not tfcluster's requeue but Slurm's: a 2-node ``--requeue`` job on n[1-2] loses node n2 for real
+    (its slurmd, slurmstepd and task killed); Slurm marks n2 down and requeues the job (NODE_FAIL).
+    What the follower does when it sees the job back in the queue (``avoid``: the failed nodes of the
+    allocation it lost join the pending job's ExcNodeList) keeps n2 out even once n2 answers again:
+    the job runs again on n1 and n3."""
+    from orchestrator.schedulers.slurm.avoid import RequeueWatch, avoid_failed
+
+    job = slurm.run(
+        ["sbatch", "--parsable", "--nodes=2", "--requeue", f"--output={tmp_path}/o", "--wrap=srun sleep 120"]
+    ).stdout.strip()
+    watch = RequeueWatch()
+    try:
+        wait_for(lambda: job_state(slurm, job) == ("RUNNING", "n[1-2]"), 30, "the job on n[1-2]")
+        assert watch.see(*job_state(slurm, job)) == []
+        wait_for(lambda: sleep_task_on(slurm, "n2") is not None, 30, "its step's task on n2")
+        slurm.fail_node("n2", sleep_task_on(slurm, "n2"))
+        wait_for(lambda: job_state(slurm, job)[0] == "PENDING", 120, "Slurm to requeue the job after n2 failed")
+        lost = watch.see(*job_state(slurm, job))
+        assert lost == ["n1", "n2"]
+        assert avoid_failed(job, lost, env=slurm.env()) == ["n2"]
+        slurm.restore_node("n2")  # n2 answers again: only the ExcNodeList keeps the job off it
+        wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 60, "the requeued job to run again")
+        assert job_state(slurm, job) == ("RUNNING", "n[1,3]"), show_job(slurm, job)
+        assert "ExcNodeList=n2" in show_job(slurm, job)
+    finally:
+        slurm.run(["scancel", job], check=False)
+        slurm.restore_node("n2")

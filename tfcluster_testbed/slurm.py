@@ -296,6 +296,77 @@ class LocalSlurm:
                     found.append(p)
         return found
 
+    # --- a node that fails like a host losing power ------------------------------------------------
+
+    def _slurmd(self, node: str) -> subprocess.Popen:
+        for p in self.procs:
+            if p.args[:4] == [_sbin("slurmd"), "-D", "-N", node] and p.poll() is None:
+                return p
+        raise TestbedError(f"no running slurmd for node {node}")
+
+    def fail_node(self, node: str, task_pid: int) -> list[int]:
+        """``node`` stops answering, as if its host lost power: its slurmd is SIGKILLed, and so is the
+        job step running there — found from ``task_pid`` (a process of one of this test's tasks on that
+        node) up through its ancestors to its ``slurmstepd`` (which double-forked away from slurmd), then
+        that slurmstepd and every descendant. Never by name over the machine. Returns the PIDs killed."""
+        stepd = psutil.Process(task_pid)
+        while stepd.name() != "slurmstepd":
+            parent = stepd.parent()
+            if parent is None or parent.pid <= 1:
+                raise TestbedError(f"pid {task_pid} does not run under a slurmstepd")
+            stepd = parent
+        node_log = str(self.dir / "log" / f"slurmd-{node}.log")  # a slurmstepd logs to its node's slurmd log
+        if node_log not in {f.path for f in stepd.open_files()}:
+            raise TestbedError(f"pid {task_pid}'s slurmstepd ({stepd.pid}) is not node {node}'s")
+        victims = [stepd, *stepd.children(recursive=True)]
+        daemon = self._slurmd(node)
+        daemon.kill()  # first: nothing on that node may restart or report anything
+        daemon.wait()
+        for p in victims:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(victims, timeout=10)
+        return [daemon.pid, *(p.pid for p in victims)]
+
+    def restore_node(self, node: str, timeout: float = 60) -> None:
+        """Bring a failed node back as the fixture started it (its slurmd again, then ``state=resume``
+        where Slurm marked it DOWN) and wait until it answers: later tests see a healthy cluster."""
+        try:
+            self._slurmd(node)
+        except TestbedError:
+            log = open(self.dir / "log" / "daemons.out", "ab")  # noqa: SIM115 - held by the child
+            try:
+                self.procs.insert(
+                    1,  # with the other slurmd: stop() ends slurmd before slurmctld, munged last
+                    subprocess.Popen(
+                        [_sbin("slurmd"), "-D", "-N", node, "-f", str(self.conf)],
+                        env=self.env(),
+                        stdout=log,
+                        stderr=log,
+                    ),
+                )
+            finally:
+                log.close()
+        seen: list[str] = []
+
+        def answers() -> bool:
+            state = self._node_state(node)
+            seen.append(state)
+            if state.startswith(("down", "drain", "fail")):
+                self.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+            return (
+                bool(state)
+                and not state.endswith(("*", "~", "#", "!", "%", "$", "@", "^", "-"))
+                and not (state.startswith(("down", "drain", "fail")))
+            )
+
+        self._wait_for(answers, timeout, f"{node} did not answer again (states seen: {sorted(set(seen))})")
+
+    def _node_state(self, node: str) -> str:
+        """sinfo's short state of ``node`` (``idle``, ``alloc``, ``down*``, ``idle*``...); "" if unknown."""
+        out = self.run(["sinfo", "-h", "-N", "-n", node, "-o", "%t"], check=False, timeout=10)
+        return out.stdout.strip().split("\n")[0] if out.returncode == 0 else ""
+
     # --- stop ------------------------------------------------------------------------------------
 
     def stop(self) -> list[str]:

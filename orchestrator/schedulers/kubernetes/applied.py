@@ -40,6 +40,11 @@ class Applied:
         self.objects: list[dict[str, str]] = []  # kind, name, apiVersion (and "deleted" once it is)
         self.uids: dict[tuple[str, str], str] = {}
         self.private: PrivateState | None = None
+        # called while an earlier attempt's Jobs go, with the new attempt (the backend force-deletes
+        # the old pods stuck on a node that does not answer)
+        self.reap: Callable[[int], None] = lambda attempt: None
+        # the nodes a restart's Indexed Jobs keep off (kubernetes.avoid_unresponsive_nodes)
+        self.avoid: Callable[[], tuple[str, ...]] = tuple
         self._lock = threading.Lock()
 
     def bind(self, run_dir: Path) -> None:
@@ -58,11 +63,14 @@ class Applied:
             if attempt > 0 and api.get("JobSet", self.spec.name) is None:
                 raise KubeError(f"JobSet {self.namespace}/{self.spec.name} is gone: it cannot restart")
             return
-        for job in jobs:
-            name = job["metadata"]["name"]
-            if attempt > 0:
+        if attempt > 0:  # every old Job gone first: the nodes found dead meanwhile are kept off by all
+            for job in jobs:
+                name = job["metadata"]["name"]
                 api.delete("Job", name, foreground=True, uid=self.uids.get(("Job", name)))
-                self._wait_gone(api, "Job", name)
+                self._wait_gone(api, "Job", name, attempt)
+            if avoid := self.avoid():
+                jobs = [d for d in render(self.spec, self.plan, attempt, avoid) if d["kind"] == "Job"]
+        for job in jobs:
             self.create(api, job)
 
     def create(self, api: KubeApi, doc: dict[str, Any]) -> None:
@@ -92,11 +100,13 @@ class Applied:
                 self.objects.append({"kind": kind, "name": name, "apiVersion": doc["apiVersion"]})
         self.changed()
 
-    def _wait_gone(self, api: KubeApi, kind: str, name: str) -> None:
+    def _wait_gone(self, api: KubeApi, kind: str, name: str, attempt: int) -> None:
+        """Foreground deletion: the Job goes once its pods have (a pod stuck on a dead node is reaped)."""
         deadline = self.clock() + GONE_WAIT_S + self.spec.job.stop_grace_s
         while api.get(kind, name) is not None:
             if self.clock() > deadline:
                 raise KubeError(f"{kind} {self.namespace}/{name} was not deleted within {GONE_WAIT_S:g}s")
+            self.reap(attempt)
             self.wait()
 
     def delete_all(self, api: KubeApi) -> None:

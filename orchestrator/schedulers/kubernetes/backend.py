@@ -3,6 +3,8 @@
 - attempt 0 creates the rendering (a JobSet, or the Service and the Indexed Jobs); a later attempt
   of a JobSet is the controller's own restart (``failurePolicy.maxRestarts``: all pods together),
   of Indexed Jobs the launcher's (the Jobs deleted, pods gone, created again with the attempt);
+  a pod of an earlier attempt that its node never finishes deleting (the node is dead) is
+  force-deleted after its grace period (``stuck``): the restart never waits for that node;
 - each task's pod of the attempt (matched by its task-type label, completion index and attempt)
   becomes a ``PodChannel`` as soon as its container runs; a pod that cannot start (image, config)
   or is not running by the startup deadline is a start failure naming the pod's own reason;
@@ -28,7 +30,7 @@ from worker_entry.protocol import NodeConfig
 from ...backends.backend import Backend, Deliver, Placement
 from ...backends.base import Channel
 from ...core.diagnostics import Diagnostic
-from ...events.kinds import PodIgnored
+from ...events.kinds import JobWarning, PodIgnored
 from ...plan import NodePlan, Plan
 from ...runs import RunDir, write_json_atomic
 from ...spec import ClusterSpec
@@ -38,6 +40,7 @@ from .channel import PodChannel, follow
 from .manifests import JOBSET_API, LABEL_JOB
 from .owners import OwnerChain, controller, describe
 from .pods import PodView, pod_view
+from .stuck import StuckPods, forced_message
 
 SETTLE_S = 5.0  # a failed JobSet/Job: how long its pods that ran may take to report before the others fail
 
@@ -75,6 +78,10 @@ class KubernetesBackend(Backend):
         self.chain = OwnerChain(self.flavor)  # only pods of the objects created here are followed
         # what was created, with the proof `stop` needs (ownership: the private state, outside the run dir)
         self.objects = Applied(spec, plan, self.chain, self._record, lambda: self.sleep(self.poll_s), clock)
+        self.objects.reap = self._reap_earlier
+        if spec.kubernetes.avoid_unresponsive_nodes:
+            self.objects.avoid = lambda: tuple(self.stuck.nodes())
+        self.stuck = StuckPods(clock)
         self.ignored: dict[str, str] = {}  # pod -> why it is not followed
         self.emit: Callable[[Any], None] | None = None
 
@@ -216,6 +223,7 @@ class KubernetesBackend(Backend):
                 current = max(
                     (v.attempt for v in views if v.attempt is not None and v.attempt >= attempt), default=attempt
                 )
+            self._reap(views, current)
             ours = self._by_task(views, current)
             self._remember(current, ours)
             for task in sorted(pending):
@@ -246,6 +254,20 @@ class KubernetesBackend(Backend):
                 self._record_ends()
                 return
             self.sleep(self.poll_s if pending else 5 * self.poll_s)  # then only the record needs it
+
+    def _reap_earlier(self, attempt: int) -> None:
+        """While the launcher waits for an earlier attempt's Jobs to go (Indexed Jobs)."""
+        with contextlib.suppress(KubeError):
+            self._reap(self._views(), attempt)
+
+    def _reap(self, views: list[PodView], attempt: int) -> None:
+        """Force-delete the pods of attempts before ``attempt`` stuck terminating on a node that does
+        not answer (``stuck``), saying so."""
+        earlier = [v for v in views if v.attempt is not None and v.attempt < attempt]
+        for v in self.stuck.overdue(earlier):
+            self._delete_pod(v.name, 0)
+            if self.emit is not None:
+                self.emit(JobWarning(message=forced_message(v)))
 
     def _views(self) -> list[PodView]:
         """The job's pods that the objects created here made; any other with its labels is ignored."""

@@ -44,9 +44,10 @@ TERMINATION_MARGIN_S = 15
 PORT_NAME = "tf-grpc"
 
 
-def render(spec: ClusterSpec, plan: Plan, attempt: int = 0) -> list[dict[str, Any]]:
+def render(spec: ClusterSpec, plan: Plan, attempt: int = 0, avoid_nodes: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """The objects to create, in order: the credentials' Secret (if any) and the Service before the Jobs
-    that use them."""
+    that use them. ``avoid_nodes``: Indexed Jobs of a restart keep off these nodes (a required node
+    affinity on the node's name): those the launcher found unresponsive (``stuck``)."""
     k8s = spec.kubernetes
     assert k8s is not None and plan.scheduler == "kubernetes"
     names = pod_names(spec)
@@ -57,7 +58,7 @@ def render(spec: ClusterSpec, plan: Plan, attempt: int = 0) -> list[dict[str, An
         first.append(_network_policy(spec, plan))
     if k8s.flavor == "jobset":
         return [*first, _jobset(spec, plan, names, types, creds)]
-    jobs = [_job(spec, plan, names, t, attempt, creds) for t in types]
+    jobs = [_job(spec, plan, names, t, attempt, creds, avoid_nodes) for t in types]
     return [*first, _service(spec, names, plan), *jobs]
 
 
@@ -113,10 +114,18 @@ def _network_policy(spec: ClusterSpec, plan: Plan) -> dict[str, Any]:
 
 
 def _job(
-    spec: ClusterSpec, plan: Plan, names: PodNames, task_type: str, attempt: int, creds: Credentials
+    spec: ClusterSpec,
+    plan: Plan,
+    names: PodNames,
+    task_type: str,
+    attempt: int,
+    creds: Credentials,
+    avoid_nodes: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     job_spec = _job_spec(spec, plan, task_type, attempt, creds)
     job_spec["template"]["spec"]["subdomain"] = names.service
+    if avoid_nodes:
+        job_spec["template"]["spec"]["affinity"] = _keep_off(avoid_nodes)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -135,7 +144,10 @@ def _jobset(spec: ClusterSpec, plan: Plan, names: PodNames, types: list[str], cr
             "network": {"enableDNSHostnames": True, "subdomain": names.service, "publishNotReadyAddresses": True},
             # A fatal role's pod failing fails its Job (backoffLimit 0), which restarts *every* Job: MWMS and
             # a PS job's chief/ps restart whole. A PS worker or an evaluator never fails its Job (_failure_limits).
-            "failurePolicy": {"maxRestarts": spec.restart.max_restarts},
+            # Recreate (v0.12's default, said explicitly): a restart deletes every child Job and makes it again,
+            # each once its old pods are gone; not BlockingRecreate, which waits for all of them first. A pod
+            # stuck on a dead node would hold its Job back: the launcher force-deletes it (stuck.py).
+            "failurePolicy": {"maxRestarts": spec.restart.max_restarts, "restartStrategy": "Recreate"},
             "replicatedJobs": [
                 {
                     "name": names.replicated_job(t),
@@ -176,6 +188,13 @@ def _job_spec(spec: ClusterSpec, plan: Plan, task_type: str, attempt: int | None
             "spec": _pod_spec(spec, nodes[0], JOBSET_RESTART_ATTEMPT if attempt is None else ANNOTATION_ATTEMPT, creds),
         },
     }
+
+
+def _keep_off(nodes: tuple[str, ...]) -> dict[str, Any]:
+    """A required node affinity: not on these nodes (by name: ``matchFields`` on ``metadata.name``,
+    which is what a pod's ``spec.nodeName`` holds; the hostname label may differ from it)."""
+    term = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": list(nodes)}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
 def _failure_limits(spec: ClusterSpec, strategy: str, task_type: str) -> dict[str, Any]:

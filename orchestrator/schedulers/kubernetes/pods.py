@@ -46,6 +46,7 @@ class PodView:
     problem: str | None  # why it is not running yet (or cannot start), for messages
     fatal: bool  # it will never start
     end: ContainerEnd | None  # it ended (terminated state of the container)
+    grace_s: float | None = None  # its deletion's grace period (or the pod's), None: not said
 
     def summary(self) -> dict[str, Any]:
         """The record kept in RUN/kubernetes.json."""
@@ -146,4 +147,14 @@ def pod_view(pod: dict[str, Any], flavor: str) -> PodView:
         problem=problem,
         fatal=fatal,
         end=end,
+        grace_s=_grace(meta, pod.get("spec") or {}),
     )
+
+
+def _grace(meta: dict[str, Any], spec: dict[str, Any]) -> float | None:
+    """The grace the kubelet has to end the pod: the deletion's, else the pod's own."""
+    for value in (meta.get("deletionGracePeriodSeconds"), spec.get("terminationGracePeriodSeconds")):
+        n = _int(value)
+        if n is not None and 0 <= n <= 86400:
+            return float(n)
+    return None

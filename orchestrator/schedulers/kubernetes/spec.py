@@ -80,6 +80,12 @@ class KubernetesSpec(SpecModel):
     flavor: Literal["jobset", "indexed-job"] = Field(
         "jobset", description="jobset (needs the JobSet controller) or indexed-job (plain Kubernetes)."
     )
+    avoid_unresponsive_nodes: bool = Field(
+        False,
+        description="flavor indexed-job: when a restart had to force-delete a pod whose node never answered, the "
+        "restarted pods get a node affinity that keeps them off that node (false: Kubernetes' own taints decide; "
+        "true can leave the pods Pending when no other node fits).",
+    )
     network_policy: bool = Field(
         True,
         description="A NetworkPolicy admitting ingress to the job's pods only from the job's own pods (TF's "

@@ -37,10 +37,10 @@ from ...runs import RunDir
 from ...spec import ClusterSpec
 from ...supervise import Interrupt
 from . import commands as sc
+from .avoid import exclude_more
 from .plan import reshapable, slurm_plan
 from .state import SlurmState, stop_requested
 from .step import allocation_nodes
-from .versions import avoid_nodes_argv
 
 if TYPE_CHECKING:
     from ...job.context import RunContext
@@ -258,7 +258,7 @@ class SlurmScheduling(RunScheduling):
         if not self.lost_nodes:
             return
         try:
-            sc.run(avoid_nodes_argv(self.job_id, self.lost_nodes))
+            exclude_more(self.job_id, self.lost_nodes, self.env)
         except sc.SlurmError as exc:
             job.bus.emit(ev.JobWarning(message=f"the requeued job may get {','.join(self.lost_nodes)} again: {exc}"))
 

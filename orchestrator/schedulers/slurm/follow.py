@@ -26,6 +26,7 @@ from ...sinks import ConsoleSink, EventFileSink, use_color
 from ...sinks.collapse import ConsoleLines
 from ...views.logs import LogQuery
 from . import commands as sc
+from .avoid import RequeueWatch, avoid_failed
 from .commands import SlurmError
 from .handle import cancel, current_job, finalize, job_info, scancel_checked
 from .private_spec import remove_private_spec
@@ -67,6 +68,7 @@ class Follower:
 
             self.live = LiveTable(plan)
         self.last_slurm: tuple[str, str] | None = None
+        self.requeue = RequeueWatch()
         self.cancelled = False
 
     def note(self, text: str) -> None:
@@ -110,6 +112,9 @@ class Follower:
                 else (f" on {info.nodes}" if info.nodes else "")
             )
             self.note(f"slurm job {info.job_id} {info.state}{where}")
+        lost = self.requeue.see(info.state, info.nodes)
+        if lost:
+            self._avoid_failed(info.job_id, lost)
         if self.live is not None:
             status = self.run.read_json(self.run.status_json)
             if isinstance(status, dict):
@@ -171,6 +176,28 @@ class Follower:
         if info.active:
             self.note(f"slurm job {job} is still {info.state} after {JOB_END_WAIT_S:g}s; the run itself has ended")
 
+    def _avoid_failed(self, job: str, allocation: list[str]) -> None:
+        """Slurm requeued the job: the nodes of the allocation it lost that failed are left out of the
+        next one (``avoid``), said on the console and in the run's events (no supervisor runs now)."""
+        try:
+            added = avoid_failed(job, allocation)
+        except SlurmError as exc:
+            self._warn(f"Slurm requeued job {job}; could not ask it to avoid the failed nodes: {exc}")
+            return
+        if added:
+            self._warn(
+                f"Slurm requeued job {job} after node {', '.join(added)} failed: the next allocation leaves "
+                f"{'it' if len(added) == 1 else 'them'} out (scontrol update ExcNodeList)"
+            )
+
+    def _warn(self, why: str) -> None:
+        self.note(why)
+        bus = EventBus([EventFileSink(self.run.events_jsonl)])  # the supervisor is gone: the run's one writer now
+        try:
+            bus.emit(JobWarning(message=why))
+        finally:
+            bus.close()
+
     def _cancel_requeued(self, job: str, state: str) -> None:
         why = (
             f"cancelled Slurm job {job}: Slurm requeued it ({state}), but the run is done "
@@ -181,12 +208,7 @@ class Follower:
             remove_private_spec(self.run)  # no allocation will run it again: the run's credentials go
         except SlurmError as exc:
             why = f"Slurm job {job} was requeued ({state}) although the run is done, and could not be cancelled: {exc}"
-        self.note(why)
-        bus = EventBus([EventFileSink(self.run.events_jsonl)])  # the supervisor is gone: the run's one writer now
-        try:
-            bus.emit(JobWarning(message=why))
-        finally:
-            bus.close()
+        self._warn(why)
 
     def _interrupted(self) -> bool:
         """Ctrl-C: cancel (keep following the teardown) or detach (False)."""

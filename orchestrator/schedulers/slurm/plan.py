@@ -183,9 +183,14 @@ def batch_script(python: str, run_dir: str, run_id: str) -> str:
     )
 
 
-def srun_argv(spec: ClusterSpec, entry: Sequence[str], *, attempt: int, nodes: int | None = None) -> list[str]:
+def srun_argv(
+    spec: ClusterSpec, entry: Sequence[str], *, attempt: int, nodes: int | None = None, overlap: bool = False
+) -> list[str]:
     """One step for every task: block distribution (the nodes' TF_CONFIG assumes it), Slurm kills the
-    step when a task exits non-zero (the first teardown layer). ``nodes``: this attempt's (a reshape)."""
+    step when a task exits non-zero (the first teardown layer). ``nodes``: this attempt's (a reshape).
+    ``overlap``: an earlier step of this job is still on Slurm's books though its tasks are gone (a node
+    that stopped answering: Slurm keeps the step until it marks that node DOWN, SlurmdTimeout later);
+    without ``--overlap`` the new step would wait for its CPUs ("Requested nodes are busy")."""
     s = spec.slurm
     assert s is not None
     n = s.nodes if nodes is None else nodes
@@ -202,6 +207,8 @@ def srun_argv(spec: ClusterSpec, entry: Sequence[str], *, attempt: int, nodes: i
         "--export=ALL",
         "--input=all",  # srun's stdin (the connect-back secret) reaches every task
     ]
+    if overlap:
+        argv.append("--overlap")
     if s.gpus_per_node:
         argv.append(f"--gpus-per-node={s.gpus_per_node}")
     return argv + list(entry)

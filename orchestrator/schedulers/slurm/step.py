@@ -126,7 +126,16 @@ class SlurmStepBackend(ConnectBackBackend):
         if self.srun is not None and self.srun.poll() is None:
             raise OSError("the previous attempt's srun step is still running")
         attempt = starts[0][1].attempt
-        argv = srun_argv(self.spec, starts[0][0].argv, attempt=attempt, nodes=self.step_nodes(starts))
+        ghost = self._step_on_the_books()
+        argv = srun_argv(
+            self.spec, starts[0][0].argv, attempt=attempt, nodes=self.step_nodes(starts), overlap=bool(ghost)
+        )
+        if ghost:
+            self.notes.append(
+                f"step {' '.join(ghost)} of the previous attempt is still listed by Slurm after the teardown (still "
+                "completing, or a node that does not answer keeps it until marked DOWN): the new step shares its "
+                "CPUs (srun --overlap) instead of waiting for them"
+            )
         argv[2:2] = step_placement(allocation_nodes(self.env), [n.host for n, _ in starts], self.spec)
         self.step_name = argv[1].split("=", 1)[1]
         env = {**self.env, **self.connect_env(), Env.ATTEMPT: str(attempt)}  # bound into each node's proof
@@ -148,6 +157,15 @@ class SlurmStepBackend(ConnectBackBackend):
         self._give_secret(self.srun)
         self._watch = threading.Thread(target=self._watch_srun, args=(self.srun,), name="srun-watch", daemon=True)
         self._watch.start()
+
+    def _step_on_the_books(self) -> list[str]:
+        """The previous attempt's step ids that Slurm still lists after our teardown (its srun is gone)."""
+        if not self.step_name or not self.job_id:
+            return []
+        try:
+            return sc.steps_named(self.job_id, self.step_name)
+        except sc.SlurmError:
+            return []
 
     def step_nodes(self, starts: Sequence[tuple[NodePlan, NodeConfig]]) -> int:
         """The nodes this attempt's step runs on: one per host of its tasks (fewer after a shrink)."""
