@@ -3,6 +3,8 @@ reshaped attempt's plan and where its step runs, and what depends on the Slurm v
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from conftest import jsonl
 
@@ -228,7 +230,8 @@ def test_the_follower_asks_once_when_slurm_puts_the_job_back_in_the_queue(tmp_pa
     asked: list[tuple[str, list[str]]] = []
     monkeypatch.setattr(fo, "avoid_failed", lambda job, nodes: asked.append((job, nodes)) or ["n2"][: len(asked) - 1])
     err = io.StringIO()
-    follower = fo.Follower(run, None, out=io.StringIO(), err=err)  # type: ignore[arg-type]
+    plan = SimpleNamespace(nodes=("n1", "n2"))  # the follower asks the plan only how many tasks
+    follower = fo.Follower(run, plan, out=io.StringIO(), err=err)  # type: ignore[arg-type]
     for _ in range(4):
         follower._poll_slurm()
     assert asked == [("41", ["n1", "n2"]), ("41", ["n1", "n2"])]  # each requeue once; the 1st: nothing failed
