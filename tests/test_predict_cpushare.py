@@ -207,3 +207,20 @@ def test_workers_on_machines_of_their_own_keep_the_model(tmp_path, monkeypatch):
     assert pred["confidence"] == {"level": "high", "reasons": [], "contradictions": []}
     assert all(s.get("own_inflation", 1.0) <= 1.0 or s["workers_per_machine"] == 1 for s in pred["sizes"])
     assert not any("cannot_predict" in s for s in pred["sizes"])
+
+
+def test_a_shared_machine_alone_lowers_the_confidence_and_the_advice_says_why(tmp_path, monkeypatch):
+    measured = _sweep(tmp_path, sizes=(1, 3), problems=False)
+    for m in measured:  # no growth measured, no CPU problem flagged: only the placement says they share
+        m["split"] = {"worker": "worker:0", "step_ms": 19.1, "allreduce_ms": 0.0, "waiting_for_slowest_ms": 0.0}
+    monkeypatch.setattr(view, "measured_sizes", lambda path: measured)
+    pred = view.build_prediction(tmp_path, [2], LINKS)
+    two = next(s for s in pred["sizes"] if s["workers"] == 2)
+    assert two["workers_per_machine"] == 2 and two["own_inflation"] > 1.25
+    assert pred["confidence"]["level"] == "low"
+    assert [c["kind"] for c in pred["confidence"]["contradictions"]] == ["workers share a machine's cores"]
+    assert pred["advice"][0].startswith("own work per step grows x1.5 at 2 workers: 2 share a machine's cores")
+    assert not any("scales well" in a for a in pred["advice"])
+    assert any("share its 2 usable cores (processor sharing)" in a for a in pred["assumptions"])
+    out, lines = view.sweep_prediction({"sizes": measured}, LINKS)  # scale's own check of predict: the same
+    assert out["confidence"]["level"] == "low" and any("share a machine's 2 usable cores" in x for x in lines)

@@ -219,14 +219,23 @@ def confidence(verdict: Contention, largest_measured: int) -> dict[str, Any]:
 
 
 def assumption_lines(verdict: Contention) -> list[str]:
-    """What changes in the model's assumptions where the measurements contradict them."""
-    if not verdict.contradicted:
-        return []
-    return [
-        "contradicted by the measurements (confidence low): where two or more sizes were measured below a size "
-        "(marked *), its own work per step is not kept but continued from them, and under CPU wait so is the "
-        "all-reduce's excess over the network model"
-    ]
+    """What changes in the model's assumptions where the measurements contradict them, and the CPU share."""
+    out = []
+    if verdict.share is not None:
+        s = verdict.share
+        out.append(
+            f"workers on one machine (the same kernel boot id) share its {s.cores:g} usable cores (processor "
+            f"sharing): each kept {s.demand_cores:.2f} cores busy per step and waited for a CPU {100 * s.wait:.0f}% "
+            "of its runnable time at the smallest size; a size not measured is placed as densely as the largest "
+            "measured one"
+        )
+    if verdict.contradicted:
+        out.append(
+            "contradicted by the measurements (confidence low): where two or more sizes were measured below a size "
+            "(marked *), its own work per step is not kept but continued from them, and under CPU wait so is the "
+            "all-reduce's excess over the network model"
+        )
+    return out
 
 
 def text_lines(conf: Mapping[str, Any]) -> list[str]:

@@ -258,9 +258,16 @@ def _wait_factor(n: int, m: int) -> float:
 def _advice(inp: Inputs, net: Network, verdict: contention.Contention, rows: list[dict[str, Any]]) -> list[str]:
     """The model's advice; when the measurements contradict it, that first, and never "scales well"."""
     lines = advice(inp, net, rows)
-    if not verdict.contradicted:
+    shared = [r for r in rows if (r.get("own_inflation") or 1.0) > cpushare.INFLATED]
+    if not verdict.contradicted and not shared:
         return lines
-    return [contention.advice_line(verdict), *(a for a in lines if not a.startswith("scales well"))]
+    first = (
+        contention.advice_line(verdict)
+        if verdict.contradicted
+        else f"own work per step grows x{float(shared[-1]['own_inflation']):.1f} at {shared[-1]['workers']} workers: "
+        f"{shared[-1]['workers_per_machine']} share a machine's cores; give each worker its own cores"
+    )
+    return [first, *(a for a in lines if not a.startswith("scales well"))]
 
 
 def compare_to(pred: Mapping[str, Any], m: Mapping[str, Any]) -> dict[str, Any]:
@@ -376,7 +383,7 @@ def sweep_prediction(summary: Mapping[str, Any], net: Network) -> tuple[dict[str
     for s in sizes:
         p = _corrected(inp, net, verdict, int(s["workers"]))
         rows.append({**p, **compare_to(p, s)})
-    conf = contention.confidence(verdict, max(int(s["workers"]) for s in sizes))
+    conf = _confidence(verdict, max(int(s["workers"]) for s in sizes), rows)
     out = {
         "network": {"latency_s": net.latency_s, "bandwidth_Bps": net.bandwidth_Bps, "source": net.source},
         "from_workers": inp.measured_workers,
