@@ -224,3 +224,13 @@ def test_a_shared_machine_alone_lowers_the_confidence_and_the_advice_says_why(tm
     assert any("share its 2 usable cores (processor sharing)" in a for a in pred["assumptions"])
     out, lines = view.sweep_prediction({"sizes": measured}, LINKS)  # scale's own check of predict: the same
     assert out["confidence"]["level"] == "low" and any("share a machine's 2 usable cores" in x for x in lines)
+
+
+def test_workers_with_their_own_cpu_quota_do_not_share_one_quota():
+    # pods with a 2-core quota each on a 16-core node: the run waited 50 % (throttled), k pods add their quotas
+    share = cpushare.CpuShare(demand_cores=1.0, wait=0.5, cores=16.0, quota=2.0)
+    assert share.pool(1) == 2.0 and share.pool(4) == 8.0 and share.pool(16) == 16.0
+    assert share.inflation(2) == share.inflation(8) == 1.0  # 8 x 2 cores fit the node: nothing shared
+    assert share.inflation(16) == pytest.approx(2.0)  # 16 x min(2, 2 runnable) on 16 cores
+    assert cpushare.CpuShare(1.0, 0.5, 2.0).inflation(4) > 1.25  # one 2-core pool for all four would
+    assert share.as_json()["usable_cores"] == 2.0 and share.as_json()["quota_cores"] == 2.0

@@ -224,7 +224,7 @@ def assumption_lines(verdict: Contention) -> list[str]:
     if verdict.share is not None:
         s = verdict.share
         out.append(
-            f"workers on one machine (the same kernel boot id) share its {s.cores:g} usable cores (processor "
+            f"workers on one machine (the same kernel boot id) share its {s.pool(s.per_machine):g} usable cores (processor "
             f"sharing): each kept {s.demand_cores:.2f} cores busy per step and waited for a CPU {100 * s.wait:.0f}% "
             "of its runnable time at the smallest size; a size not measured is placed as densely as the largest "
             "measured one"

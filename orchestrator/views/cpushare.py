@@ -7,7 +7,8 @@ report the same kernel boot id) they share its cores, and each worker's own work
 
 - ``d``: the cores a worker kept busy while it stepped (the step clock's ``cpu_ms`` / ``step_ms``);
 - ``w``: the share of its runnable time it waited for a CPU (the heartbeats' run-queue delay);
-- ``C``: the machine's usable cores (its CPU count, or the cgroup's quota when lower).
+- ``C``: the usable cores (the machine's CPU count; with a cgroup quota per worker below it, k workers'
+  quotas together, at most the machine's cores: pods with quotas on one node do not share one quota).
 
 Processor sharing: T runnable threads on C cores get min(1, C/T) of a core each. The worker's runnable
 demand is ``r = d / (1 - w)``; the machine's total during the run ``T1 = C / (1 - w)`` when it waited (else
@@ -38,6 +39,11 @@ class CpuShare:
     wait: float
     cores: float
     per_machine: int = 1
+    quota: float | None = None  # each worker's cgroup CPU quota, where it is below the machine's cores
+
+    def pool(self, k: int) -> float:
+        """The cores k workers on one machine can use together: the machine's, or their quotas' sum."""
+        return min(self.cores, max(1, k) * self.quota) if self.quota else self.cores
 
     @property
     def runnable(self) -> float:
@@ -48,7 +54,7 @@ class CpuShare:
         """The machine's runnable threads during the run (T1)."""
         if self.wait < WAIT_NOISE:
             return self.runnable * self.per_machine
-        return self.cores / max(1e-6, 1.0 - self.wait)
+        return self.pool(self.per_machine) / max(1e-6, 1.0 - self.wait)
 
     @property
     def others(self) -> float:
@@ -57,14 +63,18 @@ class CpuShare:
 
     def inflation(self, k: int) -> float:
         """How much a worker's own work per step grows with ``k`` workers on the machine against the run."""
+        if self.quota:  # each worker held to its own quota: they share only the machine's cores, once past them
+            return max(1.0, max(1, k) * min(self.quota, self.runnable) / self.cores)
         tk = self.others + max(1, k) * self.runnable
-        return max(1.0, tk / self.cores) / max(1.0, self.total_at_run / self.cores)
+        return max(1.0, max(1.0, tk / self.cores) / max(1.0, self.total_at_run / self.cores))
 
     def as_json(self) -> dict[str, Any]:
         return {
             "cores_busy_per_worker": round(self.demand_cores, 3),
             "cpu_wait_pct": round(100 * self.wait, 1),
-            "usable_cores": round(self.cores, 2),
+            "usable_cores": round(self.pool(1), 2),
+            "machine_cores": round(self.cores, 2),
+            "quota_cores": None if self.quota is None else round(self.quota, 2),
             "others_runnable": round(self.others, 2),
             "workers_per_machine": self.per_machine,
         }
@@ -107,9 +117,8 @@ def share_of(
     if d is None or not cpus:
         return None
     cores = float(min(cpus))
-    if quotas:
-        cores = min(cores, min(quotas))
-    return CpuShare(d, w or 0.0, cores, layout_of(ready)[1])
+    quota = min(quotas) if quotas and min(quotas) < cores else None
+    return CpuShare(d, w or 0.0, cores, layout_of(ready)[1], quota)
 
 
 def layout_of(ready: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
@@ -136,7 +145,7 @@ def contention_line(share: CpuShare, n: int, k: int) -> str | None:
     if f <= INFLATED:
         return None
     return (
-        f"at {n} workers {k} share a machine's {share.cores:g} usable cores: each kept "
+        f"at {n} workers {k} share a machine's {share.pool(k):g} usable cores: each kept "
         f"{share.demand_cores:.2f} cores busy per step and waited for a CPU {100 * share.wait:.0f}% of its "
         f"runnable time, so own work grows x{f:.1f} (processor sharing)"
     )
