@@ -18,8 +18,9 @@ predicted and measured (step clock) all-reduce and step time and their error. Ta
 K = K busy-looping processes on the same cores for its whole length (a shared-core load: the workers and
 their gRPC threads wait for a CPU, own work per step grows with the workers, issue 32). Under a load the
 prediction must either correct for what the sweep measured (its confidence "low", each size from the sizes
-below it) or say it cannot predict: the LOAD and CONFIDENCE columns say which. Target under a load: within
-25 % at 2 and 3 workers.
+below it, or each worker's own work grown by the CPU share of the machine its workers share) or say it
+cannot predict: the LOAD, CONFIDENCE and BASIS columns say which. Target under a load: within 25 % at 2
+and 3 workers.
 """
 
 from __future__ import annotations
@@ -186,6 +187,7 @@ def measure(tb, spec: Path, work: Path, duration: str, network: str, report: Rep
                     "source": source,
                     "confidence": (result.get("confidence") or {}).get("level"),
                     "corrected": ",".join(map(str, s.get("corrected_from") or [])) or "-",
+                    "basis": _basis(s),
                     "pred_ar": s["allreduce_ms"],
                     "meas_ar": s["measured_allreduce_ms"],
                     "ar_err": s["allreduce_error_pct"],
@@ -203,6 +205,18 @@ def measure(tb, spec: Path, work: Path, duration: str, network: str, report: Rep
         f"load {load}: advice: {' | '.join(by_check.get('advice') or [])}",
     ]
     return {"worst": worst, "pred_cmd": pred_cmd}
+
+
+def _basis(size: dict[str, Any]) -> str:
+    """What a size's prediction rests on, short: corrected from measured sizes, the CPU share of a machine's
+    cores, the model, or "cannot predict" (the measurements contradict the model and nothing corrects it)."""
+    if size.get("corrected_from"):
+        return "corrected"
+    if size.get("cannot_predict"):
+        return "cannot predict"
+    if (size.get("own_inflation") or 1.0) > 1.0:
+        return f"cpu share x{size['own_inflation']:.2f}"
+    return "model"
 
 
 def _json(argv: list[str]) -> dict[str, Any]:
@@ -237,6 +251,7 @@ def main() -> int:
             ("source", "NETWORK FROM"),
             ("confidence", "CONFIDENCE"),
             ("corrected", "CORRECTED FROM"),
+            ("basis", "BASIS"),
             ("pred_ar", "PREDICTED ALL-REDUCE ms"),
             ("meas_ar", "MEASURED"),
             ("ar_err", "ERR %"),

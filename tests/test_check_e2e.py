@@ -140,6 +140,35 @@ def test_a_host_cut_off_during_the_check_ends_it_and_is_named(bed, tmp_path):
     assert_no_job_processes(bed, 30)
 
 
+def test_the_host_the_others_waited_for_is_named_alone_when_the_deadline_passes(bed, tmp_path):
+    """One host's check starts 60 s late (its interpreter wrapper sleeps first, as a starved host's would
+    crawl); with a 15 s deadline nobody has figures, yet only that host is named: the others reported
+    phases it never reached (they waited in the link rounds for it), and are listed as having waited."""
+    late = bed.hosts[1]
+    python = tmp_path / "python-late-on-one-host"
+    python.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$2" = worker_entry.check ] && [ "$(hostname)" = {late.hostname} ]; then sleep 60; fi\n'
+        f'exec {repo_python(tmp_path)} "$@"\n'
+    )
+    python.chmod(0o755)
+    spec = bed.write_spec(
+        tmp_path / "late.yaml",
+        "checked",
+        ["true"],
+        job={"python": str(python), "startup_timeout_s": 60},
+        heartbeat={"interval_s": 1.0, "timeout_s": 30},
+    )
+    out, check = _check(bed, spec, tmp_path / "run", timeout="15")
+    assert out.returncode == EXIT_CHECK_FINDINGS, (out.returncode, out.stderr[-3000:])
+    assert [(f["code"], f["subject"]) for f in check["findings"]] == [("no_result", late.address)], check["findings"]
+    what = check["findings"][0]["what"]
+    assert "did not finish starting its check" in what and "within 15 s; the others waited for it" in what, what
+    assert sorted(w["host"] for w in check["waited"]) == sorted(h.address for h in bed.hosts if h is not late)
+    assert all(w["phase"] in ("started", "links") for w in check["waited"]), check["waited"]
+    assert_no_job_processes(bed, 30)
+
+
 def test_status_and_report_by_name_after_a_check_mean_the_training_run(bed, tmp_path):
     """Issue 32.5: `tfcluster check` after a launch of the same job: `status NAME` and `report NAME` mean
     the training run; the check run is reachable by its directory and marked in the list."""

@@ -94,7 +94,7 @@ def test_a_sweep_without_contention_keeps_the_model_and_its_confidence(tmp_path,
     measured = [_size(run, 1, 10.3, 0.0, 0.0), _size(run, 2, 10.8, 0.4, 3.3), _size(run, 3, 11.0, 0.6, 4.4)]
     monkeypatch.setattr(view, "measured_sizes", lambda path: measured)
     pred = view.build_prediction(tmp_path, [2, 3, 8], LOOPBACK)
-    assert pred["confidence"] == {"level": "high", "reasons": []}
+    assert pred["confidence"] == {"level": "high", "reasons": [], "contradictions": []}
     assert not any("contradicted" in a for a in pred["assumptions"])
     assert not any("corrected_from" in s for s in pred["sizes"])
     assert "confidence: LOW" not in view.prediction_text(pred)

@@ -58,7 +58,7 @@ def test_the_preamble_before_the_marker_is_bounded():
         p.Hello(
             pid=7,
             remote_dir="/r",
-            facts=p.NodeFacts(hostname="h", gpus=[p.GpuInfo(0, "H100", 81559)]),
+            facts=p.NodeFacts(hostname="h", gpus=[p.GpuInfo(0, "H100", 81559)], cpus=2, boot_id="a435aaee-81a0"),
             task=p.TaskRef("chief", 0),
         ),
         p.Heartbeat(
@@ -105,6 +105,10 @@ def test_commands_round_trip_and_accept_the_old_spelling():
         (b'{"type":"started","how":"magic"}', "started.how: expected one of"),
         (b'{"type":"stopping","reason":"' + b"x" * 70000 + b'"}', "stopping.reason: too long"),
         (b'{"type":"heartbeat","seq":1,"progress":[]}', "heartbeat.progress: expected a mapping"),
+        (
+            b'{"type":"hello","pid":1,"remote_dir":"/","facts":{"boot_id":"' + b"x" * 65 + b'"}}',
+            "hello.facts.boot_id: too long",
+        ),
         (b'{"type":"nope"}', "unknown message type 'nope'"),
         (b'"hello"', "must be a JSON object"),
         (b"[" * 100000, "not valid JSON"),

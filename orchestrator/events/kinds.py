@@ -111,12 +111,16 @@ class AttemptStarted(BaseEvent):
 
 @dataclass(frozen=True, kw_only=True)
 class TaskReady(BaseEvent):
-    """worker_entry reported its facts; ``gpus``: per GPU ``name`` and ``memory_mb``."""
+    """worker_entry reported its facts; ``gpus``: per GPU ``name`` and ``memory_mb``; ``cpus``, ``machine``: its
+    host's CPU count and kernel boot id (`predict` tells which workers share cores by them)."""
 
     KIND: ClassVar[str] = "task_ready"
     hostname: str
     pid: int = field(metadata=spec(lo=1))
     gpus: list[dict[str, Any]] = field(metadata={**MANY, "repair": gpu_models})
+    # the host's CPU count and its kernel's boot id (hello facts): which tasks share one machine's cores
+    cpus: int | None = field(default=None, metadata=COUNT)
+    machine: str | None = field(default=None, metadata=spec(max_len=64))
 
 
 @dataclass(frozen=True, kw_only=True)

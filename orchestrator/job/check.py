@@ -25,7 +25,7 @@ from ..core.errors import UsageError
 from ..events.verdicts import CheckFinding
 from ..runs import write_json_atomic
 from ..spec import LoadedSpec
-from .checkclaims import node_result
+from .checkclaims import node_phase, node_result
 from .checkjudge import judge
 from .scheduling import RunScheduling
 
@@ -89,9 +89,10 @@ def parse_line(text: str) -> dict[str, Any] | None:
 class CheckScheduling(RunScheduling):
     """The scheduler's own hooks, plus the check's judgement when the last task has ended."""
 
-    def __init__(self, inner: RunScheduling, outcome: CheckOutcome) -> None:
+    def __init__(self, inner: RunScheduling, outcome: CheckOutcome, deadline_s: float | None = None) -> None:
         self.inner = inner
         self.outcome = outcome
+        self.deadline_s = deadline_s
         self.signals = inner.signals
 
     def policy(self, spec: Any) -> Any:
@@ -114,11 +115,13 @@ class CheckScheduling(RunScheduling):
         job.logs.flush()
         hosts = {str(n.task): n.host for n in job.plan.nodes}
         results: dict[str, dict[str, Any]] = {}
+        phases: dict[str, str | None] = {}
         for n in job.plan.nodes:
             try:
                 text = read_tail(job.rundir.task_log(n.task.slug), LOG_TAIL)
             except OSError:
                 continue
+            phases[str(n.task)] = node_phase(text)
             found = node_result(str(n.task), text, hosts)  # validated, and only what this node may claim
             if found is not None:
                 results[str(n.task)] = found
@@ -128,7 +131,7 @@ class CheckScheduling(RunScheduling):
         for f in failures:  # a task without its line: the run's reason (lost, hung, exited)
             if f.task in hosts and f.task not in results:
                 results[f.task] = {"task": f.task, "error": f"{f.kind}: {f.message}"}
-        check = judge(results, hosts)
+        check = judge(results, hosts, phases, self.deadline_s)
         check["run_dir"] = str(job.rundir.path)
         check["wall_s"] = round(time.time() - job.result.started_ts, 2)
         check["nodes"] = {t: {k: v for k, v in r.items() if k not in ("links", "served")} for t, r in results.items()}
@@ -183,7 +186,7 @@ def run_check(
         plan,
         opts,
         scheduler.backend(checked, plan),
-        scheduling=CheckScheduling(scheduler.scheduling(checked, plan), outcome),
+        scheduling=CheckScheduling(scheduler.scheduling(checked, plan), outcome, timeout_s),
     )
     return job.run(), outcome
 

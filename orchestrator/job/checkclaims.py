@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from worker_entry.protocol.checkline import CheckReport, find_line, parse_report
+from worker_entry.protocol.checkline import CheckReport, find_line, last_phase, parse_report
 from worker_entry.protocol.frames import ProtocolError
 
 
@@ -68,3 +68,10 @@ def _not_own(task: str, me: str, partner: str, tasks: Collection[str], verb: str
     if partner not in tasks or partner == task:
         return f"a link {verb} to {partner!r}, which is not another task of this check"
     return None
+
+
+def node_phase(log_text: str) -> str | None:
+    """The last phase a task's check reported reaching (validated; None: none). A node's own word about
+    itself: it counts only with a majority (``checklag``)."""
+    found = last_phase(log_text)
+    return found.phase if found else None

@@ -28,6 +28,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from . import checklag
+
 HOST_SCORE_MIN = 0.5
 LINK_RATIO_MIN = 0.25
 
@@ -56,21 +58,41 @@ def _finding(
     return {"code": code, "what": what, "subject": subject, "figure": figure, "median": median, "task": task}
 
 
-def judge(results: Mapping[str, Mapping[str, Any]], hosts: Mapping[str, str]) -> dict[str, Any]:
+def judge(
+    results: Mapping[str, Mapping[str, Any]],
+    hosts: Mapping[str, str],
+    phases: Mapping[str, str | None] | None = None,
+    deadline_s: float | None = None,
+) -> dict[str, Any]:
     """check.json from each task's verified figures (``results``, by task: ``checkclaims.node_result``)
     and each task's host (``hosts``, by task, in rank order: every task of the plan, also those that
     sent nothing). One node's figures cannot get another host named: a link counts for its partner
     only as far as the partner's own view confirms it (``corroborated_links``), a host is named for
     its links only when two partners measured it, and for its compute only against the median of
-    three hosts or more (with two, the pair is named: the check cannot tell which one is off)."""
+    three hosts or more (with two, the pair is named: the check cannot tell which one is off). ``phases``:
+    each task's last reported phase; of the tasks without figures, those that did not reach the phase most
+    tasks reached are named as the ones the others waited for, and the others are listed as ``waited``
+    (``checklag``); ``deadline_s``: the check's, for the text."""
     findings: list[dict[str, Any]] = []
+    done = [t for t, r in results.items() if r.get("gflops") is not None and not r.get("error")]
+    ref, late = checklag.behind(phases or {}, list(hosts), done)
+    if not any(t not in done and t not in late for t in hosts):
+        ref = None  # nobody without figures waited for the late ones: each is named for its own reason
+    waited: list[dict[str, Any]] = []
     for task, host in hosts.items():
         r = results.get(task)
         if r is None or r.get("error") or r.get("gflops") is None:
             why = (r or {}).get(
                 "error"
             ) or "no result from this task (it did not start, was stopped with the others, or its check failed)"
-            findings.append(_finding(NO_RESULT, f"no figures from {host} ({task}): {why}", host, None, None, task))
+            last = (phases or {}).get(task)
+            if ref is not None and task not in late:
+                waited.append({"task": task, "host": host, "phase": last, "error": why})
+                continue
+            what = f"no figures from {host} ({task}): {why}"
+            if ref is not None:
+                what = checklag.late_what(host, task, last, ref, deadline_s, len(hosts) - len(late)) + f"; {why}"
+            findings.append(_finding(NO_RESULT, what, host, None, None, task))
         elif r.get("ignored"):
             what = f"{host} ({task}) claimed what it cannot know, ignored: " + "; ".join(r["ignored"][:3])
             findings.append(_finding(BAD_CLAIM, what, host, None, None, task))
@@ -161,6 +183,7 @@ def judge(results: Mapping[str, Mapping[str, Any]], hosts: Mapping[str, str]) ->
         "network": network(links),
         "findings": findings,
         "thresholds": {"host_score_min": HOST_SCORE_MIN, "link_ratio_min": LINK_RATIO_MIN},
+        "waited": waited,
     }
 
 
@@ -282,6 +305,10 @@ def check_text(check: Mapping[str, Any]) -> str:
     out.append("")
     if check["findings"]:
         out += [f"named: {f['what']}" for f in check["findings"]]
+        out += [
+            f"not named: {w['host']} ({w['task']}) waited for it (it reached {w['phase'] or 'nothing'!r})"
+            for w in check.get("waited") or []
+        ]
     else:
         out.append("nothing named: every host and link is within the tolerance of the median")
     return "\n".join(out)

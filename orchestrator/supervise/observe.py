@@ -57,7 +57,17 @@ class Observations:
             facts = m.facts
             gpus = [{"name": g.name, "memory_mb": g.memory_mb} for g in facts.gpus]
             self.monitor.gpus.on_models(s.task, [{"index": g.index, "name": g.name} for g in facts.gpus])
-            self.bus.emit(ev.TaskReady(task=s.task, host=s.host, hostname=facts.hostname, pid=m.pid, gpus=gpus))
+            self.bus.emit(
+                ev.TaskReady(
+                    task=s.task,
+                    host=s.host,
+                    hostname=facts.hostname,
+                    pid=m.pid,
+                    gpus=gpus,
+                    cpus=facts.cpus,
+                    machine=facts.boot_id,
+                )
+            )
         elif isinstance(m, p.Spawned):
             self.bus.emit(ev.TaskSpawned(task=s.task, host=s.host, pid=m.pid))
         elif isinstance(m, p.Started):

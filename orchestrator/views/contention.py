@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cpushare import CpuShare, per_machine_at
+
 #: Own work per step grown by more than this factor over the smallest size: not "constant in N".
 GROWTH = 1.25
 #: Kinds of ``shared_problems`` (every host alike) that mean the workers lack CPU.
@@ -46,6 +48,10 @@ class Contention:
 
     reasons: list[str] = field(default_factory=list)
     points: list[Point] = field(default_factory=list)
+    # each contradiction as data (predict --json's ``contradictions``): ``kind`` names it
+    found: list[dict[str, Any]] = field(default_factory=list)
+    share: CpuShare | None = None  # the smallest run's CPU figures (cpushare), where recorded
+    layouts: dict[int, tuple[int, int]] = field(default_factory=dict)  # workers → (machines, most on one)
 
     @property
     def contradicted(self) -> bool:
@@ -65,12 +71,14 @@ def point_of(size: Mapping[str, Any], model_allreduce_ms: float) -> Point | None
     return Point(int(size["workers"]), float(sp["step_ms"]) - ar - wait, ar, wait, model_allreduce_ms, cpu)
 
 
-def assess(points: Sequence[Point]) -> Contention:
+def assess(
+    points: Sequence[Point], share: CpuShare | None = None, layouts: Mapping[int, tuple[int, int]] | None = None
+) -> Contention:
     """What in the measured sizes contradicts "own work per step constant in N" (smallest size first)."""
     pts = sorted(points, key=lambda p: p.workers)
     if not pts:
-        return Contention()
-    base, reasons = pts[0], []
+        return Contention(share=share, layouts=dict(layouts or {}))
+    base, reasons, found = pts[0], [], []
     grown = [p for p in pts[1:] if base.own_ms > 0 and p.own_ms > GROWTH * base.own_ms]
     if grown:
         top = grown[-1]
@@ -79,11 +87,71 @@ def assess(points: Sequence[Point]) -> Contention:
             f"{top.own_ms:.1f} ms at {top.workers} workers (x{top.own_ms / base.own_ms:.1f}); the model "
             "keeps it constant"
         )
+        found.append(
+            {
+                "kind": "own work grew with the workers",
+                "from_workers": base.workers,
+                "from_ms": round(base.own_ms, 3),
+                "to_workers": top.workers,
+                "to_ms": round(top.own_ms, 3),
+            }
+        )
     starved = [p for p in pts if p.cpu_problem]
     if starved:
         p = starved[-1]
         reasons.append(f"at {p.workers} worker(s) {p.cpu_problem}")
-    return Contention(reasons, pts)
+        found.append({"kind": "workers waited for a CPU", "workers": p.workers, "detail": p.cpu_problem})
+    return Contention(reasons, pts, found, share, dict(layouts or {}))
+
+
+def share_row(row: Mapping[str, Any], verdict: Contention, base_own_ms: float) -> dict[str, Any]:
+    """The model's row with its own work grown by the CPU share of the workers on one machine (cpushare),
+    efficiency still against one worker's own work; the row as it is without a recorded share."""
+    out = dict(row)
+    if verdict.share is None:
+        return out
+    n = int(row["workers"])
+    k = per_machine_at(n, verdict.layouts)
+    f = verdict.share.inflation(k)
+    out.update(workers_per_machine=k, own_inflation=round(f, 3))
+    if f <= 1.0:
+        return out
+    own = float(row["own_ms"]) * f
+    step = own + float(row["waiting_for_slowest_ms"]) + float(row["allreduce_ms"])
+    eff = base_own_ms / step if step > 0 else None
+    out.update(
+        step_ms=round(step, 3),
+        own_ms=round(own, 3),
+        allreduce_share=round(float(row["allreduce_ms"]) / step, 3) if step > 0 else None,
+        steps_per_s=round(1e3 / step, 3) if step > 0 else None,
+        speedup=None if eff is None else round(n * eff, 3),
+        efficiency=None if eff is None else round(eff, 3),
+    )
+    if row.get("examples_per_s") and row.get("step_ms"):
+        out["examples_per_s"] = round(float(row["examples_per_s"]) * float(row["step_ms"]) / step, 1)
+    return out
+
+
+def basis(row: dict[str, Any], verdict: Contention) -> None:
+    """Per size, what its prediction rests on (``basis``), and where the measurements contradict the model
+    and neither the sizes measured below it nor the CPU share correct it, ``cannot_predict``: why it is a guess."""
+    if row.get("corrected_from"):
+        row["basis"] = "corrected from the sizes measured below it: " + ", ".join(map(str, row["corrected_from"]))
+    elif (row.get("own_inflation") or 1.0) > 1.0:
+        row["basis"] = (
+            f"the model, own work x{row['own_inflation']:.2f} for {row['workers_per_machine']} worker(s) per machine "
+            "(processor sharing of its cores)"
+        )
+    else:
+        row["basis"] = "the model"
+    below = [p.workers for p in verdict.points if p.workers < int(row["workers"])]
+    modelled = (row.get("own_inflation") or 1.0) > 1.0  # the CPU share of a machine's workers is modelled
+    if verdict.contradicted and not row.get("corrected_from") and not modelled and int(row["workers"]) > 1:
+        row["cannot_predict"] = (
+            f"the measurements contradict the model ({verdict.found[0]['kind'] if verdict.found else 'contention'}) "
+            f"and {'only ' + ', '.join(map(str, below)) + ' worker(s) were' if below else 'no size was'} measured "
+            "below it: how its own work grows is not measured"
+        )
 
 
 def _continued(xs: Sequence[tuple[int, float]], n: int) -> float:
@@ -138,9 +206,10 @@ def correct(
 def confidence(verdict: Contention, largest_measured: int) -> dict[str, Any]:
     """predict --json's ``confidence``: "high" when nothing contradicts the model, else "low" and why."""
     if not verdict.contradicted:
-        return {"level": "high", "reasons": []}
+        return {"level": "high", "reasons": [], "contradictions": []}
     return {
         "level": "low",
+        "contradictions": verdict.found,
         "reasons": [
             *verdict.reasons,
             "sizes are corrected with what the sizes measured below them show (own work per step; under CPU wait "
@@ -150,14 +219,23 @@ def confidence(verdict: Contention, largest_measured: int) -> dict[str, Any]:
 
 
 def assumption_lines(verdict: Contention) -> list[str]:
-    """What changes in the model's assumptions where the measurements contradict them."""
-    if not verdict.contradicted:
-        return []
-    return [
-        "contradicted by the measurements (confidence low): where two or more sizes were measured below a size "
-        "(marked *), its own work per step is not kept but continued from them, and under CPU wait so is the "
-        "all-reduce's excess over the network model"
-    ]
+    """What changes in the model's assumptions where the measurements contradict them, and the CPU share."""
+    out = []
+    if verdict.share is not None:
+        s = verdict.share
+        out.append(
+            f"workers on one machine (the same kernel boot id) share its {s.pool(s.per_machine):g} usable cores (processor "
+            f"sharing): each kept {s.demand_cores:.2f} cores busy per step and waited for a CPU {100 * s.wait:.0f}% "
+            "of its runnable time at the smallest size; a size not measured is placed as densely as the largest "
+            "measured one"
+        )
+    if verdict.contradicted:
+        out.append(
+            "contradicted by the measurements (confidence low): where two or more sizes were measured below a size "
+            "(marked *), its own work per step is not kept but continued from them, and under CPU wait so is the "
+            "all-reduce's excess over the network model"
+        )
+    return out
 
 
 def text_lines(conf: Mapping[str, Any]) -> list[str]:

@@ -15,18 +15,20 @@ from typing import Any
 
 from ..core.errors import UsageError
 from ..core.text import table
+from ..events.kinds import TaskReady
 from ..runs import RunDir, plan_or_none
-from . import contention
+from . import contention, cpushare
 from .predict_model import (
     Inputs,
     Network,
     advice,
     expected_max_excess,
+    fit_allreduce,
     parse_network,
     predict_size,
     ring_allreduce_s,
 )
-from .records import heartbeat_records
+from .records import event_records, heartbeat_records
 from .stateff import bound_sizes, lr_advice, noise_of, predict_lines, time_to_loss_curve, time_to_loss_summary
 
 CHECK_JSON = "check.json"
@@ -61,7 +63,8 @@ def network_of(check: str | None, network: str | None, near: Sequence[Path] = ()
         ) from None
     if not (math.isfinite(lat) and lat >= 0 and math.isfinite(bw) and bw > 0):
         raise UsageError(f"--check {path}: network.latency_s must be >= 0 and network.bandwidth_Bps > 0")
-    return Network(latency_s=lat, bandwidth_Bps=bw, source=f"{path} (slowest link)")
+    links = Network(latency_s=lat, bandwidth_Bps=bw, source=f"{path} (slowest link)")
+    return fit_allreduce(data.get("allreduce") or [], links) or links
 
 
 def _workers_of(run: RunDir) -> int:
@@ -187,10 +190,29 @@ def build_prediction(path: Path, sizes: Sequence[int], net: Network) -> dict[str
         "noise_at": at,
         "time_to_loss": time_to_loss_summary(ns, per_worker, curve),
         "statistical": predict_lines(ns, at, per_worker, curve),
-        "confidence": contention.confidence(verdict, max(by_n)),
+        "confidence": _confidence(verdict, max(by_n), out_sizes),
+        "cpu_share": verdict.share.as_json() if verdict.share else None,
         "advice": _advice(inp, net, verdict, [r for r in rows if r["workers"] in sizes])
         + lr_advice(ns, at, sizes, per_worker),
     }
+
+
+def _confidence(verdict: contention.Contention, largest: int, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The verdict's confidence, low also where the CPU share grows a size's own work (said per size)."""
+    conf = contention.confidence(verdict, largest)
+    share = verdict.share
+    lines = [
+        line
+        for r in rows
+        if share and "corrected_from" not in r
+        for line in [cpushare.contention_line(share, int(r["workers"]), int(r.get("workers_per_machine") or 1))]
+        if line
+    ]
+    if lines:
+        conf["level"] = "low"
+        conf["reasons"] = [*conf["reasons"], *lines]
+        conf["contradictions"] = [*conf["contradictions"], {"kind": "workers share a machine's cores", "sizes": lines}]
+    return conf
 
 
 def contention_of(measured: Sequence[Mapping[str, Any]], inp: Inputs, net: Network) -> contention.Contention:
@@ -199,13 +221,33 @@ def contention_of(measured: Sequence[Mapping[str, Any]], inp: Inputs, net: Netwo
         contention.point_of(m, ring_allreduce_s(int(m["workers"]), inp.grad_bytes, net, inp.packs) * 1e3)
         for m in measured
     ]
-    return contention.assess([p for p in points if p is not None])
+    ready = {int(m["workers"]): _ready(m["run_dir"]) for m in measured}
+    layouts = {n: cpushare.layout_of(r) for n, r in ready.items() if r}
+    base = measured[0]
+    records = heartbeat_records(RunDir(Path(base["run_dir"])).heartbeats_jsonl)
+    share = cpushare.share_of(
+        [r for r in records if r.get("kind") == "profile"],
+        [r for r in records if r.get("kind") is None],
+        ready.get(int(base["workers"])) or [],
+    )
+    return contention.assess([p for p in points if p is not None], share, layouts)
+
+
+def _ready(run_dir: str | Path) -> list[dict[str, Any]]:
+    """A run's task_ready events as plain records (task, hostname, machine, cpus)."""
+    return [
+        {"task": e.task, "hostname": e.hostname, "machine": e.machine, "cpus": e.cpus}
+        for e in event_records(RunDir(Path(run_dir)).events_jsonl)
+        if isinstance(e, TaskReady)
+    ]
 
 
 def _corrected(inp: Inputs, net: Network, verdict: contention.Contention, n: int) -> dict[str, Any]:
     """The model's size n, corrected by what the measured sizes below it say (contention)."""
-    row = predict_size(inp, net, n)
-    return contention.correct(row, verdict, _wait_factor) or row
+    row = contention.share_row(predict_size(inp, net, n), verdict, inp.own_ms)
+    out = contention.correct(row, verdict, _wait_factor) or row
+    contention.basis(out, verdict)
+    return out
 
 
 def _wait_factor(n: int, m: int) -> float:
@@ -216,9 +258,16 @@ def _wait_factor(n: int, m: int) -> float:
 def _advice(inp: Inputs, net: Network, verdict: contention.Contention, rows: list[dict[str, Any]]) -> list[str]:
     """The model's advice; when the measurements contradict it, that first, and never "scales well"."""
     lines = advice(inp, net, rows)
-    if not verdict.contradicted:
+    shared = [r for r in rows if (r.get("own_inflation") or 1.0) > cpushare.INFLATED]
+    if not verdict.contradicted and not shared:
         return lines
-    return [contention.advice_line(verdict), *(a for a in lines if not a.startswith("scales well"))]
+    first = (
+        contention.advice_line(verdict)
+        if verdict.contradicted
+        else f"own work per step grows x{float(shared[-1]['own_inflation']):.1f} at {shared[-1]['workers']} workers: "
+        f"{shared[-1]['workers_per_machine']} share a machine's cores; give each worker its own cores"
+    )
+    return [first, *(a for a in lines if not a.startswith("scales well"))]
 
 
 def compare_to(pred: Mapping[str, Any], m: Mapping[str, Any]) -> dict[str, Any]:
@@ -276,7 +325,7 @@ def prediction_text(pred: Mapping[str, Any]) -> str:
         rows.append(
             (
                 str(s["workers"]),
-                _f(s["step_ms"], ".1f") + ("*" if s.get("corrected_from") else ""),
+                _f(s["step_ms"], ".1f") + ("*" if s.get("corrected_from") else "?" if s.get("cannot_predict") else ""),
                 _f(s["own_ms"], ".1f"),
                 _f(s["waiting_for_slowest_ms"], ".1f"),
                 _f(s["allreduce_ms"], ".1f"),
@@ -306,6 +355,11 @@ def prediction_text(pred: Mapping[str, Any]) -> str:
     lines += table(rows)
     if any(s.get("corrected_from") for s in pred["sizes"]):
         lines.append("* corrected with the growth the smaller sizes measured (confidence low: see above)")
+    lines += [
+        f"? cannot predict {s['workers']} workers with confidence: {s['cannot_predict']}"
+        for s in pred["sizes"]
+        if s.get("cannot_predict")
+    ]
     if pred.get("statistical"):
         lines += ["", *pred["statistical"]]
     lines += ["", "assumptions:"] + [f"  - {a}" for a in pred["assumptions"]]
@@ -329,7 +383,7 @@ def sweep_prediction(summary: Mapping[str, Any], net: Network) -> tuple[dict[str
     for s in sizes:
         p = _corrected(inp, net, verdict, int(s["workers"]))
         rows.append({**p, **compare_to(p, s)})
-    conf = contention.confidence(verdict, max(int(s["workers"]) for s in sizes))
+    conf = _confidence(verdict, max(int(s["workers"]) for s in sizes), rows)
     out = {
         "network": {"latency_s": net.latency_s, "bandwidth_Bps": net.bandwidth_Bps, "source": net.source},
         "from_workers": inp.measured_workers,

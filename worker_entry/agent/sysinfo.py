@@ -289,6 +289,7 @@ def node_facts(config: dict[str, Any], nvml: Nvml | None = None) -> dict[str, An
         "packages": package_versions(),
         "gpus": gpus,
         "cpus": os.cpu_count(),
+        "boot_id": _boot_id(),
         "mem_total_mb": _mem_total_mb(),
         "load1": load[0],
         "disk": disk,
@@ -386,3 +387,14 @@ class GroupSampler:
             "threads": threads,
             "nproc": alive,
         }
+
+
+def _boot_id() -> str | None:
+    """The kernel's boot id (Linux): hosts that report the same one run on one machine and share its cores,
+    whatever their hostnames (network namespaces, containers, pods on one node). None where unreadable."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            text = f.read(64).strip()
+    except OSError:
+        return None
+    return text or None

@@ -15,7 +15,10 @@ task's log (``orchestrator.job.check``):
    one warm-up, as nccl-tests reports it.
 
 A watchdog ends the process (exit 3) at ``--deadline-s``, printing what was measured so far: the check
-never hangs on a peer that never comes.
+never hangs on a peer that never comes. As it reaches each phase (``checkline.PHASES``: started, links,
+tensorflow, strategy, joined, compute, allreduce) it prints ``TFCLUSTER_CHECK_PHASE {json}``: when the
+deadline passes with no figures anywhere, the launcher names the host the others waited for by how far
+each got (``orchestrator.job.checklag``), not every host.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import threading
 import time
 from typing import Any
 
-from ..protocol.checkline import PREFIX
+from ..protocol.checkline import PHASE_PREFIX, PREFIX
 from ..protocol.env import Env
 from .links import LinkError, link_rounds
 
@@ -62,6 +65,16 @@ def emit(**update: Any) -> None:
         _result["printed"] = True
         line = {k: v for k, v in _result.items() if k != "printed"}
         sys.stdout.write(PREFIX + json.dumps(line, allow_nan=False) + "\n")
+        sys.stdout.flush()
+
+
+def phase(name: str, started: float) -> None:
+    """Say that the check reached ``name`` (``checkline.PHASES``), as it happens: a node whose result line
+    never comes (its deadline passed while it waited for a peer, or it was stopped) is still known by how
+    far it got, so the launcher can tell the host the others waited for from the ones that waited."""
+    line = {"phase": name, "t_s": round(time.monotonic() - started, 3)}
+    with _lock:
+        sys.stdout.write(PHASE_PREFIX + json.dumps(line) + "\n")
         sys.stdout.flush()
 
 
@@ -155,11 +168,13 @@ def allreduce_times(tf: Any, strategy: Any, size_bytes: int, budget_s: float, ma
     return {"bytes": elems * 4, "latency_s": sum(times) / len(times), "iterations": len(times)}
 
 
-def _measure(args: argparse.Namespace) -> None:
+def _measure(args: argparse.Namespace, started: float) -> None:
     """The TensorFlow part: the strategy, the compute benchmark, the all-reduces."""
     import tensorflow as tf
 
     from ..instrument.strategy import make_strategy, strategy_record
+
+    phase("tensorflow", started)
 
     if not tf.config.list_physical_devices("GPU"):
         # one thread per matmul: a host's CPU rate is then its share of a core (a quota, throttling, steal
@@ -167,10 +182,14 @@ def _measure(args: argparse.Namespace) -> None:
         tf.config.threading.set_intra_op_parallelism_threads(1)
     strategy = make_strategy()
     _result["communication"] = strategy_record(strategy)["communication"]
+    phase("strategy", started)
     allreduce_times(tf, strategy, 4, 0.0, 2)  # a barrier: every host starts its matmuls at once
+    phase("joined", started)
     _result.update(compute(tf, args.matmul_s))
+    phase("compute", started)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     _result["allreduce"] = [allreduce_times(tf, strategy, s, args.allreduce_s) for s in sizes]
+    phase("allreduce", started)
     _result["workers"] = strategy.num_replicas_in_sync
     allreduce_times(tf, strategy, 4, 0.0, 2)
     _done_barrier(args.deadline_s)
@@ -202,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=_watchdog, args=(args.deadline_s,), daemon=True).start()
     peers, rank = peers_from_tf_config()
     _result.update(task=peers[rank][0] if peers else "worker:0", rank=rank, hostname=socket.gethostname())
+    phase("started", started)
     secret = os.environ.pop(Env.CHECK_SECRET, "")  # the run's (the launcher's NodeConfig env); not for TF
     try:
         if not secret:
@@ -210,9 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     except (LinkError, OSError, ValueError) as exc:
         _result.update(links=[], links_error=f"{type(exc).__name__}: {exc}")
     _result["links_s"] = round(time.monotonic() - started, 3)
+    phase("links", started)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
-        _measure(args)
+        _measure(args, started)
     except Exception as exc:  # TensorFlow's errors: reported in the line, the exit code says it failed
         emit(error=f"{type(exc).__name__}: {exc}"[:2000], wall_s=round(time.monotonic() - started, 3))
         sys.stdout.flush()

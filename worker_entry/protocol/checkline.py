@@ -18,6 +18,11 @@ from .frames import ProtocolError
 from .schema import COUNT_MAX, LONG, S_MAX, Record, spec
 
 PREFIX = "TFCLUSTER_CHECK "
+#: a line per phase the check reached, as it reaches it: what the launcher knows of a node that never
+#: printed its result (stopped with the others, or its deadline passed while it waited)
+PHASE_PREFIX = "TFCLUSTER_CHECK_PHASE "
+#: the check's phases in order (``worker_entry.check``): each is reached when the step it names is done
+PHASES = ("started", "links", "tensorflow", "strategy", "joined", "compute", "allreduce")
 #: the longest line the launcher parses (a check line is a few KiB; 4,096 links would be ~1 MiB)
 MAX_LINE = 1 << 20
 #: bytes/s: 100 TB/s, beyond any NIC or loopback
@@ -92,6 +97,14 @@ class CheckReport(Record):
     error: str | None = field(default=None, metadata=spec(max_len=LONG))
 
 
+@dataclass
+class CheckPhase(Record):
+    """A phase the node's check reached, ``t_s`` seconds after it started (its own clock)."""
+
+    phase: Literal["started", "links", "tensorflow", "strategy", "joined", "compute", "allreduce"]
+    t_s: float = field(default=0.0, metadata=spec(lo=0, hi=S_MAX))
+
+
 def find_line(text: str) -> str | None:
     """The last ``TFCLUSTER_CHECK`` payload in a task's log text (None: there is none)."""
     for line in reversed(text.splitlines()):
@@ -111,3 +124,17 @@ def parse_report(payload: str) -> CheckReport:
     if not isinstance(obj, dict):
         raise ProtocolError(f"expected a JSON object, got {type(obj).__name__}")
     return CheckReport.from_dict(obj)
+
+
+def last_phase(text: str) -> CheckPhase | None:
+    """The last valid phase line in a task's log text (None: none; an invalid one is skipped: a phase is
+    evidence of progress, and a node's garbage must not move it)."""
+    for line in reversed(text.splitlines()):
+        if line.startswith(PHASE_PREFIX):
+            try:
+                obj = json.loads(line[len(PHASE_PREFIX) : len(PHASE_PREFIX) + 200])
+                if isinstance(obj, dict):
+                    return CheckPhase.from_dict(obj)
+            except (ValueError, RecursionError, ProtocolError):
+                continue
+    return None

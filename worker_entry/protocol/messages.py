@@ -63,6 +63,8 @@ class NodeFacts(Record):
     packages: dict[str, str | None] = field(default_factory=dict)
     gpus: list[GpuInfo] = field(default_factory=list)
     cpus: int | None = field(default=None, metadata=spec(lo=0, hi=ID_MAX))
+    # the kernel's boot id: two "hosts" with the same one share one machine's cores (namespaces, pods on a node)
+    boot_id: str | None = field(default=None, metadata=spec(max_len=64))
     mem_total_mb: int | None = field(default=None, metadata=spec(lo=0, hi=MB_MAX))
     load1: float = field(default=0.0, metadata=spec(lo=0, hi=S_MAX))
     disk: DiskInfo | None = None
