@@ -183,6 +183,30 @@ def test_the_launcher_writes_events_without_tensorflow(tmp_path):
     assert [e.value for e in acc.Scalars("host/cpu_pct")] == [1.0, 2.0]  # the startup point too
 
 
+def test_tensorboardx_is_imported_without_its_cloud_clients(tmp_path):
+    """The launcher writes local files: boto3 (S3 paths, most of tensorboardX's import CPU) is not
+    imported with it, and is not left marked absent either: a later ``import boto3`` gets the module."""
+    pytest.importorskip("boto3")
+    code = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from orchestrator.sinks.tensorboard import TensorBoardSink\n"
+        "s = TensorBoardSink(Path(sys.argv[1]), ['worker:0'])\n"
+        "s.write('worker:0', {'ts': time.time(), 'cpu_pct': 2.0, 'progress': {'steps': 5, 'phase': 'train'}})\n"
+        "s.close()\n"
+        "assert not s.problems, s.problems\n"
+        "print('tensorboardX' in sys.modules, 'boto3' in sys.modules)\n"
+        "import boto3\n"
+        "print(boto3.__name__)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "tb")], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["True", "False", "boto3"]
+    assert list((tmp_path / "tb" / "worker-0").glob("events.out.tfevents.*"))
+
+
 @pytest.mark.e2e
 def test_a_real_run_writes_tensorboard_scalars_beside_the_users(testbed_factory, tmp_path):
     """3 workers of keras_synthetic: every worker's step split, rates, scores, CPU and RSS, the job's

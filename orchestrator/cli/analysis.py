@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -18,18 +19,21 @@ from .exitcodes import EXIT_OK, exit_code_for_sweep
 def cmd_report(args: argparse.Namespace) -> int:
     """`tfcluster report RUN`: why a run does (not) scale, from its run directory alone (text, --json, --html)."""
     from ..views.logs import parse_duration
+    from ..views.records import heartbeat_records
     from ..views.report import build_report, report_text
     from .commands import resolved_run
 
     last_s = parse_duration(args.last, "--last") if args.last else None
     run = resolved_run(args)
-    report = build_report(run, last_s=last_s)
+    records = heartbeat_records(run.heartbeats_jsonl)  # read once: the report and its page (--html) both use them
+    gc.freeze()  # they live until this command exits: the collector need not walk them on every later pass
+    report = build_report(run, last_s=last_s, records=records)
     text = report_text(report)
     data = report.to_dict()  # --json: the model's one JSON shape
     if args.html:
         from ..views.pages import report_page
 
-        page, pngs = report_page(run, report, text)
+        page, pngs = report_page(run, report, text, records=records)
         data.update(html=str(page), pngs=[str(p) for p in pngs])
     print(json.dumps(data, indent=2) if args.json else safe_text(text))  # hosts and causes come from nodes
     if args.html and not args.json:

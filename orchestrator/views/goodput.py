@@ -34,6 +34,7 @@ categories, never out of the wall. Input: typed events (``events.read_events``) 
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -139,10 +140,12 @@ def _assign(attempts: list[Attempt], beats: Iterable[Mapping[str, Any]]) -> dict
     profiles: dict[int, list[Mapping[str, Any]]] = {}
     if not attempts:
         return profiles
-    starts = [a.start or 0.0 for a in attempts]
+    starts = [a.start or 0.0 for a in attempts]  # in order (``_attempts`` sorts by start)
 
     def which(ts: float) -> int | None:
-        return max((i for i, s in enumerate(starts) if s <= ts), default=None)
+        """The last attempt started at or before ``ts`` (a search, not a scan: once per record)."""
+        i = bisect.bisect_right(starts, ts) - 1
+        return i if i >= 0 else None
 
     progress: dict[tuple[int, Any], list[tuple[float, float, float | None]]] = {}  # (attempt, task) -> records
     for rec in beats:
@@ -271,7 +274,9 @@ def goodput(
         else:
             d["startup_s"] = connect + upto("startup_s", a.first)
             keep, why = (a.last, None) if ok else _backup(a, a.first or t, attempts[i + 1 :], proven)
-            shares = _shares(profiles.get(i, [])) or run_shares or (0.0, 0.0, 0.0, None)
+            # one attempt with windows: its shares are the run's (the same windows, in the same order)
+            mine = run_shares if list(profiles) == [i] else _shares(profiles.get(i, []))
+            shares = mine or run_shares or (0.0, 0.0, 0.0, None)
             span = upto("productive_s", keep)
             sums["productive_s"] -= span * (shares[0] + shares[1])
             sums["input_stall_s"] += span * (shares[0] + shares[2])  # a worker's input the others wait for: input

@@ -52,11 +52,12 @@ WORKER_COLUMNS = (
 )
 
 
-def step_series(run: RunDir) -> dict[str, list[tuple[float, float]]]:
-    """Per task (ts, step ms): the step-clock windows, or the progress records' step time without them."""
+def step_series(run: RunDir, records: list[dict[str, Any]] | None = None) -> dict[str, list[tuple[float, float]]]:
+    """Per task (ts, step ms): the step-clock windows, or the progress records' step time without them.
+    ``records``: the run's ``heartbeat_records`` when the caller holds them (read once, not twice)."""
     windows: dict[str, list[tuple[float, float]]] = {}
     progress: dict[str, list[tuple[float, float]]] = {}
-    for rec in heartbeat_records(run.heartbeats_jsonl):  # checked: numbers are numbers
+    for rec in heartbeat_records(run.heartbeats_jsonl) if records is None else records:  # numbers are numbers
         task, ts = rec["task"], rec.get("ts")
         if ts is None:
             continue
@@ -149,8 +150,11 @@ def _slowest(means: Mapping[str, float], named: set[str], top: int = 5) -> list[
     return sorted(slow | (named & set(means)), key=lambda t: means[t])
 
 
-def report_page(run: RunDir, rep: Report, text: str, out: Path | None = None) -> tuple[Path, list[Path]]:
-    """RUN/report/{report.html, step_times.png, time_split.png (, step_hist.png)}: what `report --html` writes."""
+def report_page(
+    run: RunDir, rep: Report, text: str, out: Path | None = None, records: list[dict[str, Any]] | None = None
+) -> tuple[Path, list[Path]]:
+    """RUN/report/{report.html, step_times.png, time_split.png (, step_hist.png)}: what `report --html` writes.
+    ``records``: the heartbeat records the report was built from (a 4,096-task run's file is read once)."""
     out = out or run.path / "report"
     out.mkdir(parents=True, exist_ok=True, mode=0o700)
     workers = flat_workers(rep.workers)  # the table's and the pictures' rows (the outliers' ranking reads them)
@@ -185,7 +189,7 @@ def report_page(run: RunDir, rep: Report, text: str, out: Path | None = None) ->
     if gm.per_host:
         page.h2("GPUs" + (" (mixed models: every step waits for the slowest GPU)" if gm.mixed else ""))
         page.table(["host", "GPUs"], [[h, ", ".join(m)] for h, m in gm.per_host.items()])
-    images = _run_images(run, rep, out, workers, listed)
+    images = _run_images(run, rep, out, workers, listed, records)
     if rep.loss or rep.noise_scale.get("windows"):
         page.h2("Training loss and the gradient noise scale")
         page.pre("\n".join([*loss_lines(rep.loss), "", *noise_lines(rep.noise_scale)]))
@@ -204,10 +208,15 @@ def report_page(run: RunDir, rep: Report, text: str, out: Path | None = None) ->
 
 
 def _run_images(
-    run: RunDir, rep: Report, out: Path, workers: Mapping[str, Any], listed: list[str]
+    run: RunDir,
+    rep: Report,
+    out: Path,
+    workers: Mapping[str, Any],
+    listed: list[str],
+    records: list[dict[str, Any]] | None = None,
 ) -> list[tuple[str, Path]]:
     marks = [(float(s.ts), str(s.task)) for s in rep.stragglers if isinstance(s.ts, int | float)]
-    series = step_series(run)
+    series = step_series(run, records)
     many = len(series) > plots.LINES_UP_TO
     means = {t: v for t, w in rep.workers.items() if (v := w.step_ms) is not None}
     outliers = _slowest(means, rep.straggler_tasks()) if many else []

@@ -247,7 +247,7 @@ def analyse(
     step = split["step_ms"]
     prof = {t: dict(w) for t, w in workers.items() if w.get("pre_collective_ms") is not None and w.get("step_ms")}
     finding = find_straggler(prof, policy or StragglerPolicy())
-    finding = _by_model(explain(finding, host_samples, gpus, prof), paced)
+    finding = _by_model(explain(finding, host_samples, gpus, prof, (host,)), paced)  # host: of the same samples
     advice = []
     if finding is not None:
         waits = (
