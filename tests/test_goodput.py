@@ -180,7 +180,9 @@ def test_a_host_lost_for_good_is_booked_as_recovering_from_a_lost_host():
     assert g["recovery"]["hosts_lost"] == 1 and g["recovery"]["loss_to_training_s"] == 15
     text = "\n".join(goodput_lines(g))
     assert "recovering from a lost host: failure -> new plan" in text
-    assert "attempt 0 (host lost for good): loss to training again 15.0 s; work redone 6.0 s (250 steps)" in text
+    assert (
+        "attempt 0 (host lost for good): loss to training again 15.0 s; work redone 6.0 s (250 steps reported)" in text
+    )
     assert "recovery in all: 1 failure(s), 1 host(s) lost" in text
 
 
@@ -314,7 +316,7 @@ def test_the_cost_of_a_failure_is_in_tensorboard_and_the_html_page(tmp_path):
     page.goodput_bar(build_report(run).goodput)
     html = page.render()
     assert "work redone: training since the last backup: 6.0 s" in html
-    assert "attempt 0 (restart in place): loss to training again 10.0 s; work redone 6.0 s (250 steps)" in html
+    assert "attempt 0 (restart in place): loss to training again 10.0 s; work redone 6.0 s (250 steps reported)" in html
 
 
 def test_report_json_and_text_carry_goodput(tmp_path):
@@ -325,7 +327,7 @@ def test_report_json_and_text_carry_goodput(tmp_path):
     assert "goodput 33.3% of 68.5 s wall time:" in text
     assert re.search(r"work redone: training since the last backup\s+6\.0 s\s+8\.8%", text)
     assert re.search(r"restarting in place after a failure\s+3\.0 s\s+4\.4%", text)
-    assert "attempt 0 (restart in place): loss to training again 10.0 s; work redone 6.0 s (250 steps)" in text
+    assert "attempt 0 (restart in place): loss to training again 10.0 s; work redone 6.0 s (250 steps reported)" in text
     assert "attempt 0: lost 6.0 s of training (the next attempt resumed at epoch 2)" in text
     r = run_cli("report", str(tmp_path), "--json")
     assert r.returncode == 0, r.stderr

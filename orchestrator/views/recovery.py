@@ -88,7 +88,7 @@ def recovery_lines(g: Mapping[str, Any]) -> list[str]:
             f"  attempt {d['attempt']} ({what}): loss to training again "
             + (f"{again:.1f} s" if again is not None else "unknown (the next attempt never trained)")
             + f"; work redone {float(d.get('lost_work_s') or 0.0):.1f} s"
-            + (f" ({steps} steps)" if steps is not None else "")
+            + (f" ({steps} steps reported)" if steps is not None else "")
         )
     again = rec.get("loss_to_training_s")
     steps = rec.get("work_redone_steps")
@@ -96,6 +96,6 @@ def recovery_lines(g: Mapping[str, Any]) -> list[str]:
         f"  recovery in all: {rec['failures']} failure(s), {rec['hosts_lost']} host(s) lost; loss to training "
         + (f"again {again:.1f} s" if again is not None else "again unknown")
         + f"; work redone {rec['work_redone_s']:.1f} s"
-        + (f" ({steps} steps)" if steps is not None else "")
+        + (f" ({steps} steps reported)" if steps is not None else "")
     )
     return lines
