@@ -86,6 +86,37 @@ def check(cfg: SimConfig, seeds: int) -> tuple[list[dict], dict]:
     }
 
 
+def live_table(n: int, losses: int, every_s: float, timeout_s: float) -> tuple[str, list, list]:
+    """The real supervisor (``elastic_live``) at ``n`` tasks: 8 spares, then no spare with min_workers."""
+    import tempfile
+
+    import elastic_live
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="elastic-live-") as tmp:
+        for name, spares, min_workers in (("8 spares", 8, None), ("min_workers", 0, n // 2)):
+            say(f"live {name} at {n} tasks")
+            where = Path(tmp) / name.replace(" ", "-")
+            r = elastic_live.run(n, spares, min_workers, losses, every_s, where, timeout_s=timeout_s)
+            r.pop("run_dir")
+            rows.append({"scenario": name, **r})
+    return (
+        f"the real launcher at {n} load-generator tasks, a host lost every {every_s:g} s of training "
+        f"(heartbeat 1 s, timeout {rows[0]['timeout_s']:g} s)",
+        [
+            ("scenario", "scenario"),
+            ("state", "state"),
+            ("hosts_lost", "hosts lost"),
+            ("reshapes", "reshapes"),
+            ("workers_end", "workers at end"),
+            ("again_mean_s", "loss->training mean s"),
+            ("again_max_s", "max s"),
+            ("wall_s", "wall s"),
+        ],
+        rows,
+    )
+
+
 def main() -> int:
     ap = base_parser(__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=int, default=1024)
@@ -96,6 +127,16 @@ def main() -> int:
     ap.add_argument("--detect-s", type=float, default=10.0, help="the heartbeat timeout")
     ap.add_argument("--recover-s", type=float, default=8.0, help="teardown, decision, new plan, reconnect")
     ap.add_argument("--startup-s", type=float, default=30.0, help="TensorFlow's start and restore")
+    ap.add_argument(
+        "--live",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run the launcher's real Job/supervisor at N load-generator tasks losing hosts for good",
+    )
+    ap.add_argument("--live-losses", type=int, default=4, help="hosts lost in each live run")
+    ap.add_argument("--live-every", type=float, default=10.0, help="real seconds of training between live losses")
+    ap.add_argument("--live-timeout", type=float, default=15.0, help="the live runs' heartbeat timeout")
     args = ap.parse_args()
     set_verbose(args.verbose)
     seeds = 3 if args.quick else args.seeds
@@ -167,6 +208,8 @@ def main() -> int:
         "goodput = work done in seconds of the planned job's training / wall time; a shrunk job keeps the global "
         "batch, so n of N workers progress at n/N",
     ]
+    if args.live:
+        rep.extra_tables.append(live_table(args.live, args.live_losses, args.live_every, args.live_timeout))
     worst = max(c["shortfall_pct"] or 0.0 for c in checks)
     rep.set_ratio("goodput shortfall at the advice vs the swept best (%)", worst, "<= 2 %", worst <= 2.0)
     rep.emit(args.json)
