@@ -293,7 +293,7 @@ def goodput(
                 d["lost_work_s"], d["backup"] = upto("redone_s", a.failed_at), why
                 d["work_redone_steps"] = steps_between(a.steps, keep if keep != a.first else None, t)
         if nxt is not None:
-            cause = cause_of(events, nxt.n) if a.state != "succeeded" else None
+            cause = cause_of(events, nxt.n) if a.state == "failed" else None  # a requeue is no failure
             d["until_next_attempt_s"] = upto("host_lost_s" if cause == "host_lost" else "failure_s", nxt.start)
             if cause is not None and a.failed_at is not None:
                 lost = loss_ts(events, a.culprit, a.failed_at, a.start or start)
