@@ -48,7 +48,10 @@ class LoadGenBackend(ConnectBackBackend):
     def launch(self, starts: Sequence[Any]) -> None:
         for g in self.generators:  # the previous attempt's nodes are gone
             g.stop()
-        self.generators.append(LoadGenerator(self.server.address, self.secret, range(len(starts)), **self.options))
+        attempt = starts[0][1].attempt if starts else 0  # a restart's nodes prove they were started for it
+        self.generators.append(
+            LoadGenerator(self.server.address, self.secret, range(len(starts)), attempt=attempt, **self.options)
+        )
 
     def close(self) -> None:
         super().close()

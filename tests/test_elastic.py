@@ -159,6 +159,17 @@ def test_a_reshape_counts_against_the_budget_and_a_job_without_spares_restarts_i
     assert RestartPolicy(2).decide(_failed("lost"), [], stopped, ELASTIC).action is Action.FINISH
 
 
+def test_the_spares_used_up_the_next_lost_host_ends_the_run_saying_why():
+    """Its last spare in, the job is still elastic: a second lost host ends the run with the reason
+    (before: a restart in place on the lost host, whose connect then failed)."""
+    d = RestartPolicy(5).decide(_failed("lost", "worker:1", "b"), [], Interrupt(), ELASTIC)
+    assert d.reshape is not None and d.reshape.after.spares == () and d.reshape.after.elastic
+    after = d.reshape.after
+    end = RestartPolicy(5).decide(_failed("lost", "worker:0", "a"), [], Interrupt(), after)
+    assert end.action is Action.FINISH and end.run_failure is not None
+    assert "no spare host is left: 2 worker(s) would remain, below restart.min_workers (3)" in end.run_failure.message
+
+
 def test_members_find_the_culprit_by_its_task_and_name_it_by_their_host():
     got = ELASTIC.without(Exclusion("10.9.9.9:22", "connect: refused", 1, 5.0, "worker:0"))
     assert not isinstance(got, str)

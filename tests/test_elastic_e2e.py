@@ -19,7 +19,8 @@ from waiting import wait_for
 
 from orchestrator.runs import RunDir
 from orchestrator.views.control import job_status, status_text
-from orchestrator.views.report import build_report
+from orchestrator.views.goodput import CATEGORIES
+from orchestrator.views.report import build_report, report_text
 
 pytestmark = [pytest.mark.e2e, requires_netns]
 
@@ -90,8 +91,19 @@ def test_a_host_cut_for_good_is_replaced_by_the_spare_and_the_job_resumes_from_t
         assert [e["host"] for e in status["elastic"]["excluded"]] == [lost] and status["elastic"]["spares"] == []
         text = status_text(job_status(RunDir(run_dir)))
         assert f"host excluded: {lost} (worker:2, attempt 0): lost: " in text and "spares left: none" in text
-        (r,) = build_report(RunDir(run_dir)).reshapes
-        assert (r["host"], r["spare_in"]) == (lost, spare) and r["loss_to_training_s"] > 0
+        rep = build_report(RunDir(run_dir))
+        (r,) = rep.reshapes
+        assert (r["host"], r["spare_in"]) == (lost, spare)
+        # the cost of the lost host (issue 34 item 8): from its last heartbeat, so at least the heartbeat
+        # timeout, to the spare's attempt's first step; the training since the epoch-1 backup redone
+        assert r["loss_to_training_s"] > HEARTBEAT["timeout_s"], r
+        assert r["work_redone_steps"] is not None and 0 <= r["work_redone_steps"] <= 2 * 40, r
+        g = rep.goodput
+        (failed,) = [a for a in g["attempts"] if a.get("cause")]
+        assert (failed["cause"], failed["loss_to_training_s"]) == ("host_lost", r["loss_to_training_s"])
+        assert g["recovery"]["hosts_lost"] == 1 and g["host_lost_s"] > 0 and g["failure_s"] == 0
+        assert sum(g[k] for k in CATEGORIES) == pytest.approx(g["wall_s"], abs=0.01)
+        assert "(host lost for good): loss to training again" in report_text(rep)
         plan = json.loads((run_dir / "plan.json").read_text())
         assert plan["attempt"] == 1 and [t["host"] for t in plan["tasks"]] == [h.address for h in tb.hosts[:2]] + [
             spare

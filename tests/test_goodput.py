@@ -118,7 +118,20 @@ def test_restart_resumed_from_a_backup():
     assert (a0["startup_s"], a0["training_s"], a0["lost_work_s"], a0["until_next_attempt_s"]) == (10, 19, 6, 3)
     assert "resumed at epoch 2" in a0["backup"]
     assert (a1["startup_s"], a1["training_s"], a1["teardown_s"]) == (7, 19, 2)
-    assert g["startup_s"] == pytest.approx(17) and g["failure_s"] == pytest.approx(9)
+    assert g["startup_s"] == pytest.approx(17) and g["redone_s"] == pytest.approx(6) and g["failure_s"] == 3
+    assert g["host_lost_s"] == 0  # restarted in place: no host left the run
+    # the cost of the failure: t=35 (the failure) → t=45 (attempt 1's first step); redone: the 250 steps
+    # reported after the backup (1,200 at t=34 less 950 at t=29)
+    assert (a0["cause"], a0["loss_to_training_s"], a0["work_redone_steps"]) == ("restart", 10, 250)
+    assert g["recovery"] == {
+        "failures": 1,
+        "hosts_lost": 0,
+        "loss_to_training_s": 10,
+        "loss_to_training_max_s": 10,
+        "work_redone_s": 6,
+        "work_redone_steps": 250,
+    }
+    assert "cause" not in a1
     assert g["teardown_s"] == pytest.approx(2) and g["gather_s"] == pytest.approx(1.9)
     assert g["other_s"] == pytest.approx(0.6)
     # 38 s of training: 20% of a step waits for input, 20% for the slowest worker
@@ -127,6 +140,50 @@ def test_restart_resumed_from_a_backup():
     assert g["goodput"] == pytest.approx(22.8 / 68.5, abs=1e-4)
     assert g["step_clock"] is True and g["finished"] is True
     assert any("BackupAndRestore" in n for n in g["notes"])
+
+
+def test_a_host_lost_for_good_is_booked_as_recovering_from_a_lost_host():
+    """restart_run with worker:1's host lost: silent from t=30, declared lost at t=35 (5 s of silence),
+    attempt 1 reshaped without it. The loss counts from its last sign of life, not from the verdict."""
+    events, beats, result = restart_run()
+    events = [e for e in events if e.event not in ("attempt_finished", "restart")]
+    events += [
+        _ev(35, "worker_lost", task="worker:1", message="no heartbeat for 5.0s", silent_s=5.0),
+        _ev(
+            36,
+            "attempt_finished",
+            attempt=0,
+            state="failed",
+            root_cause={"kind": "lost", "ts": T0 + 35, "task": "worker:1"},
+        ),
+        _ev(
+            36.5,
+            "reshaped",
+            task="worker:1",
+            host="10.0.0.1",
+            attempt=1,
+            reason="lost: no heartbeat",
+            spare_in=None,
+            workers_before=2,
+            workers_after=1,
+            spares_left=0,
+            lost_ts=T0 + 35,
+        ),
+        _ev(66, "attempt_finished", attempt=1, state="succeeded", root_cause=None),
+    ]
+    events.sort(key=lambda e: e.ts)
+    g = goodput(events, beats, result)
+    assert _sum(g) == pytest.approx(g["wall_s"], abs=0.01)
+    assert (g["host_lost_s"], g["failure_s"], g["redone_s"]) == (3, 0, 6)
+    a0 = g["attempts"][0]
+    assert (a0["cause"], a0["loss_ts"], a0["loss_to_training_s"]) == ("host_lost", T0 + 30, 15)
+    assert g["recovery"]["hosts_lost"] == 1 and g["recovery"]["loss_to_training_s"] == 15
+    text = "\n".join(goodput_lines(g))
+    assert "recovering from a lost host: failure -> new plan" in text
+    assert (
+        "attempt 0 (host lost for good): loss to training again 15.0 s; work redone 6.0 s (250 steps reported)" in text
+    )
+    assert "recovery in all: 1 failure(s), 1 host(s) lost" in text
 
 
 def test_no_restart():
@@ -185,7 +242,8 @@ def test_without_backup_evidence_the_whole_attempt_is_lost():
     a0 = g["attempts"][0]
     assert a0["training_s"] == 0 and a0["lost_work_s"] == pytest.approx(25)  # t=10 → 35
     assert "no backup evidence" in a0["backup"]
-    assert g["failure_s"] == pytest.approx(28)
+    assert g["redone_s"] == pytest.approx(25) and g["failure_s"] == pytest.approx(3)
+    assert a0["work_redone_steps"] == 1200  # every step it reported: nothing was kept
     assert _sum(g) == pytest.approx(g["wall_s"], abs=0.01)
 
 
@@ -244,17 +302,37 @@ def _write_run(path, events, beats, result, plan=None) -> RunDir:
     return RunDir(path)
 
 
+def test_the_cost_of_a_failure_is_in_tensorboard_and_the_html_page(tmp_path):
+    """The same figures as the report's, as TensorBoard scalars at the run's end and on the HTML page."""
+    from orchestrator.views.htmlpage import Page
+    from orchestrator.views.tensorboard import end_scalars
+
+    run = _write_run(tmp_path, *restart_run())
+    _, _, values = end_scalars(run)
+    assert values["recovery/loss_to_training_s"] == 10 and values["recovery/work_redone_steps"] == 250
+    assert values["recovery/failures"] == 1 and values["recovery/hosts_lost"] == 0
+    assert values["goodput/redone_s"] == pytest.approx(6) and values["goodput/host_lost_s"] == 0
+    page = Page("t")
+    page.goodput_bar(build_report(run).goodput)
+    html = page.render()
+    assert "work redone: training since the last backup: 6.0 s" in html
+    assert "attempt 0 (restart in place): loss to training again 10.0 s; work redone 6.0 s (250 steps reported)" in html
+
+
 def test_report_json_and_text_carry_goodput(tmp_path):
     run = _write_run(tmp_path, *restart_run())
     rep = build_report(run)
     assert rep.goodput["productive_s"] == pytest.approx(22.8)
     text = report_text(rep)
     assert "goodput 33.3% of 68.5 s wall time:" in text
-    assert re.search(r"failures: work redone since the last backup, restarts\s+9\.0 s\s+13\.1%", text)
+    assert re.search(r"work redone: training since the last backup\s+6\.0 s\s+8\.8%", text)
+    assert re.search(r"restarting in place after a failure\s+3\.0 s\s+4\.4%", text)
+    assert "attempt 0 (restart in place): loss to training again 10.0 s; work redone 6.0 s (250 steps reported)" in text
     assert "attempt 0: lost 6.0 s of training (the next attempt resumed at epoch 2)" in text
     r = run_cli("report", str(tmp_path), "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["goodput"]["failure_s"] == pytest.approx(9)
+    assert json.loads(r.stdout)["goodput"]["failure_s"] == pytest.approx(3)
+    assert json.loads(r.stdout)["goodput"]["recovery"]["work_redone_steps"] == 250
     narrowed = build_report(run, last_s=10)  # --last narrows the step times; goodput stays whole-run
     assert narrowed.goodput["wall_s"] == rep.goodput["wall_s"]
     assert "(of the whole run: --last narrows" in report_text(narrowed)

@@ -27,8 +27,11 @@ KEYWORDS = {
     "inf",
     "nan",
 }
-#: metrics without a sample on this machine (no GPU; a detection latency needs a lost/hung worker): declared only
-NO_SAMPLE_HERE = re.compile(r"^tfcluster_task_gpu_|^tfcluster_job_detection_latency_seconds$")
+#: metrics without a sample on this machine (no GPU; a detection latency needs a lost/hung worker, the last
+#: loss to training again a failure): declared only
+NO_SAMPLE_HERE = re.compile(
+    r"^tfcluster_task_gpu_|^tfcluster_job_detection_latency_seconds$|^tfcluster_job_last_loss_to_training_seconds$"
+)
 
 
 def metric_names(expr: str) -> set[str]:

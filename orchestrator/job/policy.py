@@ -100,8 +100,10 @@ class Members:
     @property
     def elastic(self) -> bool:
         """The spec asked for it (spares, or min_workers below the plan) and the scheduler can do it:
-        otherwise a failed host restarts in place, as before issue 34."""
-        return self.reshapes and (bool(self.spares) or self.min_workers < self.planned)
+        otherwise a failed host restarts in place, as before issue 34. A job that has excluded a host
+        stays elastic when its last spare is used: the next lost host ends the run saying why
+        (``without``), not a restart in place on a host that is gone (found by bench/elastic_sim.py)."""
+        return self.reshapes and (bool(self.spares) or self.min_workers < self.planned or bool(self.excluded))
 
     def position(self, out: Exclusion) -> int | None:
         if out.task is not None and out.task in self.tasks:

@@ -17,6 +17,7 @@ from typing import Any
 from ..core.states import TaskState
 from ..events import BaseEvent
 from ..events.kinds import JobStalled, Restart, Straggler, WorkerHung, WorkerLost
+from .recovery import Recoveries, RecoveryWatch
 
 #: profile record fields (milliseconds) exported as tfcluster_task_step_part_seconds{part=...}: the step
 #: clock's parts (they add up to ``step``), and ``pre_collective``, the worker's own work per step
@@ -71,6 +72,7 @@ class JobMetrics:
         self.stragglers = 0
         self.verdicts = 0
         self.detection_s: float | None = None
+        self.recovery = RecoveryWatch()  # the cost of each failure: loss to training again, work redone
         self._lock = threading.Lock()  # held only to swap or copy a reference: the decision loop takes it
         # The label bound's, held by a scrape while it builds every task's samples (seconds at thousands of
         # tasks, on a loaded box): the decision loop never waits for it (it did, and stalled past the
@@ -80,6 +82,7 @@ class JobMetrics:
     def update(self, status: dict[str, Any]) -> None:
         with self._lock:
             self.status = status
+            self.recovery.update(status)
 
     def profile(self, task: str, record: dict[str, Any]) -> None:
         with self._lock:
@@ -88,6 +91,7 @@ class JobMetrics:
     # --- event sink -----------------------------------------------------------------------------
     def handle(self, event: BaseEvent) -> None:
         with self._lock:
+            self.recovery.handle(event)
             if isinstance(event, Restart):
                 self.restarts += 1
             elif isinstance(event, Straggler):
@@ -108,6 +112,17 @@ class JobMetrics:
                 dict(self.status),
                 dict(self.profiles),
                 (self.restarts, self.stragglers, self.verdicts, self.detection_s),
+            )
+
+    def recoveries(self) -> Recoveries:
+        with self._lock:
+            done = self.recovery.done
+            return Recoveries(
+                dict(done.count),
+                done.last_loss_to_training_s,
+                done.loss_to_training_s,
+                done.work_redone_steps,
+                done.work_redone_s,
             )
 
 
@@ -145,6 +160,7 @@ class _Collector:
         if detection is not None:  # declared always (no sample before a verdict): dashboards can name it
             d.add_metric([job], detection)
         yield d
+        yield from _recovery_figures(job, self.m.recoveries())
         yield from _job_figures(job, status)
         with self.m._scrape_lock:  # scrapes may come from several threads: the bound is one
             families = list(_task_metrics(job, status.get("tasks") or {}, profiles, self.m.labels))
@@ -156,6 +172,48 @@ class _Collector:
             labels=["job"],
         )
         c.add_metric([job], dropped)
+        yield c
+
+
+def _recovery_figures(job: str, done: Recoveries) -> Iterator[Any]:
+    """What the failures recovered from cost (``sinks.recovery``): by cause, the last one, the sums."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    c = CounterMetricFamily(
+        "tfcluster_job_recoveries",
+        "Failures the job trained again after, by cause (host_lost: on a new plan without the host; restart)",
+        labels=["job", "cause"],
+    )
+    for cause in ("host_lost", "restart"):  # both always: a dashboard can name them before any failure
+        c.add_metric([job, cause], done.count.get(cause, 0))
+    yield c
+    g = GaugeMetricFamily(
+        "tfcluster_job_last_loss_to_training_seconds",
+        "The last failure: from the culprit's last sign of life (or the failure) to the next attempt's first step",
+        labels=["job"],
+    )
+    if done.last_loss_to_training_s is not None:
+        g.add_metric([job], done.last_loss_to_training_s)
+    yield g
+    for name, doc, value in (
+        (
+            "tfcluster_job_loss_to_training_seconds",
+            "Loss to training again, summed over the failures",
+            done.loss_to_training_s,
+        ),
+        (
+            "tfcluster_job_work_redone_steps",
+            "Steps run between the last backup and a failure (run again)",
+            done.work_redone_steps,
+        ),
+        (
+            "tfcluster_job_work_redone_seconds",
+            "Training time between the last backup and a failure",
+            done.work_redone_s,
+        ),
+    ):
+        c = CounterMetricFamily(name, doc, labels=["job"])
+        c.add_metric([job], value)
         yield c
 
 

@@ -10,9 +10,11 @@ lands in exactly one category, so the categories add up to the wall:
   slowest worker inside the all-reduce) are parts of step time, so ``productive_s`` is the rest. When the
   slowest worker is late because of its input pipeline, the others' wait for it is input's cost: booked
   in ``input_stall_s``, and per worker in ``input_waits`` (issue 32: "how much did input cost me").
-- ``failure_s``: per failed attempt, the training since its last backup (work the next attempt
-  redoes) plus failure → next attempt's start (teardown, reconnecting, copying the backup; for Slurm,
-  the wait for the next allocation).
+- ``redone_s``: per failed attempt, the training since its last backup (work the next attempt redoes).
+- ``host_lost_s``: failure → the next attempt's start when that attempt runs on a new plan without the
+  failed host (a ``reshaped`` event: a host lost for good, issue 34): teardown, the reshape, connecting.
+- ``failure_s``: the same gap before a restart in place (teardown, reconnecting, copying the backup;
+  for Slurm, the wait for the next allocation).
 - ``teardown_s``: the final attempt's last step (or its failure) → its tasks' exit (final save, exit).
 - ``gather_s``: gather_started → gather_finished; ``other_s``: the rest.
 
@@ -43,6 +45,7 @@ from typing import Any
 from ..events import BaseEvent, kinds
 from .backup_interval import advice_lines, backup_advice
 from .records import is_number
+from .recovery import cause_of, loss_ts, recovery_lines, steps_between, totals
 from .split import job_split, weighted
 
 #: The categories, in the report's order, with their labels; they add up to the wall time.
@@ -51,7 +54,9 @@ CATEGORIES = {
     "startup_s": "startup until the first step (per attempt)",
     "input_stall_s": "input stalls (part of step time)",
     "straggler_wait_s": "waiting for the slowest worker (part of step time)",
-    "failure_s": "failures: work redone since the last backup, restarts",
+    "redone_s": "work redone: training since the last backup",
+    "host_lost_s": "recovering from a lost host: failure -> new plan",
+    "failure_s": "restarting in place after a failure",
     "teardown_s": "after the last step: final save, exit",
     "gather_s": "gathering logs and checkpoints",
     "other_s": "other",
@@ -78,6 +83,8 @@ class Attempt:
     state: str | None = None
     failed_at: float | None = None
     points: list[tuple[float, int | None, str]] = field(default_factory=list)  # (ts, epoch, task) of steps made
+    steps: list[tuple[float, float, str]] = field(default_factory=list)  # (ts, cumulative steps, task)
+    culprit: str | None = None  # the root cause's task
 
     @property
     def first(self) -> float | None:
@@ -118,6 +125,8 @@ def _attempts(events: list[BaseEvent], result: Mapping[str, Any]) -> list[Attemp
             a = by_n.setdefault(n, Attempt(n))
             a.end, a.state = ev.ts, ev.state
             a.failed_at = _num(ev.root_cause.get("ts") if ev.root_cause is not None else None)
+            culprit = ev.root_cause.get("task") if ev.root_cause is not None else None
+            a.culprit = culprit if isinstance(culprit, str) else None
     for d in result.get("attempts") if isinstance(result.get("attempts"), list) else []:
         n = _no(d.get("attempt")) if isinstance(d, dict) else None
         if n is None:
@@ -163,6 +172,7 @@ def _assign(attempts: list[Attempt], beats: Iterable[Mapping[str, Any]]) -> dict
         if ts is not None and (i := which(ts)) is not None:
             ep = prog.get("epoch")
             attempts[i].points.append((ts, int(ep) if is_number(ep) else None, task))
+            attempts[i].steps.append((ts, float(prog["steps"]), task))
             progress.setdefault((i, task), []).append((ts, float(prog["steps"]), _num(prog.get("step_time_s"))))
     for (i, task), recs in progress.items():
         if (began := _first_step(sorted(recs), attempts[i].start)) is not None:
@@ -285,9 +295,15 @@ def goodput(
                 waits_for[shares[3]] = waits_for.get(shares[3], 0.0) + span * shares[2]
             d["training_s"] = span
             if not ok:
-                d["lost_work_s"], d["backup"] = upto("failure_s", a.failed_at), why
+                d["lost_work_s"], d["backup"] = upto("redone_s", a.failed_at), why
+                d["work_redone_steps"] = steps_between(a.steps, keep if keep != a.first else None, t)
         if nxt is not None:
-            d["until_next_attempt_s"] = upto("failure_s", nxt.start)
+            cause = cause_of(events, nxt.n) if a.state == "failed" else None  # a requeue is no failure
+            d["until_next_attempt_s"] = upto("host_lost_s" if cause == "host_lost" else "failure_s", nxt.start)
+            if cause is not None and a.failed_at is not None:
+                lost = loss_ts(events, a.culprit, a.failed_at, a.start or start)
+                d["cause"], d["loss_ts"] = cause, lost
+                d["loss_to_training_s"] = nxt.first - lost if nxt.first is not None else None
         else:
             d["teardown_s"] = upto("teardown_s", a.end)
         details.append({k: round(v, 3) if isinstance(v, float) else v for k, v in d.items()})
@@ -306,6 +322,7 @@ def goodput(
     out["step_clock"] = run_shares is not None
     out["attempts"] = details
     out["input_waits"] = {t: round(v, 3) for t, v in waits_for.items() if v > 0}
+    out["recovery"] = totals(details)  # the cost of failures: loss to training again, work redone
     out["backup_interval"] = backup_advice(events, wall)  # Young-Daly, from the run's copies and failures
     notes = []
     if not trained:
@@ -338,5 +355,6 @@ def goodput_lines(g: Mapping[str, Any]) -> list[str]:
     for a in g.get("attempts") or []:
         if a.get("backup"):
             lines.append(f"  attempt {a['attempt']}: lost {a.get('lost_work_s', 0):.1f} s of training ({a['backup']})")
+    lines += recovery_lines(g)
     lines += [f"  ({n})" for n in g.get("notes") or []]
     return lines + [f"  {x}" for x in advice_lines(g.get("backup_interval"))]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .goodput import CATEGORIES
+from .recovery import recovery_lines
 
 CSS = (
     "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222;line-height:1.4}"
@@ -34,6 +35,8 @@ GOODPUT_COLORS = {
     "startup_s": "#bab0ac",
     "input_stall_s": "#4e79a7",
     "straggler_wait_s": "#f28e2b",
+    "redone_s": "#ff9da7",
+    "host_lost_s": "#b07aa1",
     "failure_s": "#e15759",
     "teardown_s": "#9c755f",
     "gather_s": "#76b7b2",
@@ -104,6 +107,7 @@ class Page:
             for a in g.get("attempts") or []
             if a.get("backup")
         ]
+        notes += [line.strip() for line in recovery_lines(g)]  # the cost of each failure, as the text says it
         if notes or g.get("notes"):
             self.ul([*notes, *(str(n) for n in g.get("notes") or [])])
 

@@ -154,10 +154,10 @@ def build_report(run: RunDir, last_s: float | None = None, records: list[dict[st
         roles=_roles(plan, events),
         evaluations=evaluation_report(events).get("evaluations"),  # an evaluator's evaluations, per checkpoint
         analysis=analysis,
-        goodput=_goodput(events, records, run, window),
+        goodput=(g := _goodput(events, records, run, window)),
         loss=loss_curve(records),  # the whole run's, like the noise scale (its estimate now)
         noise_scale=noise_scale(every_profile),
-        reshapes=tuple(reshape_report(events).get("reshapes", ())),  # hosts lost for good, the loss to training again
+        reshapes=tuple(reshape_report(events, g).get("reshapes", ())),  # hosts lost for good, what each cost
     )
 
 

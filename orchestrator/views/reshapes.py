@@ -1,36 +1,34 @@
 """A run's reshapes (issue 34), as ``report`` and ``status`` show them: which host left and why, what
 came in, the workers before and after, and the time from the host's loss to training again.
 
-"Training again" is when the last task of the reshaped attempt started (its ``task_started``: the
-collective can run from then); "the loss" is when the host failed (the root cause's time, carried
-by the ``reshaped`` event). Read from events.jsonl, the one record of both.
+Who left and what came in: the ``reshaped`` events (events.jsonl). The loss to training again and the
+work redone are goodput's figures (``views.recovery``: the culprit's last sign of life → the reshaped
+attempt's first step), looked up by the failed attempt, never computed a second time here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..events import BaseEvent
-from ..events.kinds import AttemptFinished, AttemptStarted, Reshaped, TaskStarted
+from ..events.kinds import Reshaped
 
 
-def reshape_report(events: Sequence[BaseEvent]) -> dict[str, Any]:
-    """``{"reshapes": [...]}`` in the order they happened; {} for a run without any."""
-    started: dict[int, float] = {}  # attempt -> the last task_started of it
-    attempt: int | None = None
-    for e in events:
-        if isinstance(e, AttemptStarted):
-            attempt = e.attempt
-        elif isinstance(e, AttemptFinished):
-            attempt = None
-        elif isinstance(e, TaskStarted) and attempt is not None:
-            started[attempt] = max(started.get(attempt, 0.0), e.ts)
+def reshape_report(events: Sequence[BaseEvent], goodput: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``{"reshapes": [...]}`` in the order they happened; {} for a run without any. ``goodput``: the
+    run's (``views.goodput``), whose per-attempt figures give each reshape's cost."""
+    failed = {
+        d.get("attempt"): d for d in (goodput or {}).get("attempts") or [] if isinstance(d, Mapping) and d.get("cause")
+    }
+    ordered = sorted(failed)
     out = []
     for e in events:
         if not isinstance(e, Reshaped):
             continue
-        again = started.get(e.attempt)
+        # the failed attempt before the reshaped one (attempt numbers can skip: a requeue keeps counting)
+        before = max((n for n in ordered if isinstance(n, int) and n < e.attempt), default=None)
+        cost = failed.get(before, {})
         out.append(
             {
                 "attempt": e.attempt,
@@ -42,8 +40,9 @@ def reshape_report(events: Sequence[BaseEvent]) -> dict[str, Any]:
                 "workers_after": e.workers_after,
                 "spares_left": e.spares_left,
                 "lost_ts": e.lost_ts,
-                "training_again_ts": again,
-                "loss_to_training_s": round(again - e.lost_ts, 1) if again and e.lost_ts else None,
+                "loss_to_training_s": cost.get("loss_to_training_s"),
+                "work_redone_s": cost.get("lost_work_s"),
+                "work_redone_steps": cost.get("work_redone_steps"),
             }
         )
     return {"reshapes": out} if out else {}
@@ -61,6 +60,7 @@ def reshape_lines(reshapes: Sequence[dict[str, Any]] | None) -> list[str]:
             f"  attempt {r['attempt']}: {r.get('host')} ({r.get('task')}) out — {r.get('reason')}; {came}; "
             f"{r['workers_before']} -> {r['workers_after']} workers; loss to training again "
             + (f"{again:.1f} s" if again is not None else "unknown (it never trained again)")
+            + (f"; work redone {r['work_redone_s']:.1f} s" if r.get("work_redone_s") is not None else "")
         )
     return lines
 

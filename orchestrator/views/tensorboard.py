@@ -24,7 +24,8 @@ MARKER = ".end-written"
 
 
 def end_scalars(run: RunDir) -> tuple[int, float, dict[str, float]] | None:
-    """(step, wall time, values) of the run's end: goodput (percent, and seconds per category) and the
+    """(step, wall time, values) of the run's end: goodput (percent, and seconds per category), the cost
+    of its failures (``recovery/``: loss to training again, work redone, summed over them) and the
     whole run's steps/s and examples/s; None before the run ended."""
     result = json_object(run, run.result_json)
     if not result:
@@ -42,6 +43,9 @@ def end_scalars(run: RunDir) -> tuple[int, float, dict[str, float]] | None:
         for key in ("wall_s", *CATEGORIES):
             if is_number(g.get(key)):
                 values[f"goodput/{key}"] = float(g[key])
+        for key, value in (g.get("recovery") or {}).items():  # the cost of failures (views.recovery)
+            if is_number(value):
+                values[f"recovery/{key}"] = float(value)
     for key, value in throughput(final).items():
         if value is not None:
             values[f"run/{key}"] = float(value)

@@ -42,6 +42,7 @@ class LoadGenerator:
         max_s: float = 3600.0,
         cues: str | None = None,
         events: str | None = None,
+        attempt: int = 0,
     ) -> None:
         spec = (
             f"{min(ranks)}-{max(ranks)}"
@@ -66,6 +67,7 @@ class LoadGenerator:
             str(max_s),
             *(["--cues", cues] if cues else []),
             *(["--events", events] if events else []),
+            *(["--attempt", str(attempt)] if attempt else []),
         ]
         env = {
             **os.environ,

@@ -61,10 +61,11 @@ class Dialed:
     first: bytes = b""  # plaintext that came with the configuration line
 
 
-def dial(address: tuple[str, int], secret: bytes, rank: int, timeout: float = 60.0) -> Dialed:
+def dial(address: tuple[str, int], secret: bytes, rank: int, timeout: float = 60.0, attempt: int = 0) -> Dialed:
     """The connect-back handshake, exactly a node's (``worker_entry.agent.modes.connect.connect_back``: both proofs,
-    the channel's keys, the sealed configuration line), then the link's records sealed out and opened in."""
-    link = connect_back(address, secret, rank, deadline_s=timeout)
+    the channel's keys, the sealed configuration line), then the link's records sealed out and opened in.
+    ``attempt``: the run's attempt the nodes play (a restart's nodes are refused with attempt 0's proof)."""
+    link = connect_back(address, secret, rank, deadline_s=timeout, attempt=attempt)
     link.sock.setblocking(False)
     return Dialed(link.sock, link.config_line, wrap=link.sealer.seal, unwrap=link.opener.feed, first=link.rest)
 
@@ -264,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-s", type=float, default=3600.0, help="the generator ends by itself after this long")
     ap.add_argument("--cues", help="also read cues from this file (a FIFO another process writes)")
     ap.add_argument("--events", help="also append the events to this file")
+    ap.add_argument("--attempt", type=int, default=0, help="the run's attempt these nodes were started for")
     args = ap.parse_args(argv)
     if args.events:
         _also.append(open(args.events, "a"))  # noqa: SIM115 - for the life of the process
@@ -279,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def one(rank: int) -> None:
         try:
-            link = dial(address, secret, rank)
+            link = dial(address, secret, rank, attempt=args.attempt)
             config = p.NodeConfig.parse_line(link.config_line)
         except Exception as exc:  # a refused rank is the test's to judge: said, not raised
             failed.append(f"{rank}: {exc}")
