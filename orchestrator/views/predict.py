@@ -27,7 +27,15 @@ from .predict_model import (
     ring_allreduce_s,
 )
 from .records import heartbeat_records
-from .stateff import bound_sizes, lr_advice, noise_of, predict_lines, time_to_loss_curve, time_to_loss_summary
+from .stateff import (
+    bound_sizes,
+    lr_advice,
+    noise_json,
+    noise_of,
+    predict_lines,
+    time_to_loss_curve,
+    time_to_loss_summary,
+)
 
 CHECK_JSON = "check.json"
 SCALE_JSON = "scale.json"
@@ -164,7 +172,7 @@ def build_prediction(path: Path, sizes: Sequence[int], net: Network) -> dict[str
     (ns, at), per_worker = noise_of(measured), inp.per_worker_batch
     bound_sizes(rows, ns, at, per_worker)
     curve = []
-    if ns.get("b_simple") is not None and per_worker:
+    if ns.b_simple is not None and per_worker:
         curve = time_to_loss_curve(ns, lambda n: _corrected(inp, net, verdict, n), at, per_worker)
     out_sizes = [r for r in rows if r["workers"] in sizes or "measured_step_ms" in r]
     inputs = {
@@ -183,7 +191,7 @@ def build_prediction(path: Path, sizes: Sequence[int], net: Network) -> dict[str
         "network": {"latency_s": net.latency_s, "bandwidth_Bps": net.bandwidth_Bps, "source": net.source},
         "assumptions": assumptions(inp, net) + contention.assumption_lines(verdict),
         "sizes": out_sizes,
-        "noise_scale": {k: v for k, v in ns.items() if k != "windows"},
+        "noise_scale": noise_json(ns),
         "noise_at": at,
         "time_to_loss": time_to_loss_summary(ns, per_worker, curve),
         "statistical": predict_lines(ns, at, per_worker, curve),
