@@ -19,8 +19,9 @@ marks the step to skip. The values reach the host as float64 in the row the step
 
 Per all-reduce, not per pack (``norms``): the packs' halves are summed where they live, stacked into one
 2-vector, moved to the host once, and there cast to float64 and scaled (x2 for ``l2_loss``'s half, 1/d²
-for the sum) by one multiply: 2 ops per pack plus 5 per all-reduce, one device-to-host copy (it was 6
-ops and 2 copies per pack plus a division). Nothing is read back per step: the row is the step clock's.
+for the sum) by one multiply: 2 ops per pack plus 4 per all-reduce (stack, cast, multiply, unstack; 2
+``add_n`` more with several packs) and one device-to-host copy — it was 6 ops and 2 copies per pack
+plus a division. Nothing is read back per step: the row is the step clock's.
 Graph side only; nothing here changes a value of the user's, and the all-reduce is called exactly once
 with the caller's arguments.
 """
