@@ -472,3 +472,82 @@ def test_the_plan_json_check_catches_every_raw_read():
         assert _raw_plan_reads(ast.parse(form)), form
     for fine in ("run.plan_json.exists()", "(d / 'plan.json').is_file()", "run.plan_json.stat().st_mtime"):
         assert not _raw_plan_reads(ast.parse(fine)), fine
+
+
+#: The report's typed parts (``views.reportmodel.Report``): read by attribute, never as dicts.
+REPORT_PARTS = {"split", "pace", "goodput", "loss", "noise_scale"}
+PART_TYPES = {"JobSplit", "Pace", "ModelPace", "Goodput", "AttemptTime", "LossCurve", "LossPoint", "NoiseScale"}
+
+
+def _part_indexing(tree: ast.AST) -> list[int]:
+    """Lines that index a report part as a dict: ``rep.goodput["wall_s"]``, ``rep.split.get("step_ms")``,
+    or, in a function taking a part (annotated with its type), ``g["wall_s"]`` / ``g.get("wall_s")``."""
+    typed: set[str] = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            for a in fn.args.args + fn.args.kwonlyargs:
+                text = ast.unparse(a.annotation) if a.annotation is not None else ""
+                if any(re.search(rf"\b{t}\b", text) for t in PART_TYPES):
+                    typed.add(a.arg)
+
+    def is_part(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr in REPORT_PARTS) or (
+            isinstance(node, ast.Name) and node.id in typed
+        )
+
+    bad = []
+    for node in ast.walk(tree):
+        by_key = (
+            isinstance(node, ast.Subscript)
+            and is_part(node.value)
+            and isinstance(node.slice, ast.Constant)
+            and isinstance(node.slice.value, str)
+        )
+        by_get = (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and is_part(node.func.value)
+        )
+        if by_key or by_get:
+            bad.append(node.lineno)
+    return bad
+
+
+def test_no_view_indexes_a_report_part_as_a_dict():
+    """The split, pace, goodput, loss and noise scale are dataclasses: a view reads them by attribute
+    (``to_dict`` is for ``report --json`` alone), so a renamed field fails at once, not as a silent None."""
+    bad = []
+    for path in sorted((ROOT / "orchestrator" / "views").glob("*.py")) + sorted(
+        (ROOT / "orchestrator/cli").glob("*.py")
+    ):
+        rel = str(path.relative_to(ROOT))
+        bad += [f"{rel}:{line}" for line in _part_indexing(ast.parse(path.read_text(), rel))]
+    assert not bad, "a report part indexed as a dict (read it by attribute):\n  " + "\n  ".join(bad)
+
+
+def test_the_report_parts_are_dataclasses_and_the_part_check_catches_each_form():
+    import dataclasses
+    import typing
+
+    from orchestrator.views.reportmodel import Analysis, Report
+
+    hints = typing.get_type_hints(Report) | {"split": typing.get_type_hints(Analysis)["split"]}
+    for part in REPORT_PARTS:
+        kinds = [t for t in typing.get_args(hints[part]) or (hints[part],) if t is not type(None)]
+        assert kinds and all(dataclasses.is_dataclass(t) for t in kinds), (part, hints[part])
+    for form in (
+        "x = rep.goodput['wall_s']",
+        "x = rep.analysis.split['step_ms']",
+        "x = report.noise_scale.get('windows')",
+        "def f(g: Goodput):\n    return g['wall_s']",
+        "def f(p: 'Pace | None'):\n    return p.get('models')",
+    ):
+        assert _part_indexing(ast.parse(form)), form
+    for fine in (
+        "x = rep.goodput.wall_s",
+        "x = sizes[0]['split']",
+        "x = text.split(',')[0]",
+        "def f(g: dict):\n    g['a']",
+    ):
+        assert not _part_indexing(ast.parse(fine)), fine

@@ -21,6 +21,7 @@ from orchestrator.views.backup_interval import (
     young_daly,
 )
 from orchestrator.views.goodput import goodput, goodput_lines
+from orchestrator.views.goodputmodel import Goodput
 
 
 def copied(ts: float, attempt: int = 0, save_s: float = 2.0, copy_s: float = 5.0) -> kinds.BackupCopied:
@@ -96,7 +97,7 @@ def test_report_shows_the_advice_in_its_goodput_section():
     g = goodput(events, [], {})
     assert g["backup_interval"]["mtbf"]["value_s"] == 3600.0
     assert g["backup_interval"]["optimal_interval_s"] == pytest.approx(120.0)
-    assert any("back up every 2.0 min" in line for line in goodput_lines(g))
+    assert any("back up every 2.0 min" in line for line in goodput_lines(Goodput.of(g)))
 
 
 def test_predict_takes_the_mtbf_and_the_save_cost_from_the_user(tmp_path):

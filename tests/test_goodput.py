@@ -22,6 +22,7 @@ from waiting import wait_for
 from orchestrator.events import BaseEvent, event_from_dict
 from orchestrator.runs import RunDir
 from orchestrator.views.goodput import CATEGORIES, goodput, goodput_lines
+from orchestrator.views.goodputmodel import Goodput
 from orchestrator.views.records import clean_heartbeat
 from orchestrator.views.report import build_report, report_text
 
@@ -178,7 +179,7 @@ def test_a_host_lost_for_good_is_booked_as_recovering_from_a_lost_host():
     a0 = g["attempts"][0]
     assert (a0["cause"], a0["loss_ts"], a0["loss_to_training_s"]) == ("host_lost", T0 + 30, 15)
     assert g["recovery"]["hosts_lost"] == 1 and g["recovery"]["loss_to_training_s"] == 15
-    text = "\n".join(goodput_lines(g))
+    text = "\n".join(goodput_lines(Goodput.of(g)))
     assert "recovering from a lost host: failure -> new plan" in text
     assert (
         "attempt 0 (host lost for good): loss to training again 15.0 s; work redone 6.0 s (250 steps reported)" in text
@@ -322,7 +323,7 @@ def test_the_cost_of_a_failure_is_in_tensorboard_and_the_html_page(tmp_path):
 def test_report_json_and_text_carry_goodput(tmp_path):
     run = _write_run(tmp_path, *restart_run())
     rep = build_report(run)
-    assert rep.goodput["productive_s"] == pytest.approx(22.8)
+    assert rep.goodput.seconds["productive_s"] == pytest.approx(22.8)
     text = report_text(rep)
     assert "goodput 33.3% of 68.5 s wall time:" in text
     assert re.search(r"work redone: training since the last backup\s+6\.0 s\s+8\.8%", text)
@@ -334,7 +335,7 @@ def test_report_json_and_text_carry_goodput(tmp_path):
     assert json.loads(r.stdout)["goodput"]["failure_s"] == pytest.approx(3)
     assert json.loads(r.stdout)["goodput"]["recovery"]["work_redone_steps"] == 250
     narrowed = build_report(run, last_s=10)  # --last narrows the step times; goodput stays whole-run
-    assert narrowed.goodput["wall_s"] == rep.goodput["wall_s"]
+    assert narrowed.goodput.wall_s == rep.goodput.wall_s
     assert "(of the whole run: --last narrows" in report_text(narrowed)
 
 
@@ -380,7 +381,7 @@ def test_hostile_and_truncated_records_never_traceback(tmp_path):
             f.write("[1, 2]\n\x00\xff garbage\n")
         rep = build_report(run)
         report_text(rep)
-        g = rep.goodput
+        g = rep.goodput.to_dict() if rep.goodput else None
         if g is not None:
             assert all(math.isfinite(g[k]) and g[k] >= 0 for k in CATEGORIES), g
             assert _sum(g) == pytest.approx(g["wall_s"], abs=0.01, rel=1e-9)
@@ -474,5 +475,5 @@ def test_the_others_wait_for_an_input_bound_worker_is_booked_as_input_naming_it(
     assert g["input_stall_s"] == pytest.approx(base["input_stall_s"] + base["straggler_wait_s"])
     assert g["input_waits"] == {"worker:1": pytest.approx(7.6)}
     assert base["input_waits"] == {}  # a worker late in its compute: still the slowest worker's wait
-    lines = "\n".join(goodput_lines(g))
+    lines = "\n".join(goodput_lines(Goodput.of(g)))
     assert "of which the others waiting for worker:1's input" in lines and "7.6 s" in lines

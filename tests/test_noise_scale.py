@@ -208,7 +208,7 @@ def test_the_loss_curve_is_the_workers_mean_and_reaches_a_target():
     assert losses.reached(curve, 4.0) == {"steps": 60, "examples": 1920, "time_s": 5.0, "loss": pytest.approx(3.5)}
     assert losses.reached(curve, 9.0) == {"steps": 15, "examples": 480, "time_s": 0.5, "loss": pytest.approx(8.5)}
     assert losses.reached(curve, -1.0) is None
-    assert "final 0.5" in "\n".join(losses.loss_lines(curve))
+    assert "final 0.5" in "\n".join(losses.loss_lines(losses.LossCurve.of(curve)))
 
 
 # ------------------------------------------------------------------- real TensorFlow, one process

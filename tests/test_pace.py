@@ -27,8 +27,8 @@ def test_two_slow_hosts_set_the_pace_and_the_what_if_is_computed():
     workers = {f"worker:{i}": worker(90.0 if i < 2 else 40.0, 100.0, f"node{i}") for i in range(8)}
     models = {t: [{"name": A100 if i < 2 else H100}] for i, t in enumerate(workers)}
     got = pace(workers, models)
-    assert got["pace_model"] == A100 and got["pace_workers"] == 2 and got["workers"] == 8
-    assert got["models"][H100] == {
+    assert got.pace_model == A100 and got.pace_workers == 2 and got.workers == 8
+    assert got.models[H100].to_dict() == {
         "workers": 6,
         "tasks": [f"worker:{i}" for i in range(2, 8)],
         "hosts": [f"node{i}" for i in range(2, 8)],
@@ -36,9 +36,9 @@ def test_two_slow_hosts_set_the_pace_and_the_what_if_is_computed():
         "wait_ms": 50.0,
         "wait_share": 0.5,
     }
-    assert got["models"][A100]["wait_ms"] == 0.0 and got["allreduce_ms"] == 10.0
-    assert got["step_without_ms"] == 50.0
-    assert got["speedup_per_step"] == pytest.approx(2.0) and got["speedup_per_example"] == pytest.approx(1.5)
+    assert got.models[A100].wait_ms == 0.0 and got.allreduce_ms == 10.0
+    assert got.step_without_ms == 50.0
+    assert got.speedup_per_step == pytest.approx(2.0) and got.speedup_per_example == pytest.approx(1.5)
     assert pace_advice(got) == (
         f"mixed GPU models: the 2 hosts with {A100} set the pace — the other models' workers wait up to 50 ms per "
         "step for them; without them a step would take ≈50 ms instead of 100 (2.0x faster per step) and, with the "
@@ -52,7 +52,7 @@ def test_when_the_slow_hosts_still_add_throughput_the_advice_says_so():
     workers = {f"worker:{i}": worker(60.0 if i < 2 else 40.0, 70.0, f"node{i}") for i in range(4)}
     models = {t: [{"name": A100 if i < 2 else H100}] for i, t in enumerate(workers)}
     got = pace(workers, models)
-    assert got["speedup_per_step"] == pytest.approx(1.4) and got["speedup_per_example"] == pytest.approx(0.7)
+    assert got.speedup_per_step == pytest.approx(1.4) and got.speedup_per_example == pytest.approx(0.7)
     assert pace_advice(got).endswith(
         "but with the same per-worker batch it would process only 0.70x the examples "
         "per second: they still add throughput"
@@ -107,10 +107,8 @@ def test_report_shows_each_models_wait_and_the_what_if(tmp_path):
             )
     (tmp_path / "heartbeats.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     rep = build_report(RunDir(tmp_path))
-    assert rep.pace["speedup_per_example"] == pytest.approx(1.5)
-    assert any(a.startswith(f"mixed GPU models: the 2 hosts with {A100} set the pace") for a in rep.advice), rep[
-        "advice"
-    ]
+    assert rep.pace.speedup_per_example == pytest.approx(1.5)
+    assert any(a.startswith(f"mixed GPU models: the 2 hosts with {A100} set the pace") for a in rep.advice), rep.advice
     # the step clock's straggler (one of the two A100 hosts) is its model's pace, not its own fault
     assert any(
         a.startswith("worker:0 is a straggler") and f"cause: GPU model — {A100}, on 2 host(s)" in a for a in rep.advice

@@ -10,6 +10,7 @@ from conftest import run_cli
 
 from orchestrator.runs import RunDir
 from orchestrator.views.report import build_report, report_text
+from orchestrator.views.split import JobSplit
 
 T0 = 1_800_000_000.0
 WINDOW_S = 2
@@ -87,17 +88,17 @@ def _run_dir(tmp_path, healthy_windows: int, slow_windows: int) -> RunDir:
     return RunDir(tmp_path)
 
 
-def _parts_sum(split: dict) -> float:
-    keys = ("input_ms", "compute_ms", "waiting_for_slowest_ms", "allreduce_ms", "update_ms", "host_ms", "other_ms")
-    return sum(split[k] for k in keys)
+def _parts_sum(split: JobSplit) -> float:
+    s = split
+    return sum((s.input_ms, s.compute_ms, s.waiting_for_slowest_ms, s.allreduce_ms, s.update_ms, s.host_ms, s.other_ms))
 
 
 def test_homogeneous_split_and_efficiency(tmp_path):
     rep = build_report(_run_dir(tmp_path, 10, 0))
     split = rep.split
-    assert split["step_ms"] == 20.0 and split["input_ms"] == 2.0 and split["compute_ms"] == 2.0
-    assert split["waiting_for_slowest_ms"] == 0 and split["allreduce_ms"] == 16.0
-    assert _parts_sum(split) == pytest.approx(split["step_ms"])
+    assert split.step_ms == 20.0 and split.input_ms == 2.0 and split.compute_ms == 2.0
+    assert split.waiting_for_slowest_ms == 0 and split.allreduce_ms == 16.0
+    assert _parts_sum(split) == pytest.approx(split.step_ms)
     assert rep.efficiency == pytest.approx(0.2)
     assert rep.to_dict()["stragglers"] == [] and "suggested_last_s" not in rep.to_dict()
     assert any("communication-bound" in a for a in rep.advice)  # nobody late, no host evidence
@@ -108,7 +109,7 @@ def test_homogeneous_split_and_efficiency(tmp_path):
 def test_midrun_straggler_is_diluted_over_the_run_and_clear_with_last(tmp_path):
     run = _run_dir(tmp_path, 20, 4)
     whole = build_report(run)
-    assert whole.split["waiting_for_slowest_ms"] < 10  # 4 slow windows of 24: the run's means dilute it
+    assert whole.split.waiting_for_slowest_ms < 10  # 4 slow windows of 24: the run's means dilute it
     assert [s["task"] for s in whole.to_dict()["stragglers"]] == ["worker:1"]
     suggested = whole.to_dict()["suggested_last_s"]
     text = report_text(whole)
@@ -116,9 +117,9 @@ def test_midrun_straggler_is_diluted_over_the_run_and_clear_with_last(tmp_path):
     recent = build_report(run, last_s=suggested)
     assert recent.to_dict()["window"]["last_s"] == suggested
     assert all(w["profiles"] == 4 for w in recent.to_dict()["workers"].values())  # exactly the slow windows
-    assert recent.split["slowest_worker"] == "worker:1"
-    assert recent.split["waiting_for_slowest_ms"] == 40.0 and recent.split["allreduce_ms"] == 16.0
-    assert _parts_sum(recent.split) == pytest.approx(recent.split["step_ms"])
+    assert recent.split.slowest_worker == "worker:1"
+    assert recent.split.waiting_for_slowest_ms == 40.0 and recent.split.allreduce_ms == 16.0
+    assert _parts_sum(recent.split) == pytest.approx(recent.split.step_ms)
     (named,) = [a for a in recent.advice if a.startswith("worker:1 is a straggler")]
     assert "cause: input pipeline" in named  # its remedy beside it (issue 32.7), from tf.data's guide:
     for remedy in (".prefetch(tf.data.AUTOTUNE)", "num_parallel_calls=tf.data.AUTOTUNE", ".cache()", ".interleave("):
@@ -281,7 +282,11 @@ def test_the_typed_report_and_its_json_say_the_same(tmp_path):
             row["host"],
         )
         assert w.after_ms == pytest.approx(row["update_ms"] + row["host_ms"])
-    assert (rep.efficiency, list(rep.advice), dict(rep.split)) == (data["efficiency"], data["advice"], data["split"])
+    assert (rep.efficiency, list(rep.advice), rep.split.to_dict()) == (
+        data["efficiency"],
+        data["advice"],
+        data["split"],
+    )
     with pytest.raises(TypeError):
         rep["workers"]
     suggested = build_report(_run_dir(tmp_path, 10, 4)).to_dict()  # a straggler named: the window to look at

@@ -43,7 +43,7 @@ def test_the_report_page_is_a_page_not_the_text_in_a_pre(tmp_path):
     bar = re.search(r'<div class="bar"[^>]*>(.*?)</div>', doc).group(1)
     widths = [float(w) for w in re.findall(r"width:([\d.]+)%", bar)]
     assert abs(sum(widths) - 100) < 1 and widths[0] == pytest.approx(
-        100 * rep.goodput["productive_s"] / rep.goodput["wall_s"], abs=0.01
+        100 * rep.goodput.seconds["productive_s"] / rep.goodput.wall_s, abs=0.01
     )
     assert "goodput 67.0% of 31.0 s wall time" in doc
     assert doc.count("data:image/png;base64,") == 2

@@ -502,8 +502,8 @@ def test_report_split_adds_up_with_known_delays_in_each_part(cases, tmp_path):
     rep = build_report(RunDir(tmp_path))
     split = rep.split
     parts = ("input_ms", "compute_ms", "waiting_for_slowest_ms", "allreduce_ms", "update_ms", "host_ms", "other_ms")
-    assert sum(split[k] for k in parts) == pytest.approx(split["step_ms"], abs=0.01), split
-    assert split["compute_ms"] >= 9.5 and split["update_ms"] >= 9.5 and split["host_ms"] >= 9.5, split
-    assert split["input_ms"] >= 20, split
+    assert sum(getattr(split, k) for k in parts) == pytest.approx(split.step_ms, abs=0.01), split
+    assert split.compute_ms >= 9.5 and split.update_ms >= 9.5 and split.host_ms >= 9.5, split
+    assert split.input_ms >= 20, split
     text = report_text(rep)
     assert "input pipeline (waiting for the batch)" in text and "after it: optimizer update" in text

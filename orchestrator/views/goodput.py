@@ -44,23 +44,11 @@ from typing import Any
 
 from ..events import BaseEvent, kinds
 from .backup_interval import advice_lines, backup_advice
+from .goodputmodel import CATEGORIES, Goodput
 from .records import is_number
 from .recovery import cause_of, loss_ts, recovery_lines, steps_between, totals
 from .split import job_split, weighted
 
-#: The categories, in the report's order, with their labels; they add up to the wall time.
-CATEGORIES = {
-    "productive_s": "productive training steps",
-    "startup_s": "startup until the first step (per attempt)",
-    "input_stall_s": "input stalls (part of step time)",
-    "straggler_wait_s": "waiting for the slowest worker (part of step time)",
-    "redone_s": "work redone: training since the last backup",
-    "host_lost_s": "recovering from a lost host: failure -> new plan",
-    "failure_s": "restarting in place after a failure",
-    "teardown_s": "after the last step: final save, exit",
-    "gather_s": "gathering logs and checkpoints",
-    "other_s": "other",
-}
 #: What keeps a failed attempt's work (said where goodput books training as lost without a backup).
 REMEDY = (
     "a tf.keras.callbacks.BackupAndRestore(backup_dir=os.environ['TFCLUSTER_BACKUP_DIR']) in fit's callbacks "
@@ -207,11 +195,11 @@ def _shares(profiles: list[Mapping[str, Any]]) -> tuple[float, float, float, str
         per_task.setdefault(str(r.get("task")), []).append(r)
     workers = {t: w for t, rs in per_task.items() if (w := weighted(rs))}
     split = job_split(workers) if workers else None
-    if not split or not split["step_ms"] or split["step_ms"] <= 0:
+    if not split or not split.step_ms or split.step_ms <= 0:
         return None
-    inp = min(1.0, max(0.0, (split["input_ms"] or 0.0) / split["step_ms"]))
-    wait = min(1.0 - inp, max(0.0, split["waiting_for_slowest_ms"] / split["step_ms"]))
-    slow = split["slowest_worker"]
+    inp = min(1.0, max(0.0, (split.input_ms or 0.0) / split.step_ms))
+    wait = min(1.0 - inp, max(0.0, split.waiting_for_slowest_ms / split.step_ms))
+    slow = split.slowest_worker
     others = [w for t, w in workers.items() if t != slow]
     if wait <= 0 or not others:
         return inp, wait, 0.0, None
@@ -337,24 +325,32 @@ def goodput(
     return out
 
 
-def goodput_lines(g: Mapping[str, Any]) -> list[str]:
+def goodput_report(
+    events: list[BaseEvent], beats: list[dict[str, Any]], result: Mapping[str, Any] | None, finished: bool = True
+) -> Goodput | None:
+    """``goodput`` as the report holds it (typed); None when the run has no start to measure from."""
+    g = goodput(events, beats, result, finished)
+    return None if g is None else Goodput.of(g)
+
+
+def goodput_lines(g: Goodput) -> list[str]:
     """The report's goodput section: one line per category, seconds and share of the wall."""
-    wall = g.get("wall_s") or 0.0
-    gp = g.get("goodput")
+    wall = g.wall_s or 0.0
+    gp = g.goodput
     head = (
         f"goodput {gp:.1%} of {wall:.1f} s wall time" if gp is not None else f"goodput unknown ({wall:.1f} s wall time)"
     )
-    lines = [head + ("" if g.get("finished", True) else " so far") + ":"]
+    lines = [head + ("" if g.finished else " so far") + ":"]
     for k, label in CATEGORIES.items():
-        v = g.get(k) or 0.0
+        v = g.seconds.get(k) or 0.0
         lines.append(f"  {label:<52}{v:9.1f} s  {v / wall if wall > 0 else 0.0:6.1%}")
         if k == "input_stall_s":
-            for task, w in (g.get("input_waits") or {}).items():
+            for task, w in g.input_waits.items():
                 text = f"  of which the others waiting for {task}'s input"
                 lines.append(f"  {text:<52}{w:9.1f} s  {w / wall if wall > 0 else 0.0:6.1%}")
-    for a in g.get("attempts") or []:
-        if a.get("backup"):
-            lines.append(f"  attempt {a['attempt']}: lost {a.get('lost_work_s', 0):.1f} s of training ({a['backup']})")
+    for a in g.attempts:
+        if a.backup:
+            lines.append(f"  attempt {a.attempt}: lost {a.lost_work_s or 0:.1f} s of training ({a.backup})")
     lines += recovery_lines(g)
-    lines += [f"  ({n})" for n in g.get("notes") or []]
-    return lines + [f"  {x}" for x in advice_lines(g.get("backup_interval"))]
+    lines += [f"  ({n})" for n in g.notes]
+    return lines + [f"  {x}" for x in advice_lines(g.backup_interval)]

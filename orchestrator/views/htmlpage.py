@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import base64
 import html
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .goodput import CATEGORIES
+from .goodputmodel import CATEGORIES, Goodput
 from .recovery import recovery_lines
 
 CSS = (
@@ -81,15 +81,15 @@ class Page:
         out.append("</tbody></table>")
         self.parts.append("".join(out))
 
-    def goodput_bar(self, g: Mapping[str, Any]) -> None:
+    def goodput_bar(self, g: Goodput) -> None:
         """The wall time as one bar split into goodput's categories, and its key with seconds and shares."""
-        wall = float(g.get("wall_s") or 0.0)
-        gp = g.get("goodput")
+        wall = float(g.wall_s or 0.0)
+        gp = g.goodput
         head = f"goodput {gp:.1%} of {wall:.1f} s wall time" if gp is not None else f"goodput unknown ({wall:.1f} s)"
-        self.parts.append(f"<p><b>{esc(head)}</b>{'' if g.get('finished', True) else ' (so far)'}</p>")
+        self.parts.append(f"<p><b>{esc(head)}</b>{'' if g.finished else ' (so far)'}</p>")
         spans, keys = [], []
         for k, label in CATEGORIES.items():
-            v = float(g.get(k) or 0.0)
+            v = float(g.seconds.get(k) or 0.0)
             share = v / wall if wall > 0 else 0.0
             if v <= 0:
                 continue
@@ -103,13 +103,13 @@ class Page:
         self.parts.append(f'<div class="bar" role="img" aria-label="{esc(head)}">{"".join(spans)}</div>')
         self.parts.append(f"<ul>{''.join(keys)}</ul>")
         notes = [
-            f"attempt {a['attempt']}: lost {a.get('lost_work_s', 0):.1f} s of training ({a['backup']})"
-            for a in g.get("attempts") or []
-            if a.get("backup")
+            f"attempt {a.attempt}: lost {a.lost_work_s or 0:.1f} s of training ({a.backup})"
+            for a in g.attempts
+            if a.backup
         ]
         notes += [line.strip() for line in recovery_lines(g)]  # the cost of each failure, as the text says it
-        if notes or g.get("notes"):
-            self.ul([*notes, *(str(n) for n in g.get("notes") or [])])
+        if notes or g.notes:
+            self.ul([*notes, *(str(n) for n in g.notes)])
 
     def figure(self, caption: str, png: Path) -> None:
         data = base64.b64encode(png.read_bytes()).decode()

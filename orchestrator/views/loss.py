@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .lossmodel import LossCurve
+
 MAX_POINTS = 500
 FINAL_SHARE = 0.1  # the final loss: the mean over the last 10 % of the steps (at least one interval)
 
@@ -179,20 +181,26 @@ def reached(curve: Mapping[str, Any] | None, target: float) -> dict[str, Any] | 
     return None
 
 
-def loss_lines(curve: Mapping[str, Any] | None, rows: int = 8) -> list[str]:
+def curve_report(records: Iterable[Mapping[str, Any]]) -> LossCurve | None:
+    """``loss_curve`` as the report holds it (typed); None when no worker reported a loss."""
+    curve = loss_curve(records)
+    return None if curve is None else LossCurve.of(curve)
+
+
+def loss_lines(curve: LossCurve | None, rows: int = 8) -> list[str]:
     """``report``'s text: a few points of the curve, the final loss."""
     if not curve:
         return []
-    pts = curve["points"]
-    pick = pts if len(pts) <= rows else [pts[round(i * (len(pts) - 1) / (rows - 1))] for i in range(rows)]
+    pts = curve.points
+    pick = pts if len(pts) <= rows else tuple(pts[round(i * (len(pts) - 1) / (rows - 1))] for i in range(rows))
     out = [
-        f"training loss ({_source(curve.get('source'))}; the mean over {curve['workers']} worker(s)' steps in each "
-        f"interval): final {_g(curve.get('final'))} (the last {FINAL_SHARE:.0%} of the steps)"
+        f"training loss ({_source(curve.source)}; the mean over {curve.workers} worker(s)' steps in each "
+        f"interval): final {_g(curve.final)} (the last {FINAL_SHARE:.0%} of the steps)"
     ]
     out.append("  " + "  ".join(f"{h:>10}" for h in ("STEP", "EXAMPLES", "SECONDS", "LOSS")))
     for p in pick:
-        ex = "-" if p["examples"] is None else f"{p['examples']:,}"
-        out.append("  " + "  ".join(f"{v:>10}" for v in (p["step"], ex, f"{p['time_s']:.1f}", _g(p["loss"]))))
+        ex = "-" if p.examples is None else f"{p.examples:,}"
+        out.append("  " + "  ".join(f"{v:>10}" for v in (p.step, ex, f"{p.time_s:.1f}", _g(p.loss))))
     return out
 
 

@@ -8,27 +8,28 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .lossmodel import LossCurve, NoiseScale
 from .plots import _pyplot, _save
 
 
-def loss_and_noise(curve: Mapping[str, Any] | None, noise: Mapping[str, Any] | None, path: Path) -> Path:
+def loss_and_noise(curve: LossCurve | None, noise: NoiseScale | None, path: Path) -> Path:
     """The loss against steps (top) and the smoothed B_simple with ± one standard error (bottom)."""
     plt = _pyplot()
-    windows = [w for w in (noise or {}).get("windows") or [] if w.get("b_simple") is not None and w.get("step")]
+    windows = [w for w in (noise.windows if noise else ()) if w.b_simple is not None and w.step]
     rows = 2 if windows else 1
     fig, axes = plt.subplots(rows, 1, figsize=(7, 3.2 * rows), dpi=110, sharex=True, squeeze=False)
     ax = axes[0][0]
-    pts = (curve or {}).get("points") or []
+    pts = curve.points if curve else ()
     if pts:
-        ax.plot([p["step"] for p in pts], [p["loss"] for p in pts], color="#4e79a7", label="training loss")
+        ax.plot([p.step for p in pts], [p.loss for p in pts], color="#4e79a7", label="training loss")
     ax.set_ylabel("loss (mean per interval)")
     ax.set_title("Training loss" + (" and the gradient noise scale" if windows else ""))
     ax.grid(alpha=0.3)
     if windows:
         bx = axes[1][0]
-        xs = [w["step"] for w in windows]
-        ys = [w["b_simple"] for w in windows]
-        se = [w.get("stderr") or 0.0 for w in windows]
+        xs = [w.step for w in windows]
+        ys = [w.b_simple for w in windows]
+        se = [w.stderr or 0.0 for w in windows]
         bx.plot(xs, ys, color="#e15759", marker=".", label="B_simple (smoothed)")
         bx.fill_between(
             xs,
@@ -38,7 +39,7 @@ def loss_and_noise(curve: Mapping[str, Any] | None, noise: Mapping[str, Any] | N
             alpha=0.2,
             label="± 1 standard error",
         )
-        gb = (noise or {}).get("global_batch")
+        gb = noise.global_batch if noise else None
         if gb:
             bx.axhline(gb, color="gray", linestyle="--", label=f"global batch {gb:.0f}")
         bx.set_ylim(bottom=0)

@@ -31,6 +31,8 @@ from typing import Any
 
 from worker_entry.protocol.training import adaptive
 
+from .lossmodel import NoiseScale
+
 #: Pollux's per-step decay of the moving averages (a memory of ~1000 steps).
 DECAY = 0.999
 #: Standard errors for "distinguishable from zero" (≈95 %).
@@ -299,28 +301,33 @@ def best_workers(times: Iterable[tuple[int, float]]) -> tuple[int, bool]:
     return best[0], best[0] == ranked[-1][0]
 
 
-def noise_lines(ns: Mapping[str, Any]) -> list[str]:
+def noise_report(windows: Mapping[str, Sequence[Mapping[str, Any]]]) -> NoiseScale:
+    """``noise_scale`` as the report holds it (typed)."""
+    return NoiseScale.of(noise_scale(windows))
+
+
+def noise_lines(ns: NoiseScale) -> list[str]:
     """``report``'s text for the noise scale."""
     lines = ["gradient noise scale (McCandlish et al. 2018; an upper bound on the useful global batch):"]
-    if ns.get("b_simple") is not None:
-        err = f" ± {ns['stderr']:.0f}" if ns.get("stderr") is not None else ""
+    if ns.b_simple is not None:
+        err = f" ± {ns.stderr:.0f}" if ns.stderr is not None else ""
         lines.append(
-            f"  B_simple ≈ {ns['b_simple']:.0f}{err} examples (global batch {_g(ns.get('global_batch'))}, "
-            f"{ns.get('replicas')} replicas, {ns.get('steps')} steps"
-            + (f", loss {ns['loss']:.4g} at the last window" if ns.get("loss") is not None else "")
+            f"  B_simple ≈ {ns.b_simple:.0f}{err} examples (global batch {_g(ns.global_batch)}, "
+            f"{ns.replicas} replicas, {ns.steps} steps"
+            + (f", loss {ns.loss:.4g} at the last window" if ns.loss is not None else "")
             + ")"
         )
-        gb = ns.get("global_batch")
+        gb = ns.global_batch
         if gb:
-            e2 = efficiency(ns["b_simple"], gb, 2 * gb)
+            e2 = efficiency(ns.b_simple, gb, 2 * gb)
             lines.append(
                 f"  at twice the global batch ({2 * gb:.0f}) the steps to the same loss would be at least "
-                f"{steps_ratio(ns['b_simple'], gb, 2 * gb):.2f}x these (ideal 0.50x; statistical efficiency ≤ {e2:.0%}); "
+                f"{steps_ratio(ns.b_simple, gb, 2 * gb):.2f}x these (ideal 0.50x; statistical efficiency ≤ {e2:.0%}); "
                 "B_simple grows as the loss falls"
             )
     else:
-        lines.append(f"  not resolved: {ns.get('reason')}")
-    lines += [f"  note: {n}" for n in ns.get("notes") or []]
+        lines.append(f"  not resolved: {ns.reason}")
+    lines += [f"  note: {n}" for n in ns.notes]
     return lines
 
 

@@ -190,7 +190,7 @@ def report_page(
         page.h2("GPUs" + (" (mixed models: every step waits for the slowest GPU)" if gm.mixed else ""))
         page.table(["host", "GPUs"], [[h, ", ".join(m)] for h, m in gm.per_host.items()])
     images = _run_images(run, rep, out, workers, listed, records)
-    if rep.loss or rep.noise_scale.get("windows"):
+    if rep.loss or rep.noise_scale.windows:
         page.h2("Training loss and the gradient noise scale")
         page.pre("\n".join([*loss_lines(rep.loss), "", *noise_lines(rep.noise_scale)]))
         images.append(

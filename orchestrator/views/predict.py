@@ -29,7 +29,9 @@ from .predict_model import (
     ring_allreduce_s,
 )
 from .records import event_records, heartbeat_records
-from .stateff import bound_sizes, lr_advice, noise_of, predict_lines, time_to_loss_curve, time_to_loss_summary
+from .stateff import bound_sizes, lr_advice, noise_json, noise_of, predict_lines
+from .stateff import time_to_loss_curve as ttl_curve
+from .stateff import time_to_loss_summary as ttl_summary
 
 CHECK_JSON = "check.json"
 SCALE_JSON = "scale.json"
@@ -167,8 +169,8 @@ def build_prediction(path: Path, sizes: Sequence[int], net: Network) -> dict[str
     (ns, at), per_worker = noise_of(measured), inp.per_worker_batch
     bound_sizes(rows, ns, at, per_worker)
     curve = []
-    if ns.get("b_simple") is not None and per_worker:
-        curve = time_to_loss_curve(ns, lambda n: _corrected(inp, net, verdict, n), at, per_worker)
+    if ns.b_simple is not None and per_worker:
+        curve = ttl_curve(ns, lambda n: _corrected(inp, net, verdict, n), at, per_worker)
     out_sizes = [r for r in rows if r["workers"] in sizes or "measured_step_ms" in r]
     inputs = {
         "own_ms": round(inp.own_ms, 3),
@@ -186,9 +188,9 @@ def build_prediction(path: Path, sizes: Sequence[int], net: Network) -> dict[str
         "network": {"latency_s": net.latency_s, "bandwidth_Bps": net.bandwidth_Bps, "source": net.source},
         "assumptions": assumptions(inp, net) + contention.assumption_lines(verdict),
         "sizes": out_sizes,
-        "noise_scale": {k: v for k, v in ns.items() if k != "windows"},
+        "noise_scale": noise_json(ns),
         "noise_at": at,
-        "time_to_loss": time_to_loss_summary(ns, per_worker, curve),
+        "time_to_loss": ttl_summary(ns, per_worker, curve),
         "statistical": predict_lines(ns, at, per_worker, curve),
         "confidence": _confidence(verdict, max(by_n), out_sizes),
         "cpu_share": verdict.share.as_json() if verdict.share else None,

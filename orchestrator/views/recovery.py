@@ -28,6 +28,7 @@ from typing import Any
 
 from ..events import BaseEvent, kinds
 from ..events.recovery import loss_ts
+from .goodputmodel import Goodput
 
 __all__ = ["cause_of", "loss_ts", "recovery_lines", "steps_between", "totals"]
 
@@ -72,22 +73,22 @@ def totals(details: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     }
 
 
-def recovery_lines(g: Mapping[str, Any]) -> list[str]:
+def recovery_lines(g: Goodput) -> list[str]:
     """The report's lines: one per failure followed by another attempt, then the totals."""
-    rec = g.get("recovery")
+    rec = g.recovery
     if not isinstance(rec, Mapping):
         return []
     lines = []
-    for d in g.get("attempts") or []:
-        if not d.get("cause"):
+    for d in g.attempts:
+        if not d.cause:
             continue
-        what = "host lost for good" if d["cause"] == "host_lost" else "restart in place"
-        again = d.get("loss_to_training_s")
-        steps = d.get("work_redone_steps")
+        what = "host lost for good" if d.cause == "host_lost" else "restart in place"
+        again = d.loss_to_training_s
+        steps = d.work_redone_steps
         lines.append(
-            f"  attempt {d['attempt']} ({what}): loss to training again "
+            f"  attempt {d.attempt} ({what}): loss to training again "
             + (f"{again:.1f} s" if again is not None else "unknown (the next attempt never trained)")
-            + f"; work redone {float(d.get('lost_work_s') or 0.0):.1f} s"
+            + f"; work redone {float(d.lost_work_s or 0.0):.1f} s"
             + (f" ({steps} steps reported)" if steps is not None else "")
         )
     again = rec.get("loss_to_training_s")

@@ -29,10 +29,11 @@ from ..supervise.gpus import WORK_RATIO
 from ..supervise.remedies import with_remedy
 from ..supervise.shared import SharedProblem, inflation_advice, shared_problems
 from .evaluations import evaluation_report
-from .goodput import goodput
-from .loss import loss_curve
-from .noise_scale import noise_scale
-from .pace import pace, pace_advice
+from .goodput import goodput_report
+from .goodputmodel import Goodput
+from .loss import curve_report
+from .noise_scale import noise_report
+from .pace import Pace, pace, pace_advice
 from .records import event_records, heartbeat_records, json_object
 from .reportmodel import (
     HOST_KEYS,
@@ -155,8 +156,8 @@ def build_report(run: RunDir, last_s: float | None = None, records: list[dict[st
         evaluations=evaluation_report(events).get("evaluations"),  # an evaluator's evaluations, per checkpoint
         analysis=analysis,
         goodput=(g := _goodput(events, records, run, window)),
-        loss=loss_curve(records),  # the whole run's, like the noise scale (its estimate now)
-        noise_scale=noise_scale(every_profile),
+        loss=curve_report(records),  # the whole run's, like the noise scale (its estimate now)
+        noise_scale=noise_report(every_profile),
         reshapes=tuple(reshape_report(events, g).get("reshapes", ())),  # hosts lost for good, what each cost
     )
 
@@ -187,11 +188,11 @@ def _by_task(records: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]
     return out
 
 
-def _goodput(events: list[BaseEvent], records: list[dict[str, Any]], run: RunDir, window: Any) -> Any:
+def _goodput(events: list[BaseEvent], records: list[dict[str, Any]], run: RunDir, window: Any) -> Goodput | None:
     """Goodput always splits the whole run's wall time; with --last it says so."""
-    g = goodput(events, records, json_object(run, run.result_json), run.is_finished())
+    g = goodput_report(events, records, json_object(run, run.result_json), run.is_finished())
     if g is not None and window is not None:
-        g["notes"].append("of the whole run: --last narrows the step-time sections above, not goodput")
+        g = g.noted("of the whole run: --last narrows the step-time sections above, not goodput")
     return g
 
 
@@ -217,7 +218,7 @@ def analyse(
     named: list[dict[str, Any]] | None = None,
     policy: StragglerPolicy | None = None,
     shared: list[SharedProblem] | None = None,
-    paced: dict[str, Any] | None = None,
+    paced: Pace | None = None,
 ) -> Analysis:
     """The job's split, efficiency and advice in plain words: a straggler named from the step clock,
     its host's evidence or its GPUs (now, or by the launcher during the window: ``named``), and a
@@ -244,7 +245,7 @@ def analyse(
                 "(any MWMS training in a tf.function is instrumented automatically)"
             )
         return Analysis(None, None, (why,))
-    step = split["step_ms"]
+    step = split.step_ms
     prof = {t: dict(w) for t, w in workers.items() if w.get("pre_collective_ms") is not None and w.get("step_ms")}
     finding = find_straggler(prof, policy or StragglerPolicy())
     finding = _by_model(explain(finding, host_samples, gpus, prof, (host,)), paced)  # host: of the same samples
@@ -265,44 +266,44 @@ def analyse(
             line = f"{s.get('task')} was named a straggler during this window (cause: {s.get('cause')}); the split"
             advice.append(with_remedy(f"{line} mixes its slow steps with others: see `--last`", s.get("cause")))
     explained = finding is not None or gpus.suspect() is not None or bool(named)
-    inflated = inflation_advice(shared, split["allreduce_ms"], step)
-    if inflated is not None and step > 0 and split["allreduce_ms"] / step > 0.3:
+    inflated = inflation_advice(shared, split.allreduce_ms, step)
+    if inflated is not None and step > 0 and split.allreduce_ms / step > 0.3:
         advice.append(inflated)
-    elif not explained and step > 0 and split["allreduce_ms"] / step > 0.5:
+    elif not explained and step > 0 and split.allreduce_ms / step > 0.5:
         advice.append(
-            f"communication-bound: {split['allreduce_ms'] / step:.0%} of each step is the all-reduce itself (no worker "
+            f"communication-bound: {split.allreduce_ms / step:.0%} of each step is the all-reduce itself (no worker "
             "is late and no host reports a starved CPU or a bad link). Larger per-worker batches (fewer all-reduces per "
             "example), NCCL on GPUs, a faster network, or fp16 gradients help"
         )
-    if split["input_ms"] and step > 0 and split["input_ms"] / step > 0.2:
+    if split.input_ms and step > 0 and split.input_ms / step > 0.2:
         advice.append("input-bound: tf.data takes >20% of a step; add .prefetch(AUTOTUNE), parallel map, cache")
-    if step > 0 and split["host_ms"] / step > 0.3:
+    if step > 0 and split.host_ms / step > 0.3:
         advice.append(
-            f"framework-bound: {split['host_ms'] / step:.0%} of each step is spent between steps (the training loop, "
+            f"framework-bound: {split.host_ms / step:.0%} of each step is spent between steps (the training loop, "
             "callbacks, logging); Keras: steps_per_execution > 1; custom loops: several steps per tf.function call"
         )
     if paced is not None and (what_if := pace_advice(paced)) is not None:
         advice.append(what_if)
     if not advice:
         advice.append("no dominant bottleneck found: work dominates the step, which is what scales")
-    local = step - split["waiting_for_slowest_ms"] - split["allreduce_ms"]
+    local = step - split.waiting_for_slowest_ms - split.allreduce_ms
     efficiency = local / step if step > 0 else None
     return Analysis(round(efficiency, 3) if efficiency is not None else None, split, tuple(advice))
 
 
-def _by_model(finding: Any, paced: dict[str, Any] | None) -> Any:
+def _by_model(finding: Any, paced: Pace | None) -> Any:
     """A straggler whose "compute" excess is its GPU model's (it works like the other hosts of that
     model, which set the job's pace) gets that cause: the mixed-models advice says what to do."""
     if finding is None or paced is None or finding.cause not in ("compute", "other") or pace_advice(paced) is None:
         return finding
-    group = paced["models"][paced["pace_model"]]
-    if finding.task not in group["tasks"] or finding.pre_ms.get(finding.task, 0.0) > WORK_RATIO * group["own_work_ms"]:
+    group = paced.slowest
+    if finding.task not in group.tasks or finding.pre_ms.get(finding.task, 0.0) > WORK_RATIO * group.own_work_ms:
         return finding
     return replace(
         finding,
         cause="GPU model",
         detail=(
-            f"{paced['pace_model']}, on {group['workers']} host(s) of this job, does the same work more slowly than the "
+            f"{paced.pace_model}, on {group.workers} host(s) of this job, does the same work more slowly than the "
             "other models: see the mixed-models advice"
         ),
     )

@@ -8,8 +8,10 @@ own defaults for a missing one. Here each part says what it holds; ``to_dict()``
 The per-task training figures are ``supervise.figures.TaskFigures`` — the one owner `status` shows
 too (its rows are read back into the same type: ``TaskFigures.from_dict``), so a finished run's
 `status` and `report` show the same figures from the same arithmetic. The parts computed by their own
-modules stay those modules' (``split.job_split``, ``pace``, ``goodput``, ``loss``, ``noise_scale``,
-the evaluations): the model holds them as they return them.
+modules are typed there and built once by them: ``split.JobSplit``, ``pace.Pace``,
+``goodputmodel.Goodput``, ``lossmodel.LossCurve`` and ``lossmodel.NoiseScale``; views read them by
+attribute (tests/test_architecture.py refuses ``rep.goodput["..."]``), and each writes its own part of
+``report --json`` (``to_dict``) in the shape it always had (tests/test_report_json_shape.py pins it).
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from typing import Any
 
 from ..events.kinds import RoleFailure, Straggler, TrainingEnded, WorkerSlowing
 from ..supervise.figures import TaskFigures
+from .goodputmodel import Goodput
+from .lossmodel import LossCurve, NoiseScale
+from .pace import Pace
+from .split import JobSplit
 
 #: A host's evidence, the medians of its heartbeats' samples (``supervise.hoststats``' names).
 HOST_KEYS = ("wait_pct", "throttled_pct", "steal_pct", "tcp_retrans_pct")
@@ -200,7 +206,7 @@ class Analysis:
     """The job's split (``split.job_split``), its scaling efficiency and the advice in plain words."""
 
     efficiency: float | None
-    split: Mapping[str, Any] | None
+    split: JobSplit | None
     advice: tuple[str, ...]
     suggested_last_s: int | None = None
 
@@ -218,20 +224,20 @@ class Report:
     gpu_problems: tuple[Mapping[str, Any], ...]
     gpu_clocks: Mapping[str, Mapping[str, Any]]
     shared_problems: tuple[Mapping[str, Any], ...]
-    pace: Mapping[str, Any] | None
+    pace: Pace | None
     stragglers: tuple[StragglerNote, ...]
     slowing: tuple[SlowingNote, ...]
     roles: Roles | None
     evaluations: Mapping[str, list[dict[str, Any]]] | None
     analysis: Analysis
-    goodput: Mapping[str, Any] | None
-    loss: Mapping[str, Any] | None
-    noise_scale: Mapping[str, Any]
+    goodput: Goodput | None
+    loss: LossCurve | None
+    noise_scale: NoiseScale
     #: hosts lost for good and what replaced them (``reshapes.reshape_report``), in order
     reshapes: tuple[Mapping[str, Any], ...] = ()
 
     @property
-    def split(self) -> Mapping[str, Any] | None:
+    def split(self) -> JobSplit | None:
         return self.analysis.split
 
     @property
@@ -259,7 +265,7 @@ class Report:
             "gpu_problems": [dict(p) for p in self.gpu_problems],
             "gpu_clocks": dict(self.gpu_clocks),
             "shared_problems": [dict(p) for p in self.shared_problems],
-            "pace": self.pace,
+            "pace": self.pace.to_dict() if self.pace else None,
             "stragglers": [s.to_dict() for s in self.stragglers],
             "slowing": [s.to_dict() for s in self.slowing],
         }
@@ -269,8 +275,12 @@ class Report:
             out["evaluations"] = self.evaluations
         if self.reshapes:
             out["reshapes"] = [dict(r) for r in self.reshapes]
-        out.update(efficiency=self.analysis.efficiency, split=self.analysis.split, advice=list(self.analysis.advice))
+        split = self.analysis.split
+        out.update(efficiency=self.analysis.efficiency, split=split.to_dict() if split else None)
+        out["advice"] = list(self.analysis.advice)
         if self.analysis.suggested_last_s is not None:
             out["suggested_last_s"] = self.analysis.suggested_last_s
-        out.update(goodput=self.goodput, loss=self.loss, noise_scale=self.noise_scale)
+        out["goodput"] = self.goodput.to_dict() if self.goodput else None
+        out["loss"] = self.loss.to_dict() if self.loss else None
+        out["noise_scale"] = self.noise_scale.to_dict()
         return out

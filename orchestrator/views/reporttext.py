@@ -86,7 +86,7 @@ def report_text(rep: Report) -> str:
     lines += evaluation_lines(dict(rep.evaluations or {})) + reshape_lines(rep.reshapes)
     if rep.loss:
         lines += ["", *loss_lines(rep.loss)]
-    if rep.noise_scale and (rep.noise_scale["windows"] or rep.loss):
+    if rep.noise_scale.windows or rep.loss:
         lines += ["", *noise_lines(rep.noise_scale)]
     lines += ["", "advice:"] + [f"  - {a}" for a in rep.advice]
     if rep.goodput:

@@ -8,19 +8,18 @@ attempt's first step), looked up by the failed attempt, never computed a second 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..events import BaseEvent
 from ..events.kinds import Reshaped
+from .goodputmodel import Goodput
 
 
-def reshape_report(events: Sequence[BaseEvent], goodput: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def reshape_report(events: Sequence[BaseEvent], goodput: Goodput | None = None) -> dict[str, Any]:
     """``{"reshapes": [...]}`` in the order they happened; {} for a run without any. ``goodput``: the
     run's (``views.goodput``), whose per-attempt figures give each reshape's cost."""
-    failed = {
-        d.get("attempt"): d for d in (goodput or {}).get("attempts") or [] if isinstance(d, Mapping) and d.get("cause")
-    }
+    failed = {a.attempt: a for a in (goodput.attempts if goodput is not None else ()) if a.cause}
     ordered = sorted(failed)
     out = []
     for e in events:
@@ -28,7 +27,7 @@ def reshape_report(events: Sequence[BaseEvent], goodput: Mapping[str, Any] | Non
             continue
         # the failed attempt before the reshaped one (attempt numbers can skip: a requeue keeps counting)
         before = max((n for n in ordered if isinstance(n, int) and n < e.attempt), default=None)
-        cost = failed.get(before, {})
+        cost = failed.get(before) if before is not None else None
         out.append(
             {
                 "attempt": e.attempt,
@@ -40,9 +39,9 @@ def reshape_report(events: Sequence[BaseEvent], goodput: Mapping[str, Any] | Non
                 "workers_after": e.workers_after,
                 "spares_left": e.spares_left,
                 "lost_ts": e.lost_ts,
-                "loss_to_training_s": cost.get("loss_to_training_s"),
-                "work_redone_s": cost.get("lost_work_s"),
-                "work_redone_steps": cost.get("work_redone_steps"),
+                "loss_to_training_s": cost.loss_to_training_s if cost is not None else None,
+                "work_redone_s": cost.lost_work_s if cost is not None else None,
+                "work_redone_steps": cost.work_redone_steps if cost is not None else None,
             }
         )
     return {"reshapes": out} if out else {}

@@ -45,13 +45,13 @@ def measure_size(run_dir: str | Path, workers: int, target: float | None = None)
     # the report's rates, less each attempt's first window or 20% (tracing, first steps): steady state
     steps_per_s, examples_per_s = job_rate(figures.final(warmup_s=window))
     batch, batch_source = global_batch(records, examples_per_s, steps_per_s)  # the median step's, when known
-    split = dict(rep.split) if rep.split else None
+    split = rep.split.to_dict() if rep.split else None  # scale.json keeps the report's JSON shape
     straggler = None
     if rep.stragglers:
         last = rep.stragglers[-1]
         straggler = {"task": last.task, "host": last.host, "cause": last.cause, "message": last.message}
     else:
-        slowest = (split or {}).get("slowest_worker")
+        slowest = rep.split.slowest_worker if rep.split else None
         text = next((a for a in rep.advice if slowest and a.startswith(f"{slowest} is a straggler")), None)
         if text:
             row = rep.workers.get(slowest)

@@ -13,11 +13,33 @@ worker that waits least there (the last to arrive) spends only the all-reduce it
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..supervise.figures import PARTS, Split
 
-__all__ = ["PARTS", "job_split", "scores", "split_lines", "split_workers", "weighted"]
+__all__ = ["PARTS", "JobSplit", "job_split", "scores", "split_lines", "split_workers", "weighted"]
+
+
+@dataclass(frozen=True)
+class JobSplit:
+    """The median worker's step in parts that add up to it (``report --json`` ``split``; ms), with its
+    wait for the slowest worker separated from the all-reduce itself."""
+
+    worker: str
+    step_ms: float
+    input_ms: float
+    compute_ms: float
+    waiting_for_slowest_ms: float
+    allreduce_ms: float
+    update_ms: float
+    host_ms: float
+    other_ms: float
+    slowest_worker: str
+    after_allreduce_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def weighted(records: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
@@ -36,7 +58,7 @@ def split_workers(workers: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, M
     return have, min((w["collective_ms"] for w in have.values()), default=0.0)
 
 
-def job_split(workers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+def job_split(workers: Mapping[str, Mapping[str, Any]]) -> JobSplit | None:
     """The split of the median worker's step (by its own work per step), with the time it waits for
     the slowest worker separated from the all-reduce itself. The parts add up to its step."""
     have, allreduce = split_workers(workers)
@@ -45,35 +67,34 @@ def job_split(workers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None
     by_local = sorted(have, key=lambda t: have[t]["pre_collective_ms"])
     ref = by_local[(len(by_local) - 1) // 2]  # the median worker: a worker (its split adds up), not a mean of two
     w = have[ref]
-    split = {
-        "worker": ref,
-        "step_ms": w["step_ms"],
-        "input_ms": w["input_ms"],
-        "compute_ms": w["compute_ms"],
-        "waiting_for_slowest_ms": round(w["collective_ms"] - allreduce, 3),
-        "allreduce_ms": round(allreduce, 3),
-        "update_ms": w["update_ms"],
-        "host_ms": w["host_ms"],
-        "other_ms": w["other_ms"],
-        "slowest_worker": by_local[-1],
-    }
-    split["after_allreduce_ms"] = round(split["update_ms"] + split["host_ms"], 3)
-    return split
+    return JobSplit(
+        worker=ref,
+        step_ms=w["step_ms"],
+        input_ms=w["input_ms"],
+        compute_ms=w["compute_ms"],
+        waiting_for_slowest_ms=round(w["collective_ms"] - allreduce, 3),
+        allreduce_ms=round(allreduce, 3),
+        update_ms=w["update_ms"],
+        host_ms=w["host_ms"],
+        other_ms=w["other_ms"],
+        slowest_worker=by_local[-1],
+        after_allreduce_ms=round(w["update_ms"] + w["host_ms"], 3),
+    )
 
 
-def split_lines(split: Mapping[str, Any], over: str) -> list[str]:
-    s = split["step_ms"]
+def split_lines(split: JobSplit, over: str) -> list[str]:
+    s = split.step_ms
     parts = [
-        ("input pipeline (waiting for the batch)", split["input_ms"]),
-        ("compute before the all-reduce", split["compute_ms"]),
-        (f"waiting for the slowest worker ({split['slowest_worker']})", split["waiting_for_slowest_ms"]),
-        ("the all-reduce itself", split["allreduce_ms"]),
-        ("after it: optimizer update", split["update_ms"]),
-        ("after it: framework, training loop, callbacks", split["host_ms"]),
+        ("input pipeline (waiting for the batch)", split.input_ms),
+        ("compute before the all-reduce", split.compute_ms),
+        (f"waiting for the slowest worker ({split.slowest_worker})", split.waiting_for_slowest_ms),
+        ("the all-reduce itself", split.allreduce_ms),
+        ("after it: optimizer update", split.update_ms),
+        ("after it: framework, training loop, callbacks", split.host_ms),
     ]
-    if split["other_ms"]:
-        parts.append(("unattributed (no replica-function stamps)", split["other_ms"]))
-    lines = [f"a step takes {s:.1f} ms ({split['worker']}, the median worker; {over}):"]
+    if split.other_ms:
+        parts.append(("unattributed (no replica-function stamps)", split.other_ms))
+    lines = [f"a step takes {s:.1f} ms ({split.worker}, the median worker; {over}):"]
     lines += [f"  {label:<52}{ms:8.1f} ms  {ms / s:6.1%}" for label, ms in parts]
     return lines
 

@@ -20,33 +20,45 @@ from typing import Any
 from ..core.text import table
 from ..runs import RunDir
 from .loss import loss_curve, reached
-from .noise_scale import best_workers, critical_workers, efficiency, noise_scale, steps_ratio
+from .lossmodel import NoiseScale
+from .noise_scale import best_workers, critical_workers, efficiency, noise_report, steps_ratio
 from .records import heartbeat_records
 
 #: Doubling sizes tried for the worker count past which time to loss stops falling.
 MAX_WORKERS = 1024
 
 
-def run_noise(run_dir: str | Path, records: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+def run_noise(run_dir: str | Path, records: Sequence[Mapping[str, Any]] | None = None) -> NoiseScale:
     """The noise scale of a run directory (its step-clock windows)."""
     recs = records if records is not None else heartbeat_records(RunDir(Path(run_dir)).heartbeats_jsonl)
     windows: dict[str, list[Mapping[str, Any]]] = {}
     for r in recs:
         if r.get("kind") == "profile" and isinstance(r.get("task"), str):
             windows.setdefault(r["task"], []).append(r)
-    return noise_scale(windows)
+    return noise_report(windows)
 
 
-def noise_of(measured: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], int]:
+def noise_of(measured: Sequence[Mapping[str, Any]]) -> tuple[NoiseScale, int]:
     """The noise scale of the smallest measured size that resolved it (one worker cannot: one replica),
     and that size; else the smallest size's (with its reason)."""
-    first: tuple[dict[str, Any], int] | None = None
+    first: tuple[NoiseScale, int] | None = None
     for m in measured:
         ns = run_noise(m["run_dir"])
-        if ns.get("b_simple") is not None:
+        if ns.b_simple is not None:
             return ns, int(m["workers"])
         first = first or (ns, int(m["workers"]))
-    return first or ({"reason": "nothing measured"}, 1)
+    return first or (NOTHING_MEASURED, 1)
+
+
+#: ``noise_of`` with no measured size (``predict --json`` prints only its reason).
+NOTHING_MEASURED = NoiseScale(reason="nothing measured")
+
+
+def noise_json(ns: NoiseScale) -> dict[str, Any]:
+    """``predict --json`` ``noise_scale``: the report's figures without the windows."""
+    if ns is NOTHING_MEASURED:
+        return {"reason": ns.reason}
+    return {k: v for k, v in ns.to_dict().items() if k != "windows"}
 
 
 def measure_loss(records: Sequence[Mapping[str, Any]], run_dir: str, target: float | None) -> dict[str, Any]:
@@ -61,9 +73,9 @@ def measure_loss(records: Sequence[Mapping[str, Any]], run_dir: str, target: flo
         "steps_to_loss": hit["steps"] if hit else None,
         "time_to_loss_s": hit["time_s"] if hit else None,
         "examples_to_loss": hit["examples"] if hit else None,
-        "b_simple": ns.get("b_simple"),
-        "b_simple_stderr": ns.get("stderr"),
-        "b_simple_reason": ns.get("reason"),
+        "b_simple": ns.b_simple,
+        "b_simple_stderr": ns.stderr,
+        "b_simple_reason": ns.reason,
     }
 
 
@@ -129,10 +141,10 @@ def loss_table(summary: Mapping[str, Any]) -> list[str]:
 # ------------------------------------------------------------------------------------ predict
 
 
-def bound_sizes(rows: list[dict[str, Any]], ns: Mapping[str, Any], base_workers: int, per_worker: float | None) -> None:
+def bound_sizes(rows: list[dict[str, Any]], ns: NoiseScale, base_workers: int, per_worker: float | None) -> None:
     """``predict``'s rows gain, from B_simple at the measured size: statistical efficiency, and the steps
     and time to the same loss relative to the measured size — lower bounds."""
-    b = ns.get("b_simple")
+    b = ns.b_simple
     base = next((r for r in rows if r["workers"] == base_workers), None)
     if b is None or not per_worker or base is None or not base.get("step_ms"):
         return
@@ -146,10 +158,12 @@ def bound_sizes(rows: list[dict[str, Any]], ns: Mapping[str, Any], base_workers:
 
 
 def time_to_loss_curve(
-    ns: Mapping[str, Any], predict_at: Any, base_workers: int, per_worker: float
+    ns: NoiseScale, predict_at: Any, base_workers: int, per_worker: float
 ) -> list[tuple[int, float]]:
     """(workers, time to the loss relative to the measured size) at 1, 2, 4, ... ``MAX_WORKERS``."""
-    b, m0 = ns["b_simple"], base_workers * per_worker
+    b, m0 = ns.b_simple, base_workers * per_worker
+    if b is None:
+        return []
     base_ms = predict_at(base_workers)["step_ms"]
     out, n = [], 1
     while n <= MAX_WORKERS:
@@ -159,16 +173,16 @@ def time_to_loss_curve(
 
 
 def time_to_loss_summary(
-    ns: Mapping[str, Any], per_worker: float | None, curve: list[tuple[int, float]]
+    ns: NoiseScale, per_worker: float | None, curve: list[tuple[int, float]]
 ) -> dict[str, Any] | None:
     """``predict --json``: the critical batch in workers, the worker count with the shortest predicted time
     to the loss (``still_falling``: the largest tried), and the curve (workers, time relative)."""
-    if ns.get("b_simple") is None or not per_worker or not curve:
+    if ns.b_simple is None or not per_worker or not curve:
         return None
     best, still = best_workers(curve)
     return {
-        "critical_batch": ns["b_simple"],
-        "critical_workers": round(critical_workers(ns["b_simple"], per_worker), 2),
+        "critical_batch": ns.b_simple,
+        "critical_workers": round(critical_workers(ns.b_simple, per_worker), 2),
         "best_workers": best,
         "still_falling": still,
         "relative_time": [{"workers": n, "time": round(t, 3)} for n, t in curve],
@@ -176,16 +190,16 @@ def time_to_loss_summary(
 
 
 def predict_lines(
-    ns: Mapping[str, Any], base_workers: int, per_worker: float | None, curve: list[tuple[int, float]]
+    ns: NoiseScale, base_workers: int, per_worker: float | None, curve: list[tuple[int, float]]
 ) -> list[str]:
     """``predict``'s statistical efficiency: the bound's wording, the critical batch, the worker count
     past which time to loss stops falling, and what the learning rate would have to do."""
-    if ns.get("b_simple") is None:
-        why = ns.get("reason") or "not measured"
+    b, se = ns.b_simple, ns.stderr
+    if b is None:
+        why = ns.reason or "not measured"
         return [f"statistical efficiency: not predicted — the gradient noise scale is not resolved ({why})"]
-    b, se = ns["b_simple"], ns.get("stderr")
     err = f" ± {se:.0f}" if se is not None else ""
-    at = f" at loss {ns['loss']:.4g}" if ns.get("loss") is not None else ""
+    at = f" at loss {ns.loss:.4g}" if ns.loss is not None else ""
     lines = [
         f"statistical efficiency from the gradient noise scale measured at {base_workers} worker(s): "
         f"B_simple ≈ {b:.0f}{err} examples{at}",
@@ -208,16 +222,16 @@ def predict_lines(
     return lines
 
 
-def lr_advice(ns: Mapping[str, Any], base_workers: int, sizes: Sequence[int], per_worker: float | None) -> list[str]:
+def lr_advice(ns: NoiseScale, base_workers: int, sizes: Sequence[int], per_worker: float | None) -> list[str]:
     """The learning rate the bound assumes: the linear scaling rule with warmup, up to the critical batch."""
-    if ns.get("b_simple") is None or not per_worker:
+    b = ns.b_simple
+    if b is None or not per_worker:
         return []
-    b = ns["b_simple"]
     top = max(sizes)
     k = top / base_workers
     cap = max(1.0, b / (base_workers * per_worker))
     return [
-        f"critical batch ≈ {b:.0f} examples (B_simple at loss {_f(ns.get('loss'), '.4g')}; it grows as the loss falls): to get "
+        f"critical batch ≈ {b:.0f} examples (B_simple at loss {_f(ns.loss, '.4g')}; it grows as the loss falls): to get "
         f"the predicted steps at {top} workers the learning rate must grow with the global batch — the linear scaling "
         f"rule with a gradual warmup (Goyal et al. 2017) asks for {k:g}x the learning rate of {base_workers} worker(s), "
         f"and it stops paying past ≈ {cap:.1f}x (a global batch of ≈ B_simple); stability may forbid the larger rate (an "

@@ -17,7 +17,8 @@ from typing import Any
 from ..runs import RunDir
 from ..sinks.tensorboard import JOB_RUN, EventFiles, Point
 from ..supervise.figures import Figures, throughput
-from .goodput import CATEGORIES, goodput
+from .goodput import goodput_report
+from .goodputmodel import CATEGORIES
 from .records import event_records, heartbeat_records, is_number, json_object
 
 MARKER = ".end-written"
@@ -31,19 +32,21 @@ def end_scalars(run: RunDir) -> tuple[int, float, dict[str, float]] | None:
     if not result:
         return None
     records = heartbeat_records(run.heartbeats_jsonl)
-    g = goodput(event_records(run.events_jsonl), records, result, True)
+    g = goodput_report(event_records(run.events_jsonl), records, result, True)
     figures = Figures()
     for rec in records:
         figures.add(rec["task"], rec)
     final = figures.final()
     values: dict[str, float] = {}
     if g is not None:
-        if is_number(g.get("goodput")):
-            values["goodput/goodput_pct"] = float(g["goodput"]) * 100.0
-        for key in ("wall_s", *CATEGORIES):
-            if is_number(g.get(key)):
-                values[f"goodput/{key}"] = float(g[key])
-        for key, value in (g.get("recovery") or {}).items():  # the cost of failures (views.recovery)
+        if is_number(g.goodput):
+            values["goodput/goodput_pct"] = float(g.goodput) * 100.0
+        if is_number(g.wall_s):
+            values["goodput/wall_s"] = float(g.wall_s)
+        for key in CATEGORIES:
+            if is_number(g.seconds.get(key)):
+                values[f"goodput/{key}"] = float(g.seconds[key])
+        for key, value in (g.recovery or {}).items():  # the cost of failures (views.recovery)
             if is_number(value):
                 values[f"recovery/{key}"] = float(value)
     for key, value in throughput(final).items():

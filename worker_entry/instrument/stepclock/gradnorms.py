@@ -16,6 +16,12 @@ tensors the all-reduce builds anyway. Measured with PyTorch on an H200 (bench/gr
 tensor instead, ResNet-50's 161 gradients cost ~6 ms per step in kernel launches. ``IndexedSlices`` are
 all-gathered, not summed: left out (counted by the step clock). A non-finite norm (AMP's overflow steps)
 marks the step to skip. The values reach the host as float64 in the row the step clock writes anyway.
+
+Per all-reduce, not per pack (``norms``): the packs' halves are summed where they live, stacked into one
+2-vector, moved to the host once, and there cast to float64 and scaled (x2 for ``l2_loss``'s half, 1/d²
+for the sum) by one multiply: 2 ops per pack plus 4 per all-reduce (stack, cast, multiply, unstack; 2
+``add_n`` more with several packs) and one device-to-host copy — it was 6 ops and 2 copies per pack
+plus a division. Nothing is read back per step: the row is the step clock's.
 Graph side only; nothing here changes a value of the user's, and the all-reduce is called exactly once
 with the caller's arguments.
 """
@@ -52,13 +58,11 @@ def end() -> None:
 
 
 def squared_norm(tf: Any, x: Any) -> Any:
-    """|x|² of one tensor with one fused kernel (``l2_loss`` = Σx²/2), accumulated in float32 or better,
-    where ``x`` lives; as a float64 scalar on the host."""
+    """Half |x|² of one tensor with one fused kernel (``l2_loss`` = Σx²/2), accumulated in float32 or
+    better, where ``x`` lives; ``norms`` doubles it once per all-reduce, on the host."""
     if x.dtype not in (tf.float32, tf.float64):
         x = tf.cast(x, tf.float32)
-    half = tf.nn.l2_loss(x)
-    with tf.device("/cpu:0"):
-        return tf.cast(half, tf.float64) * 2.0
+    return tf.nn.l2_loss(x)
 
 
 def wrap_launcher(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -106,14 +110,24 @@ def patch_launcher(utils_module: Any) -> bool:
 
 
 def norms(tf: Any, pairs: list[tuple[Any, Any]], group: int) -> tuple[Any, Any] | None:
-    """(|g_i|², |R/d|²) of one all-reduce from its packs' norms: sums over the packs, the second divided
-    by the group² on the host (the collective sums; a MEAN divides only after it). None: no pack."""
+    """(|g_i|², |R/d|²) of one all-reduce from its packs' half squared norms, as float64 scalars on the
+    host: summed over the packs where they live, one copy to the host, doubled, the second divided by the
+    group² (the collective sums; a MEAN divides only after it). None: no pack."""
     if not pairs:
         return None
-    with tf.name_scope("tfcluster_gns"), tf.device("/cpu:0"):
-        local = pairs[0][0] if len(pairs) == 1 else tf.add_n([a for a, _ in pairs])
-        total = pairs[0][1] if len(pairs) == 1 else tf.add_n([b for _, b in pairs])
-        return local, total / float(max(1, group)) ** 2
+    with tf.name_scope("tfcluster_gns"):
+        halves = [a for a, _ in pairs] + [b for _, b in pairs]
+        if len({h.dtype for h in halves}) > 1:  # a float64 pack beside float32 ones: add in float64
+            halves = [tf.cast(h, tf.float64) for h in halves]
+        n = len(pairs)
+        with tf.device(halves[0].device or ""):
+            local = halves[0] if n == 1 else tf.add_n(halves[:n])
+            total = halves[n] if n == 1 else tf.add_n(halves[n:])
+            both = tf.stack([local, total])
+        with tf.device("/cpu:0"):
+            scale = tf.constant([2.0, 2.0 / float(max(1, group)) ** 2], tf.float64)
+            local, total = tf.unstack(tf.cast(both, tf.float64) * scale)
+        return local, total
 
 
 def add(tf: Any, pairs: list[tuple[Any, Any]]) -> tuple[Any, Any] | None:
