@@ -154,7 +154,7 @@ def test_custom_loop_reports_steps_and_raises_nothing(testbed_factory, tmp_path,
     and it trained on its 4 micro-batches of 96 on each of the 3 workers (issue 32.4: the examples are
     those consumed), whether each micro-batch has its own ``strategy.run`` or the 4 go to one together."""
     tb = testbed_factory(3, mode="netns")
-    steps = 200 if accum == 1 else 60  # windows from every worker, its counters exact: no longer run needed
+    steps = 400 if accum == 1 else 120
     args = ["--steps", str(steps), "--accum", str(accum), "--batch-size", "96", *(["--together"] if together else [])]
     spec = _spec(tb, tmp_path, f"homog{accum}", *args)
     r = run_launch(tb, spec, tmp_path / "run", "-q", "--no-gather")
