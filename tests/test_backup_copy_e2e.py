@@ -44,7 +44,7 @@ def test_the_chiefs_host_lost_for_good_with_its_disk_resumes_on_the_spare_from_t
     of the epoch-2 backup, and its disk is gone with it. The spare becomes worker:0 (the chief) on a new
     plan, and every task resumes from the launcher's copy: after epoch 2, not from scratch."""
     tb = testbed_factory(4, mode="netns")
-    command = [PY, "-m", "worker_entry.examples.keras_synthetic", "--epochs", "5", "--steps-per-epoch", "200"]
+    command = [PY, "-m", "worker_entry.examples.keras_synthetic", "--epochs", "5", "--steps-per-epoch", "100"]
     backup = tmp_path / "backup"
     doc = tb.spec_dict(
         "keep",

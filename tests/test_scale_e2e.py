@@ -105,7 +105,7 @@ def test_a_script_whose_global_batch_grows_with_the_replicas_is_called_weak_scal
     )
     sweep = tmp_path / "sweep"
     out = run_cli(
-        "scale", str(spec), "--workers", "1,2,3", "--duration", "15s", "--run-dir", str(sweep), "--json",
+        "scale", str(spec), "--workers", "1,2,3", "--duration", "8s", "--run-dir", str(sweep), "--json",
         tb=tb, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -317,11 +319,14 @@ def test_patches_are_idempotent():
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFCLUSTER_") and k != "TF_CONFIG"}
-    env.update(PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2", STAMP_CASES_EXTRA="fail,sync")
+    cwd = tmp_path_factory.mktemp("stamps")
+    tmpdir = cwd / "tmp"  # TensorFlow's __autograph_generated_file*.py go here, not in the machine's /tmp
+    tmpdir.mkdir()
+    env.update(PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2", STAMP_CASES_EXTRA="fail,sync", TMPDIR=str(tmpdir))
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "workloads" / "stamp_cases.py")],
         env=env,
-        cwd=tmp_path_factory.mktemp("stamps"),
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -332,6 +337,7 @@ def cases(tmp_path_factory):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        shutil.rmtree(tmpdir, ignore_errors=True)
     lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, err[-4000:]
     return json.loads(lines[0][7:]), err
@@ -447,7 +453,9 @@ def run_cluster(
     else:
         argv = ["--steps", str(steps)]
     argv = [sys.executable, "-m", f"worker_entry.examples.{module}", *argv]
-    results = run_local_cluster([*argv, *extra], num_workers, env=env, timeout_s=150, cwd=str(ROOT))
+    with tempfile.TemporaryDirectory(prefix="tfcluster-stepclock-") as tmpdir:  # TensorFlow's autograph files
+        env["TMPDIR"] = tmpdir
+        results = run_local_cluster([*argv, *extra], num_workers, env=env, timeout_s=150, cwd=str(ROOT))
     for r in results:
         assert r.returncode == 0, r.output[-3000:]
         assert not [x for x in r.output.splitlines() if x.startswith("tfcluster:")], r.output[-3000:]

@@ -99,7 +99,7 @@ def test_an_input_bound_straggler_gets_a_remedy_and_goodput_books_its_cost_as_in
     sleeps 60 ms per batch from the start. `report` names it with its remedy, and goodput books the others'
     wait for it as input, naming worker:1, not as "waiting for the slowest worker"."""
     tb = testbed_factory(3, mode="netns")
-    args = ("--epochs", "1", "--steps", "400", "--slow-task", "worker:1", "--slow-ms", "60", "--slow-after-s", "0")
+    args = ("--epochs", "1", "--steps", "250", "--slow-task", "worker:1", "--slow-ms", "60", "--slow-after-s", "0")
     spec = _spec(tb, tmp_path, "inputcost", *args)
     r = run_launch(tb, spec, tmp_path / "run", "-q", "--no-gather")
     assert r.rc == 0, r.stderr[-2000:]
@@ -124,7 +124,7 @@ def test_an_input_bound_straggler_gets_a_remedy_and_goodput_books_its_cost_as_in
 
 def test_homogeneous_job_raises_no_straggler(testbed_factory, tmp_path):
     tb = testbed_factory(3, mode="netns")
-    spec = _spec(tb, tmp_path, "homog", "--epochs", "1", "--steps", "500")
+    spec = _spec(tb, tmp_path, "homog", "--epochs", "1", "--steps", "250")  # ≥ 4 windows of 2 s per worker
     r = run_launch(tb, spec, tmp_path / "run", "-q", "--no-gather")
     assert r.rc == 0, r.stderr[-2000:]
     profiles = [

@@ -140,12 +140,21 @@ class _Sshds:
         ]
         if self.extra is not None and len(hosts) == 1:
             lines += self.extra(hosts[0])
+        # TMPDIR: the bed's own temporary directory, removed with the bed by stop(): what a session's
+        # processes leave in it (TensorFlow's __autograph_generated_file*.py, a script's mkdtemp) goes
+        # with the bed instead of piling up in the machine's /tmp
+        tmp = f"TMPDIR={self.tmpdir}"
         if len(hosts) == 1:
-            lines.append(f"SetEnv {base.MARKER_ENV}={self.marker(hosts[0])}")
+            lines.append(f"SetEnv {base.MARKER_ENV}={self.marker(hosts[0])} {tmp}")
         else:
             for h in hosts:  # Match blocks must come last
-                lines += [f"Match LocalAddress {h.address}", f"    SetEnv {base.MARKER_ENV}={self.marker(h)}"]
+                lines += [f"Match LocalAddress {h.address}", f"    SetEnv {base.MARKER_ENV}={self.marker(h)} {tmp}"]
         return "\n".join(lines) + "\n"
+
+    @property
+    def tmpdir(self) -> Path:
+        """TMPDIR of every session of every host (created by start(); inside the bed's directory)."""
+        return self.dir / "tmp"
 
     def argv(self, s: _Sshd) -> list[str]:
         """sshd in the foreground; in netns mode inside the host's namespace with its hostname."""
@@ -160,6 +169,7 @@ class _Sshds:
 
     def start(self) -> None:
         """Spawn every sshd, then wait until all of them listen."""
+        self.tmpdir.mkdir(mode=0o700, exist_ok=True)
         if self.single_sshd:
             # sshd has a compile-time limit of 16 listen sockets (MAX_LISTEN_SOCKS): one sshd per
             # 16 addresses is as close to "one sshd" as OpenSSH allows without binding 0.0.0.0.
