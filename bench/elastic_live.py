@@ -154,8 +154,8 @@ def run(
         backend.close()
     wall = time.monotonic() - t0
     rep = build_report(RunDir(run_dir))
-    g = rep.goodput or {}
-    again = [a["loss_to_training_s"] for a in g.get("attempts") or [] if a.get("loss_to_training_s") is not None]
+    attempts = rep.goodput.attempts if rep.goodput is not None else ()
+    again = [a.loss_to_training_s for a in attempts if a.loss_to_training_s is not None]
     return {
         "tasks": tasks,
         "spares": spares,

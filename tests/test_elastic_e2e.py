@@ -99,10 +99,11 @@ def test_a_host_cut_for_good_is_replaced_by_the_spare_and_the_job_resumes_from_t
         assert r["loss_to_training_s"] > HEARTBEAT["timeout_s"], r
         assert r["work_redone_steps"] is not None and 0 <= r["work_redone_steps"] <= 2 * 40, r
         g = rep.goodput
-        (failed,) = [a for a in g["attempts"] if a.get("cause")]
-        assert (failed["cause"], failed["loss_to_training_s"]) == ("host_lost", r["loss_to_training_s"])
-        assert g["recovery"]["hosts_lost"] == 1 and g["host_lost_s"] > 0 and g["failure_s"] == 0
-        assert sum(g[k] for k in CATEGORIES) == pytest.approx(g["wall_s"], abs=0.01)
+        assert g is not None and g.recovery is not None
+        (failed,) = [a for a in g.attempts if a.cause]
+        assert (failed.cause, failed.loss_to_training_s) == ("host_lost", r["loss_to_training_s"])
+        assert g.recovery["hosts_lost"] == 1 and g.seconds["host_lost_s"] > 0 and g.seconds["failure_s"] == 0
+        assert sum(g.seconds[k] for k in CATEGORIES) == pytest.approx(g.wall_s, abs=0.01)
         assert "(host lost for good): loss to training again" in report_text(rep)
         plan = json.loads((run_dir / "plan.json").read_text())
         assert plan["attempt"] == 1 and [t["host"] for t in plan["tasks"]] == [h.address for h in tb.hosts[:2]] + [
