@@ -74,11 +74,6 @@ def _cut_in_epoch_2(tb, tmp_path, spare: bool, restart: dict):
     return code, err, run_dir
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known bug (issue 34, closing note): a victim's agent channel sometimes closes with status 1 before the "
-    "cut host is silent past suspect_after_s; the victim's host is then blamed and the restart meets the cut host",
-)
 def test_a_host_cut_for_good_is_replaced_by_the_spare_and_the_job_resumes_from_the_backup(testbed_factory, tmp_path):
     tb = testbed_factory(4, mode="netns")
     try:

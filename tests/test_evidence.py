@@ -156,3 +156,15 @@ def test_scores_ignore_one_odd_window():
     for local in (20, 20, 20, 20, 60, 20, 20):
         got = s.update({"worker:0": {"pre_collective_ms": local}, "worker:1": {"pre_collective_ms": 20}})
         assert got["worker:0"]["individual"] == 1.0
+
+
+def test_one_burst_of_retransmissions_names_no_host():
+    """A link that resent 40 % in one interval and nothing in the others is not degraded (the median
+    interval judges, not the mean); one that resends in most intervals is."""
+    burst = hosts()
+    burst["worker:1"] = [{**burst["worker:1"][0], "tcp_retrans_pct": v} for v in (40.0, 0.0, 0.0)]
+    assert host_suspect(burst) is None
+    steady = hosts()
+    steady["worker:1"] = [{**steady["worker:1"][0], "tcp_retrans_pct": v} for v in (3.0, 2.5, 0.0)]
+    f = host_suspect(steady)
+    assert (f.task, f.cause) == ("worker:1", "network") and "2.5%" in f.detail

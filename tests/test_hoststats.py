@@ -100,6 +100,13 @@ def test_host_sample_from_proc_and_cgroup(tmp_path, monkeypatch, version):
     assert s["steal_pct"] == 5.0 and s["tcp_retrans_pct"] == 3.0 and s["net_errors"] == 4
     assert "cpu_mhz" not in s  # no cpufreq here (a VM): left out
     p.HostSample.from_dict(s)  # a valid protocol record
+    # peers gone: the sockets resend more than they send anew (capped); too few segments: left out
+    clock.t += 1.0
+    set_counters(proc, steal=5, total=1200, out_segs=1200, retrans=303, errs=4)
+    assert h.sample()["tcp_retrans_pct"] == 100.0
+    clock.t += 1.0
+    set_counters(proc, steal=5, total=1300, out_segs=1210, retrans=305, errs=4)
+    assert "tcp_retrans_pct" not in h.sample()
 
 
 def test_cgroup_paths_v1_root_and_missing_mounts(tmp_path):

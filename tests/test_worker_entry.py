@@ -24,7 +24,7 @@ PY = sys.executable
 class Entry:
     """Drive `python -m worker_entry` like the launcher does: config line, go, pings, stop."""
 
-    def __init__(self, tmp_path: Path, argv: list[str], **cfg) -> None:
+    def __init__(self, tmp_path: Path, argv: list[str], proc_env: dict | None = None, **cfg) -> None:
         config = {
             "argv": argv,
             "env": cfg.pop("env", {}),
@@ -36,7 +36,11 @@ class Entry:
             **cfg,
         }
         self.p = subprocess.Popen(
-            [PY, "-m", "worker_entry"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            [PY, "-m", "worker_entry"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=proc_env,
         )
         self.decoder = wire.FrameDecoder()
         self.msgs: list[dict] = []
@@ -319,3 +323,25 @@ def test_the_start_path_imports_nothing_a_short_task_does_not_need():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/", env=_env())
     assert out.stdout.strip() == ""
+
+
+def test_a_reading_outside_the_protocol_ranges_does_not_kill_the_agent(tmp_path):
+    """A host whose kernel counters give 200 % retransmissions (its peers gone, it resends more than it
+    sends anew) once killed the agent on its own heartbeat: its task judged lost and a healthy host
+    blamed. The beat still goes out, without that evidence, and the task runs to its end."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "from worker_entry.agent import hoststats\n"
+        "hoststats.HostSampler.sample = lambda self: {'interval_s': 0.2, 'tcp_retrans_pct': 200.0, 'steal_pct': -3.0}\n"
+    )
+    env = _env()
+    env["PYTHONPATH"] = f"{site}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    e = Entry(tmp_path, [PY, "-c", "import time; time.sleep(1.5)"], proc_env=env)
+    e.wait_msg("hello")
+    e.send({"type": "go"})
+    assert e.finish() == 0
+    beats = [m for m in e.msgs if m["type"] == "heartbeat"]
+    assert len(beats) >= 3 and all(m.get("host") is None for m in beats), beats
+    exited = [m for m in e.msgs if m["type"] == "exited"]
+    assert exited and exited[0]["code"] == 0, e.msgs[-3:]

@@ -58,6 +58,11 @@ def _stands_out(values: Mapping[str, float], minimum: float, margin: float) -> t
     return None
 
 
+def _median_of(samples: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    vals = [float(v) for s in samples if (v := s.get(key)) is not None]
+    return statistics.median(vals) if vals else None
+
+
 def _wait_odds(samples: Sequence[Mapping[str, Any]]) -> float | None:
     """Run-queue delay per unit of CPU time of a worker's threads over its samples (wait / run):
     near saturation it separates a starved worker far better than the share of time waiting."""
@@ -140,7 +145,9 @@ def host_suspect(samples: Mapping[str, Sequence[Mapping[str, Any]]]) -> HostFind
             f"its CPUs run at {a['cpu_mhz'] / 1000:.2f} GHz of {a['cpu_max_mhz'] / 1000:.2f} GHz (power or thermal limit)",
             {"cpu_mhz": a["cpu_mhz"], "cpu_max_mhz": a["cpu_max_mhz"]},
         )
-    retrans = {t: a["tcp_retrans_pct"] for t, a in avg.items() if a["tcp_retrans_pct"] is not None}
+    # a degraded link resends in most intervals; one burst (a peer's restart, a full socket buffer)
+    # must not name a host: the median interval, not the mean
+    retrans = {t: m for t, ss in samples.items() if ss and (m := _median_of(ss, "tcp_retrans_pct")) is not None}
     hit = _stands_out(retrans, RETRANS_PCT_MIN, RETRANS_PCT_MIN)
     if hit:
         t, value, others = hit

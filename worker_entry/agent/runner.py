@@ -324,9 +324,9 @@ class Runner:
                 seq=self._next_seq(),
                 ts=time.time(),
                 load1=round(os.getloadavg()[0], 2),
-                gpus=[p.GpuSample.from_dict(g) for g in gpus] if gpus is not None else None,
+                gpus=_checked(lambda: [p.GpuSample.from_dict(g) for g in gpus]) if gpus is not None else None,
                 progress=self.records.progress,
-                host=p.HostSample.from_dict(host) if host else None,
+                host=_checked(lambda: p.HostSample.from_dict(host)) if host else None,
                 **sample,
             )
         )
@@ -401,3 +401,13 @@ def run(config: p.NodeConfig, stdin_rest: bytes = b"") -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     return Runner(config, out_fd, 0, stdin_rest).main()
+
+
+def _checked(build: Any) -> Any:
+    """A heartbeat's evidence record, or None when a reading is outside the protocol's ranges (a
+    driver's or kernel's odd counter): the beat still goes out, since a task whose agent died on its
+    own evidence would be judged lost, and its host blamed, for a reading."""
+    try:
+        return build()
+    except p.ProtocolError:
+        return None
