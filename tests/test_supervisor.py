@@ -402,6 +402,37 @@ def test_a_closed_channel_is_decided_when_its_exit_status_comes_without_sleeping
     assert [e.status for e in rec.kinds("task_lost")] == [127]
 
 
+def test_an_agent_that_raised_on_a_reachable_host_is_not_a_lost_host():
+    """worker_entry itself raised (its traceback on the channel's stderr, exit 1): a tfcluster bug on a
+    host that answered, not a host lost for good — the attempt policy restarts in place and blames no
+    host (a kernel counter once killed a healthy worker's agent this way, and its host was left out)."""
+    from orchestrator.job.policy import host_to_blame
+
+    def crashed(n: FakeNode) -> None:
+        n.chan.status = 1
+
+    def script(n: FakeNode) -> None:
+        n.hello()
+        n.wait_for(p.Go)
+        n.send(p.Spawned(pid=5))
+        n.chan.write_err(
+            b"Traceback (most recent call last):\n  File \"/x/worker_entry/agent/runner.py\", line 3, in _heartbeat\n"
+            b"worker_entry.protocol.frames.ProtocolError: tcp_retrans_pct: expected a value in [0, 100], got 200.0\n"
+        )
+        n.chan.end_output()
+        wait_for(lambda: n.chan.asked, 10, "the launcher to ask for the exit status")
+        crashed(n)
+        n.idle(30)
+
+    res, rec, _ = supervise({"worker:0": script}, n_hosts=1, frozen=True)
+    rc = res.root_cause
+    assert (rc.kind, rc.task, rc.exit_code) == ("agent", "worker:0", 1), rc
+    assert rc.message.startswith("worker_entry failed on the host (exit 1): worker_entry.protocol.frames.ProtocolError")
+    assert "tfcluster bug" in rc.hint
+    assert host_to_blame(res) is None
+    assert res.state == JobState.FAILED and exit_code_for_state(res.state) == 3
+
+
 def test_a_closed_channel_whose_exit_status_never_comes_is_lost_after_its_wait():
     def time_passes(n: FakeNode) -> None:
         n.clock.advance(0.3)  # past the wait for it

@@ -4,7 +4,7 @@ scheduler adds on top lives in its package under ``orchestrator/schedulers/``.""
 
 from .backend import Backend, Deliver, PerTaskBackend, Placement
 from .base import Channel, ConnectFailure, Connection, OutputTooLarge, wait_readable
-from .diagnose import entry_failure
+from .diagnose import agent_crash, entry_failure
 
 __all__ = [
     "Backend",
@@ -15,6 +15,7 @@ __all__ = [
     "OutputTooLarge",
     "PerTaskBackend",
     "Placement",
+    "agent_crash",
     "entry_failure",
     "wait_readable",
 ]

@@ -1,4 +1,5 @@
-"""Why worker_entry did not start on a node, from its exit status and stderr (the one place that says)."""
+"""Why worker_entry did not start on a node, or died there, from its exit status and stderr (the one
+place that says)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,21 @@ def entry_failure(status: int | None, stderr: str, python: str, *, synced: bool 
             code="interpreter",
         )
     return None
+
+
+def agent_crash(status: int | None, stderr: str) -> Diagnostic | None:
+    """worker_entry itself raised on the node (a tfcluster bug, not the host's failure nor the script's:
+    the training process's output never reaches this stderr): the diagnosis, or None. The host answered
+    with an exit status (ssh's own failures are 255), so it is up and reachable; it must not be blamed
+    and left out of the run as a lost host would be."""
+    if status is None or status == 255 or "Traceback (most recent call last)" not in stderr:
+        return None
+    if "worker_entry" not in stderr:
+        return None
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    last = lines[-1][:300] if lines else ""
+    return Diagnostic(
+        f"worker_entry failed on the host (exit {status}): {last}",
+        "a tfcluster bug, not your script's: the traceback is in the task's log; please report it",
+        code="agent",
+    )

@@ -19,6 +19,7 @@ FAILURE_KINDS = frozenset(
         "startup_timeout",  # not started in time (MWMS would wait forever)
         "straggler",  # a confirmed straggler, with heartbeat.kill_stragglers
         "spawn",  # worker_entry could not be started
+        "agent",  # worker_entry itself raised on a reachable host (a tfcluster bug): not the host's failure
         "restart",  # a task could not be started again in place (its TF_CONFIG cannot be rebuilt)
         "protocol",  # the node sent something the protocol does not allow
         "connect",  # a host could not be reached

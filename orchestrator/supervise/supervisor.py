@@ -20,7 +20,7 @@ from typing import Any
 
 from worker_entry import protocol as p
 
-from ..backends import Backend, Channel, entry_failure
+from ..backends import Backend, Channel, agent_crash, entry_failure
 from ..core.result import AttemptResult, Failure
 from ..core.states import JobState, TaskState, advance
 from ..events import EventBus, HeartbeatSink, LogSink
@@ -278,11 +278,13 @@ class Supervisor:
 
     def _lost(self, s: TaskSession, status: int | None) -> None:
         s.become(TaskState.LOST)
-        diag = entry_failure(status, s.diag_text, s.node.argv[0], synced=s.decoder.synced)
+        crash = agent_crash(status, s.diag_text)
+        diag = crash or entry_failure(status, s.diag_text, s.node.argv[0], synced=s.decoder.synced)
         msg = diag.message if diag else f"connection closed without an exit status (channel status {status})"
         self.bus.emit(ev.TaskLost(task=s.task, host=s.host, message=msg, status=status))
         self._blame_suspects(s)
-        self._fail(s.failure("lost", msg, exit_code=status, hint=diag.hint if diag else ""))
+        kind = "agent" if crash else "lost"  # a reachable host whose agent raised is not a lost host
+        self._fail(s.failure(kind, msg, exit_code=status, hint=diag.hint if diag else ""))
 
     def _on_violation(self, s: TaskSession, error: str) -> None:
         """The node broke the protocol: that task fails (its node stops it when its channel closes)."""
