@@ -430,6 +430,7 @@ def test_an_agent_that_raised_on_a_reachable_host_is_not_a_lost_host():
     assert rc.message.startswith("worker_entry failed on the host (exit 1): worker_entry.protocol.frames.ProtocolError")
     assert "tfcluster bug" in rc.hint
     assert host_to_blame(res) is None
+    assert [e.status for e in rec.kinds("task_lost")] == [1]  # its channel did close: the event says so
     assert res.state == JobState.FAILED and exit_code_for_state(res.state) == 3
 
 
