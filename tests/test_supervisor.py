@@ -416,7 +416,7 @@ def test_an_agent_that_raised_on_a_reachable_host_is_not_a_lost_host():
         n.wait_for(p.Go)
         n.send(p.Spawned(pid=5))
         n.chan.write_err(
-            b"Traceback (most recent call last):\n  File \"/x/worker_entry/agent/runner.py\", line 3, in _heartbeat\n"
+            b'Traceback (most recent call last):\n  File "/x/worker_entry/agent/runner.py", line 3, in _heartbeat\n'
             b"worker_entry.protocol.frames.ProtocolError: tcp_retrans_pct: expected a value in [0, 100], got 200.0\n"
         )
         n.chan.end_output()
