@@ -53,6 +53,9 @@ def test_spare_hosts_need_one_worker_per_host_under_mwms_and_a_host_left_to_run(
     assert roles.startswith("s.yaml:7: hosts[1].spare: a spare takes a lost host's one task")
     (every,) = _problems("hosts:\n  - {address: a, spare: true}\n")
     assert "every host is a spare" in every
+    # that one error, not a second saying min_workers 1 exceeds "the 0 planned workers"
+    (every,) = _problems("hosts:\n  - {address: a, spare: true}\nrestart: {min_workers: 1}\n")
+    assert "every host is a spare" in every
     ps = _problems(
         "hosts:\n  - {address: a}\n  - {address: b, spare: true}\n"
         "tensorflow: {strategy: parameter_server}\nrestart: {min_workers: 1}\n"

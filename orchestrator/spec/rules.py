@@ -110,7 +110,7 @@ def _min_workers_problems(data: dict, section: SchedulerSection | None, add: Add
             "warning",
         )
     planned = section.workers(data) if section is not None and section.workers is not None else None
-    if planned is not None and k > planned:
+    if planned and k > planned:  # (no planned worker at all is its own error: every host a spare)
         add(
             ("restart", "min_workers"),
             f"{k} is more than the {planned} planned workers; allowed: 1 to {planned} (default {planned}: "
