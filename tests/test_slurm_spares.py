@@ -119,6 +119,11 @@ def test_with_roles_a_node_leaves_only_for_a_spare_and_outside_an_allocation_nev
     assert new is not None and [(str(n.task), n.host) for n in new.nodes] == [("chief:0", "n2"), ("worker:0", "n3")]
     end = members_of(new, s, True, nxt.excluded, sch.fixed_hosts()).without(Exclusion("n3", "lost", 1, 2.0))
     assert isinstance(end, str) and end.startswith("host n3 is out (lost) and no spare host is left: slurm.roles fill")
+    # min_workers (validate warns: not used) does not make it elastic: with no spare, a restart in place
+    no_spare = spec("{nodes: 2, roles: {chief: 1, worker: 1}}", "{max_restarts: 3, min_workers: 1}")
+    sch = scheduling(no_spare, tmp_path)
+    plan = slurm_plan(no_spare, run_id="r", node_names=sch.nodes[:2])
+    assert not members_of(plan, no_spare, sch.reshapes, fixed=sch.fixed_hosts()).elastic
     assert not scheduling(spec(), tmp_path, env={"SLURM_JOB_ID": "41"}).reshapes  # no node names: no reshape
 
 

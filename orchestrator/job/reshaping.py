@@ -43,7 +43,8 @@ def members_of(
         tasks=tuple(str(n.task) for n in plan.nodes),
         spares=plan.spares,
         planned=planned,
-        min_workers=spec.restart.min_workers or planned,
+        # a job that cannot go on with fewer hosts (``fixed``) is elastic through its spares only
+        min_workers=planned if fixed else spec.restart.min_workers or planned,
         excluded=excluded,
         reshapes=reshapes and bool(plan.members),
         task_hosts=placed,
