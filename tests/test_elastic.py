@@ -48,9 +48,17 @@ def test_min_workers_is_checked_against_the_planned_workers_at_its_line():
     assert "restart.min_workers" in zero and "greater than or equal to 1" in zero
 
 
-def test_spare_hosts_need_one_worker_per_host_under_mwms_and_a_host_left_to_run():
-    (roles,) = _problems("hosts:\n  - {address: a, roles: {chief: 1}}\n  - {address: b, spare: true}\n")
-    assert roles.startswith("s.yaml:7: hosts[1].spare: a spare takes a lost host's one task")
+def test_spare_hosts_take_a_lost_hosts_roles_under_mwms_and_a_host_left_to_run():
+    assert _problems("hosts:\n  - {address: a, roles: {chief: 1, worker: 1}}\n  - {address: b, spare: true}\n") == []
+    (roles,) = _problems("hosts:\n  - {address: a}\n  - {address: b, spare: true, roles: {worker: 1}}\n")
+    assert roles.startswith("s.yaml:7: hosts[1].roles: a spare host has no roles of its own: it takes the tasks")
+    # a spare may take a host's 2 tasks: 2 TF ports, the next one another host's on the same machine
+    (ports,) = _problems(
+        "hosts:\n  - {address: 127.0.0.1, roles: {worker: 2}, tf_port: 5000}\n"
+        "  - {address: 127.0.0.2, tf_port: 6001}\n  - {address: 127.0.0.3, spare: true, tf_port: 6000}\n"
+    )
+    assert "hosts[2].tf_port: TF port 6001 is already used by hosts[1] on the same machine" in ports
+    assert "a spare takes one port per task of the host it replaces" in ports
     (every,) = _problems("hosts:\n  - {address: a, spare: true}\n")
     assert "every host is a spare" in every
     # that one error, not a second saying min_workers 1 exceeds "the 0 planned workers"
@@ -64,17 +72,19 @@ def test_spare_hosts_need_one_worker_per_host_under_mwms_and_a_host_left_to_run(
     assert any("restart.min_workers: reshaping to fewer workers needs" in m for m in ps)
 
 
-def test_slurm_spare_nodes_are_validated_and_used_with_one_task_per_node():
+def test_slurm_spare_nodes_are_validated_and_used_with_several_tasks_per_node_and_roles():
     base = "scheduler: slurm\nslurm: {nodes: 2, spare_nodes: %s}\n"
     assert _problems(base % "1") == []  # used: no warning
     (bad,) = _problems(base % "-1")
     assert "slurm.spare_nodes" in bad
-    unused, too_many = _problems("scheduler: slurm\nslurm: {nodes: 2, tasks_per_node: 2}\nrestart: {min_workers: 5}\n")
-    assert "restart.min_workers: warning: not used by this job: a node leaves a Slurm job" in unused
+    (too_many,) = _problems("scheduler: slurm\nslurm: {nodes: 2, tasks_per_node: 2}\nrestart: {min_workers: 5}\n")
     assert "5 is more than the 4 planned workers" in too_many
-    (spare,) = _problems("scheduler: slurm\nslurm: {nodes: 2, tasks_per_node: 2, spare_nodes: 1}\n")
-    assert "slurm.spare_nodes: warning: not used by this job" in spare
+    assert _problems("scheduler: slurm\nslurm: {nodes: 2, tasks_per_node: 2, spare_nodes: 1}\n") == []
     assert _problems("scheduler: slurm\nslurm: {nodes: 3}\nrestart: {min_workers: 2}\n") == []
+    roles = "scheduler: slurm\nslurm: {nodes: 2, spare_nodes: 1, roles: {chief: 1, worker: 1}}\n"
+    assert _problems(roles) == []
+    (fixed,) = _problems(roles + "restart: {min_workers: 1}\n")
+    assert "restart.min_workers: warning: not used by this job: slurm.roles fill the step exactly" in fixed
 
 
 def test_the_plan_leaves_the_spares_out_and_lists_them():

@@ -437,6 +437,65 @@ def test_srun_still_running_after_the_teardown_gets_its_step_scancelled_then_kil
     assert any("scancel --signal=KILL 7.0" in n for n in backend.notes) and any("killed" in n for n in backend.notes)
 
 
+class _StuckSrun:
+    """An srun that never ends by itself (its step has a node that cannot report): the waits it is given."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+        self.killed = False
+
+    def poll(self):
+        return -9 if self.killed else None
+
+    def wait(self, timeout=None):
+        import subprocess
+
+        if self.killed:
+            return -9
+        self.waits.append(timeout)
+        raise subprocess.TimeoutExpired("srun", timeout)
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def test_a_step_with_a_node_known_dead_is_scancelled_at_once_not_after_the_full_grace(tmp_path, monkeypatch):
+    """The previous step's node n2 left the job for good (the next step runs without it: its task was
+    judged lost for a host reason), or Slurm says n2 does not respond: srun would wait for a slurmstepd
+    that cannot report, so the step is scancelled at once (in the background: scancel itself blocks while
+    Slurm tries the dead node) and srun gets 1 s, not 5 + 10 s. A step whose nodes are all alive keeps
+    the full grace."""
+    from orchestrator.schedulers.slurm import step as st
+
+    spec = load_spec_text(spec_text()).spec
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]"}
+    cancelled: list[str] = []
+    monkeypatch.setattr(sc, "steps_named", lambda job, name: ["7.0"] if name == "sl-a0" else [])
+    monkeypatch.setattr(sc, "cancel", lambda target, **kw: cancelled.append(target))
+    sinfo = {"out": "n1|mix\nn2|mix\n"}
+    monkeypatch.setattr(sc, "run", lambda argv, **kw: sinfo["out"] if argv[0] == "sinfo" else "")
+
+    def ended(left=(), sinfo_out="n1|mix\nn2|mix\n") -> tuple[list[float], list[str]]:
+        sinfo["out"] = sinfo_out
+        backend = st.SlurmStepBackend(spec, slurm_plan(spec, run_id="x"), log_dir=tmp_path, env=env)
+        backend.srun, backend.step_name, backend._step_hosts = _StuckSrun(), "sl-a0", ("n1", "n2")
+        srun = backend.srun
+        backend._end_step(left=left)
+        assert srun.killed
+        backend.close()  # reaps a scancel left in the background
+        assert cancelled.pop() == "7.0" and not any(t.is_alive() for t in backend._cancels)
+        return srun.waits, backend.notes
+
+    waits, notes = ended(left=["n2"])  # left the job for good: not even the quick wait
+    assert waits == [st.DEAD_NODE_SCANCEL_WAIT_S]
+    assert "srun was still running after the teardown (node n2 known dead: its srun cannot report)" in notes[0]
+    waits, notes = ended(sinfo_out="n1|mix\nn2|mix*\n")  # Slurm: n2 not responding
+    assert waits == [st.SRUN_QUICK_EXIT_S, st.DEAD_NODE_SCANCEL_WAIT_S] and "node n2 known dead" in notes[0]
+    waits, notes = ended()  # every node alive: the full grace, as before
+    assert waits == [st.SRUN_QUICK_EXIT_S, st.SRUN_EXIT_WAIT_S - st.SRUN_QUICK_EXIT_S, st.SCANCEL_WAIT_S]
+    assert "known dead" not in notes[0]
+
+
 def test_a_step_left_on_slurms_books_by_a_dead_node_is_overlapped_not_waited_for(tmp_path, monkeypatch):
     """A node that stopped answering keeps the previous attempt's step on Slurm's books (until it is
     marked DOWN): the next step would wait for that step's CPUs ("Requested nodes are busy"), so it is

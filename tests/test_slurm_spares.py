@@ -77,12 +77,54 @@ def test_a_node_lost_for_good_is_replaced_by_the_spare_in_the_allocations_order(
     assert "below restart.min_workers" in members_of(smaller, shrink, True).without(Exclusion("n2", "lost", 2, 3.0))
 
 
-def test_no_reshape_with_several_tasks_per_node_roles_or_outside_an_allocation(tmp_path):
-    assert not scheduling(spec("{nodes: 2, tasks_per_node: 2, spare_nodes: 1}"), tmp_path).reshapes
-    assert not scheduling(spec(), tmp_path, env={"SLURM_JOB_ID": "41"}).reshapes
-    s = spec("{nodes: 2, tasks_per_node: 2, spare_nodes: 1}")
-    plan = slurm_plan(s, run_id="r", node_names=["n1", "n2", "n3"])
-    assert not members_of(plan, s, True).elastic  # several tasks per node: restarts in place, as before
+def test_a_node_with_two_tasks_leaves_with_both_for_the_spare_or_shrinks_by_two(tmp_path):
+    s = spec("{nodes: 3, tasks_per_node: 2, spare_nodes: 1}", "{max_restarts: 3, min_workers: 2}")
+    sch = scheduling(s, tmp_path)
+    assert sch.reshapes
+    plan = slurm_plan(s, run_id="r", node_names=sch.nodes)
+    assert plan.members == ("n1", "n1", "n2", "n2", "n3", "n3")
+    members = members_of(plan, s, sch.reshapes, fixed=sch.fixed_hosts())
+    assert members.hosts == ("n1", "n2", "n3") and members.workers == 6 and members.elastic
+    nxt, reshape = members.without(Exclusion("n2", "lost", 0, 1.0, "worker:3"))  # worker:3 runs on n2
+    assert (reshape.out.host, reshape.spare_in, reshape.workers_before, reshape.workers_after) == ("n2", "n4", 6, 6)
+    new = sch.replan(plan, nxt)
+    assert new is not None and [n.host for n in new.nodes] == ["n1", "n1", "n3", "n3", "n4", "n4"]
+    assert [str(n.task) for n in new.nodes] == [f"worker:{i}" for i in range(6)]
+    assert step_placement(sch.nodes, [n.host for n in new.nodes], s) == ["--nodelist=n1,n3,n4", "--exclude=n2"]
+    # no spare left: the node's two workers out, 6 -> 4, then 4 -> 2, then below min_workers
+    m2 = members_of(new, s, True, nxt.excluded)
+    m3, r3 = m2.without(Exclusion("n1", "lost", 1, 2.0, "worker:0"))
+    assert (r3.spare_in, r3.workers_after, m3.hosts) == (None, 4, ("n3", "n4"))
+    smaller = sch.replan(new, m3)
+    assert smaller is not None and [n.host for n in smaller.nodes] == ["n3", "n3", "n4", "n4"]
+    assert smaller.common.env["TFCLUSTER_NUM_WORKERS"] == "4" and smaller.planned_workers == 6
+    m4, r4 = members_of(smaller, s, True, m3.excluded).without(Exclusion("n3", "lost", 2, 3.0))
+    assert (r4.workers_after, m4.hosts) == (2, ("n4",))
+    end = members_of(sch.replan(smaller, m4), s, True, m4.excluded).without(Exclusion("n4", "lost", 3, 4.0))
+    assert (
+        end
+        == "host n4 is out (lost) and no spare host is left: 0 worker(s) would remain, below restart.min_workers (2)"
+    )
+
+
+def test_with_roles_a_node_leaves_only_for_a_spare_and_outside_an_allocation_never(tmp_path):
+    s = spec("{nodes: 2, spare_nodes: 1, roles: {chief: 1, worker: 1}}")
+    sch = scheduling(s, tmp_path)
+    plan = slurm_plan(s, run_id="r", node_names=sch.nodes[:3])
+    members = members_of(plan, s, sch.reshapes, fixed=sch.fixed_hosts())
+    nxt, reshape = members.without(Exclusion("n1", "lost", 0, 1.0, "chief:0"))
+    assert reshape.spare_in == "n3"
+    new = sch.replan(plan, nxt)
+    # the chief's node lost: the allocation's first node left (n2) runs rank 0, the chief
+    assert new is not None and [(str(n.task), n.host) for n in new.nodes] == [("chief:0", "n2"), ("worker:0", "n3")]
+    end = members_of(new, s, True, nxt.excluded, sch.fixed_hosts()).without(Exclusion("n3", "lost", 1, 2.0))
+    assert isinstance(end, str) and end.startswith("host n3 is out (lost) and no spare host is left: slurm.roles fill")
+    # min_workers (validate warns: not used) does not make it elastic: with no spare, a restart in place
+    no_spare = spec("{nodes: 2, roles: {chief: 1, worker: 1}}", "{max_restarts: 3, min_workers: 1}")
+    sch = scheduling(no_spare, tmp_path)
+    plan = slurm_plan(no_spare, run_id="r", node_names=sch.nodes[:2])
+    assert not members_of(plan, no_spare, sch.reshapes, fixed=sch.fixed_hosts()).elastic
+    assert not scheduling(spec(), tmp_path, env={"SLURM_JOB_ID": "41"}).reshapes  # no node names: no reshape
 
 
 def test_the_first_step_keeps_off_the_spare_nodes():

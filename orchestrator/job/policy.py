@@ -21,7 +21,7 @@ from ..supervise import Interrupt
 
 class Action(enum.Enum):
     RESTART = "restart"  # start every task again (the chief's backup makes them resume)
-    RESHAPE = "reshape"  # start again on a new plan: a host lost for good out, a spare in (or one worker fewer)
+    RESHAPE = "reshape"  # start again on a new plan: a host lost for good out, a spare in (or its workers fewer)
     REQUEUE = "requeue"  # the allocation ends: the run goes on in the scheduler's next one
     FINISH = "finish"  # the run is over (succeeded, failed past its budget, or interrupted)
 
@@ -83,11 +83,27 @@ class Reshape:
     after: Members  # who runs the next attempt
 
 
+#: A host's tasks by role, as the planner takes them: ((role, count), ...) in ``ROLE_ORDER``.
+HostRoles = tuple[tuple[str, int], ...]
+ROLE_ORDER = ("chief", "worker", "ps", "evaluator")  # protocol.roles.ROLES: the planner's rank order
+TRAINERS = ("chief", "worker")
+
+
+def _roles(types: list[str]) -> HostRoles:
+    return tuple((r, types.count(r)) for r in ROLE_ORDER if types.count(r))
+
+
+def _count(roles: HostRoles, *which: str) -> int:
+    return sum(n for r, n in roles if r in which)
+
+
 @dataclass(frozen=True)
 class Members:
-    """Who runs the job now: the hosts of the current plan (one training task each: ``tasks[i]`` runs on
-    ``hosts[i]``, in plan order), the spares standing by, the hosts excluded so far; what the spec allows
-    (``restart.min_workers``) and whether the scheduler can build a plan without a host (``reshapes``)."""
+    """Who runs the job now: the hosts of the current plan (distinct, in plan order), every task
+    (``tasks[i]`` runs on ``task_hosts[i]``; ``task_hosts`` empty: one task per host, ``hosts[i]``),
+    the spares standing by, the hosts excluded so far; what the spec allows (``restart.min_workers``),
+    whether the scheduler can build a plan without a host (``reshapes``) and, where it can only swap a
+    host for a spare, why it cannot run on fewer (``fixed``)."""
 
     hosts: tuple[str, ...]
     tasks: tuple[str, ...] = ()
@@ -96,6 +112,11 @@ class Members:
     min_workers: int = 0
     excluded: tuple[Exclusion, ...] = ()
     reshapes: bool = False
+    task_hosts: tuple[str, ...] = ()
+    #: each host's tasks by role, the next plan's to lay out (a spare takes the lost host's, a worker
+    #: takes the chief of a lost host); () where every host runs the planner's default
+    roles: tuple[tuple[str, HostRoles], ...] = ()
+    fixed: str | None = None
 
     @property
     def elastic(self) -> bool:
@@ -105,34 +126,97 @@ class Members:
         (``without``), not a restart in place on a host that is gone (found by bench/elastic_sim.py)."""
         return self.reshapes and (bool(self.spares) or self.min_workers < self.planned or bool(self.excluded))
 
+    @property
+    def placed(self) -> tuple[str, ...]:
+        """Each task's host."""
+        return self.task_hosts or self.hosts
+
+    @property
+    def workers(self) -> int:
+        """The training tasks (chief and workers) now."""
+        if self.tasks:
+            return sum(1 for t in self.tasks if t.partition(":")[0] in TRAINERS)
+        if self.roles:
+            return sum(_count(r, *TRAINERS) for _, r in self.roles)
+        return len(self.hosts)
+
+    def roles_of(self, host: str) -> HostRoles:
+        given = dict(self.roles)
+        if host in given:
+            return given[host]
+        return _roles([t.partition(":")[0] for t, h in zip(self.tasks, self.placed, strict=False) if h == host])
+
     def position(self, out: Exclusion) -> int | None:
         if out.task is not None and out.task in self.tasks:
-            return self.tasks.index(out.task)
+            host = self.placed[self.tasks.index(out.task)]
+            return self.hosts.index(host) if host in self.hosts else None
         return self.hosts.index(out.host) if out.host in self.hosts else None
 
     def without(self, out: Exclusion) -> tuple[Members, Reshape] | str:
-        """The next members with ``out``'s host out: a spare in its place (same position: its task
-        index), else one worker fewer while that is >= min_workers; or why the run cannot go on. The
-        next plan's tasks are the planner's to name (``tasks`` is left empty until it is built)."""
+        """The next members with ``out``'s host out, all its tasks with it: a spare in its place (same
+        position, the same tasks: its task indices), else the job without them while the workers left are
+        >= min_workers — the chief is kept where its host is alive, a worker takes it where it is not;
+        or why the run cannot go on (a ps or the evaluator with no spare to take it, too few workers,
+        a scheduler that cannot run on fewer hosts). The next plan's tasks are the planner's to name
+        (``tasks`` is left empty until it is built)."""
         at = self.position(out)
         if at is None:
             return f"{out.host} is not one of the job's hosts"
-        out = replace(out, host=self.hosts[at])
-        before = len(self.hosts)
+        host = self.hosts[at]
+        out = replace(out, host=host)
+        lost = self.roles_of(host)
+        before = self.workers
         excluded = (*self.excluded, out)
+        roles = {h: self.roles_of(h) for h in self.hosts}
+        del roles[host]
         if self.spares:
             spare, rest = self.spares[0], self.spares[1:]
+            roles[spare] = lost
             hosts = (*self.hosts[:at], spare, *self.hosts[at + 1 :])
-            nxt = replace(self, hosts=hosts, tasks=(), spares=rest, excluded=excluded)
+            nxt = self._next(hosts, roles, excluded, spares=rest)
             return nxt, Reshape(out, spare, before, before, nxt)
-        if before - 1 >= max(self.min_workers, 1):
-            hosts = (*self.hosts[:at], *self.hosts[at + 1 :])
-            nxt = replace(self, hosts=hosts, tasks=(), excluded=excluded)
-            return nxt, Reshape(out, None, before, before - 1, nxt)
-        return (
-            f"host {out.host} is out ({out.reason}) and no spare host is left: {before - 1} worker(s) would "
-            f"remain, below restart.min_workers ({self.min_workers})"
+        why = f"host {host} is out ({out.reason}) and no spare host is left"
+        ran = ", ".join(t for t, h in zip(self.tasks, self.placed, strict=False) if h == host) or "its task"
+        if _count(lost, "ps"):
+            return (
+                f"{why} to take its ps task(s) ({ran}): parameter-server training cannot lose a ps, its "
+                "variables live there; add a spare host"
+            )
+        if _count(lost, "evaluator"):
+            return f"{why} to take the sidecar evaluator ({ran}): only a spare host takes it over; add a spare host"
+        if self.fixed is not None:
+            return f"{why}: {self.fixed}"
+        after = before - _count(lost, *TRAINERS)
+        if after < max(self.min_workers, 1):
+            return f"{why}: {after} worker(s) would remain, below restart.min_workers ({self.min_workers})"
+        hosts = (*self.hosts[:at], *self.hosts[at + 1 :])
+        if _count(lost, "chief"):  # a worker takes the chief: the first host left that has one
+            heir = next((h for h in hosts if _count(roles[h], "worker")), None)
+            if heir is None:
+                return f"{why}: no worker is left to take the chief ({ran})"
+            roles[heir] = _promoted(roles[heir])
+        nxt = self._next(hosts, roles, excluded, spares=())
+        return nxt, Reshape(out, None, before, after, nxt)
+
+    def _next(self, hosts: tuple[str, ...], roles: dict[str, HostRoles], excluded: tuple, spares: tuple) -> Members:
+        """The members of the next plan (its tasks the planner's to name)."""
+        return replace(
+            self,
+            hosts=hosts,
+            tasks=(),
+            task_hosts=(),
+            spares=spares,
+            excluded=excluded,
+            roles=tuple((h, roles[h]) for h in hosts),
         )
+
+
+def _promoted(roles: HostRoles) -> HostRoles:
+    """One of a host's workers becomes the chief."""
+    counts = dict(roles)
+    counts["chief"] = counts.get("chief", 0) + 1
+    counts["worker"] -= 1
+    return tuple((r, counts[r]) for r in ROLE_ORDER if counts.get(r))
 
 
 def host_to_blame(attempt: AttemptResult, gpu_faults: frozenset[str] = frozenset()) -> Exclusion | None:

@@ -15,7 +15,6 @@ backup copy (issue 34 item 4) fills there, not here.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..backends import Backend
@@ -32,17 +31,24 @@ if TYPE_CHECKING:
     from .scheduling import RunScheduling
 
 
-def members_of(plan: Plan, spec: ClusterSpec, reshapes: bool, excluded: tuple[Exclusion, ...] = ()) -> Members:
-    """The members of ``plan``: each task's host, the spares, what ``restart.min_workers`` allows."""
+def members_of(
+    plan: Plan, spec: ClusterSpec, reshapes: bool, excluded: tuple[Exclusion, ...] = (), fixed: str | None = None
+) -> Members:
+    """The members of ``plan``: its hosts and each task's, the spares, what ``restart.min_workers``
+    allows, what the scheduler can do (``reshapes``; ``fixed``: why it cannot go on with fewer hosts)."""
     planned = plan.planned_workers or len(plan.nodes)
+    placed = plan.members or tuple(n.host for n in plan.nodes)
     return Members(
-        hosts=plan.members or tuple(n.host for n in plan.nodes),
+        hosts=tuple(dict.fromkeys(placed)),
         tasks=tuple(str(n.task) for n in plan.nodes),
         spares=plan.spares,
         planned=planned,
-        min_workers=spec.restart.min_workers or planned,
+        # a job that cannot go on with fewer hosts (``fixed``) is elastic through its spares only
+        min_workers=planned if fixed else spec.restart.min_workers or planned,
         excluded=excluded,
         reshapes=reshapes and bool(plan.members),
+        task_hosts=placed,
+        fixed=fixed,
     )
 
 
@@ -54,7 +60,7 @@ class Reshaper:
         self.scheduling = scheduling
         self.rundir = rundir
         self.bus = bus
-        self.members = members_of(plan, spec, scheduling.reshapes)
+        self.members = members_of(plan, spec, scheduling.reshapes, fixed=scheduling.fixed_hosts())
         self.changes: tuple[PlanChange, ...] = ()
 
     def apply(self, plan: Plan, reshape: Reshape, attempt: int) -> Plan | None:
@@ -64,7 +70,7 @@ class Reshaper:
         if new is None:
             return None
         out = reshape.out
-        before = dict(zip((str(n.task) for n in plan.nodes), self.members.hosts, strict=False))
+        before = dict(zip(self.members.tasks, self.members.placed, strict=False))
         self.changes = (
             *self.changes,
             PlanChange(
@@ -78,7 +84,9 @@ class Reshaper:
                 hosts_before=before,
             ),
         )
-        self.members = replace(members_of(new, self.spec, self.scheduling.reshapes, reshape.after.excluded))
+        self.members = members_of(
+            new, self.spec, self.scheduling.reshapes, reshape.after.excluded, self.scheduling.fixed_hosts()
+        )
         write_plan(self.rundir, new, attempt=attempt, reshapes=self.changes)
         self.bus.emit(
             ev.Reshaped(
@@ -112,7 +120,7 @@ class Reshaper:
         return {
             "excluded": [e.to_dict() for e in self.members.excluded],
             "spares": list(self.members.spares),
-            "workers": len(self.members.hosts),
+            "workers": self.members.workers,
             "planned_workers": self.members.planned,
         }
 

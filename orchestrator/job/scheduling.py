@@ -49,9 +49,14 @@ class RunScheduling:
         return None
 
     def replan(self, plan: Plan, members: Members) -> Plan | None:
-        """The plan of a reshaped attempt (issue 34): ``members.hosts`` in this order, one task each, the
-        spares left standing by; built by the scheduler's planner, so TF_CONFIG and the task indices are
-        rebuilt. None: this scheduler cannot (its next attempt runs on the same plan, as before)."""
+        """The plan of a reshaped attempt (issue 34): ``members.hosts`` in this order, each with its tasks
+        (``members.roles_of``: a spare takes the lost host's, a worker the lost chief), the spares left
+        standing by; built by the scheduler's planner, so TF_CONFIG and the task indices are rebuilt.
+        None: this scheduler cannot (its next attempt runs on the same plan, as before)."""
+        return None
+
+    def fixed_hosts(self) -> str | None:
+        """Why this job can swap a lost host only for a spare, never run on fewer hosts; None: it can."""
         return None
 
     def hand_off(self, job: RunContext, decision: Decision) -> None:

@@ -86,7 +86,7 @@ def build_plan(
     ``entry``: worker_entry's mode (``slurm``, ``kubernetes``); ``dirs``: (checkpoint, backup);
     ``spares``: the hosts standing by (issue 34); ``planned_workers``: the job's workers as planned, when
     this plan has fewer (a reshape without a spare), else this plan's own; ``members``: each task's host
-    as a reshape names it (one task per host), else ()."""
+    as a reshape names it (a host with several tasks: once per task), else ()."""
     cluster = tf_cluster([pl.task for pl in placements], [pl.endpoint for pl in placements])
     workers = sum(1 for pl in placements if pl.task.type in ("chief", "worker"))
     planned = planned_workers if planned_workers is not None else workers

@@ -222,8 +222,8 @@ class Plan:
     policy: StragglerPolicy = field(default_factory=StragglerPolicy)  # how stragglers are judged, live and by `report`
     strategy: str = "multi_worker_mirrored"  # tensorflow.strategy: what each role's failure and end mean (plan.roles)
     spares: tuple[str, ...] = ()  # hosts standing by, running nothing until a host is lost for good (issue 34)
-    # each task's host as the job's members name it (nodes[i] runs on members[i]), where every host runs one
-    # task and the scheduler can plan without one (a reshape); () otherwise
+    # each task's host as the job's members name it (nodes[i] runs on members[i]; a host with several tasks
+    # once for each), where the scheduler can plan without a host (a reshape); () otherwise
     members: tuple[str, ...] = ()
     planned_workers: int = 0  # the job's training tasks as planned (this plan may have fewer: a reshape)
 

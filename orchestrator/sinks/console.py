@@ -214,7 +214,8 @@ def _restart(e: k.Restart) -> Line:
 
 @renders(k.Reshaped)
 def _reshaped(e: k.Reshaped) -> Line:
-    came = f"spare {e.spare_in} takes its place" if e.spare_in else "no spare left: one worker fewer"
+    fewer = e.workers_before - e.workers_after
+    came = f"spare {e.spare_in} takes its place" if e.spare_in else f"no spare left: {fewer} worker(s) fewer"
     return Line(
         f"host {e.host} ({e.task}) is out for good ({e.reason}); {came}: {e.workers_before} -> {e.workers_after} "
         f"workers, {e.spares_left} spare(s) left",

@@ -53,7 +53,8 @@ def reshape_lines(reshapes: Sequence[dict[str, Any]] | None) -> list[str]:
         return []
     lines = ["", "hosts lost for good (reshapes):"]
     for r in reshapes:
-        came = f"spare {r['spare_in']} in" if r.get("spare_in") else "no spare: one worker fewer"
+        fewer = r["workers_before"] - r["workers_after"]
+        came = f"spare {r['spare_in']} in" if r.get("spare_in") else f"no spare: {fewer} worker(s) fewer"
         again = r.get("loss_to_training_s")
         lines.append(
             f"  attempt {r['attempt']}: {r.get('host')} ({r.get('task')}) out — {r.get('reason')}; {came}; "

@@ -38,7 +38,7 @@ from ...spec import ClusterSpec
 from ...supervise import Interrupt
 from . import commands as sc
 from .avoid import exclude_more
-from .plan import reshapable, slurm_plan
+from .plan import fixed_roles, reshapable, slurm_plan
 from .state import SlurmState, stop_requested
 from .step import allocation_nodes
 
@@ -72,7 +72,8 @@ class SlurmScheduling(RunScheduling):
     @property
     def reshapes(self) -> bool:  # type: ignore[override]
         """A node lost for good leaves the run (issue 34): the next attempt is a new step on the nodes
-        left, a spare node in its place (``slurm.spare_nodes``) or one fewer (``restart.min_workers``)."""
+        left, a spare node in its place (``slurm.spare_nodes``) or one fewer (``restart.min_workers``), with
+        all its tasks (``slurm.tasks_per_node``)."""
         return reshapable(self.spec) and bool(self.nodes)
 
     def replan(self, plan: Plan, members: Members) -> Plan | None:
@@ -91,6 +92,9 @@ class SlurmScheduling(RunScheduling):
             spares=members.spares,
             planned_workers=members.planned,
         )
+
+    def fixed_hosts(self) -> str | None:
+        return fixed_roles(self.spec)
 
     def policy(self, spec: ClusterSpec) -> SlurmPolicy:
         return SlurmPolicy(self, RestartPolicy(spec.restart.max_restarts))

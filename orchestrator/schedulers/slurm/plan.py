@@ -114,16 +114,23 @@ def slurm_plan(
         roles=roles,
         spares=standby,
         planned_workers=planned_workers,
-        # a node runs one task of the job: a node lost for good can leave it (issue 34; not with roles,
-        # whose counts are fixed, nor with several tasks per node)
-        members=tuple(labels) if reshapable(spec) and node_names else (),
+        # each rank's node: a node lost for good can leave the job with its tasks (issue 34)
+        members=tuple(pl.host for pl in placements) if reshapable(spec) and node_names else (),
     )
 
 
 def reshapable(spec: ClusterSpec) -> bool:
-    """Whether a node lost for good can leave this job: one task per node and no fixed roles."""
+    """Whether a node lost for good can leave this job, all its tasks with it (with ``slurm.roles``: only
+    for a spare node, ``fixed_roles``)."""
+    return spec.slurm is not None
+
+
+def fixed_roles(spec: ClusterSpec) -> str | None:
+    """Why the job cannot go on with fewer nodes: its roles fill the step exactly (block distribution)."""
     s = spec.slurm
-    return s is not None and s.tasks_per_node == 1 and not s.roles
+    if s is None or not s.roles:
+        return None
+    return "slurm.roles fill the step exactly (Slurm places the tasks by rank), so a node leaves only for a spare node"
 
 
 def tf_port_base(spec: ClusterSpec) -> int | None:

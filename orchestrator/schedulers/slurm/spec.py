@@ -128,21 +128,14 @@ def _rules(data: dict[str, Any], add: Add) -> None:
             f"{gpus} GPUs per node do not split evenly among {per_node} tasks per node; MWMS needs the same "
             "number of GPUs on every task",
         )
-    spare = slurm.get("spare_nodes")
-    restart = data.get("restart") if isinstance(data.get("restart"), dict) else {}
-    asked = [
-        key
-        for key, value in ((("slurm", "spare_nodes"), spare), (("restart", "min_workers"), restart.get("min_workers")))
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0
-    ]
-    if asked and (per_node != 1 or slurm.get("roles")):
-        for key in asked:
-            add(
-                key,
-                "not used by this job: a node leaves a Slurm job for good only with slurm.tasks_per_node: 1 "
-                "and no slurm.roles (a node lost for good restarts the job in place)",
-                "warning",
-            )
+    min_workers = (data.get("restart") if isinstance(data.get("restart"), dict) else {}).get("min_workers")
+    if isinstance(min_workers, int) and not isinstance(min_workers, bool) and min_workers > 0 and slurm.get("roles"):
+        add(
+            ("restart", "min_workers"),
+            "not used by this job: slurm.roles fill the step exactly, so a node lost for good is replaced by a "
+            "spare node (slurm.spare_nodes) or the run ends; it never goes on with fewer nodes",
+            "warning",
+        )
     roles = slurm.get("roles")
     nodes = slurm.get("nodes")
     clean = isinstance(roles, dict) and roles == raw_roles({"roles": roles}, 0, False)  # the fields say the rest

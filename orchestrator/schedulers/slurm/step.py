@@ -4,8 +4,10 @@
 variables and dials this supervisor (``backends.tcp``) with its rank and the per-run secret, which
 travels only on srun's stdin (forwarded to every task), never in an environment. Teardown has three layers: Slurm's ``--kill-on-bad-exit`` (a task
 that exits non-zero takes the step down), tfcluster's own stop over the channels (the normal path,
-driven by the supervisor), and at ``close`` — if srun is still there after the supervisor is done —
-``scancel --signal=KILL`` of the step, then of srun itself.
+driven by the supervisor), and at ``close`` or the next attempt's launch — if srun is still there after
+the supervisor is done — ``scancel --signal=KILL`` of the step, then of srun itself; at once when a node
+of the step is known dead (it left the job for good, or Slurm says it is down or not responding),
+where srun would otherwise wait for a slurmstepd that cannot report.
 """
 
 from __future__ import annotations
@@ -31,10 +33,17 @@ from ...plan import NodePlan, Plan
 from ...runs import RunDir
 from ...spec import ClusterSpec
 from . import commands as sc
+from .avoid import failed_nodes
 from .plan import restart_srun_argv, srun_argv
 
 SRUN_EXIT_WAIT_S = 5.0  # srun ends by itself once its tasks have (our stop, or their own exit)
+SRUN_QUICK_EXIT_S = 1.0  # ... usually within this: past it, ask whether a node of the step is known dead
 SCANCEL_WAIT_S = 10.0
+#: A node of the step known dead (it left the job for good, or Slurm says it does not respond): its
+#: slurmstepd will never report, so srun would wait for nothing. scancel at once, in the background (on
+#: this Slurm it blocks ~11 s, its controller trying the dead node), and give srun this long.
+DEAD_NODE_SCANCEL_WAIT_S = 1.0
+SCANCEL_JOIN_S = 35.0  # a background scancel (sc.cancel: at most 30 s) is reaped before the backend closes
 NODE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,253}$")
 MAX_ADDRS_ENV = 64 << 10  # one env string must stay far below the kernel's 128 KiB limit
 
@@ -102,6 +111,8 @@ class SlurmStepBackend(ConnectBackBackend):
         self.srun_log: Path | None = None
         self.notes: list[str] = []  # what the last-resort teardown had to do (the job reports it)
         self._watch: threading.Thread | None = None
+        self._step_hosts: tuple[str, ...] = ()  # the current step's nodes
+        self._cancels: list[threading.Thread] = []  # scancels of steps with a dead node, in the background
         # (task, step name, srun) of each restart in place this attempt, oldest first
         self.restarts: list[tuple[str, str, subprocess.Popen]] = []
         self._restart_lock = threading.Lock()
@@ -121,7 +132,10 @@ class SlurmStepBackend(ConnectBackBackend):
         return super().start_all(starts, deliver)
 
     def launch(self, starts: Sequence[tuple[NodePlan, NodeConfig]]) -> None:
-        self._end_step()  # a restart: the previous attempt's step may still be winding down
+        hosts = tuple(dict.fromkeys(n.host for n, _ in starts))
+        # a restart: the previous attempt's step may still be winding down; a node it ran on that this
+        # one leaves out left the job for good (a reshape: its task was judged lost for a host reason)
+        self._end_step(left=[h for h in self._step_hosts if h not in hosts])
         self._end_restarts()  # and its tasks restarted in place
         if self.srun is not None and self.srun.poll() is None:
             raise OSError("the previous attempt's srun step is still running")
@@ -138,6 +152,7 @@ class SlurmStepBackend(ConnectBackBackend):
             )
         argv[2:2] = step_placement(allocation_nodes(self.env), [n.host for n, _ in starts], self.spec)
         self.step_name = argv[1].split("=", 1)[1]
+        self._step_hosts = hosts
         env = {**self.env, **self.connect_env(), Env.ATTEMPT: str(attempt)}  # bound into each node's proof
         if self.node_addrs and len(self.node_addrs) < MAX_ADDRS_ENV:
             env[Env.SLURM_NODE_ADDRS] = self.node_addrs
@@ -262,29 +277,67 @@ class SlurmStepBackend(ConnectBackBackend):
         """Last teardown layer: srun still there after the supervisor is done → scancel the step."""
         self._end_step()
         self._end_restarts()
+        for t in self._cancels:  # no scancel of ours outlives the run
+            t.join(SCANCEL_JOIN_S)
         super().close()
 
-    def _end_step(self) -> None:
-        """The current step's srun ends by itself once its tasks have; if it does not, scancel it."""
-        self._end_proc(self.srun, self.step_name)
+    def _end_step(self, left: Sequence[str] = ()) -> None:
+        """The current step's srun ends by itself once its tasks have; if it does not, scancel it — at
+        once where a node of the step is known dead (``left``: it left the job for good)."""
+        self._end_proc(self.srun, self.step_name, self._step_hosts, left)
 
-    def _end_proc(self, proc: subprocess.Popen | None, step_name: str) -> None:
-        if proc is not None and proc.poll() is None:
+    def _end_proc(
+        self, proc: subprocess.Popen | None, step_name: str, nodes: Sequence[str] = (), left: Sequence[str] = ()
+    ) -> None:
+        if proc is None or proc.poll() is not None:
+            return
+        dead = list(left)
+        if not dead:
+            quick = min(SRUN_QUICK_EXIT_S, SRUN_EXIT_WAIT_S)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(SRUN_EXIT_WAIT_S)
-        if proc is not None and proc.poll() is None:
-            steps: list[str] = []
-            with contextlib.suppress(sc.SlurmError):
-                steps = sc.steps_named(self.job_id, step_name) if self.job_id else []
-            for step in steps:
-                with contextlib.suppress(sc.SlurmError):
-                    sc.cancel(step, signal="KILL")
-            self.notes.append(
-                f"srun was still running after the teardown: scancel --signal=KILL {' '.join(steps) or '(step not found)'}"
-            )
-            try:
-                proc.wait(SCANCEL_WAIT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                self.notes.append("srun did not exit after scancel: killed")
+                proc.wait(quick)
+            if proc.poll() is not None:
+                return
+            dead = self._failed(nodes)
+            if not dead:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(SRUN_EXIT_WAIT_S - quick)
+                if proc.poll() is not None:
+                    return
+        steps: list[str] = []
+        with contextlib.suppress(sc.SlurmError):
+            steps = sc.steps_named(self.job_id, step_name) if self.job_id else []
+        if dead and steps:
+            t = threading.Thread(target=_kill_steps, args=(steps,), name="scancel-dead-step", daemon=True)
+            t.start()
+            self._cancels.append(t)
+        else:
+            _kill_steps(steps)
+        why = f" (node {', '.join(dead)} known dead: its srun cannot report)" if dead else ""
+        self.notes.append(
+            f"srun was still running after the teardown{why}: scancel --signal=KILL "
+            f"{' '.join(steps) or '(step not found)'}"
+        )
+        try:
+            proc.wait(DEAD_NODE_SCANCEL_WAIT_S if dead else SCANCEL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            self.notes.append("srun did not exit after scancel: killed")
+
+    def _failed(self, nodes: Sequence[str]) -> list[str]:
+        """Of the step's ``nodes``, those Slurm shows not responding, down, drained or failing."""
+        named = [n for n in nodes if NODE_NAME_RE.match(n)]
+        if not named:
+            return []
+        try:
+            out = sc.run(["sinfo", "-h", "-N", "-n", ",".join(named), "-o", "%N|%t"], timeout=15.0)
+        except sc.SlurmError:
+            return []
+        return failed_nodes(out, named)
+
+
+def _kill_steps(steps: Sequence[str]) -> None:
+    for step in steps:
+        with contextlib.suppress(sc.SlurmError):
+            sc.cancel(step, signal="KILL")

@@ -1,4 +1,4 @@
-"""The plan of a ``scheduler: ssh`` spec: one task per host, reached over SSH. Pure: the same spec and
+"""The plan of a ``scheduler: ssh`` spec: each host's tasks (one, or its roles), reached over SSH. Pure: the same spec and
 ``~/.ssh/config`` give the same plan."""
 
 from __future__ import annotations
@@ -37,13 +37,16 @@ def ssh_plan(
     members: tuple[str, ...] | None = None,
     spares: tuple[str, ...] | None = None,
     planned_workers: int | None = None,
+    roles: dict[str, dict[str, int]] | None = None,
 ) -> Plan:
     """Resolve every host's SSH target and each task's place (its host, TF address and port).
 
     `ssh_lookup(address)` returns the ~/.ssh/config options for a host (paramiko's SSHConfig.lookup
     shape: hostname, user, port, identityfile, proxycommand); explicit spec values win over it.
     ``members``: the hosts that run (``host_label``s, in this order; default: every host not a spare),
-    ``spares`` the ones standing by (default: the spare hosts) — a reshaped attempt's plan (issue 34).
+    ``spares`` the ones standing by (default: the spare hosts), ``roles`` each member's tasks by role
+    where they are not its own (a spare in a lost host's place takes its tasks; a worker takes a lost
+    chief) — a reshaped attempt's plan (issue 34).
     """
     every = spec.hosts or []
     labels = [host_label(spec, i) for i in range(len(every))]
@@ -52,10 +55,11 @@ def ssh_plan(
     if spares is None:
         spares = tuple(label for label, h in zip(labels, every, strict=True) if h.spare)
     hosts = [every[labels.index(m)] for m in members]
-    with_roles = any(h.roles is not None for h in hosts)
+    with_roles = any(h.roles is not None for h in hosts) or bool(roles)
+    given = roles or {}
     host_roles = [
-        h.roles if h.roles is not None else default_roles(i, spec.tensorflow.chief and not with_roles)
-        for i, h in enumerate(hosts)
+        given.get(m) or h.roles or default_roles(i, spec.tensorflow.chief and not with_roles)
+        for i, (m, h) in enumerate(zip(members, hosts, strict=True))
     ]
     slots = role_slots(host_roles)  # (host, task, port offset), in rank order
     trainers = [hosts[h].gpus for h, t, _ in slots if t.type in ("chief", "worker")]
@@ -88,5 +92,5 @@ def ssh_plan(
         warnings=warnings,
         spares=spares,
         planned_workers=planned_workers,
-        members=tuple(members[h] for h, _, _ in slots) if len(slots) == len(members) else (),
+        members=tuple(members[h] for h, _, _ in slots),
     )

@@ -43,7 +43,7 @@ class SshScheduler(Scheduler):
         from .preflight import run_preflight
 
         if plan.spares:  # a spare is checked like any other host: as the task it would run
-            plan = self.plan(loaded, plan.run_id, members=(*plan.members, *plan.spares), spares=())
+            plan = self.plan(loaded, plan.run_id, members=(*dict.fromkeys(plan.members), *plan.spares), spares=())
         return run_preflight(loaded.spec, plan)
 
     def gather(self, run: RunDir) -> dict[str, Any]:
@@ -75,6 +75,7 @@ class SshScheduling(RunScheduling):
             members=members.hosts,
             spares=members.spares,
             planned_workers=members.planned,
+            roles={host: dict(roles) for host, roles in members.roles},
         )
 
 

@@ -72,7 +72,8 @@ class HostSpec(SpecModel):
     spare: bool = Field(
         False,
         description="A spare host: checked by validate and preflight like any other, it runs nothing until a "
-        "host is lost for good (lost, hung, a GPU fault, unreachable), then takes that host's place in the "
+        "host is lost for good (lost, hung, a GPU fault, unreachable), then takes that host's place and all its "
+        "tasks (no roles of its own) in the "
         "next attempt. Each such reshape counts against restart.max_restarts.",
     )
 
@@ -136,6 +137,8 @@ def _rules(data: dict[str, Any], add: Add) -> None:
         tf_addr = _get(h, "tf_address") if isinstance(_get(h, "tf_address"), str) else address
         machine = "loopback" if is_loopback(tf_addr) else tf_addr.lower()
         n_ports = cluster_tasks(roles[i])  # a host's tasks take tf_port, tf_port+1, ... (an evaluator none)
+        if _get(h, "spare") is True:  # a spare takes a lost host's tasks: as many ports as the most any host has
+            n_ports = max([n_ports, *(cluster_tasks(r) for r, o in zip(roles, hosts, strict=True) if o is not h)])
         if n_ports > 1 and base_port + n_ports - 1 > 65535:
             add(
                 ("hosts", i, "roles"),
@@ -152,7 +155,12 @@ def _rules(data: dict[str, Any], add: Add) -> None:
                     f"TF port {tf_port} is already used by hosts[{j}] on the same machine; TensorFlow's gRPC "
                     f"server binds every address{' (' + where + ')' if where else ''}, so give each task on one "
                     "machine its own tf_port"
-                    + (" (a host with several tasks takes one port per task from its tf_port)" if n_ports > 1 else ""),
+                    + (
+                        " (a spare takes one port per task of the host it replaces, from its tf_port)"
+                        if _get(h, "spare") is True
+                        else " (a host with several tasks takes one port per task from its tf_port)"
+                    )
+                    * (n_ports > 1),
                 )
                 break
             seen_tf[tkey] = i
@@ -169,7 +177,8 @@ def _rules(data: dict[str, Any], add: Add) -> None:
 
 
 def _spare_rules(hosts: list[Any], tf: Any, add: Add) -> None:
-    """A spare takes a lost host's place: one worker on each host, under MWMS, and a host left to run."""
+    """A spare takes a lost host's place and all its tasks (its roles): under MWMS, with no roles of its
+    own, and a host left to run."""
     spares = [i for i, h in enumerate(hosts) if _get(h, "spare") is True]
     if not spares:
         return
@@ -180,11 +189,11 @@ def _spare_rules(hosts: list[Any], tf: Any, add: Add) -> None:
                 ("hosts", i, "spare"),
                 f"spare hosts need tensorflow.strategy: multi_worker_mirrored (this job is {strategy}); remove spare",
             )
-        elif _get(hosts[i], "roles") is not None or any(isinstance(h, dict) and "roles" in h for h in hosts):
+        elif _get(hosts[i], "roles") is not None:
             add(
-                ("hosts", i, "spare"),
-                "a spare takes a lost host's one task: spare hosts need hosts without roles (one worker "
-                "each, the chief first with tensorflow.chief); remove roles or spare",
+                ("hosts", i, "roles"),
+                "a spare host has no roles of its own: it takes the tasks of the host it replaces; remove roles "
+                "or spare",
             )
     if len(spares) == len(hosts):
         add(("hosts", spares[0], "spare"), "every host is a spare: at least one host must run the job")
