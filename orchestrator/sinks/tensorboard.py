@@ -258,13 +258,18 @@ def _tensorboardx() -> tuple[Any, Any]:
 
 class EventFiles:
     """One event file per TensorBoard run (a subdirectory of ``root``), private: 0700 directories,
-    0600 files. ``suffix`` tells files of one writer from another's in the same run directory."""
+    0600 files. ``suffix`` tells files of one writer from another's in the same run directory.
+
+    ``flush`` hands the files written since the last one to the kernel (TensorBoard reads them from
+    there); tensorboardX's own flush also ``fsync``s, which at 4,096 runs was 4,096 fsyncs every
+    ``flush_s`` for a few dozen files written: the files are synced once, at ``close``."""
 
     def __init__(self, root: Path, suffix: str = "") -> None:
         self._writer_class, self._event = _tensorboardx()
         self.root = root
         self.suffix = suffix
         self._files: dict[str, Any] = {}
+        self._dirty: set[str] = set()
         private_dirs(root)
 
     def add(self, point: Point) -> None:
@@ -279,13 +284,18 @@ class EventFiles:
         for tag, value in point.values.items():
             event.summary.value.add(tag=tag, simple_value=value)
         writer.write_event(event)
+        self._dirty.add(point.run)
 
     def flush(self) -> None:
-        for w in self._files.values():
-            w.flush()
+        for run in self._dirty:
+            w = self._files[run]
+            raw = getattr(getattr(w, "_py_recordio_writer", None), "_writer", None)  # its open file
+            (raw if callable(getattr(raw, "flush", None)) else w).flush()
+        self._dirty.clear()
 
     def close(self) -> None:
-        for w in self._files.values():
+        self._dirty.clear()
+        for w in self._files.values():  # tensorboardX's close: flushed and synced
             with contextlib.suppress(OSError, ValueError):
                 w.close()
         self._files.clear()
