@@ -127,6 +127,24 @@ def test_event_files_read_back_with_tensorboards_reader_and_are_private(tmp_path
         assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
 
 
+def test_a_flush_makes_the_points_written_since_readable_before_close(tmp_path):
+    """Without tensorboardX's fsync of every file: the files written since the last flush reach the
+    kernel, where TensorBoard reads them while the job runs."""
+    root = tmp_path / "tb"
+    files = EventFiles(root)
+    files.add(Point("worker-0", 1, T0, {"host/cpu_pct": 10.0}))
+    files.add(Point("worker-1", 1, T0, {"host/cpu_pct": 20.0}))
+    files.flush()
+    files.add(Point("worker-1", 2, T0 + 1, {"host/cpu_pct": 21.0}))
+    files.flush()  # only worker-1's file has anything new
+    assert scalars(accumulate(root / "worker-1"), "host/cpu_pct") == [
+        (1, T0, pytest.approx(20.0)),
+        (2, T0 + 1, pytest.approx(21.0)),
+    ]
+    assert [v for _, _, v in scalars(accumulate(root / "worker-0"), "host/cpu_pct")] == [pytest.approx(10.0)]
+    files.close()
+
+
 def test_the_sink_only_queues_and_writes_from_its_thread(tmp_path):
     sink = TensorBoardSink(tmp_path / "tb", ["worker:0", "worker:1"], flush_s=0.05)
     for k in range(30):
