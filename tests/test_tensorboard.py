@@ -44,11 +44,13 @@ def test_records_become_points_keyed_by_step_and_wall_time():
     host = {"wait_pct": 12.5, "throttled_pct": 3.0}
     assert sc.record("worker:0", beat(10, T0, examples=640, gpus=gpus, host=host))[0].values["gpu/0/power_w"] == 301.5
     assert sc.record("worker:0", beat(15, T0 + 0.5, examples=960)) == []  # within min_interval_s: fed, not written
+    # the task's rates and loss: the supervisor's own figures, as its last status snapshot showed them
+    live = {"steps_per_s": 10.0, "examples_per_s": 640.0, "loss": 0.25, "state": "running"}
+    assert [p.run for p in sc.status({"updated": T0 + 1.5, "tasks": {"worker:0": live}})] == ["job"]
     (p,) = sc.record("worker:0", beat(30, T0 + 2.0, examples=1920))
     assert p.run == "worker-0" and p.step == 30 and p.wall == T0 + 2.0
-    assert p.values["throughput/steps_per_s"] == pytest.approx(10.0) and p.values[
-        "throughput/examples_per_s"
-    ] == pytest.approx(640.0)
+    assert p.values["throughput/steps_per_s"] == 10.0 and p.values["throughput/examples_per_s"] == 640.0
+    assert p.values["train/loss"] == 0.25
     assert p.values["host/cpu_pct"] == 150.0 and p.values["host/rss_mb"] == 700.5 and p.values["step/time_ms"] == 50.0
     (w,) = sc.record(
         "worker:0",
@@ -71,6 +73,8 @@ def test_records_become_points_keyed_by_step_and_wall_time():
         "step_split/collective_ms": 25.0,
         "step_split/own_work_ms": 25.0,
     }
+    # a second window within min_interval_s: counted, not written (one step split per task per interval)
+    assert sc.record("worker:0", {"kind": "profile", "ts": T0 + 3.0, "attempt": 0, "steps": 20, "step_ms": 9.0}) == []
     # a restart: the next attempt counts from 0 again, the curve goes on from 30
     (r,) = sc.record("worker:0", beat(4, T0 + 10.0, attempt=1))
     assert r.step == 34
@@ -123,12 +127,31 @@ def test_event_files_read_back_with_tensorboards_reader_and_are_private(tmp_path
         assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
 
 
+def test_a_flush_makes_the_points_written_since_readable_before_close(tmp_path):
+    """Without tensorboardX's fsync of every file: the files written since the last flush reach the
+    kernel, where TensorBoard reads them while the job runs."""
+    root = tmp_path / "tb"
+    files = EventFiles(root)
+    files.add(Point("worker-0", 1, T0, {"host/cpu_pct": 10.0}))
+    files.add(Point("worker-1", 1, T0, {"host/cpu_pct": 20.0}))
+    files.flush()
+    files.add(Point("worker-1", 2, T0 + 1, {"host/cpu_pct": 21.0}))
+    files.flush()  # only worker-1's file has anything new
+    assert scalars(accumulate(root / "worker-1"), "host/cpu_pct") == [
+        (1, T0, pytest.approx(20.0)),
+        (2, T0 + 1, pytest.approx(21.0)),
+    ]
+    assert [v for _, _, v in scalars(accumulate(root / "worker-0"), "host/cpu_pct")] == [pytest.approx(10.0)]
+    files.close()
+
+
 def test_the_sink_only_queues_and_writes_from_its_thread(tmp_path):
     sink = TensorBoardSink(tmp_path / "tb", ["worker:0", "worker:1"], flush_s=0.05)
     for k in range(30):
         for i in range(2):
             sink.write(f"worker:{i}", beat(10 * k, T0 + k, examples=640 * k))
-        sink.update({"updated": T0 + k, "throughput": {"steps_per_s": 10.0, "examples_per_s": 640.0}, "tasks": {}})
+        live = {f"worker:{i}": {"state": "running", "steps_per_s": 10.0, "examples_per_s": 640.0} for i in range(2)}
+        sink.update({"updated": T0 + k, "throughput": {"steps_per_s": 10.0, "examples_per_s": 640.0}, "tasks": live})
     sink.close()
     assert sink.problems == [] and sink.dropped == 0
     acc = accumulate(tmp_path / "tb" / "worker-1")

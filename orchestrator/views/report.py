@@ -69,7 +69,7 @@ def build_report(run: RunDir, last_s: float | None = None, records: list[dict[st
     if records is None:  # damaged records skipped: a report, never a traceback
         records = heartbeat_records(run.heartbeats_jsonl)
     records = [r for r in records if r.get("task")]
-    every_profile = _by_task(r for r in records if r.get("kind") == "profile")  # scores: last windows vs the run's best
+    every_profile, every_beat = _split_by_task(records)  # scores: last windows vs the run's best
     # the end of training: the last step-clock sample (heartbeats go on through teardown)
     end = max((r.get("ts") or 0 for rs in every_profile.values() for r in rs), default=0) or max(
         (r.get("ts") or 0 for r in records), default=0
@@ -83,8 +83,7 @@ def build_report(run: RunDir, last_s: float | None = None, records: list[dict[st
             if start <= (r.get("ts") or 0) and (r.get("kind") == "profile" or (r.get("ts") or 0) <= end)
         ]
         window = Window(last_s, round(start, 3), round(end, 3))
-    profiles = _by_task(r for r in selected if r.get("kind") == "profile")
-    beats = _by_task(r for r in selected if r.get("kind") != "profile")
+    profiles, beats = (every_profile, every_beat) if last_s is None else _split_by_task(selected)
     plan = plan_or_none(run)  # a damaged plan.json: the figures all the same, without hosts
     policy = plan.policy if plan else StragglerPolicy()  # the thresholds the live monitor judged this run with
     hosts = plan.hosts() if plan else {}
@@ -181,11 +180,21 @@ def _training(beats: list[dict[str, Any]], end: float) -> list[dict[str, Any]]:
     return trained or beats
 
 
-def _by_task(records: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
+def _split_by_task(
+    records: Iterable[dict[str, Any]],
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
+    """Each task's step-clock windows and its other records, in file order: one pass (at 4,096 tasks a
+    report reads ~190k records)."""
+    profiles: dict[str, list[dict[str, Any]]] = {}
+    beats: dict[str, list[dict[str, Any]]] = {}
     for rec in records:
-        out.setdefault(rec["task"], []).append(rec)
-    return out
+        out = profiles if rec.get("kind") == "profile" else beats
+        rows = out.get(rec["task"])
+        if rows is None:
+            out[rec["task"]] = [rec]
+        else:
+            rows.append(rec)
+    return profiles, beats
 
 
 def _goodput(events: list[BaseEvent], records: list[dict[str, Any]], run: RunDir, window: Any) -> Goodput | None:
