@@ -33,7 +33,7 @@ from .closed import EOF_POLL_S, ClosedChannels
 from .figures import Figures
 from .gate import GoGate
 from .hints import hint_text
-from .inputs import ChannelPump, ChannelReady, InputQueue, Interrupt, Received
+from .inputs import ChannelPump, ChannelReady, InputQueue, Interrupt, Received, read_horizon
 from .monitor import Monitor
 from .observe import Observations
 from .reporting import Reporter
@@ -79,8 +79,8 @@ class Supervisor:
         self.policy = Policy.from_spec(spec, plan.policy)
         self.sessions = {str(n.task): TaskSession(n, attempt) for n in plan.nodes}  # each task's current one
         self.keys: dict[str, TaskSession] = dict(self.sessions)  # channel key -> session, restarted ones too
-        self.q: queue.Queue = InputQueue()  # bounded by items and bytes: a flood cannot grow the launcher
-        self.pump = ChannelPump(self.q)
+        self.q = InputQueue(clock=clock)  # bounded by items and bytes: a flood cannot grow the launcher
+        self.pump = ChannelPump(self.q, clock)
         self.roles = RoleCare(spec, self.sessions, backend, self.pump, bus, attempt=attempt, deliver=self._deliver)
         self.monitor = Monitor(list(self.sessions), self.policy, clock(), self.roles.members())
         for s in self.sessions.values():
@@ -145,11 +145,12 @@ class Supervisor:
                         if s.state.is_alive:
                             s.send(p.Ping())
                     next_ping = now + self.policy.interval_s
+                heard = self._heard(now)  # silence is judged up to what the launcher has read, not to now
                 if self.state == JobState.RUNNING:  # while stopping, the teardown deadline rules
-                    for v in self.monitor.check(now):
+                    for v in self.monitor.check(heard):
                         self._verdict(v)
                     self._check_bound(now)
-                for task in self.teardown.give_up(now, self.sessions, self.monitor.silent_past_timeout):
+                for task in self.teardown.give_up(now, self.sessions, self._silent):
                     self.snapshots.touch(task)
                 self.logs.flush()
                 if now >= next_status:
@@ -172,6 +173,13 @@ class Supervisor:
                     s.close()
             self.logs.flush()
         return self._result()
+
+    def _heard(self, now: float) -> float:
+        """Up to when every node's bytes were read and handled (``inputs.read_horizon``)."""
+        return read_horizon(now, self.pump, self.q, self.policy.timeout_s)
+
+    def _silent(self, now: float) -> list[str]:
+        return self.monitor.silent_past_timeout(self._heard(now))
 
     def _deliver(self, task: str, chan: Channel | BaseException) -> None:
         """Called from the backend's threads: a task's channel (or why there is none)."""
@@ -309,7 +317,7 @@ class Supervisor:
             for s in go:
                 s.send(p.Go())
             self.went_at = now
-            self.monitor.arm(now)
+            self.monitor.arm(self.clock())  # after the last go went out: thousands of them take a while
             self.state = advance(self.state, JobState.RUNNING)
 
     def _verdict(self, v: Verdict) -> None:
@@ -345,7 +353,7 @@ class Supervisor:
         """A peer that went silent or was stopped *before* this failure is the likelier cause."""
         if self.failures or self.roles.rules[failed_task.task].on_failure != "teardown":
             return
-        for v in self.monitor.suspects(self.clock(), exclude=failed_task.task):
+        for v in self.monitor.suspects(self._heard(self.clock()), exclude=failed_task.task):
             self._verdict(v)
 
     def _fail(self, failure: Failure) -> None:
