@@ -36,6 +36,7 @@ from .hints import hint_text
 from .inputs import ChannelPump, ChannelReady, InputQueue, Interrupt, Received, read_horizon
 from .monitor import Monitor
 from .observe import Observations
+from .pings import Pings, ping_period
 from .reporting import Reporter
 from .rolecare import RoleCare
 from .session import PROTOCOL_HINT, Output, ShellNoise, TaskSession, Violation
@@ -85,6 +86,8 @@ class Supervisor:
         self.monitor = Monitor(list(self.sessions), self.policy, clock(), self.roles.members())
         for s in self.sessions.values():
             s.on_terminal = self.monitor.on_terminal
+        period = ping_period(self.policy.interval_s, plan.common.runtime.launcher_timeout_s)
+        self.pings = Pings(list(self.sessions), period, clock())  # each task every `period`, round-robin
         self.teardown = Teardown(backend, bus, spec.job.stop_grace_s, clock)
         self.interrupts = Interrupts(interrupt)
         self.gate = GoGate(spec, plan, bus, self.roles.holding_go(), report=preflight, attempt=attempt)
@@ -113,7 +116,7 @@ class Supervisor:
         starts = [(n, n.node_config(self.attempt)) for n in self.plan.nodes]
         self.backend.start_all(starts, self._deliver)
         hello_deadline = self.clock() + self.policy.startup_timeout_s
-        next_ping = next_status = next_tick = self.clock()
+        next_status = next_tick = self.clock()
         try:
             while True:
                 try:
@@ -140,11 +143,7 @@ class Supervisor:
                 next_tick = now + TICK_S  # run at most every TICK_S, however fast the inputs come
                 if self.state == JobState.STARTING:
                     self._maybe_go(now, hello_deadline)
-                if now >= next_ping:
-                    for s in self.sessions.values():
-                        if s.state.is_alive:
-                            s.send(p.Ping())
-                    next_ping = now + self.policy.interval_s
+                self.pings.tick(now, self.sessions)
                 heard = self._heard(now)  # silence is judged up to what the launcher has read, not to now
                 if self.state == JobState.RUNNING:  # while stopping, the teardown deadline rules
                     for v in self.monitor.check(heard):
