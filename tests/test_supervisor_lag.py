@@ -105,3 +105,17 @@ def test_the_launcher_forgives_its_own_lag_one_timeout_at_most():
     q = InputQueue(clock=lambda: 0.0)
     assert read_horizon(50.0, _Pump(False, 1.0), q, 10.0) == 40.0
     assert read_horizon(50.0, _Pump(False, 45.0), q, 10.0) == 45.0
+
+
+def test_the_loop_drains_what_is_there_under_one_lock_in_order():
+    t = [0.0]
+    q = InputQueue(maxsize=3, clock=lambda: t[0])
+    for i in range(3):
+        t[0] = float(i)
+        q.put(Received(f"worker:{i}", b"x" * 10, b"", False))
+    assert q.full()
+    got = q.get_many(2)
+    assert [r.task for r in got] == ["worker:0", "worker:1"]
+    assert q.oldest() == 2.0 and q.bytes == 10 and not q.full()  # room again: a waiting put goes on
+    assert [r.task for r in q.get_many(256)] == ["worker:2"]
+    assert q.get_many(256) == [] and q.oldest() is None and q.bytes == 0

@@ -55,6 +55,15 @@ class InputQueue(queue.Queue):
         self._stamps.popleft()
         return item
 
+    def get_many(self, limit: int) -> list[object]:
+        """Up to ``limit`` items already there, without waiting, under one lock (the loop drains what
+        came before deciding: one ``get_nowait`` an item was a lock and a notify each, ~2 % of its CPU)."""
+        with self.mutex:
+            items = [self._get() for _ in range(min(limit, len(self.queue)))]
+            if items:
+                self.not_full.notify(len(items))
+            return items
+
     def oldest(self) -> float | None:
         """When the oldest item still waiting for the loop went in (None: nothing waits)."""
         with self.mutex:

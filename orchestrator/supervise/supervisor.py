@@ -121,8 +121,8 @@ class Supervisor:
             while True:
                 try:
                     self._handle(self.q.get(timeout=EOF_POLL_S if self.closed else TICK_S))
-                    for _ in range(256):  # what is already there, before deciding anything
-                        self._handle(self.q.get_nowait())
+                    for item in self.q.get_many(256):  # what is already there, before deciding anything
+                        self._handle(item)
                 except queue.Empty:
                     pass
                 now = self.clock()
