@@ -130,6 +130,7 @@ class ChannelPump(threading.Thread):
         self.clock = clock  # the decision loop's: how far the pump has read is compared with its ``now``
         self.idle = False  # waiting in select: everything that arrived has been read and queued
         self.read_through = clock()  # everything that arrived before this was read and queued
+        self.reading_since: float | None = None  # inside one channel's read since (a read that hangs)
         self._channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
         self._changed: set[str] = set()
@@ -244,10 +245,13 @@ class ChannelPump(threading.Thread):
         if chan is None:
             self._sync(task, None)
             return
+        self.reading_since = self.clock()
         try:
             out, err, eof = chan.read()
         except Exception as exc:  # a broken channel is an EOF with a reason
             out, err, eof = b"", f"channel error: {exc}\n".encode(), True
+        finally:
+            self.reading_since = None
         if out or err or eof:
             self._put(Received(task, out, err, eof))
         if eof:
@@ -283,15 +287,20 @@ class ChannelPump(threading.Thread):
             os.close(self._wake_w)
 
 
-def read_horizon(now: float, pump: ChannelPump, q: InputQueue, forgive_s: float) -> float:
+def read_horizon(now: float, pump: ChannelPump, q: InputQueue, stuck_s: float) -> float:
     """The moment up to which the decision loop has taken in everything every node sent: ``now`` when
     the pump waits idle and the queue is empty; else the older of what the pump has read through and
     the oldest item still queued. A task's silence is judged up to here, not up to ``now``: a launcher
-    busy with thousands of handshakes (a loop that lags, a pump the GIL starves) must not call a task
-    lost whose heartbeat it has not read yet. The launcher's own lag is forgiven ``forgive_s`` at most
-    (the heartbeat timeout): a pump that stopped reading cannot hide a dead task for ever."""
+    busy with thousands of handshakes (a loop that lags, a pump the GIL starves, a full queue that
+    holds the pump back) must not call a task lost whose heartbeat it has not read yet; a dead task's
+    silence still grows as the loop catches up, so it is found late by the launcher's lag, not never.
+    One thing is not forgiven past ``stuck_s`` (the supervisor: 3 heartbeat timeouts): a pump stuck
+    inside one channel's read (a bug, a channel that blocks) cannot hide every other task's death for ever."""
     seen = now if pump.idle else pump.read_through
+    stuck = pump.reading_since
+    if stuck is not None and now - stuck > stuck_s:
+        seen = max(seen, now - stuck_s)
     oldest = q.oldest()
     if oldest is not None:
         seen = min(seen, oldest)
-    return max(min(seen, now), now - forgive_s)
+    return min(seen, now)

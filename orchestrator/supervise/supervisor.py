@@ -175,7 +175,7 @@ class Supervisor:
 
     def _heard(self, now: float) -> float:
         """Up to when every node's bytes were read and handled (``inputs.read_horizon``)."""
-        return read_horizon(now, self.pump, self.q, self.policy.timeout_s)
+        return read_horizon(now, self.pump, self.q, 3 * self.policy.timeout_s)
 
     def _silent(self, now: float) -> list[str]:
         return self.monitor.silent_past_timeout(self._heard(now))
