@@ -5,6 +5,10 @@ The channel pump: one thread waits on every task's channel with one selector and
 The decision loop never blocks on one host. The queue is bounded: when the loop falls behind, the
 pump waits, stops reading, and the SSH window (or socket buffer) pushes back to the node, whose
 worker_entry pauses reading its child's output — back-pressure, never loss or unbounded memory.
+
+A task is judged silent from what the launcher could have read (``read_horizon``): bytes waiting in a
+socket the pump has not got to, or in the queue behind thousands of other tasks' handshakes, are not
+the node's silence. The queue stamps what it holds and the pump says how far it has read.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import queue
 import selectors
 import threading
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..backends import Channel
@@ -30,19 +35,39 @@ class InputQueue(queue.Queue):
     """The decision loop's input queue, bounded by items and by the bytes of what was read: a put
     waits while either is full (one read larger than the bound still goes in alone)."""
 
-    def __init__(self, maxsize: int = QUEUE_ITEMS, max_bytes: int = QUEUE_BYTES) -> None:
+    def __init__(
+        self, maxsize: int = QUEUE_ITEMS, max_bytes: int = QUEUE_BYTES, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         super().__init__(maxsize)
         self.max_bytes = max_bytes
         self.bytes = 0
+        self.clock = clock
+        self._stamps: deque[float] = deque()  # when each item went in (the loop's clock), in order
 
     def _put(self, item: object) -> None:
         self.bytes += _size(item)
+        self._stamps.append(self.clock())
         super()._put(item)
 
     def _get(self) -> object:
         item = super()._get()
         self.bytes -= _size(item)
+        self._stamps.popleft()
         return item
+
+    def get_many(self, limit: int) -> list[object]:
+        """Up to ``limit`` items already there, without waiting, under one lock (the loop drains what
+        came before deciding: one ``get_nowait`` an item was a lock and a notify each, ~2 % of its CPU)."""
+        with self.mutex:
+            items = [self._get() for _ in range(min(limit, len(self.queue)))]
+            if items:
+                self.not_full.notify(len(items))
+            return items
+
+    def oldest(self) -> float | None:
+        """When the oldest item still waiting for the loop went in (None: nothing waits)."""
+        with self.mutex:
+            return self._stamps[0] if self._stamps else None
 
     def _qsize(self) -> int:
         n = len(self.queue)
@@ -99,9 +124,13 @@ class ChannelPump(threading.Thread):
 
     SYNC_S = 1.0
 
-    def __init__(self, out: queue.Queue) -> None:
+    def __init__(self, out: queue.Queue, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(name="channel-pump", daemon=True)
         self.out = out
+        self.clock = clock  # the decision loop's: how far the pump has read is compared with its ``now``
+        self.idle = False  # waiting in select: everything that arrived has been read and queued
+        self.read_through = clock()  # everything that arrived before this was read and queued
+        self.reading_since: float | None = None  # inside one channel's read since (a read that hangs)
         self._channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
         self._changed: set[str] = set()
@@ -216,10 +245,13 @@ class ChannelPump(threading.Thread):
         if chan is None:
             self._sync(task, None)
             return
+        self.reading_since = self.clock()
         try:
             out, err, eof = chan.read()
         except Exception as exc:  # a broken channel is an EOF with a reason
             out, err, eof = b"", f"channel error: {exc}\n".encode(), True
+        finally:
+            self.reading_since = None
         if out or err or eof:
             self._put(Received(task, out, err, eof))
         if eof:
@@ -236,7 +268,11 @@ class ChannelPump(threading.Thread):
                 self._apply_changes(everything=now >= next_sync)
                 if now >= next_sync:
                     next_sync = now + self.SYNC_S
-                for key, _ in self._sel.select(1.0):
+                self.idle = True
+                ready = self._sel.select(1.0)
+                self.idle = False
+                woke = self.clock()  # what was ready then is read below (a channel's rest: next pass)
+                for key, _ in ready:
                     if key.data is None:
                         with contextlib.suppress(OSError):
                             os.read(self._wake_r, 4096)
@@ -244,7 +280,27 @@ class ChannelPump(threading.Thread):
                     if self._stopping:
                         break
                     self._read(key.data)
+                self.read_through = woke
         finally:
             self._sel.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
+
+
+def read_horizon(now: float, pump: ChannelPump, q: InputQueue, stuck_s: float) -> float:
+    """The moment up to which the decision loop has taken in everything every node sent: ``now`` when
+    the pump waits idle and the queue is empty; else the older of what the pump has read through and
+    the oldest item still queued. A task's silence is judged up to here, not up to ``now``: a launcher
+    busy with thousands of handshakes (a loop that lags, a pump the GIL starves, a full queue that
+    holds the pump back) must not call a task lost whose heartbeat it has not read yet; a dead task's
+    silence still grows as the loop catches up, so it is found late by the launcher's lag, not never.
+    One thing is not forgiven past ``stuck_s`` (the supervisor: 3 heartbeat timeouts): a pump stuck
+    inside one channel's read (a bug, a channel that blocks) cannot hide every other task's death for ever."""
+    seen = now if pump.idle else pump.read_through
+    stuck = pump.reading_since
+    if stuck is not None and now - stuck > stuck_s:
+        seen = max(seen, now - stuck_s)
+    oldest = q.oldest()
+    if oldest is not None:
+        seen = min(seen, oldest)
+    return min(seen, now)

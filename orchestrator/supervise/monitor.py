@@ -86,8 +86,11 @@ class Monitor:
     def seen(self, task: str, now: float) -> None:
         self.watch[task].last_seen = now
 
-    def on_heartbeat(self, task: str, hb: p.Heartbeat, now: float) -> None:
+    def on_heartbeat(self, task: str, hb: p.Heartbeat, now: float, record: dict[str, Any] | None = None) -> None:
+        """``record``: the heartbeat as written to heartbeats.jsonl, when there is one (its samples are
+        taken from it, not converted a second time)."""
         w = self.watch[task]
+        rec = record or {}
         w.last_seen = now
         state = hb.state
         if state is not None:
@@ -100,9 +103,9 @@ class Monitor:
         if hb.progress is not None:
             self.on_steps(task, hb.progress.steps, now)
         if hb.host is not None:
-            w.hosts.append(hb.host.to_dict())
+            w.hosts.append(rec.get("host") or hb.host.to_dict())
         if hb.gpus is not None:
-            self.gpus.on_sample(task, [g.to_dict() for g in hb.gpus])
+            self.gpus.on_sample(task, rec.get("gpus") or [g.to_dict() for g in hb.gpus])
 
     def on_steps(self, task: str, steps: int, now: float) -> None:
         w = self.watch[task]

@@ -51,8 +51,9 @@ class Observations:
         if s.state.is_alive:
             self.monitor.seen(s.task, now)
         if isinstance(m, p.Heartbeat):
-            self.monitor.on_heartbeat(s.task, m, now)
-            self._record(s.task, on_launcher_clock({**record_of(m), "attempt": self.attempt}, s))
+            record = {**record_of(m), "attempt": self.attempt}
+            self.monitor.on_heartbeat(s.task, m, now, record)
+            self._record(s.task, on_launcher_clock(record, s))
         elif isinstance(m, p.Hello):
             facts = m.facts
             gpus = [{"name": g.name, "memory_mb": g.memory_mb} for g in facts.gpus]

@@ -33,9 +33,10 @@ from .closed import EOF_POLL_S, ClosedChannels
 from .figures import Figures
 from .gate import GoGate
 from .hints import hint_text
-from .inputs import ChannelPump, ChannelReady, InputQueue, Interrupt, Received
+from .inputs import ChannelPump, ChannelReady, InputQueue, Interrupt, Received, read_horizon
 from .monitor import Monitor
 from .observe import Observations
+from .pings import Pings, ping_period
 from .reporting import Reporter
 from .rolecare import RoleCare
 from .session import PROTOCOL_HINT, Output, ShellNoise, TaskSession, Violation
@@ -79,12 +80,14 @@ class Supervisor:
         self.policy = Policy.from_spec(spec, plan.policy)
         self.sessions = {str(n.task): TaskSession(n, attempt) for n in plan.nodes}  # each task's current one
         self.keys: dict[str, TaskSession] = dict(self.sessions)  # channel key -> session, restarted ones too
-        self.q: queue.Queue = InputQueue()  # bounded by items and bytes: a flood cannot grow the launcher
-        self.pump = ChannelPump(self.q)
+        self.q = InputQueue(clock=clock)  # bounded by items and bytes: a flood cannot grow the launcher
+        self.pump = ChannelPump(self.q, clock)
         self.roles = RoleCare(spec, self.sessions, backend, self.pump, bus, attempt=attempt, deliver=self._deliver)
         self.monitor = Monitor(list(self.sessions), self.policy, clock(), self.roles.members())
         for s in self.sessions.values():
             s.on_terminal = self.monitor.on_terminal
+        period = ping_period(self.policy.interval_s, plan.common.runtime.launcher_timeout_s)
+        self.pings = Pings(list(self.sessions), period, clock())  # each task every `period`, round-robin
         self.teardown = Teardown(backend, bus, spec.job.stop_grace_s, clock)
         self.interrupts = Interrupts(interrupt)
         self.gate = GoGate(spec, plan, bus, self.roles.holding_go(), report=preflight, attempt=attempt)
@@ -113,13 +116,13 @@ class Supervisor:
         starts = [(n, n.node_config(self.attempt)) for n in self.plan.nodes]
         self.backend.start_all(starts, self._deliver)
         hello_deadline = self.clock() + self.policy.startup_timeout_s
-        next_ping = next_status = next_tick = self.clock()
+        next_status = next_tick = self.clock()
         try:
             while True:
                 try:
                     self._handle(self.q.get(timeout=EOF_POLL_S if self.closed else TICK_S))
-                    for _ in range(256):  # what is already there, before deciding anything
-                        self._handle(self.q.get_nowait())
+                    for item in self.q.get_many(256):  # what is already there, before deciding anything
+                        self._handle(item)
                 except queue.Empty:
                     pass
                 now = self.clock()
@@ -140,16 +143,13 @@ class Supervisor:
                 next_tick = now + TICK_S  # run at most every TICK_S, however fast the inputs come
                 if self.state == JobState.STARTING:
                     self._maybe_go(now, hello_deadline)
-                if now >= next_ping:
-                    for s in self.sessions.values():
-                        if s.state.is_alive:
-                            s.send(p.Ping())
-                    next_ping = now + self.policy.interval_s
+                self.pings.tick(now, self.sessions)
+                heard = self._heard(now)  # silence is judged up to what the launcher has read, not to now
                 if self.state == JobState.RUNNING:  # while stopping, the teardown deadline rules
-                    for v in self.monitor.check(now):
+                    for v in self.monitor.check(heard):
                         self._verdict(v)
                     self._check_bound(now)
-                for task in self.teardown.give_up(now, self.sessions, self.monitor.silent_past_timeout):
+                for task in self.teardown.give_up(now, self.sessions, self._silent):
                     self.snapshots.touch(task)
                 self.logs.flush()
                 if now >= next_status:
@@ -172,6 +172,13 @@ class Supervisor:
                     s.close()
             self.logs.flush()
         return self._result()
+
+    def _heard(self, now: float) -> float:
+        """Up to when every node's bytes were read and handled (``inputs.read_horizon``)."""
+        return read_horizon(now, self.pump, self.q, 3 * self.policy.timeout_s)
+
+    def _silent(self, now: float) -> list[str]:
+        return self.monitor.silent_past_timeout(self._heard(now))
 
     def _deliver(self, task: str, chan: Channel | BaseException) -> None:
         """Called from the backend's threads: a task's channel (or why there is none)."""
@@ -311,7 +318,7 @@ class Supervisor:
             for s in go:
                 s.send(p.Go())
             self.went_at = now
-            self.monitor.arm(now)
+            self.monitor.arm(self.clock())  # after the last go went out: thousands of them take a while
             self.state = advance(self.state, JobState.RUNNING)
 
     def _verdict(self, v: Verdict) -> None:
@@ -347,7 +354,7 @@ class Supervisor:
         """A peer that went silent or was stopped *before* this failure is the likelier cause."""
         if self.failures or self.roles.rules[failed_task.task].on_failure != "teardown":
             return
-        for v in self.monitor.suspects(self.clock(), exclude=failed_task.task):
+        for v in self.monitor.suspects(self._heard(self.clock()), exclude=failed_task.task):
             self._verdict(v)
 
     def _fail(self, failure: Failure) -> None:
