@@ -20,12 +20,11 @@ import threading
 import time
 
 import pytest
-from fakenode import FakeBackend, FakeNode, make_plan
+from fakecheck import check_through_job
+from fakenode import FakeNode, make_plan
 
 from orchestrator.core.errors import UsageError
-from orchestrator.job import Job, LaunchOptions
-from orchestrator.job.check import CheckOutcome, CheckScheduling, check_spec, without_hosts
-from orchestrator.job.scheduling import RunScheduling
+from orchestrator.job.check import check_spec, without_hosts
 from orchestrator.plan.record import PlanRecord
 from orchestrator.schedulers.ssh import ssh_plan
 from worker_entry import protocol as p
@@ -78,17 +77,8 @@ def _prints(text: str):
 
 def _check(tmp_path, lines: dict[str, str | dict], n: int = 3):
     """The check through a real Job: each node prints its line; (check.json, result.json, loaded spec)."""
-    loaded, _ = make_plan(n)
-    checked = check_spec(loaded, 30)
-    plan = ssh_plan(checked.spec, run_id="check-run", local_user="me", ssh_lookup=None)
     scripts = {t: _prints(v if isinstance(v, str) else json.dumps(v)) for t, v in lines.items()}
-    outcome = CheckOutcome()
-    run = tmp_path / "run"
-    opts = LaunchOptions(run_dir=str(run), gather=False, live=False, echo_logs=False)
-    Job(checked, plan, opts, FakeBackend(scripts), scheduling=CheckScheduling(RunScheduling(), outcome)).run()
-    result = json.loads((run / "result.json").read_text())
-    check = json.loads((run / "check.json").read_text())
-    assert outcome.check == check
+    check, result, loaded, _ = check_through_job(tmp_path, scripts, n)
     return check, result, loaded
 
 
