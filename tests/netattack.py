@@ -134,6 +134,8 @@ class Relay:
                 dst.shutdown(socket.SHUT_WR)
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):  # wakes the accept() (close alone does not: a 5 s join)
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         for s in self._socks:
             with contextlib.suppress(OSError):

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import json
 
-from fakenode import FakeBackend, FakeNode, make_plan
+from fakecheck import check_through_job
+from fakenode import FakeNode
 
-from orchestrator.job import Job, LaunchOptions
-from orchestrator.job.check import CheckOutcome, CheckScheduling, check_spec
 from orchestrator.job.checkclaims import node_phase
 from orchestrator.job.checkjudge import check_text, judge
 from orchestrator.job.checklag import behind
-from orchestrator.job.scheduling import RunScheduling
-from orchestrator.schedulers.ssh import ssh_plan
 from worker_entry import protocol as p
 from worker_entry.protocol.checkline import PHASE_PREFIX, PHASES
 
@@ -127,17 +124,9 @@ def _node(phases: list[str]):
 
 
 def test_through_the_job_the_starved_host_alone_is_named_in_check_json_and_its_event(tmp_path):
-    loaded, _ = make_plan(3)
-    checked = check_spec(loaded, 30)
-    plan = ssh_plan(checked.spec, run_id="check-run", local_user="me", ssh_lookup=None)
     waiting = ["started", "links", "tensorflow", "strategy"]
     scripts = {"worker:0": _node(waiting), "worker:1": _node(["started", "links"]), "worker:2": _node(waiting)}
-    outcome = CheckOutcome()
-    run = tmp_path / "run"
-    opts = LaunchOptions(run_dir=str(run), gather=False, live=False, echo_logs=False)
-    sched = CheckScheduling(RunScheduling(), outcome, 30.0)
-    Job(checked, plan, opts, FakeBackend(scripts), scheduling=sched).run()
-    check = json.loads((run / "check.json").read_text())
+    check, _, _, run = check_through_job(tmp_path, scripts, deadline_s=30.0)
     assert _named(check) == [("no_result", "worker:1")], check["findings"]
     assert "did not finish importing TensorFlow within 30 s; the others waited for it" in check["findings"][0]["what"]
     assert sorted(w["task"] for w in check["waited"]) == ["worker:0", "worker:2"]

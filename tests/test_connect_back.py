@@ -38,6 +38,15 @@ class LocalNodes(ConnectBackBackend):
     def __init__(self) -> None:
         super().__init__(bind=("127.0.0.1", 0))
         self.procs: list[subprocess.Popen] = []
+        self.channels: list = []
+
+    def start_all(self, starts, deliver):
+        def keep(task, chan):  # the channels, to close them at the end (see ``close``)
+            if not isinstance(chan, Exception):
+                self.channels.append(chan)
+            deliver(task, chan)
+
+        return super().start_all(starts, keep)
 
     def launch(self, starts) -> None:
         for rank, _ in enumerate(starts):
@@ -54,6 +63,8 @@ class LocalNodes(ConnectBackBackend):
 
     def close(self) -> None:
         super().close()
+        for chan in self.channels:  # EOF: a node serving its hand-over ends now, not after its launcher timeout
+            chan.close()
         for proc in self.procs:
             try:
                 proc.wait(20)
@@ -62,8 +73,19 @@ class LocalNodes(ConnectBackBackend):
                 proc.wait()
 
 
-def run_over_sockets(command, n=2, **sections):
-    loaded, plan = make_plan(n, job={"command": command, "startup_timeout_s": 60}, **sections)
+#: Heartbeats for real `worker_entry` processes on a loaded machine: make_plan's 0.1 s (meant for fake
+#: nodes) blames a peer silent for 0.3 s as the root cause of any failure (``suspect_after_s``), and on
+#: 2 busy cores a real process's beat is that late now and then: the wrong task was named.
+REAL_HEARTBEAT = {"interval_s": 1.0, "timeout_s": 10.0, "progress_timeout_s": None}
+
+
+def real_plan(n: int, **job):
+    """make_plan for real node processes: a startup deadline and heartbeats a loaded machine keeps."""
+    return make_plan(n, job={"startup_timeout_s": 60, **job}, heartbeat=REAL_HEARTBEAT)
+
+
+def run_over_sockets(command, n=2):
+    loaded, plan = real_plan(n, command=command)
     backend = LocalNodes()
     rec = Recorder()
     sup = Supervisor(

@@ -23,9 +23,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fakenode import make_plan
 from netattack import Relay, Slowloris
-from test_connect_back import REPO, LocalNodes
+from test_connect_back import REPO, LocalNodes, real_plan
 from test_supervisor import Recorder
 from waiting import wait_for
 
@@ -303,7 +302,7 @@ def run_through_relay(tmp_path: Path, direction: str | None, forge) -> tuple:
     into ``direction`` once worker:0's hello (its first sealed record) has passed."""
     marker = tmp_path / "ran"
     code = f"import os, pathlib; i = os.environ['TFCLUSTER_TASK_INDEX']; pathlib.Path({str(marker)!r} + i).touch()"
-    loaded, plan = make_plan(2, job={"command": [sys.executable, "-c", code], "startup_timeout_s": 60})
+    loaded, plan = real_plan(2, command=[sys.executable, "-c", code])
     backend = RelayedNodes()
     relay = backend.relay = Relay(("127.0.0.1", backend.server.port))
     if direction is not None:  # once worker:0's sealed hello (a few hundred bytes) is through
@@ -315,8 +314,8 @@ def run_through_relay(tmp_path: Path, direction: str | None, forge) -> tuple:
     try:
         res = sup.run()
     finally:
+        relay.close()  # first: worker:0's node sees its connection end now, not after its ping timeout
         backend.close()
-        relay.close()
     errs = [proc.stderr.read().decode() for proc in backend.procs]
     return res, relay, errs
 
@@ -373,9 +372,7 @@ def test_the_secret_is_in_no_process_environment(tmp_path):
         "(d / f'parent{i}').write_bytes(open(f'/proc/{os.getppid()}/environ', 'rb').read()); "
         "(d / f'self{i}').write_bytes(open('/proc/self/environ', 'rb').read())"
     )
-    loaded, plan = make_plan(
-        2, job={"command": [sys.executable, "-c", code], "startup_timeout_s": 60, "env": {"OUT": str(tmp_path)}}
-    )
+    loaded, plan = real_plan(2, command=[sys.executable, "-c", code], env={"OUT": str(tmp_path)})
     backend = LocalNodes()
     rec = Recorder()
     sup = Supervisor(
@@ -417,7 +414,7 @@ def test_refused_connections_reach_events_status_and_the_status_command(tmp_path
     """Through the real job: the launcher says what it refused (events.jsonl, status.json, `status`)."""
     flag = tmp_path / "go-on"
     code = f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.05)"
-    loaded, plan = make_plan(2, job={"command": [sys.executable, "-c", code], "startup_timeout_s": 60})
+    loaded, plan = real_plan(2, command=[sys.executable, "-c", code])
     backend = LocalNodes()
     run = tmp_path / "run"
     job = Job(loaded, plan, LaunchOptions(run_dir=str(run), gather=False, live=False, echo_logs=False), backend)

@@ -15,21 +15,21 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import threading
 import time
 
 import pytest
-from fakenode import FakeBackend, FakeNode, make_plan
+from fakecheck import check_through_job
+from fakenode import FakeNode, make_plan
 
 from orchestrator.core.errors import UsageError
-from orchestrator.job import Job, LaunchOptions
-from orchestrator.job.check import CheckOutcome, CheckScheduling, check_spec, without_hosts
-from orchestrator.job.scheduling import RunScheduling
+from orchestrator.job.check import check_spec, without_hosts
 from orchestrator.plan.record import PlanRecord
 from orchestrator.schedulers.ssh import ssh_plan
 from worker_entry import protocol as p
 from worker_entry.check.links import link_rounds
-from worker_entry.check.probeserver import sign
+from worker_entry.check.probeserver import ProbeServer, sign
 
 GB = 1e9
 
@@ -77,17 +77,8 @@ def _prints(text: str):
 
 def _check(tmp_path, lines: dict[str, str | dict], n: int = 3):
     """The check through a real Job: each node prints its line; (check.json, result.json, loaded spec)."""
-    loaded, _ = make_plan(n)
-    checked = check_spec(loaded, 30)
-    plan = ssh_plan(checked.spec, run_id="check-run", local_user="me", ssh_lookup=None)
     scripts = {t: _prints(v if isinstance(v, str) else json.dumps(v)) for t, v in lines.items()}
-    outcome = CheckOutcome()
-    run = tmp_path / "run"
-    opts = LaunchOptions(run_dir=str(run), gather=False, live=False, echo_logs=False)
-    Job(checked, plan, opts, FakeBackend(scripts), scheduling=CheckScheduling(RunScheduling(), outcome)).run()
-    result = json.loads((run / "result.json").read_text())
-    check = json.loads((run / "check.json").read_text())
-    assert outcome.check == check
+    check, result, loaded, _ = check_through_job(tmp_path, scripts, n)
     return check, result, loaded
 
 
@@ -302,3 +293,50 @@ def test_two_thousand_idle_connections_cost_no_thread_and_the_rounds_complete(tm
     # three rounds' threads and their three servers' loops: nothing per connection
     assert during <= threads_before + 6, (threads_before, during)
     assert all(isinstance(r, dict) and len(r["links"]) + len(r["served"]) == 2 for r in found.values()), found
+
+
+def test_a_probe_ending_as_the_server_closes_keeps_its_served_view():
+    """The last round's client says ``q`` just before its report, and the round can end before the
+    server's loop read it (a loaded host, a flood to accept): close() waits for the open probe, so the
+    server's own view of the upload is kept (it was lost: ``served`` short, the test above flaky)."""
+    secret = b"s" * 32
+    (port,) = _ports(1)
+    server = ProbeServer("127.0.0.1", port, secret, "worker:1", ["worker:0", "worker:1"], None, time.monotonic() + 30)
+    head = {"op": "probe", "rank": 0, "round": 1}
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        f = s.makefile("rb")
+        nonce = json.loads(f.readline())["nonce"]
+        s.sendall(json.dumps({**head, "mac": sign(secret, nonce, head)}).encode() + b"\n")
+        s.sendall(b"u" + struct.pack("!Q", 4 << 20) + bytes(4 << 20))  # more than one read: timed
+        assert f.read(1) == b"k"
+        threading.Timer(0.3, lambda: s.sendall(b"q")).start()  # the q comes after close() began
+        server.close()
+    assert [(x["a"], x["b"], x["round"]) for x in server.served] == [("worker:0", "worker:1", 1)]
+
+
+def test_a_flood_cannot_evict_a_task_between_its_nonce_and_its_answer():
+    """A task's connection between the nonce it got and the head it sends looks like an idle stranger's:
+    a flood made room by closing it (the oldest), so a loaded task lost its probe. Now a newcomer is
+    closed unheard (a task's dialer retries that) while every idle one is younger than GRACE_S."""
+    secret = b"s" * 32
+    (port,) = _ports(1)
+    server = ProbeServer(
+        "127.0.0.1", port, secret, "worker:1", ["worker:0", "worker:1"], None, time.monotonic() + 30, 2
+    )
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as task:
+            f = task.makefile("rb")
+            nonce = json.loads(f.readline())["nonce"]
+            strangers = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(6)]
+            heard = [s.recv(4096) for s in strangers]  # the first gets a nonce; the others are closed
+            assert [bool(h) for h in heard] == [True] + [False] * 5
+            head = {"op": "probe", "rank": 0, "round": 1}
+            task.sendall(json.dumps({**head, "mac": sign(secret, nonce, head)}).encode() + b"\n")
+            task.sendall(b"p" + bytes(63))
+            assert f.read(64)[-1:] == b"p"  # still served: the flood did not take its place
+            task.sendall(b"q")
+            for s in strangers:
+                s.close()
+    finally:
+        server.close()
+    assert server.refused == 5

@@ -44,7 +44,9 @@ def test_a_pod_stuck_on_a_dead_node_is_force_deleted_and_the_restart_goes_on(tmp
     monkeypatch.setattr(stuck, "FORCE_MARGIN_S", 0.3)
     cluster = FakeCluster(behaviour=_dead_node_at_the_failure)
     cluster.node_of["worker:1"] = "node-b"
-    result, run, _ = launch(tmp_path, cluster, flavor=flavor, restarts=1)
+    # the restart's pods come once the stuck one is force-deleted: up to its pod's grace (stop_grace_s
+    # + 15 s, when the JobSet's own deletion marks it first) + the margin; 20 s to start was too tight
+    result, run, _ = launch(tmp_path, cluster, flavor=flavor, restarts=1, startup=60)
     assert result.state == JobState.SUCCEEDED, result.root_cause
     assert len(result.attempts) == 2
     forced = [a[0] for a, k in cluster.called("delete_namespaced_pod") if k.get("grace_period_seconds") == 0]
@@ -61,7 +63,7 @@ def test_a_restart_of_indexed_jobs_keeps_off_the_unresponsive_node_when_the_spec
     cluster = FakeCluster(behaviour=_dead_node_at_the_failure)
     cluster.node_of["worker:1"] = "node-b"
     kube = {"avoid_unresponsive_nodes": True}
-    result, _, _ = launch(tmp_path, cluster, flavor="indexed-job", restarts=1, kube=kube)
+    result, _, _ = launch(tmp_path, cluster, flavor="indexed-job", restarts=1, kube=kube, startup=60)  # as above
     assert result.state == JobState.SUCCEEDED, result.root_cause
     jobs = [d for d in cluster.created if d["kind"] == "Job"]
     assert [j["spec"]["template"]["metadata"]["annotations"]["tfcluster/attempt"] for j in jobs] == ["0", "1"]

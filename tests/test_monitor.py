@@ -142,6 +142,16 @@ def test_suspects_are_the_silent_and_the_stopped():
     assert fresh.suspects(1.5) == []  # everyone heard from recently, nobody stopped
 
 
+def test_before_the_go_a_task_still_starting_is_no_suspect():
+    """A peer failing before the go (its handshake refused) is its own fault: a task not yet heard from
+    because its interpreter starts slowly is not named for it (the startup deadline judges it)."""
+    m = Monitor(TASKS, POLICY, now=0.0)
+    m.on_heartbeat("worker:1", beat({"state": "stopped"}), 1.0)
+    assert m.suspects(30.0, exclude="worker:0") == []
+    m.arm(30.0)
+    assert kinds(m.suspects(40.0, exclude="worker:0")) == [("hung", "worker:1"), ("lost", "worker:2")]
+
+
 # --- stragglers ------------------------------------------------------------------------------
 
 

@@ -170,35 +170,53 @@ def test_a_continued_run_goes_on_from_the_steps_written_before(tmp_path):
     assert [s for s, _, _ in scalars(accumulate(tmp_path / "tb" / "worker-0"), "host/cpu_pct")] == [105]
 
 
-def test_the_launcher_writes_events_without_tensorflow(tmp_path):
-    """tensorboardX, never TensorFlow; and only once training began: a job that trained nothing writes
-    no files and imports nothing (its startup points are held, then written with the first step's)."""
-    code = (
-        "import sys, time\n"
-        "from pathlib import Path\n"
-        "from orchestrator.sinks.tensorboard import TensorBoardSink\n"
-        "mods = lambda: sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorboard', 'tensorboardX'))\n"
-        "idle = TensorBoardSink(Path(sys.argv[1]) / 'idle', ['worker:0'])\n"
-        "idle.write('worker:0', {'ts': time.time(), 'cpu_pct': 1.0})\n"
-        "idle.close()\n"
-        "print(mods())\n"
-        "s = TensorBoardSink(Path(sys.argv[1]) / 'trained', ['worker:0'])\n"
-        "s.write('worker:0', {'ts': time.time() - 2, 'cpu_pct': 1.0})\n"
-        "s.write('worker:0', {'ts': time.time(), 'cpu_pct': 2.0, 'progress': {'steps': 5, 'phase': 'train'}})\n"
-        "s.close()\n"
-        "assert not s.problems and not idle.problems, (s.problems, idle.problems)\n"
-        "print(mods())\n"
-    )
+LAUNCHER_SCRIPT = """
+import json, sys, time
+from pathlib import Path
+from orchestrator.sinks.tensorboard import TensorBoardSink
+mods = lambda: sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorboard', 'tensorboardX'))
+idle = TensorBoardSink(Path(sys.argv[1]) / 'idle', ['worker:0'])
+idle.write('worker:0', {'ts': time.time(), 'cpu_pct': 1.0})
+idle.close()
+before = mods()
+s = TensorBoardSink(Path(sys.argv[1]) / 'trained', ['worker:0'])
+s.write('worker:0', {'ts': time.time() - 2, 'cpu_pct': 1.0})
+s.write('worker:0', {'ts': time.time(), 'cpu_pct': 2.0, 'progress': {'steps': 5, 'phase': 'train'}})
+s.close()
+assert not s.problems and not idle.problems, (s.problems, idle.problems)
+loaded, boto3_loaded = mods(), 'boto3' in sys.modules
+try:
+    import boto3
+    later = boto3.__name__
+except ImportError:
+    later = None
+print(json.dumps({"before": before, "loaded": loaded, "boto3_loaded": boto3_loaded, "boto3_later": later}))
+"""
+
+
+@pytest.fixture(scope="module")
+def launcher_process(tmp_path_factory):
+    """One launcher-like process (a fresh interpreter: what it imports is the point) that writes events
+    through the sink, idle and then trained: (its findings, its TensorBoard directory). Shared by the
+    tests below, which each judge one fact of it (it used to be started once per test)."""
+    root = tmp_path_factory.mktemp("tb")
     res = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "tb")], capture_output=True, text=True, cwd=REPO, timeout=120
+        [sys.executable, "-c", LAUNCHER_SCRIPT, str(root)], capture_output=True, text=True, cwd=REPO, timeout=120
     )
     assert res.returncode == 0, res.stderr
-    before, loaded = (eval(line) for line in res.stdout.strip().splitlines())
-    assert before == [] and not (tmp_path / "tb" / "idle" / "worker-0").exists()
+    return json.loads(res.stdout.strip().splitlines()[-1]), root
+
+
+def test_the_launcher_writes_events_without_tensorflow(launcher_process):
+    """tensorboardX, never TensorFlow; and only once training began: a job that trained nothing writes
+    no files and imports nothing (its startup points are held, then written with the first step's)."""
+    got, root = launcher_process
+    assert got["before"] == [] and not (root / "idle" / "worker-0").exists()
+    loaded = got["loaded"]
     assert "tensorboardX" in loaded and not any(
         m.startswith(("tensorflow", "tensorboard.")) or m == "tensorboard" for m in loaded
     )
-    (events,) = (tmp_path / "tb" / "trained" / "worker-0").glob("events.out.tfevents.*")
+    (events,) = (root / "trained" / "worker-0").glob("events.out.tfevents.*")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(events.parent))
@@ -206,28 +224,13 @@ def test_the_launcher_writes_events_without_tensorflow(tmp_path):
     assert [e.value for e in acc.Scalars("host/cpu_pct")] == [1.0, 2.0]  # the startup point too
 
 
-def test_tensorboardx_is_imported_without_its_cloud_clients(tmp_path):
+def test_tensorboardx_is_imported_without_its_cloud_clients(launcher_process):
     """The launcher writes local files: boto3 (S3 paths, most of tensorboardX's import CPU) is not
     imported with it, and is not left marked absent either: a later ``import boto3`` gets the module."""
     pytest.importorskip("boto3")
-    code = (
-        "import sys, time\n"
-        "from pathlib import Path\n"
-        "from orchestrator.sinks.tensorboard import TensorBoardSink\n"
-        "s = TensorBoardSink(Path(sys.argv[1]), ['worker:0'])\n"
-        "s.write('worker:0', {'ts': time.time(), 'cpu_pct': 2.0, 'progress': {'steps': 5, 'phase': 'train'}})\n"
-        "s.close()\n"
-        "assert not s.problems, s.problems\n"
-        "print('tensorboardX' in sys.modules, 'boto3' in sys.modules)\n"
-        "import boto3\n"
-        "print(boto3.__name__)\n"
-    )
-    res = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "tb")], capture_output=True, text=True, cwd=REPO, timeout=120
-    )
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["True", "False", "boto3"]
-    assert list((tmp_path / "tb" / "worker-0").glob("events.out.tfevents.*"))
+    got, root = launcher_process
+    assert "tensorboardX" in got["loaded"] and not got["boto3_loaded"] and got["boto3_later"] == "boto3"
+    assert list((root / "trained" / "worker-0").glob("events.out.tfevents.*"))
 
 
 @pytest.mark.e2e

@@ -365,7 +365,11 @@ class Monitor:
         return out
 
     def suspects(self, now: float, exclude: str | None = None) -> list[Verdict]:
-        """Tasks already silent or stopped: when a peer fails now, they are the likely cause."""
+        """Tasks already silent or stopped: when a peer fails now, they are the likely cause. Not before
+        the go: nothing trains yet, so no silence can have caused a peer's failure, and a task still
+        starting (a slow interpreter on a busy host) would be named for a peer's own fault."""
+        if self.armed_at is None:
+            return []
         out = []
         for t, w in self.watch.items():
             if w.done or t == exclude:

@@ -6,7 +6,8 @@ Every connection first gets a fresh nonce and must answer with ``HMAC-SHA256(sec
 (the per-run secret the launcher gives each check task in its environment, never on a command line):
 a stranger on the port is closed at its first line, cannot take a rank's place in a round nor end
 one, and is counted (``refused``). Connections are bounded (``max_conns``: when full, the oldest one
-that has not authenticated is closed to make room, so idle strangers cannot starve the tasks), each
+that has not authenticated within ``GRACE_S`` is closed to make room, so idle strangers cannot starve
+the tasks, nor a flood evict a task between its nonce and its answer), each
 must authenticate within ``AUTH_S`` and finish by the check's deadline, and no thread is made per
 connection.
 
@@ -34,6 +35,8 @@ import time
 from typing import Any
 
 AUTH_S = 10.0
+GRACE_S = 2.0  # an unauthenticated connection is not made room from before this (see ``_accept``)
+DRAIN_S = 2.0  # at close, how long the probes still being served may take to say ``q``
 CHUNK = 256 * 1024
 MAX_BYTES = 64 * 1024 * 1024
 HEAD_MAX = 1 << 20
@@ -126,13 +129,14 @@ class ProbeServer:
         self._wake_r, self._wake_w = os.pipe()
         self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._stop = False
+        self._drain_until = 0.0
         self._thread = threading.Thread(target=self._loop, name="check-probe", daemon=True)
         self._thread.start()
 
     # --- the loop --------------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        while not self._stop:
+        while not self._stop or (self._serving() and time.monotonic() < self._drain_until):
             now = time.monotonic()
             for key, events in self.sel.select(timeout=0.5):
                 if key.data is None:
@@ -152,15 +156,18 @@ class ProbeServer:
         except OSError:
             return
         if len(self.conns) >= self.max_conns:
-            # bounded: the oldest connection that has not proved the secret makes room (a task proves
-            # it within a round trip; a flood of idle strangers only churns among themselves)
+            # bounded: the oldest connection that has not proved the secret makes room once it had
+            # GRACE_S to (a task answers its nonce within a round trip, a loaded host's too; evicted
+            # sooner, a task lost its probe or report to a flood: LinkError); until then the newcomer
+            # is closed before its nonce, which a task's dialer retries. Idle strangers churn among
+            # themselves.
             idle = [c for c in self.conns.values() if c.head is None]
-            if not idle:
-                self.refused += 1
+            oldest = min(idle, key=lambda c: c.auth_by, default=None)
+            self.refused += 1
+            if oldest is None or now < oldest.auth_by - AUTH_S + GRACE_S:
                 sock.close()
                 return
-            self.refused += 1
-            self._drop(min(idle, key=lambda c: c.auth_by), None)
+            self._drop(oldest, None)
         sock.setblocking(False)
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -311,8 +318,15 @@ class ProbeServer:
         if c in self.waiting:
             self.waiting.remove(c)
 
+    def _serving(self) -> bool:
+        """A partner's probe is still open here (its ``q`` not read yet, its view of the upload not kept)."""
+        return any(c.head is not None and c.head.get("op") == "probe" and not c.closing for c in self.conns.values())
+
     def close(self) -> None:
-        """Free the port for TensorFlow (the clients are done and close their side)."""
+        """Free the port for TensorFlow once the probes served here have ended: the last round's client
+        sends ``q`` just before its report, and the round may end before this loop read it (a busy host,
+        a flood of strangers to accept): its ``served`` record would be lost. At most ``DRAIN_S``."""
+        self._drain_until = time.monotonic() + DRAIN_S
         self._stop = True
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
