@@ -256,6 +256,7 @@ def main() -> int:
     ap.add_argument("--block", type=int, default=1, help="steps per variant and round")
     ap.add_argument("--target-ms", type=float, default=10.0, help="the dense model's step, about")
     ap.add_argument("--width", type=int, default=None, help="the dense model's width (instead of --target-ms)")
+    ap.add_argument("--intra-op", type=int, default=None, help="TensorFlow's intra-op threads (default: its own)")
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS", help="also the ops under the profiler")
     args = ap.parse_args()
     bad = [m for m in args.models.split(",") if m not in ("dense", "cnn")]
@@ -264,6 +265,8 @@ def main() -> int:
         return 2
     import tensorflow as tf
 
+    if args.intra_op:
+        tf.config.threading.set_intra_op_parallelism_threads(args.intra_op)
     tf.config.set_logical_device_configuration(
         tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2
     )
