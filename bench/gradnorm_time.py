@@ -230,6 +230,39 @@ def profile(tf, steps: dict, n: int) -> dict:
     return out
 
 
+def reductions(tf, sizes=(16_000, 50_000, 150_000), k: int = 40, rounds: int = 5) -> dict:
+    """CPU µs of one squared norm of a float32 vector of each size, by three ways to take it (``l2_loss``,
+    what gradnorms uses; ``tensordot``; a 1xn by nx1 ``matmul``): ``k`` of them in one traced function,
+    against the same function reading one element of each (the call's own cost), rounds alternated."""
+
+    def cost(f, xs, n: int = 200) -> float:
+        for _ in range(10):
+            f(xs)
+        c0 = time.process_time()
+        for _ in range(n):
+            f(xs)
+        return (time.process_time() - c0) / n * 1e6 / k
+
+    fns = {
+        "base": tf.function(lambda xs: tf.add_n([x[0] for x in xs])),
+        "l2_loss": tf.function(lambda xs: tf.add_n([tf.nn.l2_loss(x) for x in xs])),
+        "tensordot": tf.function(lambda xs: tf.add_n([tf.tensordot(x, x, 1) for x in xs])),
+        "matmul": tf.function(
+            lambda xs: tf.add_n([tf.reduce_sum(tf.matmul(tf.reshape(x, [1, -1]), tf.reshape(x, [-1, 1]))) for x in xs])
+        ),
+    }
+    out = {}
+    for size in sizes:
+        xs = [tf.random.normal([size]) for _ in range(k)]
+        times: dict = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, f in fns.items():
+                times[name].append(cost(f, xs))
+        base = statistics.median(times["base"])
+        out[size] = {name: round(statistics.median(v) - base, 1) for name, v in times.items() if name != "base"}
+    return out
+
+
 def line(what: str, label: str, r: dict) -> str:
     p = r[label]["pct"]
     ref = "off, off2" if label == "norms" else "off"
@@ -251,15 +284,17 @@ def main() -> int:
     )
     ap.add_argument("--quick", action="store_true", help="a tenth of the rounds")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--models", default="dense,cnn")
+    ap.add_argument("--models", default="dense,cnn", help='comma-separated: dense, cnn ("": none)')
     ap.add_argument("--rounds", type=int, default=None, help="rounds per model (default dense 3000, cnn 600)")
     ap.add_argument("--block", type=int, default=1, help="steps per variant and round")
     ap.add_argument("--target-ms", type=float, default=10.0, help="the dense model's step, about")
     ap.add_argument("--width", type=int, default=None, help="the dense model's width (instead of --target-ms)")
     ap.add_argument("--intra-op", type=int, default=None, help="TensorFlow's intra-op threads (default: its own)")
+    ap.add_argument("--reductions", action="store_true", help="also: one squared norm's CPU cost, by op and size")
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS", help="also the ops under the profiler")
     args = ap.parse_args()
-    bad = [m for m in args.models.split(",") if m not in ("dense", "cnn")]
+    models = [m for m in args.models.split(",") if m]  # "": none (with --reductions)
+    bad = [m for m in models if m not in ("dense", "cnn")]
     if bad:
         print(f"--models: unknown {', '.join(bad)} (allowed: dense, cnn)", file=sys.stderr)
         return 2
@@ -271,7 +306,7 @@ def main() -> int:
         tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2
     )
     out: dict = {}
-    for model in args.models.split(","):
+    for model in models:
         steps, desc = dense(tf, args.target_ms, args.width) if model == "dense" else cnn(tf)
         rounds = args.rounds or {"dense": 3000, "cnn": 600}[model] // (10 if args.quick else 1)
         say(f"{model}: {desc}: {rounds} rounds of {args.block}-step blocks")
@@ -288,6 +323,14 @@ def main() -> int:
                     print(line(what.upper() if what == "cpu" else what, label, r[what]), flush=True)
             for name, p in r.get("profile", {}).items():
                 print(f"  profiled {name:<3} {json.dumps(p)}", flush=True)
+    if args.reductions:
+        out["reductions_cpu_us"] = reductions(tf)
+        if not args.json:
+            for size, by_op in out["reductions_cpu_us"].items():
+                print(
+                    f"one squared norm of {size:,} floats, CPU µs: "
+                    + ", ".join(f"{k} {v:+.1f}" for k, v in by_op.items())
+                )
     if args.json:
         print(json.dumps(out))
     return 0
