@@ -187,6 +187,7 @@ def best(tf, regime: str, n: int, seeds: int, max_steps: int) -> dict:
     per_lr = {}
     for lr in lrs:
         runs = [train(tf, regime, n, lr, seed, max_steps)["steps"] for seed in range(seeds)]
+        say(f"{regime} at {n} replicas, lr {lr}: steps per seed {runs}")
         per_lr[lr] = statistics.median([r if r is not None else math.inf for r in runs])
     lr = min(per_lr, key=per_lr.get)
     say(f"{regime} at {n} replicas: best lr {lr} ({per_lr[lr]} steps); grid {per_lr}")
@@ -259,6 +260,7 @@ def main() -> int:
                     "error": None if error is None else round(error, 3),
                 }
             )
+            say(f"{regime} row: {report.rows[-1]}")  # as it comes: a run cut short still has its regimes
         worst[regime] = min(errors) if errors else None
         report.data.setdefault("grids", {})[regime] = {n: found[n]["grid"] for n in sizes}
     report.notes.append(
