@@ -261,7 +261,9 @@ def main() -> int:
                 }
             )
             say(f"{regime} row: {report.rows[-1]}")  # as it comes: a run cut short still has its regimes
-        worst[regime] = min(errors) if errors else None
+        # the farthest from 1 either way: below, the bound is loose; above, it is broken (it promised
+        # "at least this many steps" and the run needed fewer)
+        worst[regime] = max(errors, key=lambda e: abs(math.log(e))) if errors else None
         report.data.setdefault("grids", {})[regime] = {n: found[n]["grid"] for n in sizes}
     report.notes.append(
         "predicted/measured < 1: more speed-up predicted than measured (the bound is loose there: it says 'at least "
@@ -270,10 +272,11 @@ def main() -> int:
     )
     noisy = worst.get("noisy")
     report.set_ratio(
-        "noisy regime: worst predicted/measured steps ratio (the bound tight: close to 1)",
+        "noisy regime: the predicted/measured steps ratio farthest from 1 (tight: close to 1; above 1 the bound "
+        "is broken)",
         noisy,
-        ">= 0.7",
-        None if noisy is None else noisy >= 0.7,
+        "0.7 to 1.1",
+        None if noisy is None else 0.7 <= noisy <= 1.1,
     )
     report.emit(args.json)
     return 0
