@@ -48,10 +48,17 @@ def slurm(local_slurm: ls.LocalSlurm) -> Iterator[ls.LocalSlurm]:
     """The session's Slurm, checked empty after the test (no job, no task process left)."""
     yield local_slurm
     deadline = time.monotonic() + 15  # a job that just ended is COMPLETING for a moment
-    left_jobs, procs = local_slurm.jobs(), local_slurm.processes(stepd=True)
+    left_jobs, procs = _job_states(local_slurm), local_slurm.processes(stepd=True)
     while (procs or left_jobs) and time.monotonic() < deadline:
         time.sleep(0.2)
-        left_jobs, procs = local_slurm.jobs(), local_slurm.processes(stepd=True)
+        left_jobs, procs = _job_states(local_slurm), local_slurm.processes(stepd=True)
+    # A job whose node was killed and brought back stays COMPLETING (CG) until that node's new slurmd
+    # has told slurmctld the old step is gone: Slurm's bookkeeping, not an allocation the launcher held
+    # on to (a job still running, R, is not waited for).
+    settle = time.monotonic() + 60
+    while left_jobs and all(st == "CG" for st in left_jobs.values()) and time.monotonic() < settle:
+        time.sleep(0.5)
+        left_jobs = _job_states(local_slurm)
     leftover = [f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in procs if _alive(p)]
     local_slurm.cancel_all()
     for p in procs:
@@ -61,6 +68,12 @@ def slurm(local_slurm: ls.LocalSlurm) -> Iterator[ls.LocalSlurm]:
             pass
     assert not left_jobs, f"jobs left in the queue: {left_jobs}"
     assert not leftover, f"processes of Slurm jobs left: {leftover}"
+
+
+def _job_states(cluster: ls.LocalSlurm) -> dict[str, str]:
+    """{job id: squeue's compact state} of every job in the queue."""
+    out = cluster.run(["squeue", "-h", "-o", "%i %t"], check=False).stdout
+    return dict(line.split(None, 1) for line in out.splitlines() if len(line.split()) == 2)
 
 
 def _alive(p: Any) -> bool:
