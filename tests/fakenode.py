@@ -288,6 +288,22 @@ class FakeNode:
 Script = Callable[[FakeNode], None]
 
 
+def lost_for_good(host: str, *more: tuple[str, int]) -> Script:
+    """A node that trains, except on ``host`` in attempt 0 (and each (host, attempt) of ``more``):
+    there its output ends without an exit status after the go (the link or the host went away)."""
+
+    def script(n: FakeNode) -> None:
+        if (n.node.host, n.config.attempt) not in {(host, 0), *more}:
+            return healthy(0.6)(n)
+        n.hello()
+        n.wait_for(p.Go)
+        n.send(p.Spawned(pid=7))
+        n.chan.end_output()
+        n.idle(30)
+
+    return script
+
+
 def healthy(run_s: float = 0.3, code: int = 0) -> Script:
     """A worker that starts, runs ``run_s`` seconds heartbeating, prints a line and exits ``code``."""
 

@@ -9,7 +9,7 @@ import json
 import time
 
 import pytest
-from fakenode import FakeBackend, FakeNode, healthy, make_plan
+from fakenode import FakeBackend, FakeNode, healthy, lost_for_good, make_plan
 from waiting import wait_for
 
 from orchestrator.core.diagnostics import Diagnostic
@@ -198,22 +198,6 @@ def _hosts(n: int, spares: tuple[int, ...] = ()) -> list[dict]:
     return [{"address": f"10.0.0.{i + 1}", **({"spare": True} if i in spares else {})} for i in range(n)]
 
 
-def _lost_on(host: str, *more: tuple[str, int]):
-    """A node that trains, except on ``host`` in attempt 0 (and each (host, attempt) of ``more``):
-    there its output ends without an exit status after the go (the link or the host went away)."""
-
-    def script(n: FakeNode) -> None:
-        if (n.node.host, n.config.attempt) not in {(host, 0), *more}:
-            return healthy(0.6)(n)
-        n.hello()
-        n.wait_for(p.Go)
-        n.send(p.Spawned(pid=7))
-        n.chan.end_output()
-        n.idle(30)
-
-    return script
-
-
 def _job(tmp_path, scripts_for, backend_cls=FakeBackend, **sections):
     loaded, plan = make_plan(ssh={"config_file": None}, **sections)
     tasks = [f"worker:{i}" for i in range(len(plan.nodes) + len(plan.spares))]
@@ -230,7 +214,7 @@ def _events(run_dir, kind):
 
 def test_a_lost_host_is_replaced_by_the_spare_on_a_new_plan(tmp_path, capsys):
     result, backend, run_dir = _job(
-        tmp_path, _lost_on("10.0.0.3"), hosts=_hosts(4, spares=(3,)), restart={"max_restarts": 1}
+        tmp_path, lost_for_good("10.0.0.3"), hosts=_hosts(4, spares=(3,)), restart={"max_restarts": 1}
     )
     assert result.state == JobState.SUCCEEDED and len(result.attempts) == 2
     assert result.attempts[0].root_cause.kind == "lost" and result.attempts[0].root_cause.host == "10.0.0.3"
@@ -273,7 +257,7 @@ def test_a_lost_host_is_replaced_by_the_spare_on_a_new_plan(tmp_path, capsys):
 
 def test_without_a_spare_the_job_goes_on_with_min_workers(tmp_path):
     result, backend, run_dir = _job(
-        tmp_path, _lost_on("10.0.0.2"), hosts=_hosts(3), restart={"max_restarts": 2, "min_workers": 2}
+        tmp_path, lost_for_good("10.0.0.2"), hosts=_hosts(3), restart={"max_restarts": 2, "min_workers": 2}
     )
     assert result.state == JobState.SUCCEEDED
     second = sorted((str(n.node.task), n.node.host, n.config) for n in backend.history if n.config.attempt == 1)
@@ -287,7 +271,7 @@ def test_without_a_spare_the_job_goes_on_with_min_workers(tmp_path):
 def test_below_min_workers_the_run_ends_failed_saying_why(tmp_path):
     result, _, run_dir = _job(
         tmp_path,
-        _lost_on("10.0.0.2", ("10.0.0.3", 1)),
+        lost_for_good("10.0.0.2", ("10.0.0.3", 1)),
         hosts=_hosts(3),
         restart={"max_restarts": 3, "min_workers": 2},
     )

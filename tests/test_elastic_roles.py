@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from fakenode import FakeBackend, FakeNode, healthy, make_plan
+from fakenode import FakeBackend, lost_for_good, make_plan
 
 from orchestrator.core.states import JobState
 from orchestrator.job import Exclusion, Job, LaunchOptions, Members
@@ -124,22 +124,9 @@ def test_without_a_spare_the_chiefs_host_lost_a_worker_is_the_chief_on_fewer_wor
 # --- the job over fake nodes -----------------------------------------------------------------------
 
 
-def _lost_on(host: str):
-    def script(n: FakeNode) -> None:
-        if (n.node.host, n.config.attempt) != (host, 0):
-            return healthy(0.6)(n)
-        n.hello()
-        n.wait_for(p.Go)
-        n.send(p.Spawned(pid=7))
-        n.chan.end_output()
-        n.idle(30)
-
-    return script
-
-
 def test_a_host_with_two_tasks_lost_for_good_reshapes_the_job_over_fake_nodes(tmp_path, capsys):
     loaded, plan = _plan(False, min_workers=2)
-    script = _lost_on("10.0.0.2")
+    script = lost_for_good("10.0.0.2")
     backend = FakeBackend({t: script for t in ("chief:0", *(f"worker:{i}" for i in range(4)))})
     opts = LaunchOptions(run_dir=str(tmp_path / "r"), gather=False, live=False, echo_logs=False)
     result = Job(loaded, plan, opts, backend, scheduling=SCHEDULER.scheduling(loaded, plan)).run()
