@@ -1,11 +1,11 @@
 """The run directory: everything a run leaves on the launcher, in one private place (0700)."""
 
+from .jsonl import per_line as json_objects
 from .launcher import launcher_info, process_start_time
 from .planfile import plan_or_none, read_plan, write_plan
 from .rundir import (
     RunDir,
     check_new_dir,
-    json_objects,
     read_jsonl,
     resolve_run,
     wait_for_run,

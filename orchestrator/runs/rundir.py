@@ -33,7 +33,7 @@ from typing import Any, BinaryIO
 
 from ..core.errors import RunNotFound, UsageError
 from ..plan.record import PlanRecord, PlanRecordError
-from .jsonl import objects, per_line
+from .jsonl import objects
 from .reserve import NAME as RESERVE
 from .reserve import make_reserve, with_reserve
 
@@ -390,8 +390,3 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
         return
     with f:
         yield from objects(f)
-
-
-def json_objects(lines: Iterable[bytes | str]) -> Iterator[dict[str, Any]]:
-    """The JSON objects among ``lines`` (a file, or what a ``Tail`` yields); anything else is skipped."""
-    return per_line(lines)
