@@ -154,13 +154,7 @@ def _rules(data: dict[str, Any], add: Add) -> None:
                     ("hosts", i, "tf_port") if "tf_port" in h else ("hosts", i),
                     f"TF port {tf_port} is already used by hosts[{j}] on the same machine; TensorFlow's gRPC "
                     f"server binds every address{' (' + where + ')' if where else ''}, so give each task on one "
-                    "machine its own tf_port"
-                    + (
-                        " (a spare takes one port per task of the host it replaces, from its tf_port)"
-                        if _get(h, "spare") is True
-                        else " (a host with several tasks takes one port per task from its tf_port)"
-                    )
-                    * (n_ports > 1),
+                    "machine its own tf_port" + _ports_note(n_ports, _get(h, "spare") is True),
                 )
                 break
             seen_tf[tkey] = i
@@ -174,6 +168,15 @@ def _rules(data: dict[str, Any], add: Add) -> None:
             "nccl needs GPUs but every host has gpus: 0; TensorFlow will fall back with a warning (use auto or ring)",
             "warning",
         )
+
+
+def _ports_note(n_ports: int, spare: bool) -> str:
+    """Why a host needs more than one TF port, for the port-clash message ("" when it needs one)."""
+    if n_ports <= 1:
+        return ""
+    if spare:
+        return " (a spare takes one port per task of the host it replaces, from its tf_port)"
+    return " (a host with several tasks takes one port per task from its tf_port)"
 
 
 def _spare_rules(hosts: list[Any], tf: Any, add: Add) -> None:
