@@ -17,7 +17,7 @@ import psutil
 import pytest
 from waiting import wait_for
 
-pytest_plugins = ["testbed_fixtures", "slurm_fixtures"]
+pytest_plugins = ["testbed_fixtures", "slurm_fixtures", "shared_runs"]
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = REPO / "tests" / "workloads"

@@ -27,6 +27,7 @@ from conftest import (
     start_launch,
 )
 from cpu_quota import cpu_cgroup, cpu_quota
+from shared_runs import CUSTOM_LOOP_BATCH, CUSTOM_LOOP_STEPS
 from testbed_fixtures import requires_netns
 from waiting import wait_for
 
@@ -149,15 +150,28 @@ def test_custom_loop_slow_input_pipeline_is_named(testbed_factory, tmp_path):
 
 
 @pytest.mark.parametrize("accum,together", [(1, False), (4, False), (4, True)])
-def test_custom_loop_reports_steps_and_raises_nothing(testbed_factory, tmp_path, accum, together):
+def test_custom_loop_reports_steps_and_raises_nothing(request, tmp_path, accum, together):
     """Homogeneous workers; with ``accum=4`` only every 4th call all-reduces: a step is an optimizer step,
     and it trained on its 4 micro-batches of 96 on each of the 3 workers (issue 32.4: the examples are
-    those consumed), whether each micro-batch has its own ``strategy.run`` or the 4 go to one together."""
-    tb = testbed_factory(3, mode="netns")
-    steps = 400 if accum == 1 else 120
-    args = ["--steps", str(steps), "--accum", str(accum), "--batch-size", "96", *(["--together"] if together else [])]
-    spec = _spec(tb, tmp_path, f"homog{accum}", *args)
-    r = run_launch(tb, spec, tmp_path / "run", "-q", "--no-gather")
+    those consumed), whether each micro-batch has its own ``strategy.run`` or the 4 go to one together.
+    Without accumulation it is the session's ``custom_loop_run`` (test_status_report asserts on it too)."""
+    if accum == 1:
+        r, steps = request.getfixturevalue("custom_loop_run"), CUSTOM_LOOP_STEPS
+        assert CUSTOM_LOOP_BATCH == 96
+    else:
+        tb = request.getfixturevalue("testbed_factory")(3, mode="netns")
+        steps = 120
+        args = [
+            "--steps",
+            str(steps),
+            "--accum",
+            str(accum),
+            "--batch-size",
+            "96",
+            *(["--together"] if together else []),
+        ]
+        spec = _spec(tb, tmp_path, f"homog{accum}", *args)
+        r = run_launch(tb, spec, tmp_path / "run", "-q", "--no-gather")
     assert r.rc == 0, r.stderr[-3000:]
     quiet = {"straggler", "worker_slowing", "worker_hung", "job_stalled"}
     assert [e for e in r.events if e["event"] in quiet] == []

@@ -103,42 +103,14 @@ def p_task(text: str):
 
 
 @pytest.mark.e2e
-def test_a_real_training_job_is_scraped_while_it_trains(testbed_factory, tmp_path):
-    from conftest import PY, start_launch
-
-    tb = testbed_factory(3)
-    command = [PY, "-m", "worker_entry.examples.keras_synthetic", "--epochs", "4", "--steps-per-epoch", "100"]
-    spec = tb.write_spec(tmp_path / "spec.yaml", "scraped", command, heartbeat={"profile_interval_s": 1})
-    run = tmp_path / "run"
-    proc = start_launch(tb, spec, run, "--metrics-port", "0", "-q")
-    try:
-        url = wait_for(
-            lambda: (
-                (run / "launcher.json").exists() and json.loads((run / "launcher.json").read_text()).get("metrics_url")
-            ),
-            60,
-            "the metrics URL",
-        )
-
-        def training():
-            got = scrape(url)
-            ok = all(
-                (value(got, "tfcluster_task_examples_per_second", task=f"worker:{i}") or 0) > 0
-                and value(got, "tfcluster_task_step_part_seconds", task=f"worker:{i}", part="step")
-                for i in range(3)
-            )
-            return got if ok else None
-
-        got = wait_for(training, 120, "training metrics of every worker", interval=0.5)
-        _, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err[-2000:]
+def test_a_real_training_job_is_scraped_while_it_trains(keras_scraped_run):
+    """keras_synthetic on 3 workers (``shared_runs.keras_scraped_run``, the run test_tensorboard reads
+    too), /metrics scraped while it trains until every worker's examples/s and step time show."""
+    got, err = keras_scraped_run.scraped, keras_scraped_run.launched.stderr
+    assert keras_scraped_run.launched.rc == 0, err[-2000:]
     assert value(got, "tfcluster_job_state", state="running") == 1
     for i in range(3):
-        host = tb.hosts[i].address
+        host = keras_scraped_run.hosts[i]
         assert value(got, "tfcluster_task_steps", task=f"worker:{i}", host=host) > 0
         assert value(got, "tfcluster_task_memory_rss_bytes", task=f"worker:{i}") > 100e6  # a TF worker
         assert 0 < value(got, "tfcluster_task_step_part_seconds", task=f"worker:{i}", part="step") < 5

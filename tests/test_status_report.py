@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PY, repo_python, run_cli, run_launch
+from conftest import run_cli
 from fakenode import FakeBackend, FakeNode, make_plan, stopped
+from shared_runs import CUSTOM_LOOP_STEPS
 from testbed_fixtures import requires_netns
 
 from orchestrator.job import Job, LaunchOptions
@@ -153,18 +154,11 @@ def test_the_recorded_custom_loop_run_status_and_report_agree(tmp_path):
 
 @pytest.mark.e2e
 @requires_netns
-def test_a_fresh_custom_loop_run_status_and_report_agree(testbed_factory, tmp_path):
-    tb = testbed_factory(3, mode="netns")
-    spec = tb.write_spec(
-        tmp_path / "spec.yaml",
-        "agree",
-        [PY, "-m", "worker_entry.examples.custom_loop", "--steps", "1000"],
-        job={"python": repo_python(tmp_path)},
-        heartbeat={"interval_s": 1.0, "timeout_s": 10, "profile_interval_s": 2},
-    )
-    r = run_launch(tb, spec, tmp_path / "run", "-q", "--no-gather")
+def test_a_fresh_custom_loop_run_status_and_report_agree(custom_loop_run):
+    """The session's homogeneous custom loop on 3 workers (``shared_runs.custom_loop_run``)."""
+    r = custom_loop_run
     assert r.rc == 0, r.stderr[-3000:]
     status, report = _cli_json("status", str(r.run_dir)), _cli_json("report", str(r.run_dir))
     assert_same_figures(status, report)
     assert_synchronous(status)
-    assert {status["tasks"][t]["steps"] for t in TASKS} == {1000}
+    assert {status["tasks"][t]["steps"] for t in TASKS} == {CUSTOM_LOOP_STEPS}

@@ -9,11 +9,11 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import PY, REPO, assert_no_job_processes, repo_python, run_launch
+from conftest import PY, REPO
+from shared_runs import KERAS_EPOCHS, KERAS_STEPS_PER_EPOCH
 
 from orchestrator.sinks.tensorboard import EventFiles, Point, Scalars, TensorBoardSink, run_name
 
@@ -234,23 +234,15 @@ def test_tensorboardx_is_imported_without_its_cloud_clients(launcher_process):
 
 
 @pytest.mark.e2e
-def test_a_real_run_writes_tensorboard_scalars_beside_the_users(testbed_factory, tmp_path):
-    """3 workers of keras_synthetic: every worker's step split, rates, scores, CPU and RSS, the job's
-    rates and goodput; and with --tensorboard DIR, under DIR/tfcluster/<run id> beside the user's runs."""
-    tb = testbed_factory(3)
-    cmd = [PY, "-m", "worker_entry.examples.keras_synthetic", "--epochs", "4", "--steps-per-epoch", "60"]
-    spec = tb.write_spec(
-        tmp_path / "spec.yaml",
-        "tboard",
-        cmd,
-        job={"python": repo_python(tmp_path)},
-        heartbeat={"interval_s": 0.5, "timeout_s": 20, "profile_interval_s": 1},
-    )
-    own = tmp_path / "logs"
-    (own / "train").mkdir(parents=True)  # the user's own runs (a Keras TensorBoard callback's) stay as they are
-    run_dir = tmp_path / "run"
-    res = run_launch(tb, spec, run_dir, "-q", "--no-gather", "--tensorboard", str(own))
+def test_a_real_run_writes_tensorboard_scalars_beside_the_users(keras_scraped_run):
+    """3 workers of keras_synthetic (``shared_runs.keras_scraped_run``, the run test_metrics scrapes):
+    every worker's step split, rates, scores, CPU and RSS, the job's rates and goodput; and with
+    --tensorboard DIR, under DIR/tfcluster/<run id> beside the user's runs."""
+    res, own = keras_scraped_run.launched, keras_scraped_run.tensorboard
+    run_dir = res.run_dir
     assert res.rc == 0, res.stderr[-3000:]
+    made = KERAS_EPOCHS * KERAS_STEPS_PER_EPOCH
+    started = next(e["ts"] for e in res.events if e["event"] == "job_started")
     launcher = json.loads((run_dir / "launcher.json").read_text())
     run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
     root = own / "tfcluster" / run_id
@@ -275,9 +267,9 @@ def test_a_real_run_writes_tensorboard_scalars_beside_the_users(testbed_factory,
         }
         assert need <= tags, need - tags
         steps = [s for s, _, _ in scalars(acc, "host/cpu_pct")]
-        assert steps == sorted(steps) and steps[-1] >= 200  # keyed by training step (240 made)
+        assert steps == sorted(steps) and steps[-1] >= made - 40  # keyed by training step
         walls = [w for _, w, _ in scalars(acc, "host/cpu_pct")]
-        assert walls == sorted(walls) and time.time() - 600 < walls[0] < walls[-1]  # and by wall time
+        assert walls == sorted(walls) and started < walls[0] < walls[-1]  # and by wall time, of this run
         ex = scalars(acc, "throughput/examples_per_s")
         assert ex and max(v for _, _, v in ex) > 0
     job = accumulate(root / "job")
@@ -297,5 +289,4 @@ def test_a_real_run_writes_tensorboard_scalars_beside_the_users(testbed_factory,
     for d in [root, *root.iterdir()]:
         assert stat.S_IMODE(d.stat().st_mode) == 0o700
     assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in root.rglob("events.out.tfevents.*"))
-    assert os.stat(own / "train").st_mode  # untouched
-    assert_no_job_processes(tb, 10)
+    assert os.stat(own / "train").st_mode  # untouched (the fixture saw no job process left on a host)
