@@ -11,13 +11,24 @@ The run directory stays (pytest's session temp), so a test may run `status`/`rep
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import PY, Launched, assert_no_job_processes, repo_python, run_launch, start_launch
+from conftest import (
+    PY,
+    Launched,
+    assert_no_job_processes,
+    backed_up_epochs,
+    repo_python,
+    run_launch,
+    start_launch,
+    training_pid,
+)
 from testbed_fixtures import _Factory
 from waiting import wait_for
 
@@ -125,3 +136,45 @@ def keras_scraped_run(tmp_path_factory) -> Iterator[ScrapedRun]:
     finally:
         beds.finish()
     yield ScrapedRun(Launched(proc.returncode, out, err, run_dir, seconds), got, hosts, own)
+
+
+@pytest.fixture(scope="session")
+def restarted_run(tmp_path_factory) -> Iterator[Launched]:
+    """``keras_synthetic --backup`` on 3 workers of the loopback bed, 6 epochs of 60 steps, heartbeats every
+    0.5 s and a step-clock window every 1 s, ``restart.max_restarts: 1`` with a backup directory the hosts
+    share: once the chief's backup holds epoch 2, worker:1's training process is SIGKILLed; the job restarts
+    every task, resumes from the backup and runs to its end (the chief's checkpoints gathered).
+    test_restart_e2e asserts the restart and the resume, test_goodput the goodput of the two attempts."""
+    tmp = tmp_path_factory.mktemp("restarted-run")
+    backup = tmp / "backup"  # the hosts share this file system: the fixture reads the chief's backup
+    beds = _Factory()
+    try:
+        tb = beds(3)
+        command = [PY, "-m", "worker_entry.examples.keras_synthetic", "--epochs", "6", "--steps-per-epoch", "60"]
+        spec = tb.write_spec(
+            tmp / "spec.yaml",
+            "resume",
+            [*command, "--backup"],
+            job={"python": repo_python(tmp)},
+            restart={"max_restarts": 1, "backup_dir": str(backup)},
+            heartbeat={"interval_s": 0.5, "profile_interval_s": 1},
+        )
+        run_dir = tmp / "run"
+        t0 = time.monotonic()
+        proc = start_launch(tb, spec, run_dir, "-q")
+        try:
+            # Let two epochs complete with their backups written, then kill worker:1 during the third. Keras
+            # prints an epoch's line before BackupAndRestore saves it: wait for the save itself (the chief's
+            # checkpoint state names the epoch's checkpoint once its files are written), not a guessed pause.
+            wait_for(lambda: backed_up_epochs(backup) >= 2, 240, "the backup of epoch 2 written")
+            os.kill(wait_for(lambda: training_pid(tb, tb.hosts[1]), 60, "training pid"), signal.SIGKILL)
+            out, err = proc.communicate(timeout=300)
+            seconds = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert_no_job_processes(tb, 5)
+    finally:
+        beds.finish()
+    yield Launched(proc.returncode, out, err, run_dir, seconds)

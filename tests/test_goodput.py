@@ -10,14 +10,11 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import random
 import re
-import signal
 
 import pytest
-from conftest import PY, assert_no_job_processes, backed_up_epochs, run_cli, start_launch, training_pid
-from waiting import wait_for
+from conftest import run_cli
 
 from orchestrator.events import BaseEvent, event_from_dict
 from orchestrator.runs import RunDir
@@ -411,31 +408,11 @@ def test_cleaning_keeps_good_records_and_unknown_fields():
 
 
 @pytest.mark.e2e
-def test_goodput_of_a_real_run_with_a_restart(testbed_factory, tmp_path):
-    tb = testbed_factory(2)
-    example = "worker_entry.examples.keras_synthetic"
-    command = [PY, "-m", example, "--epochs", "6", "--steps-per-epoch", "40", "--backup"]  # epochs of ~1 s
-    backup = tmp_path / "backup"  # the hosts share this file system: the test reads the chief's backup
-    spec = tb.write_spec(
-        tmp_path / "spec.yaml",
-        "goodput",
-        command,
-        restart={"max_restarts": 1, "backup_dir": str(backup)},
-        heartbeat={"interval_s": 0.5, "profile_interval_s": 1},
-    )
-    run_dir = tmp_path / "run"
-    proc = start_launch(tb, spec, run_dir, "-q")
-    try:
-        # the backup itself, not the epoch's line: Keras prints the line before BackupAndRestore saves
-        wait_for(lambda: backed_up_epochs(backup) >= 2, 180, "epoch 2 backed up")
-        os.kill(wait_for(lambda: training_pid(tb, tb.hosts[1]), 60, "training pid"), signal.SIGKILL)
-        _, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err[-3000:]
-    assert_no_job_processes(tb, 5)
+def test_goodput_of_a_real_run_with_a_restart(restarted_run):
+    """worker:1 SIGKILLed once 2 of 6 epochs are backed up, the job restarted and resumed
+    (``shared_runs.restarted_run``, the run test_restart_e2e asserts on too)."""
+    run_dir = restarted_run.run_dir
+    assert restarted_run.rc == 0, restarted_run.stderr[-3000:]  # (the fixture saw no job process left)
     r = run_cli("report", str(run_dir), "--json")
     assert r.returncode == 0, r.stderr
     g = json.loads(r.stdout)["goodput"]

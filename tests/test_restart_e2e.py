@@ -7,11 +7,9 @@ import hashlib
 import json
 import os
 import re
-import signal
 
 import pytest
-from conftest import PY, assert_no_job_processes, backed_up_epochs, read_events, start_launch, training_pid
-from waiting import wait_for
+from conftest import read_events
 
 from orchestrator.backends.ssh import close_all, connect_all
 from orchestrator.events import EventBus
@@ -28,37 +26,11 @@ def epochs_in(text: str) -> list[int]:
     return [int(m.group(1)) for m in EPOCH_RE.finditer(text)]
 
 
-def test_killed_worker_restarts_all_tasks_and_resumes_from_backup(testbed_factory, tmp_path):
-    tb = testbed_factory(3)
-    command = [
-        PY,
-        "-m",
-        "worker_entry.examples.keras_synthetic",
-        "--epochs",
-        "6",
-        "--steps-per-epoch",
-        "60",
-        "--backup",
-    ]
-    backup = tmp_path / "backup"  # the hosts share this file system: the test reads the chief's backup
-    spec = tb.write_spec(
-        tmp_path / "spec.yaml", "resume", command, restart={"max_restarts": 1, "backup_dir": str(backup)}
-    )
-    run_dir = tmp_path / "run"
-    proc = start_launch(tb, spec, run_dir, "-q")
-    try:
-        # Let two epochs complete with their backups written, then kill worker:1 during the third. Keras
-        # prints an epoch's line before BackupAndRestore saves it: wait for the save itself (the chief's
-        # checkpoint state names the epoch's checkpoint once its files are written), not a guessed pause.
-        wait_for(lambda: backed_up_epochs(backup) >= 2, 240, "the backup of epoch 2 written")
-        pid = wait_for(lambda: training_pid(tb, tb.hosts[1]), 60, "training pid")
-        os.kill(pid, signal.SIGKILL)
-        _, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err[-3000:]
+def test_killed_worker_restarts_all_tasks_and_resumes_from_backup(restarted_run):
+    """worker:1 SIGKILLed in epoch 3 of 6 with 2 epochs backed up (``shared_runs.restarted_run``, the run
+    test_goodput books too): every task restarts and resumes after the last epoch backed up."""
+    run_dir, err = restarted_run.run_dir, restarted_run.stderr
+    assert restarted_run.rc == 0, err[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["state"] == "succeeded" and result["restarts"] == 1
     first, second = result["attempts"]
@@ -76,8 +48,7 @@ def test_killed_worker_restarts_all_tasks_and_resumes_from_backup(testbed_factor
     assert result["gather"]["errors"] == []
     summary = json.loads((run_dir / "checkpoints" / "summary.json").read_text())
     assert summary["epochs"] == 6
-    assert any((run_dir / "checkpoints").glob("model*.index"))
-    assert_no_job_processes(tb, 5)
+    assert any((run_dir / "checkpoints").glob("model*.index"))  # (the fixture saw no job process left)
 
 
 def _sha_tree(root):
