@@ -436,6 +436,12 @@ def test_goodput_of_a_real_run_with_a_restart(testbed_factory, tmp_path):
             proc.communicate()
     assert proc.returncode == 0, err[-3000:]
     assert_no_job_processes(tb, 5)
+    from orchestrator.runs import RunDir
+    from orchestrator.views.report import build_report
+    from orchestrator.views.runsummary import read_summary
+
+    saved = read_summary(RunDir(run_dir))  # the run's end wrote RUN/summary.json, and report reads it:
+    assert saved is not None and saved.report == build_report(RunDir(run_dir))  # the records' report
     r = run_cli("report", str(run_dir), "--json")
     assert r.returncode == 0, r.stderr
     g = json.loads(r.stdout)["goodput"]
