@@ -49,13 +49,14 @@ class RunSummary:
     series: Series
 
 
-def summarise(run: RunDir) -> Path:
-    """Build the run's report and page series from its records (once, at the run's end) and write them."""
+def summarise(run: RunDir, records: list[dict[str, Any]] | None = None) -> Path:
+    """Build the run's report and page series from its records (once, at the run's end) and write them.
+    ``records``: the run's heartbeat records when the caller read them (its TensorBoard end uses them)."""
     from .pages import step_series
     from .records import heartbeat_records
     from .report import build_report
 
-    records = heartbeat_records(run.heartbeats_jsonl)
+    records = heartbeat_records(run.heartbeats_jsonl) if records is None else records
     return write_summary(run, RunSummary(build_report(run, records=records), step_series(run, records)))
 
 
