@@ -147,7 +147,7 @@ def test_a_damaged_or_hostile_summary_is_refused_and_the_records_read(tmp_path, 
         assert _cli_text(run) == (GOLDEN / "recorded.txt").read_text()
 
 
-def test_a_planted_link_and_an_oversized_summary_are_not_read(tmp_path, monkeypatch):
+def test_a_planted_link_fifo_directory_or_oversized_summary_is_not_read(tmp_path, monkeypatch):
     run = _recorded(tmp_path)
     summarise(run)
     elsewhere = tmp_path / "elsewhere.json"
@@ -158,4 +158,10 @@ def test_a_planted_link_and_an_oversized_summary_are_not_read(tmp_path, monkeypa
     os.replace(elsewhere, run.summary_json)
     assert read_summary(run) is not None
     monkeypatch.setattr(runsummary, "MAX_BYTES", run.summary_json.stat().st_size - 1)
+    assert read_summary(run) is None
+    run.summary_json.unlink()
+    os.mkfifo(run.summary_json)  # no writer: an open that waited for one would hang `report`
+    assert read_summary(run) is None
+    run.summary_json.unlink()
+    run.summary_json.mkdir()
     assert read_summary(run) is None

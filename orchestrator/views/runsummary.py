@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
 import sys
 import types
 import typing
@@ -75,11 +76,14 @@ def write_summary(run: RunDir, summary: RunSummary) -> Path:
 
 def read_summary(run: RunDir) -> RunSummary | None:
     """The run's summary when it is this code's and matches the run's files now; None otherwise."""
-    try:
-        fd = os.open(run.summary_json, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:  # not through a planted link, and a FIFO neither blocks the open nor is read
+        fd = os.open(run.summary_json, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
         with os.fdopen(fd, "rb") as f:
             data = f.read(MAX_BYTES + 1)
         if len(data) > MAX_BYTES:
