@@ -2,6 +2,9 @@
 """Every command on a large run's directory: ``status``, ``status --json``, ``report``, ``report --html``,
 ``logs --task``, the gather's bookkeeping, TensorBoard and metrics cardinality.
 
+A synthetic run (``--synthetic``) gets the RUN/summary.json a real run's end writes (``summary_cpu_s``:
+what writing it cost, once), so ``report`` reads it; ``--no-summary`` measures the records' path.
+
     python bench/views_scale.py RUN [RUN ...] [--json]
 
 Used by ``bench/supervisor_scale.py --views`` on the run directory each load-generator size leaves (N
@@ -131,6 +134,7 @@ def views(run: Path, work: Path) -> dict[str, Any]:
         "heartbeats_mb": run / "heartbeats.jsonl",
         "events_mb": run / "events.jsonl",
         "status_mb": run / "status.json",
+        "summary_mb": run / "summary.json",
         "combined_mb": run / "combined.log",
     }
     for key, path in sizes.items():
@@ -165,6 +169,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         bad = [f"rc {c['rc']} at {n}" for n, c in zip(sizes, cells, strict=True) if c["rc"] != 0]
         lines.append(f"  {name:<22}{text}   {e_cpu!s:>7} {e_mb!s:>7}" + (f"  ({', '.join(bad)})" if bad else ""))
     for key in (
+        "summary_cpu_s",
         "gather_s",
         "attempt_end_to_job_end_s",
         "tb_runs",
@@ -177,6 +182,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         "heartbeats_mb",
         "events_mb",
         "status_mb",
+        "summary_mb",
     ):
         vals = [r.get(key) for r in rows]
         e = exponent([(n, v) for n, v in zip(sizes, vals, strict=True) if v is not None])
@@ -195,6 +201,11 @@ def main() -> int:
         help="SIZES (256,1024,4096): also tests/bigrun.py's finished N-task runs (the recorded 3-worker run's "
         "records copied to N workers, 46 heartbeat records each), made here",
     )
+    ap.add_argument(
+        "--no-summary",
+        action="store_true",
+        help="leave the synthetic runs without RUN/summary.json: report reads every record (the fallback)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = []
@@ -209,13 +220,27 @@ def main() -> int:
             run = big_run(Path(tmp) / f"synthetic{n}", n)
             made = round(time.monotonic() - start, 1)
             print(f"synthetic run of {n} tasks made in {made} s", file=sys.stderr, flush=True)
-            rows.append({"run": f"synthetic {n}", "tasks": n, **views(run, Path(tmp))})
+            row: dict[str, Any] = {"run": f"synthetic {n}", "tasks": n}
+            if not args.no_summary:  # what a real run's end writes (cli.commands.after_run): its CPU, once
+                row["summary_cpu_s"] = _summarise(run)
+            rows.append(row | views(run, Path(tmp)))
     if args.json:
         print(json.dumps(rows))
     else:
         print("\n".join(table(rows)))
         print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     return 0
+
+
+def _summarise(run: Path) -> float:
+    """RUN/summary.json written as the run's end writes it; the CPU seconds it took."""
+    sys.path.insert(0, str(REPO))
+    from orchestrator.runs import RunDir
+    from orchestrator.views.runsummary import summarise
+
+    start = time.process_time()
+    summarise(RunDir(run))
+    return round(time.process_time() - start, 2)
 
 
 def _tasks(run: Path) -> int:

@@ -413,6 +413,12 @@ def test_goodput_of_a_real_run_with_a_restart(restarted_run):
     (``shared_runs.restarted_run``, the run test_restart_e2e asserts on too)."""
     run_dir = restarted_run.run_dir
     assert restarted_run.rc == 0, restarted_run.stderr[-3000:]  # (the fixture saw no job process left)
+    from orchestrator.runs import RunDir
+    from orchestrator.views.report import build_report
+    from orchestrator.views.runsummary import read_summary
+
+    saved = read_summary(RunDir(run_dir))  # the run's end wrote RUN/summary.json, and report reads it:
+    assert saved is not None and saved.report == build_report(RunDir(run_dir))  # the records' report
     r = run_cli("report", str(run_dir), "--json")
     assert r.returncode == 0, r.stderr
     g = json.loads(r.stdout)["goodput"]

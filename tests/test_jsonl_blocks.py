@@ -60,3 +60,44 @@ def test_an_intact_file_is_read_in_blocks_and_in_order(tmp_path):
 def test_a_glued_pair_is_one_bad_line_not_two_records():
     data = b'{"a": 1}\n{"b": 2}{"c": 3}\n{"d": 4}\n'
     assert list(objects(io.BytesIO(data))) == [{"a": 1}, {"d": 4}]
+
+
+#: Lines orjson reads differently from ``json`` (or refuses): the block must give ``json``'s objects.
+_DIFFERENT = [
+    b'{"big": 123456789012345678901234567890}\n',  # past 64 bits: orjson would make it a float
+    b'{"neg": -98765432109876543210}\n',
+    b'{"nan": NaN, "inf": Infinity}\n',  # json reads these, orjson refuses them
+    b'{"huge": 1e400}\n',
+    b'{"s": "\\ud800"}\n',  # a lone surrogate
+    b'{"frac": 0.00012345678901234567891, "ts": 1795536341.924619}\n',  # long fractions are alike
+]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_orjson_blocks_give_the_standard_decoders_objects(seed, monkeypatch):
+    pytest.importorskip("orjson")
+    from orchestrator.runs import jsonl
+
+    rng = random.Random(seed)
+    lines = RECORDED.read_bytes().splitlines(keepends=True)[:150]
+    for _ in range(rng.randint(1, 4)):
+        lines.insert(rng.randrange(len(lines)), rng.choice(_DIFFERENT))
+    data = _damage(lines, rng)
+    want = list(per_line(io.BytesIO(data)))
+    got = {block: list(objects(io.BytesIO(data), block)) for block in (97, 4096, 1 << 20)}
+    monkeypatch.setattr(jsonl, "_orjson", None)
+    for block, objs in got.items():
+        assert objs == want
+        assert list(objects(io.BytesIO(data), block)) == want
+    big = [o for o in want if "big" in o]
+    assert all(type(o["big"]) is int for o in big)
+
+
+def test_an_intact_block_is_decoded_by_orjson_where_installed():
+    pytest.importorskip("orjson")
+    from orchestrator.runs import jsonl
+
+    data = RECORDED.read_bytes().rstrip(b"\n")
+    fast = jsonl._fast(data)
+    assert fast is not None and fast == [json.loads(line) for line in data.split(b"\n")]
+    assert jsonl._fast(data + b'\n{"n": 12345678901234567890}') is None  # the long integer goes to json

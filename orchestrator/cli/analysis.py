@@ -17,23 +17,30 @@ from .exitcodes import EXIT_OK, exit_code_for_sweep
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """`tfcluster report RUN`: why a run does (not) scale, from its run directory alone (text, --json, --html)."""
+    """`tfcluster report RUN`: why a run does (not) scale, from its run directory alone (text, --json, --html).
+    The whole run's report is RUN/summary.json's when the run's end wrote one that matches the run's
+    files (``views.runsummary``), else built from the records."""
     from ..views.logs import parse_duration
     from ..views.records import heartbeat_records
     from ..views.report import build_report, report_text
+    from ..views.runsummary import read_summary
     from .commands import resolved_run
 
     last_s = parse_duration(args.last, "--last") if args.last else None
     run = resolved_run(args)
-    records = heartbeat_records(run.heartbeats_jsonl)  # read once: the report and its page (--html) both use them
-    gc.freeze()  # they live until this command exits: the collector need not walk them on every later pass
-    report = build_report(run, last_s=last_s, records=records)
+    summary = read_summary(run) if last_s is None else None  # the run's end wrote it: used when it matches
+    if summary is not None:
+        report, records, series = summary.report, None, summary.series
+    else:
+        records = heartbeat_records(run.heartbeats_jsonl)  # read once: the report and its page (--html) both use them
+        gc.freeze()  # they live until this command exits: the collector need not walk them on every later pass
+        report, series = build_report(run, last_s=last_s, records=records), None
     text = report_text(report)
     data = report.to_dict()  # --json: the model's one JSON shape
     if args.html:
         from ..views.pages import report_page
 
-        page, pngs = report_page(run, report, text, records=records)
+        page, pngs = report_page(run, report, text, records=records, series=series)
         data.update(html=str(page), pngs=[str(p) for p in pngs])
     print(json.dumps(data, indent=2) if args.json else safe_text(text))  # hosts and causes come from nodes
     if args.html and not args.json:

@@ -6,6 +6,7 @@ RUN/
   logs/<type>-<index>.log raw lines of a task (attempt 0); logs/<type>-<index>.attempt-N.log after restarts
   logs/cuts.json          tasks whose output passed logs.max_bytes_per_task (cut from that attempt on)
   result.json             written once, at the end (``sinks.record``)
+  summary.json            the whole-run report after the end, read by ``report`` while it matches (``views.runsummary``)
   .reserve                space held for result.json and status.json on a full disk (``runs.reserve``), until the end
   tensorboard/            TensorBoard scalars per task and for the job (``sinks.tensorboard``; or the user's dir)
   checkpoints/            the chief's checkpoint directory, gathered and verified
@@ -22,6 +23,7 @@ Every path of a run is a property here; nothing else spells a file name of the r
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import stat
@@ -89,6 +91,27 @@ class RunDir:
     @property
     def result_json(self) -> Path:
         return self.path / "result.json"
+
+    @property
+    def summary_json(self) -> Path:
+        """The whole-run report, written at the run's end for ``report`` (``views.runsummary``)."""
+        return self.path / "summary.json"
+
+    def report_sources(self) -> dict[str, dict[str, Any] | None]:
+        """Bytes and SHA-256 of each file a report is built from (None: absent): what summary.json names."""
+        out: dict[str, dict[str, Any] | None] = {}
+        for p in (self.heartbeats_jsonl, self.events_jsonl, self.plan_json, self.result_json):
+            h, size = hashlib.sha256(), 0
+            try:
+                with open(p, "rb") as f:
+                    while chunk := f.read(1 << 20):  # hashlib.file_digest is 3.11's
+                        h.update(chunk)
+                        size += len(chunk)
+            except FileNotFoundError:
+                out[p.name] = None
+                continue
+            out[p.name] = {"bytes": size, "sha256": h.hexdigest()}
+        return out
 
     @property
     def checkpoints_dir(self) -> Path:

@@ -151,10 +151,16 @@ def _slowest(means: Mapping[str, float], named: set[str], top: int = 5) -> list[
 
 
 def report_page(
-    run: RunDir, rep: Report, text: str, out: Path | None = None, records: list[dict[str, Any]] | None = None
+    run: RunDir,
+    rep: Report,
+    text: str,
+    out: Path | None = None,
+    records: list[dict[str, Any]] | None = None,
+    series: dict[str, list[tuple[float, float]]] | None = None,
 ) -> tuple[Path, list[Path]]:
     """RUN/report/{report.html, step_times.png, time_split.png (, step_hist.png)}: what `report --html` writes.
-    ``records``: the heartbeat records the report was built from (a 4,096-task run's file is read once)."""
+    ``records``: the heartbeat records the report was built from (a 4,096-task run's file is read once);
+    ``series``: the step-time picture's ``step_series`` when the run's summary holds it (no records read)."""
     out = out or run.path / "report"
     out.mkdir(parents=True, exist_ok=True, mode=0o700)
     workers = flat_workers(rep.workers)  # the table's and the pictures' rows (the outliers' ranking reads them)
@@ -189,7 +195,7 @@ def report_page(
     if gm.per_host:
         page.h2("GPUs" + (" (mixed models: every step waits for the slowest GPU)" if gm.mixed else ""))
         page.table(["host", "GPUs"], [[h, ", ".join(m)] for h, m in gm.per_host.items()])
-    images = _run_images(run, rep, out, workers, listed, records)
+    images = _run_images(run, rep, out, workers, listed, step_series(run, records) if series is None else series)
     if rep.loss or rep.noise_scale.windows:
         page.h2("Training loss and the gradient noise scale")
         page.pre("\n".join([*loss_lines(rep.loss), "", *noise_lines(rep.noise_scale)]))
@@ -213,10 +219,9 @@ def _run_images(
     out: Path,
     workers: Mapping[str, Any],
     listed: list[str],
-    records: list[dict[str, Any]] | None = None,
+    series: dict[str, list[tuple[float, float]]],
 ) -> list[tuple[str, Path]]:
     marks = [(float(s.ts), str(s.task)) for s in rep.stragglers if isinstance(s.ts, int | float)]
-    series = step_series(run, records)
     many = len(series) > plots.LINES_UP_TO
     means = {t: v for t, w in rep.workers.items() if (v := w.step_ms) is not None}
     outliers = _slowest(means, rep.straggler_tasks()) if many else []

@@ -24,14 +24,14 @@ from .records import event_records, heartbeat_records, is_number, json_object
 MARKER = ".end-written"
 
 
-def end_scalars(run: RunDir) -> tuple[int, float, dict[str, float]] | None:
+def end_scalars(run: RunDir, records: list[dict[str, Any]] | None = None) -> tuple[int, float, dict[str, float]] | None:
     """(step, wall time, values) of the run's end: goodput (percent, and seconds per category), the cost
     of its failures (``recovery/``: loss to training again, work redone, summed over them) and the
     whole run's steps/s and examples/s; None before the run ended."""
     result = json_object(run, run.result_json)
     if not result:
         return None
-    records = heartbeat_records(run.heartbeats_jsonl)
+    records = heartbeat_records(run.heartbeats_jsonl) if records is None else records
     g = goodput_report(event_records(run.events_jsonl), records, result, True)
     figures = Figures()
     for rec in records:
@@ -57,14 +57,15 @@ def end_scalars(run: RunDir) -> tuple[int, float, dict[str, float]] | None:
     return step, float(ended) if is_number(ended) else os.path.getmtime(run.result_json), values
 
 
-def write_end(run: RunDir) -> Path | None:
+def write_end(run: RunDir, records: list[dict[str, Any]] | None = None) -> Path | None:
     """Write the run's end into its TensorBoard directory (launcher.json's ``tensorboard_dir``) once;
-    the directory written to, or None (no TensorBoard for this run, or already written)."""
+    the directory written to, or None (no TensorBoard for this run, or already written). ``records``:
+    the run's heartbeat records when the caller read them (the run's summary uses them too)."""
     info: dict[str, Any] = json_object(run, run.launcher_json)
     root = info.get("tensorboard_dir")
     if not isinstance(root, str) or not root:
         return None
-    end = end_scalars(run)
+    end = end_scalars(run, records)
     if end is None or not end[2] or end[0] == 0:
         # no training step: no curve to end (and no tensorboardX import, ~0.2 s of the launcher's CPU,
         # for a job that trained nothing: docs/benchmarks.md §1)
