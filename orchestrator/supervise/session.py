@@ -21,6 +21,7 @@ from typing import Any
 from worker_entry import protocol as p
 
 from ..backends import Channel, Placement
+from ..core import fastjson
 from ..core.result import Failure
 from ..core.states import TaskState
 from ..plan import NodePlan
@@ -194,7 +195,7 @@ class TaskSession:
                 items.append(Output(fr.payload))
             elif fr.type == p.T_MSG:
                 try:
-                    msg = p.parse_message(fr.payload)
+                    msg = p.parse_message(fr.payload, fastjson.loads)
                     self._accept(msg)
                 except p.ProtocolError as exc:
                     self._violate(items, str(exc))
