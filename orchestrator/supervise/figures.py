@@ -77,13 +77,14 @@ class Split:
     def __init__(self) -> None:
         self.steps = 0.0
         self.sums = dict.fromkeys(("step_ms", *PARTS), 0.0)
+        self._means: dict[str, float] | None = None  # kept until the next window: a snapshot a second asks
 
     def add(self, rec: Mapping[str, Any]) -> None:
         get = rec.get
         n, step = _num(get("steps")) or 0, _num(get("step_ms"))
         if not n or step is None or _num(get("collective_ms")) is None:
             return
-        sums = self.sums
+        sums, self._means = self.sums, None
         known = 0.0
         for k in _KNOWN:
             v = _num(get(k)) or 0.0
@@ -95,11 +96,10 @@ class Split:
         sums["other_ms"] += n * other
 
     def means(self) -> dict[str, float] | None:
-        if self.steps <= 0:
-            return None
-        out = {k: round(v / self.steps, 3) for k, v in self.sums.items()}
-        out["pre_collective_ms"] = round(out["step_ms"] - out["collective_ms"], 3)
-        return out
+        if self.steps > 0 and self._means is None:
+            out = self._means = {k: round(v / self.steps, 3) for k, v in self.sums.items()}
+            out["pre_collective_ms"] = round(out["step_ms"] - out["collective_ms"], 3)
+        return dict(self._means) if self._means is not None else None  # a copy: the caller's to keep
 
 
 class Point(NamedTuple):

@@ -21,6 +21,7 @@ from typing import Any
 from worker_entry import protocol as p
 
 from ..backends import Channel, Placement
+from ..core import fastjson
 from ..core.result import Failure
 from ..core.states import TaskState
 from ..plan import NodePlan
@@ -194,7 +195,7 @@ class TaskSession:
                 items.append(Output(fr.payload))
             elif fr.type == p.T_MSG:
                 try:
-                    msg = p.parse_message(fr.payload)
+                    msg = p.parse_message(fr.payload, fastjson.loads)
                     self._accept(msg)
                 except p.ProtocolError as exc:
                     self._violate(items, str(exc))
@@ -307,4 +308,4 @@ class TaskSession:
 
 def record_of(m: p.Message) -> dict[str, Any]:
     """A message as a heartbeats.jsonl record (without its type, without empty fields)."""
-    return {k: v for k, v in m.to_dict().items() if k != "type" and v is not None}
+    return {k: v for k, v in p.Record.to_dict(m).items() if v is not None}  # the fields alone: no "type"

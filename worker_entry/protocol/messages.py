@@ -6,6 +6,7 @@ treat them as values all the same."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -349,8 +350,24 @@ COMMANDS: dict[str, type[Message]] = {m.TYPE: m for m in (Go, Ping, Stop, Fetch,
 TRANSFER_MESSAGES: dict[str, type[Message]] = {m.TYPE: m for m in (FileStart, FileEnd, FileError, Done)}
 
 
-def parse(payload: bytes, table: dict[str, type[Message]], what: str = "message") -> Message:
-    """One message from a JSON payload, validated; ProtocolError naming the field otherwise."""
+def parse(
+    payload: bytes, table: dict[str, type[Message]], what: str = "message", loads: Callable[[bytes], Any] | None = None
+) -> Message:
+    """One message from a JSON payload, validated; ProtocolError naming the field otherwise.
+
+    ``loads``: a faster decoder the caller trusts to give ``json.loads``'s value for what it accepts
+    (the launcher's orjson, ``orchestrator.core.fastjson``; worker_entry itself imports nothing outside
+    the standard library). Whatever goes wrong with it — the decoder refuses the payload, or the
+    message it gives fails validation — the payload is read again with ``json``, which decides: the
+    outcome and the error are the standard library's."""
+    if loads is not None:
+        try:
+            obj = loads(payload)
+            cls = table.get(obj.get("type")) if type(obj) is dict else None
+            if cls is not None:
+                return cls.from_dict(obj)
+        except Exception:  # read again below, by the rules that decide
+            pass
     obj = load_object(payload, what)
     kind = obj.get("type")
     cls = table.get(kind) if isinstance(kind, str) else None
@@ -365,8 +382,8 @@ def parse(payload: bytes, table: dict[str, type[Message]], what: str = "message"
         raise ProtocolError(f"{cls.TYPE}: invalid message ({type(exc).__name__})", cls.TYPE) from None
 
 
-def parse_message(payload: bytes) -> Message:
-    return parse(payload, NODE_MESSAGES)
+def parse_message(payload: bytes, loads: Callable[[bytes], Any] | None = None) -> Message:
+    return parse(payload, NODE_MESSAGES, loads=loads)
 
 
 def parse_command(line: bytes) -> Message:
