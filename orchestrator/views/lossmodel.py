@@ -151,7 +151,7 @@ class NoiseScale:
             "windows": [w.to_dict() for w in self.windows],
         }
         if self.kind is not None:
-            out.update(optimizer=self.optimizer, kind=self.kind, notes=list(self.notes))
+            out.update(optimizer=self.optimizer, kind=self.kind, notes=list(self.notes), every=self.every)
         if self.replicas is not None:
             out.update({k: getattr(self, k) for k in _FIGURES})
         if self.reason is not None:
