@@ -50,8 +50,9 @@ from ..progress import warn_once
 
 _WRAPPED = "_tfcluster_gradnorms"
 _local = threading.local()  # .pairs: the (device, in, out) packs of the gradient all-reduce being traced
-#: Norms on every k-th step by default: at 8, the 1.4-3.9 % that every step cost on a ~9 ms CPU step of
-#: 50 k parameters falls under 1 % with the counter and the cond (docs/benchmarks.md §19).
+#: Norms on every k-th step by default: at 8, the +2.9 % that every step cost on a CPU step of a 50 k-parameter
+#: model fell to +0.93 %, most of it the counter and the cond themselves (docs/benchmarks.md §19): a larger k
+#: would buy little more and cost the estimate samples.
 DEFAULT_EVERY = 8
 _counters: dict[tuple[int, int, int], Any] = {}  # (fn, call, replica) -> its all-reduce's executions
 _counters_lock = threading.Lock()
