@@ -2,7 +2,7 @@
 """The gradient noise scale's norms, timed against the step they ride on: <= 1 % of a step (issue 30).
 
     python bench/gradnorm_time.py [--quick] [--json] [--models dense,cnn] [--rounds N] [--block 1]
-                                  [--target-ms 10]
+                                  [--target-ms 10] [--every K]
 
 Why a script of its own: on a shared machine (load 5-15 on 2 cores) a step's wall time moves by more
 than the norms could cost; ``stamp_cost.py``'s paired wall medians of the norms scattered from -35 to
@@ -27,6 +27,13 @@ resolve, "< the interval's top". Models:
   strategy.reduce), Dense layers widened until a step costs about ``--target-ms`` of CPU.
 * ``cnn``: the train step of a Keras ``fit`` (``model.train_function``, what ``fit`` calls each step) of
   a small CNN (two convolutions, 32x32x3 inputs, 10 classes, Adam, 32 examples per replica).
+
+The norms are taken on every k-th step (``TFCLUSTER_GRADNOISE_EVERY``, default 8): ``--every K`` traces
+``on`` with that period (default: the tracer's own), and then a fourth variant, ``on1``, is traced with
+the norms on every step (``norms every step`` in the output: what sampling saves). With k > 1 one step
+in k carries the norms, so a block's figure must be its **mean** per step over a whole period, not the
+median of its steps (which would never see the sampled step): ``--block`` defaults to k, timed as one
+interval.
 """
 
 from __future__ import annotations
@@ -51,9 +58,10 @@ def say(text: str) -> None:
     print(f"[gradnorm_time] {text}", file=sys.stderr, flush=True)
 
 
-def dense(tf, target_ms: float, width: int | None = None) -> tuple[dict, str]:
+def dense(tf, target_ms: float, width: int | None = None, on1: bool = False) -> tuple[dict, str]:
     """stamp_cost's step, widened until a step costs about ``target_ms`` of CPU: {"on", "off", "off2"}
-    ("off2": a second trace without the norms, the A/A control); ``width`` given: that width."""
+    ("off2": a second trace without the norms, the A/A control; ``on1``: also "on1", the norms on every
+    step); ``width`` given: that width."""
     fixed, width = width is not None, width or 64
     for _ in range(10):
         variants, it = stamp_cost.build(tf, False, width)
@@ -70,12 +78,30 @@ def dense(tf, target_ms: float, width: int | None = None) -> tuple[dict, str]:
     again(next(it))  # traced now, without the norms
     os.environ["TFCLUSTER_GRADNOISE"] = "1"
     step = {"on": variants["stamps"], "off": variants["stamps - norms"], "off2": again}
+    if on1:
+        step["on1"] = every_step(lambda: tf.function(variants["stamps"].python_function), lambda f: f(next(it)))
     return {k: (lambda f=f: f(next(it)).numpy()) for k, f in step.items()}, f"Dense width {width}, custom loop"
 
 
-def cnn(tf) -> tuple[dict, str]:
+def every_step(make, trace):
+    """``make()`` a step function and ``trace`` it with the norms on every step (``on1``)."""
+    was = os.environ.get("TFCLUSTER_GRADNOISE_EVERY")
+    os.environ["TFCLUSTER_GRADNOISE_EVERY"] = "1"
+    try:
+        f = make()
+        trace(f)
+    finally:
+        if was is None:
+            os.environ.pop("TFCLUSTER_GRADNOISE_EVERY", None)
+        else:
+            os.environ["TFCLUSTER_GRADNOISE_EVERY"] = was
+    return f
+
+
+def cnn(tf, on1: bool = False) -> tuple[dict, str]:
     """A small CNN's Keras ``fit`` train step under the two-replica strategy: three models, one traced
-    with the norms, two without ("off2": the A/A control, a model of its own as "on" has)."""
+    with the norms, two without ("off2": the A/A control, a model of its own as "on" has); ``on1``: a
+    fourth, the norms on every step."""
     from tensorflow.python.distribute import collective_util, cross_device_utils
     from tensorflow.python.distribute import cross_device_ops as cdo
 
@@ -88,9 +114,8 @@ def cnn(tf) -> tuple[dict, str]:
     x = tf.random.normal([64, 32, 32, 3])
     y = tf.random.uniform([64], 0, 10, tf.int64)
     ds = tf.data.Dataset.from_tensors((x, y)).repeat()
-    steps = {}
-    params = 0
-    for name, norms in (("on", "1"), ("off", "0"), ("off2", "0")):
+
+    def traced(norms: str):
         os.environ["TFCLUSTER_GRADNOISE"] = norms
         with strategy.scope():
             model = keras.Sequential(
@@ -109,15 +134,26 @@ def cnn(tf) -> tuple[dict, str]:
         model.fit(ds, steps_per_epoch=2, epochs=1, verbose=0)  # traces train_function under this environment
         it = iter(strategy.experimental_distribute_dataset(ds))
         fn = model.train_function
-        steps[name] = lambda fn=fn, it=it: float(fn(it)["loss"])
-        params = model.count_params()
+        return (lambda fn=fn, it=it: float(fn(it)["loss"])), model.count_params()
+
+    steps = {}
+    for name, norms in (("on", "1"), ("off", "0"), ("off2", "0")):
+        steps[name], params = traced(norms)
+    if on1:
+        steps["on1"], _ = every_step(lambda: traced("1"), lambda made: None)
     os.environ["TFCLUSTER_GRADNOISE"] = "1"
     return steps, f"CNN, {params:,} parameters, Keras fit's train_function, Adam"
 
 
-def block(step, n: int) -> tuple[float, float]:
+def block(step, n: int, mean: bool = False) -> tuple[float, float]:
     """(CPU ms, wall ms) of ``n`` steps, each the median of the steps timed one by one (a step that
-    another process preempted is an outlier, not a shift)."""
+    another process preempted is an outlier, not a shift); ``mean``: the ``n`` steps timed as one
+    interval, per step (a sampling period: its one step with the norms counts)."""
+    if mean:
+        c0, w0 = time.process_time(), time.perf_counter()
+        for _ in range(n):
+            step()
+        return (time.process_time() - c0) / n * 1e3, (time.perf_counter() - w0) / n * 1e3
     cpu, wall = [], []
     for _ in range(n):
         c0, w0 = time.process_time(), time.perf_counter()
@@ -146,7 +182,7 @@ def summary(pct: list[float]) -> dict:
     return {"median": statistics.median(pct), "iqr": [q[0], q[2]], "ci95": [lo, hi], "resolved": lo > 0 or hi < 0}
 
 
-def run(steps: dict, rounds: int, n: int) -> dict:
+def run(steps: dict, rounds: int, n: int, mean: bool = False) -> dict:
     """``rounds`` rounds of one block per variant, the order rotated and reversed round by round; per
     round the paired differences "on" - the mean of "off" and "off2" (the norms) and "off2" - "off"
     (the control: what the method reads where there is nothing to find, i.e. its resolution)."""
@@ -160,16 +196,19 @@ def run(steps: dict, rounds: int, n: int) -> dict:
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order if (r // len(names)) % 2 == 0 else order[::-1]:
-            c, w = block(steps[name], n)
+            c, w = block(steps[name], n, mean)
             cpu[name].append(c)
             wall[name].append(w)
         if r % 10 == 9:
             loads.append(os.getloadavg()[0])
-    out = {"rounds": rounds, "block": n, "load": [min(loads), max(loads)]}
+    out = {"rounds": rounds, "block": n, "mean": mean, "load": [min(loads), max(loads)]}
     for what, t in (("cpu", cpu), ("wall", wall)):
         base = [(a + b) / 2 for a, b in zip(t["off"], t["off2"], strict=True)]
         out[what] = {"off_ms": statistics.median(base)}
-        for label, x, ref in (("norms", t["on"], base), ("control", t["off2"], t["off"])):
+        pairs = [("norms", t["on"], base), ("control", t["off2"], t["off"])]
+        if "on1" in t:
+            pairs.append(("norms every step", t["on1"], base))
+        for label, x, ref in pairs:
             pct = [(a - b) / b * 100 for a, b in zip(x, ref, strict=True)]
             us = [(a - b) * 1e3 for a, b in zip(x, ref, strict=True)]
             out[what][label] = {
@@ -265,7 +304,7 @@ def reductions(tf, sizes=(16_000, 50_000, 150_000), k: int = 40, rounds: int = 5
 
 def line(what: str, label: str, r: dict) -> str:
     p = r[label]["pct"]
-    ref = "off, off2" if label == "norms" else "off"
+    ref = "off" if label == "control" else "off, off2"
     verdict = (
         f"{p['median']:+.2f} % (95 % CI {p['ci95'][0]:+.2f} … {p['ci95'][1]:+.2f})"
         if p["resolved"]
@@ -273,7 +312,7 @@ def line(what: str, label: str, r: dict) -> str:
         f"{p['ci95'][0]:+.2f} … {p['ci95'][1]:+.2f})"
     )
     return (
-        f"  {what:<4} {label:<7} {r[label]['ms']:8.3f} ms/step vs {r[label]['ref_ms']:.3f} ({ref}): {r[label]['added_us']:+8.1f} µs,"
+        f"  {what:<4} {label:<16} {r[label]['ms']:8.3f} ms/step vs {r[label]['ref_ms']:.3f} ({ref}): {r[label]['added_us']:+8.1f} µs,"
         f" {verdict}; rounds' IQR {p['iqr'][0]:+.2f} … {p['iqr'][1]:+.2f} %"
     )
 
@@ -286,7 +325,13 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--models", default="dense,cnn", help='comma-separated: dense, cnn ("": none)')
     ap.add_argument("--rounds", type=int, default=None, help="rounds per model (default dense 3000, cnn 600)")
-    ap.add_argument("--block", type=int, default=1, help="steps per variant and round")
+    ap.add_argument("--block", type=int, default=None, help="steps per variant and round (default: the period k)")
+    ap.add_argument(
+        "--every",
+        type=int,
+        default=None,
+        help="the norms on every K-th step (TFCLUSTER_GRADNOISE_EVERY; default its own)",
+    )
     ap.add_argument("--target-ms", type=float, default=10.0, help="the dense model's step, about")
     ap.add_argument("--width", type=int, default=None, help="the dense model's width (instead of --target-ms)")
     ap.add_argument("--intra-op", type=int, default=None, help="TensorFlow's intra-op threads (default: its own)")
@@ -298,6 +343,13 @@ def main() -> int:
     if bad:
         print(f"--models: unknown {', '.join(bad)} (allowed: dense, cnn)", file=sys.stderr)
         return 2
+    if args.every is not None:
+        os.environ["TFCLUSTER_GRADNOISE_EVERY"] = str(args.every)
+    from worker_entry.instrument.stepclock import gradnorms
+
+    every = gradnorms.every()
+    n = args.block or every
+    mean = every > 1  # a block must hold the sampled step: its mean, not its median
     import tensorflow as tf
 
     if args.intra_op:
@@ -307,19 +359,20 @@ def main() -> int:
     )
     out: dict = {}
     for model in models:
-        steps, desc = dense(tf, args.target_ms, args.width) if model == "dense" else cnn(tf)
+        steps, desc = dense(tf, args.target_ms, args.width, every > 1) if model == "dense" else cnn(tf, every > 1)
         rounds = args.rounds or {"dense": 3000, "cnn": 600}[model] // (10 if args.quick else 1)
-        say(f"{model}: {desc}: {rounds} rounds of {args.block}-step blocks")
-        out[model] = {"model": desc, **run(steps, rounds, args.block)}
+        say(f"{model}: {desc}: norms every {every} step(s); {rounds} rounds of {n}-step blocks")
+        out[model] = {"model": desc, "every": every, **run(steps, rounds, n, mean)}
         if args.profile:
             out[model]["profile"] = profile(tf, steps, args.profile)
         if not args.json:
             r = out[model]
             print(
-                f"{model}: {desc}; {r['rounds']} rounds x {r['block']} steps, load {r['load'][0]:.1f}-{r['load'][1]:.1f}"
+                f"{model}: {desc}; norms every {every} step(s); {r['rounds']} rounds x {r['block']} steps"
+                f"{' (mean)' if mean else ''}, load {r['load'][0]:.1f}-{r['load'][1]:.1f}"
             )
             for what in ("cpu", "wall"):
-                for label in ("norms", "control"):
+                for label in [x for x in ("norms", "norms every step", "control") if x in r[what]]:
                     print(line(what.upper() if what == "cpu" else what, label, r[what]), flush=True)
             for name, p in r.get("profile", {}).items():
                 print(f"  profiled {name:<3} {json.dumps(p)}", flush=True)

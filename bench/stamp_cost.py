@@ -7,7 +7,8 @@ The same train step (a custom loop: strategy.run, tape.gradient, apply_gradients
 traced four times — stamps off, stamps on (host stamps), stamps on with the GPU completion sync forced
 (``TFCLUSTER_STAMP_SYNC=1``: on a CPU the device-to-host copies are plain host ops, so this measures their
 op cost, not a GPU's copy latency), stamps without the gradient noise scale's norms
-(``TFCLUSTER_GRADNOISE=0``: their cost is the paired difference to "stamps") — and the four are called in alternating blocks (order reversed every
+(``TFCLUSTER_GRADNOISE=0``: their cost is the paired difference to "stamps"; taken on every step here,
+``TFCLUSTER_GRADNOISE_EVERY=1``, their full cost: a job's default takes them on one step in 8) — and the four are called in alternating blocks (order reversed every
 round, the first steps of a block not timed), so drift on a shared machine hits all alike. The model is
 sized so a step takes about ``--target-ms``. Two replicas (two logical CPUs, or the visible GPUs with
 ``--gpu``) reduce with MWMS's own ``CollectiveAllReduce``. Also measured: the reader thread's cost
@@ -156,6 +157,9 @@ def main() -> int:
     ap.add_argument("--target-ms", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=None)
     args = ap.parse_args()
+    # the norms on every step: this script's medians of single steps would never see the one step in k
+    # that carries them (the default in a job); their cost with sampling: bench/gradnorm_time.py
+    os.environ.setdefault("TFCLUSTER_GRADNOISE_EVERY", "1")
     import tensorflow as tf
 
     if not args.gpu:

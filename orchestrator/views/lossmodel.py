@@ -104,7 +104,7 @@ class NoiseScale:
     b_simple: float | None = None
     stderr: float | None = None
     global_batch: float | None = None
-    steps: int = 0
+    steps: int = 0  # the steps whose norms the estimate used: one in ``every``
     windows: tuple[NoiseWindow, ...] = ()
     #: what the estimate is of (set once norms were recorded: ``kind`` not None)
     optimizer: str | None = None
@@ -120,6 +120,8 @@ class NoiseScale:
     #: |G|² not distinguishable from 0: B_simple is at least ``at_least`` (None: not even that is known)
     bounded: bool = False
     at_least: float | None = None
+    #: the norms on every k-th step (``TFCLUSTER_GRADNOISE_EVERY``): ``steps`` are the sampled ones
+    every: int = 1
 
     @classmethod
     def of(cls, d: Mapping[str, Any]) -> NoiseScale:
@@ -137,6 +139,7 @@ class NoiseScale:
             reason=d.get("reason"),
             bounded="at_least" in d,
             at_least=d.get("at_least"),
+            every=int(d.get("every") or 1),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -148,7 +151,7 @@ class NoiseScale:
             "windows": [w.to_dict() for w in self.windows],
         }
         if self.kind is not None:
-            out.update(optimizer=self.optimizer, kind=self.kind, notes=list(self.notes))
+            out.update(optimizer=self.optimizer, kind=self.kind, notes=list(self.notes), every=self.every)
         if self.replicas is not None:
             out.update({k: getattr(self, k) for k in _FIGURES})
         if self.reason is not None:

@@ -56,6 +56,7 @@ class Round:
     var_tr: float | None
     cov: float | None
     loss: float | None
+    every: int = 1  # the norms on every k-th step: ``steps`` counts the sampled ones
 
 
 def _num(x: Any) -> float | None:
@@ -118,6 +119,7 @@ def rounds(windows: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Round]:
                 var_tr=mean("var_tr"),
                 cov=mean("cov"),
                 loss=sum(losses) / len(losses) if losses else None,
+                every=int(max(z.get("every") or 1 for z in nz)),
             )
         )
     return out
@@ -125,30 +127,39 @@ def rounds(windows: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Round]:
 
 class Smoothed:
     """Bias-corrected exponential moving averages over steps of |G|² and tr(Σ), apart, and the variance
-    of each average (Σ w² s² / (Σw)²) from the rounds' per-step variances."""
+    of each average (Σ w² s² / (Σw)²) from the rounds' per-step variances.
+
+    Norms taken on every k-th step only (``Round.every``): each sampled step weighs what k steps would
+    (decay d^k per sample: the same memory in training steps), and the variance counts the samples, not
+    the steps — fewer samples, a wider standard error. A round with one sampled step has no variance of
+    its own: its steps take the per-step (co)variances pooled over the rounds that have one."""
 
     def __init__(self, decay: float = DECAY) -> None:
         self.decay = decay
         self.w1 = 0.0  # Σw (= 1 - decay^steps: the bias correction)
         self.m_g2 = self.m_tr = 0.0  # Σ w·x
         self.v_g2 = self.v_tr = self.v_cov = 0.0  # Σ w²·s²
-        self.have_var = True
+        self.w2_pooled = 0.0  # Σ w² of the steps whose (co)variances are the pooled ones
+        self.pool = [0.0, 0.0, 0.0, 0.0]  # Σ n·s² of g2, tr, cov over the rounds with variances, Σ n
         self.steps = 0.0
 
     def add(self, r: Round) -> None:
-        n, d = max(1.0, r.steps), self.decay
+        n, d = max(1.0, r.steps), self.decay ** max(1, r.every)
         keep, keep2 = d**n, d ** (2 * n)
         new = 1.0 - keep
         new2 = (1 - d) ** 2 * (1 - keep2) / (1 - d * d)  # Σ w² of the round's n steps
         self.w1 = keep * self.w1 + new
         self.m_g2 = keep * self.m_g2 + new * r.g2
         self.m_tr = keep * self.m_tr + new * (r.tr or 0.0)
+        self.v_g2, self.v_tr, self.v_cov = keep2 * self.v_g2, keep2 * self.v_tr, keep2 * self.v_cov
+        self.w2_pooled *= keep2
         if r.var_g2 is None or r.var_tr is None or r.cov is None:
-            self.have_var = False
+            self.w2_pooled += new2
         else:
-            self.v_g2 = keep2 * self.v_g2 + new2 * r.var_g2
-            self.v_tr = keep2 * self.v_tr + new2 * r.var_tr
-            self.v_cov = keep2 * self.v_cov + new2 * r.cov
+            self.v_g2 += new2 * r.var_g2
+            self.v_tr += new2 * r.var_tr
+            self.v_cov += new2 * r.cov
+            self.pool = [a + n * b for a, b in zip(self.pool, (r.var_g2, r.var_tr, r.cov, 1.0), strict=True)]
         self.steps += r.steps
 
     def estimate(self) -> dict[str, float | None]:
@@ -158,8 +169,9 @@ class Smoothed:
         out: dict[str, float | None] = {"g2": g2, "tr_sigma": tr, "g2_se": None, "tr_se": None}
         out["b_simple"] = tr / g2 if g2 > 0 else None
         out["stderr"] = None
-        if self.have_var:
-            vg, vt, cv = self.v_g2 / w**2, self.v_tr / w**2, self.v_cov / w**2
+        if self.pool[3] > 0:  # some round had (co)variances: the others' steps take their pooled values
+            pg, pt, pc = (x / self.pool[3] * self.w2_pooled for x in self.pool[:3])
+            vg, vt, cv = (self.v_g2 + pg) / w**2, (self.v_tr + pt) / w**2, (self.v_cov + pc) / w**2
             out["g2_se"], out["tr_se"] = math.sqrt(vg), math.sqrt(vt)
             if g2 > 0 and tr > 0:
                 rel = vt / tr**2 + vg / g2**2 - 2 * cv / (tr * g2)
@@ -209,6 +221,7 @@ def noise_scale(windows: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str,
     out.update(
         global_batch=round(sum(batches) / len(batches), 1) if batches else None,
         steps=round(smooth.steps),
+        every=max(r.every for r in rs),
         replicas=max(r.replicas for r in rs),
         g2=est["g2"],
         g2_se=est["g2_se"],
@@ -314,6 +327,7 @@ def noise_lines(ns: NoiseScale) -> list[str]:
         lines.append(
             f"  B_simple ≈ {ns.b_simple:.0f}{err} examples (global batch {_g(ns.global_batch)}, "
             f"{ns.replicas} replicas, {ns.steps} steps"
+            + (f" sampled, 1 in {ns.every}" if ns.every > 1 else "")
             + (f", loss {ns.loss:.4g} at the last window" if ns.loss is not None else "")
             + ")"
         )

@@ -30,6 +30,7 @@ class Env:
     STEPCLOCK = "TFCLUSTER_STEPCLOCK"
     STAMP_SYNC = "TFCLUSTER_STAMP_SYNC"
     GRADNOISE = "TFCLUSTER_GRADNOISE"  # 0: the step clock leaves the gradient noise scale's norms out
+    GRADNOISE_EVERY = "TFCLUSTER_GRADNOISE_EVERY"  # k: the norms on every k-th step (default 8; 1: every step)
     PROFILER = "TFCLUSTER_PROFILER"
     PROFILE_DEBUG = "TFCLUSTER_PROFILE_DEBUG"
     PROGRESS_FD = "TFCLUSTER_PROGRESS_FD"

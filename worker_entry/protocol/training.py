@@ -16,6 +16,8 @@ SQ_MAX = 3.5e38
 #: (Co)variances of squared norms across steps: up to SQ_MAX², within the schema's float limit.
 VAR_MAX = 1.3e77
 REPLICAS_MAX = 1 << 24
+#: The longest sampling period of the norms (``TFCLUSTER_GRADNOISE_EVERY``): every k-th step.
+EVERY_MAX = 1 << 16
 #: Optimizers whose update divides the gradient by a running estimate of its second moment: the noise
 #: scale reported is the plain one (of the raw gradients), not the preconditioned one they follow.
 ADAPTIVE = ("adam", "adagrad", "adadelta", "rmsprop", "adafactor", "lion", "ftrl")
@@ -60,8 +62,8 @@ class GradNoise(Record):
     """One step-clock window's inputs to the gradient noise scale (McCandlish et al. 2018, appendix A),
     from one worker: per step, ``local_sq`` = the mean over its replicas of |g_i|² (each replica's
     gradient before the all-reduce) and ``total_sq`` = |R/d|² (the reduced gradient, d = the group for a
-    SUM); untrimmed means over the window's ``steps`` whose norms were finite, and their per-step
-    (co)variances. ``replicas``: N, the replicas one all-reduce sums; ``batch``: examples per step
+    SUM); untrimmed means over the window's ``steps`` whose norms were taken (every ``every``-th step:
+    ``TFCLUSTER_GRADNOISE_EVERY``) and finite, and their per-step (co)variances. ``replicas``: N, the replicas one all-reduce sums; ``batch``: examples per step
     across them (k·b·N with k micro-batches); ``sparse``: ``IndexedSlices`` tensors per step left out;
     ``nonfinite``: steps skipped. ``step``: the worker's steps at the window's end; ``loss``: its mean
     training loss over the window; ``optimizer``: the class that applied the gradients, when found."""
@@ -79,3 +81,4 @@ class GradNoise(Record):
     step: int | None = field(default=None, metadata=spec(lo=0, hi=COUNT_MAX))
     loss: float | None = field(default=None, metadata=spec(lo=-METRIC_LIMIT, hi=METRIC_LIMIT))
     optimizer: str | None = field(default=None, metadata=spec(max_len=64))  # its class: Adam-family or not
+    every: int = field(default=1, metadata=spec(lo=1, hi=EVERY_MAX))  # the norms on every k-th step

@@ -53,7 +53,7 @@ class _Pending:
     t_enter: Any
     run: _Run | None
     mark: int | None
-    pairs: list[tuple[Any, Any]] | None = None  # a gradient all-reduce's packs' squared norms (gradnorms)
+    pairs: list[tuple[Any, Any, Any]] | None = None  # a gradient all-reduce's packs (device, in, out): gradnorms
     group: int = 1  # the replicas the all-reduce sums
     loss: bool = False  # the scalar the step function returns (strategy.reduce of the loss)
 
@@ -161,7 +161,7 @@ def _enter(cdo: Any, value: Any, replica_id: int, options: Any) -> tuple[Any, _P
     # pass): the collectives must not wait for the stamp. Otherwise they do (see wrap_all_reduce).
     mark = None if pack > 0 else len(graph.get_operations())
     stampreader.ensure_started()
-    # the noise scale's two terms: each pack's squared norm in and out of the collective (gradnorms)
+    # the noise scale's two terms: each pack in and out of the collective, their norms on sampled steps (gradnorms)
     pairs = gradnorms.begin() if gradient and gradnorms.enabled() else None
     return value, _Pending(tf, graph, fid, call, replica_id, device, t_enter, run, mark, pairs, group, loss)
 
@@ -181,7 +181,7 @@ def _exit(p: _Pending, result: Any) -> None:
     _gate(p)
     outs = _dense(tf, tf.nest.flatten(result))
     t_exit = _stamp(tf, "tfcluster_t_exit", devsync.ready(tf, outs, p.device))
-    norms = gradnorms.norms(tf, p.pairs, p.group) if p.pairs is not None else None
+    norms = gradnorms.norms(tf, p.pairs, p.group, (p.fn, p.call, p.replica)) if p.pairs is not None else None
     run = p.run
     if run is not None and run.graph is p.graph and len(run.inline) < stampring.INLINE:
         run.inline.append((p.call, p.t_enter, t_exit))  # written with the run's row

@@ -23,6 +23,7 @@ from .. import progress
 from ..loss import LossBook
 from ..loss import book as loss_book
 from ..progress import warn_once
+from . import gradnorms
 from . import ring as stampring
 from .ring import COLLECTIVE
 from .timeline import DEFAULT_MIN_STEPS, MAX_WINDOW, StepSplit, Timeline, median_batch, noise, summarize
@@ -151,6 +152,7 @@ class Reader:
         group, optimizer = self._step_noise(main)
         wire = self._wire(main) or {}
         found.update(replicas=group, sparse=int(wire.get("grad_sparse") or 0), step=self.steps)
+        found["every"] = gradnorms.traced_every()  # the steps without norms are not in ``found``: sampled ones only
         if loss is not None:
             found["loss"] = loss
         if optimizer:

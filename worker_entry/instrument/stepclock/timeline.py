@@ -299,13 +299,16 @@ def median_batch(windows: Iterable[Sequence[StepSplit]]) -> float | None:
 
 def noise(windows: Sequence[Sequence[StepSplit]]) -> dict | None:
     """One worker's noise-scale inputs over a window (``protocol.GradNoise``): untrimmed means over the
-    steps with finite norms — the estimator is linear in them, trimming would bias it — of the mean
+    steps with norms (the sampled ones: a row without norms is skipped, never read as 0) and finite
+    ones — the estimator is linear in them, trimming would bias it — of the mean
     over the local replicas of |g_i|² and of |R/d|², with their per-step (co)variances (the replicas
     taken as independent: a replica's own variance over their number); None without norms."""
     rows = [s for w in windows for s in w if s.sq is not None]
     if not rows:
         return None
-    replicas = max(1, sum(1 for w in windows if any(s.sq is not None for s in w)))
+    # the local replicas: every replica with steps in the window, sampled or not (with the norms on every
+    # k-th step one replica's window may end just before a sampled step its neighbour's took)
+    replicas = max(1, sum(1 for w in windows if w))
     n = len(rows)
     local = sum(s.sq[0] for s in rows) / n  # type: ignore[index]
     total = sum(s.sq[1] for s in rows) / n  # type: ignore[index]
