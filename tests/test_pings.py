@@ -11,6 +11,7 @@ from worker_entry import protocol as p
 class _Session:
     def __init__(self, state: TaskState = TaskState.RUNNING) -> None:
         self.state = state
+        self.handing_over = False  # an ended task still handing over is pinged too (test_handover_chief)
         self.sent: list[p.Message] = []
 
     def send(self, m: p.Message) -> bool:

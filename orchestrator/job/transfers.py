@@ -107,6 +107,7 @@ class ChannelTransfers:
                 job.bus.emit(ev.GatherStarted(attempts=attempt + 1))
         job.logs.flush()
         base = job.interrupt.count
+        checkpoint = final and fetch and job.spec.checkpoint.gather
         done = hand_over(
             list(sup.sessions.values()),
             job.rundir,
@@ -115,15 +116,43 @@ class ChannelTransfers:
             job.logs.write,
             attempt=attempt,
             fetch=fetch,
-            checkpoint=final and fetch and job.spec.checkpoint.gather,
+            checkpoint=checkpoint,
             stop=lambda: job.interrupt.count - base,
         )
         self.totals.merge(done.totals)
         self.logs.update(done.logs)
+        if checkpoint and done.checkpoints is not None and "why" in done.checkpoints:
+            done.checkpoints = self._fallback(sup, done.checkpoints, lambda: job.interrupt.count - base)
         self.checkpoints = done.checkpoints or self.checkpoints
         if done.totals.interrupted:
             job.result.gather_interrupted = job.interrupt.signum
         report_unconfirmed(job, sup)
+
+    def _fallback(self, sup: Supervisor, summary: dict[str, Any], stop: Callable[[], int]) -> dict[str, Any]:
+        """The chief's checkpoint did not come over its channel (``summary["why"]``): fetched over a
+        helper connection where the backend has one, else an error in result.json's ``gather`` says why.
+        Never silent: a succeeded run without its checkpoint and without a word was issue h29."""
+        from ..transfer.gather import gather_checkpoint
+
+        job, why = self.job, summary.pop("why")
+        chief = next((s for s in sup.sessions.values() if s.task == summary["task"]), None)
+        find = getattr(job.backend, "connection", None)
+        conn = find(summary["task"]) if find is not None and chief is not None else None
+        if chief is None or conn is None or not conn.is_alive():
+            self.totals.errors.append(
+                f"{summary['task']}: checkpoint not gathered ({why}; no connection to fetch it over); "
+                "run `tfcluster gather RUN`"
+            )
+            return {**summary, "not_handed_over": why}
+        job.bus.emit(
+            ev.JobWarning(
+                task=chief.task,
+                host=chief.host,
+                message=f"{chief.task}'s checkpoint was not handed over ({why}): fetched over a new connection",
+            )
+        )
+        got = gather_checkpoint(chief.node, conn, job.rundir, self.state, self.totals, stop)
+        return {**got, "not_handed_over": why}
 
     def before_restart(self, plan: Plan | None = None) -> None:
         """Every task of the next attempt's ``plan`` (default: the job's; a new plan after a host is lost)

@@ -7,6 +7,10 @@ default); any command counts. A ping per task every heartbeat interval (1,024 se
 its patience (three chances in every window, however late one is), never more often than every
 heartbeat interval, as before. The tasks are pinged round-robin, a share of them at each tick of the
 loop, so 4,096 sealed frames never go out in one burst that would stall the decision loop.
+
+A task that ended is pinged too while its node waits for the hand-over (``task_files`` sent, channel
+open): a chief that finished 13 s before the last worker would otherwise give up on the silent launcher
+and close its channel, and its checkpoint would not be handed over at the attempt's end.
 """
 
 from __future__ import annotations
@@ -46,6 +50,6 @@ class Pings:
         for _ in range(due):
             s = sessions[self.tasks[self._next]]
             self._next = (self._next + 1) % n
-            if s.state.is_alive and s.send(self._ping):
+            if (s.state.is_alive or s.handing_over) and s.send(self._ping):
                 sent += 1
         return sent

@@ -137,8 +137,9 @@ class TaskSession:
         self.become(TaskState.STARTING)
 
     def send(self, command: p.Message) -> bool:
-        """Send a command; False when the channel is gone (its EOF tells the rest)."""
-        if self.channel is None or self.state.is_terminal:
+        """Send a command; False when the channel is gone (its EOF tells the rest). A task that ended
+        is still sent to while it hands over (pings keep its node waiting for the hand-over; ``bye``)."""
+        if self.channel is None or (self.state.is_terminal and not self.handing_over):
             return False
         try:
             self.channel.send(p.command_line(command))

@@ -192,3 +192,37 @@ def complete_live_log(rundir: RunDir, node: NodePlan, attempt: int, dest: Path, 
                 f"{live} was completed from the node's copy",
             )
         )
+
+
+def gather_checkpoint(
+    node: NodePlan, conn: Connection, rundir: RunDir, state: GatherState, totals: Totals, stop: StopCheck | None = None
+) -> dict[str, Any]:
+    """The chief's checkpoint over a helper connection: the fall-back when its hand-over could not bring
+    it (its node closed the channel first). Errors go to ``totals``; the summary says what happened."""
+    summary: dict[str, Any] = {
+        "gathered": False,
+        "task": str(node.task),
+        "source": f"{node.host}:{node.checkpoint_dir}",
+    }
+    before = len(totals.errors)
+    try:
+        (m,) = list_files(conn, node.argv[0], [node.checkpoint_dir], [])
+        summary["source"] = f"{node.host}:{m.root}"
+        if not m.exists:
+            return summary
+        rundir.checkpoints_dir.mkdir(exist_ok=True, mode=0o700)
+        items = items_of(m, rundir.checkpoints_dir, totals)
+        if not check_space(
+            rundir.path, [it for it in items if not state.verified(it.dest, it.size, it.mtime_ns)], totals
+        ):
+            return summary
+        progress = Progress(sum(it.size for it in items))
+        try:
+            fetch(conn, node.argv[0], m.root, items, state, totals, progress, stop)
+        finally:
+            progress.close()
+    except Exception as exc:
+        totals.errors.append(f"{node.task} ({node.host}): checkpoint not gathered: {type(exc).__name__}: {exc}")
+        return summary
+    summary["gathered"] = len(totals.errors) == before and not totals.interrupted
+    return summary

@@ -96,16 +96,19 @@ def _one(
     stop: StopCheck,
 ) -> dict[str, Any] | None:
     key = s.task + (f" attempt {attempt}" if attempt else "")
+    chief = checkpoint and s.node.is_chief
     if not s.handing_over:
         if fetch and s.exit is None and s.state.value != "not_started":
             logs[key] = "not gathered: the host was lost; `tfcluster gather RUN` fetches its log later"
             totals.errors.append(f"{s.task} ({s.host}): not reachable; its node-side log was not gathered")
-        return None
+        elif fetch and s.exit is not None:
+            logs[key] = "not handed over: its node closed the channel after the task ended"
+        return _not_handed_over(s, _closed_why(s)) if chief else None
     files = _wait_files(s, output)
     if files is None:
         if fetch:
             totals.errors.append(f"{s.task} ({s.host}): its node did not list its files (an older tfcluster?)")
-        return None
+        return _not_handed_over(s, "its node did not list its files") if chief else None
     if not fetch:
         return None
     node_dir = rundir.gather_dir / s.node.task.slug / f"attempt-{attempt}"
@@ -140,6 +143,20 @@ def _one(
     if not (checkpoint and s.node.is_chief):
         return None
     return _checkpoint(s, files, rundir, state, output, totals, stop)
+
+
+def _closed_why(s: TaskSession) -> str:
+    if s.violation is not None:
+        return f"its node broke the protocol ({s.violation})"
+    if s.exit is None:
+        return "the task never reported its end (its host was lost?)"
+    return "its node closed the channel after the task ended, before the hand-over"
+
+
+def _not_handed_over(s: TaskSession, why: str) -> dict[str, Any]:
+    """The chief's checkpoint could not come over its channel: the summary says why, and the caller
+    (``job.transfers``) falls back to fetching it over a helper connection."""
+    return {"gathered": False, "task": s.task, "source": f"{s.host}:{s.node.checkpoint_dir}", "why": why}
 
 
 def _checkpoint(
