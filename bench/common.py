@@ -37,7 +37,7 @@ if str(REPO) not in sys.path:
 import psutil  # noqa: E402
 
 from tfcluster_testbed import Testbed, leftovers  # noqa: E402
-from tfcluster_testbed.waiting import wait_for  # noqa: E402  (fails loudly: what it waited for, the last value)
+from tfcluster_testbed.waiting import WaitTimeout, wait_for  # noqa: E402  (fails loudly: what it waited for, the last value)
 
 PY = sys.executable  # the real interpreter (not a pyenv shim): what the launcher and job.python use
 
@@ -47,6 +47,7 @@ __all__ = [
     "Measured",
     "ProcSampler",
     "Report",
+    "WaitTimeout",
     "base_parser",
     "events",
     "job_processes",

@@ -181,7 +181,10 @@ def run_peer(kind: str, tb, hosts, work: Path, ssh_cfg: Path) -> dict:
             "key": str(tb.user_key),
             "known_hosts": str(tb.known_hosts),
             # the floor of any launcher that runs Python on each node: the pool starting worker_entry
-            "command": f"exec {PY} -m worker_entry --version" if kind == POOL_PYTHON else "true",
+            # (this checkout's, as the launcher's job.python runs it: not whatever is installed on the host)
+            "command": f"exec env PYTHONPATH={REPO_ROOT} {PY} -m worker_entry --version"
+            if kind == POOL_PYTHON
+            else "true",
         }
         code = FABRIC_GROUP if kind == "fabric group" else PARAMIKO_POOL
         argv = [PY, "-c", code, json.dumps(a)]

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import yaml
-from common import PY, REPO
+from common import PY, REPO, wait_for
 from supervisor_scale import EventTail, cpu_s, measure
 
 NODES, PER_NODE = 3, 86
@@ -55,15 +55,17 @@ def slurm_258(work: Path, seconds: float) -> dict:
         row: dict = {"tasks": n}
         try:
             launcher = d / "run" / "launcher.json"
-            deadline = time.monotonic() + 120
-            while not launcher.exists() and client.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
+            wait_for(lambda: launcher.exists() or client.poll() is not None, 120, "launcher.json", interval=0.2)
             pid = json.loads(launcher.read_text())["pid"]
             born = time.time()
             tail = EventTail(d / "run" / "events.jsonl")
+            wait_for(
+                lambda: tail.count("task_spawned") >= n or client.poll() is not None,
+                300,
+                f"{n} task_spawned events (or the client's exit)",
+                interval=0.5,
+            )
             deadline = time.monotonic() + 300
-            while tail.count("task_spawned") < n and client.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.5)
             spawned = [e["ts"] for e in tail.poll() if e.get("event") == "task_spawned"]
             row["to_running_s"] = round(max(spawned) - fork, 2) if len(spawned) == n else None
             row["cpu_pct"], row["rss_mb"] = (round(x, 1) for x in measure(pid, min(seconds, 20.0)))

@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import views_scale
-from common import PY, REPO, Report, base_parser, say, set_verbose
+from common import PY, REPO, Report, WaitTimeout, base_parser, say, set_verbose, wait_for
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -89,14 +89,9 @@ def gen_events(path: Path) -> list[dict]:
     return []
 
 
-def wait_gen(path: Path, pred, timeout: float) -> dict | None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for e in gen_events(path):
-            if pred(e):
-                return e
-        time.sleep(0.05)
-    return None
+def wait_gen(path: Path, pred, timeout: float, what: str) -> dict:
+    """The generator's first event ``pred`` holds for (``wait_for``: a timeout fails the size, saying ``what``)."""
+    return wait_for(lambda: next((e for e in gen_events(path) if pred(e)), None), timeout, what, interval=0.05)
 
 
 def measure(proc_pid: int, seconds: float) -> tuple[float, float]:
@@ -115,19 +110,24 @@ def mark_latency(run_dir: Path, gen_file: Path, cues, ranks: list[int]) -> list[
     for rank in ranks:
         cues.write(f"mark {rank}\n")
         cues.flush()
-        sent = wait_gen(gen_file, lambda e, r=rank: e.get("fault") == "mark" and e.get("rank") == r, 10)
-        if sent is None:
-            continue
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        sent = wait_gen(
+            gen_file,
+            lambda e, r=rank: e.get("fault") == "mark" and e.get("rank") == r,
+            10,
+            f"rank {rank}'s marker sent",
+        )
+
+        def shown(r: int = rank) -> dict | None:
             with contextlib.suppress(OSError, ValueError):
                 data = (run_dir / "status.json").read_bytes()
                 if b'"mark-' in data:
                     st = json.loads(data)
-                    if (st["tasks"].get(f"worker:{rank}") or {}).get("proc_state", "").startswith("mark-"):
-                        out.append(st["updated"] - sent["ts"])
-                        break
-            time.sleep(0.05)
+                    if (st["tasks"].get(f"worker:{r}") or {}).get("proc_state", "").startswith("mark-"):
+                        return st
+            return None
+
+        st = wait_for(shown, 30, f"status.json showing worker:{rank}'s marker", interval=0.05)
+        out.append(st["updated"] - sent["ts"])
         time.sleep(0.5)
     return out
 
@@ -165,9 +165,12 @@ def one_size(n: int, seconds: float, work: Path, *, views: bool = False, hb_time
     row: dict = {"tasks": n}
     try:
         tail = EventTail(run_dir / "events.jsonl")
-        deadline = time.monotonic() + 600
-        while tail.count("task_spawned") < n and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
+        wait_for(
+            lambda: tail.count("task_spawned") >= n or proc.poll() is not None,
+            600,
+            f"{n} task_spawned events (or the launcher's exit)",
+            interval=0.5,
+        )
         spawned = [e["ts"] for e in tail.poll() if e.get("event") == "task_spawned"]
         if len(spawned) < n:
             raise RuntimeError(f"{n} tasks: only {len(spawned)} running; see {d}")
@@ -183,13 +186,14 @@ def one_size(n: int, seconds: float, work: Path, *, views: bool = False, hb_time
         victim = n // 2
         cues.write(f"kill {victim}\n")
         cues.flush()
-        died = wait_gen(gen_file, lambda e: e.get("fault") == "kill", 30)
-        end = time.monotonic() + 60
-        teardown = None
-        while teardown is None and time.monotonic() < end:
-            teardown = next((e for e in tail.poll() if e.get("event") == "teardown"), None)
-            time.sleep(0.05)
-        row["death_to_teardown_s"] = round(teardown["ts"] - died["ts"], 3) if died and teardown else None
+        died = wait_gen(gen_file, lambda e: e.get("fault") == "kill", 30, f"worker:{victim}'s kill")
+        teardown = wait_for(
+            lambda: next((e for e in tail.poll() if e.get("event") == "teardown"), None),
+            60,
+            "the launcher's teardown after the kill",
+            interval=0.05,
+        )
+        row["death_to_teardown_s"] = round(teardown["ts"] - died["ts"], 3)
         proc.wait(300)
         row["launcher_wall_s"] = round(time.time() - fork, 1)
         row["state"] = json.loads((run_dir / "result.json").read_text())["state"]
@@ -226,7 +230,7 @@ def main() -> int:
             say(f"{n} load-generator tasks ...")
             try:
                 row = one_size(n, seconds, Path(tmp), views=args.views, hb_timeout=args.hb_timeout)
-            except (OSError, RuntimeError) as exc:  # one size that failed says why; the others still run
+            except (OSError, RuntimeError, WaitTimeout) as exc:  # one size that failed says why; the others still run
                 err = Path(tmp) / f"n{n}" / "launcher.err"
                 tail = err.read_text(errors="replace")[-600:] if err.exists() else ""
                 say(f"{n} tasks failed: {exc!r}; launcher stderr: {tail}")

@@ -9,13 +9,13 @@ stopped by PID and the directory removed; the teardown fails if it had to kill a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ import yaml
 from conftest import jsonl
 
 from tfcluster_testbed import slurm as ls
+from tfcluster_testbed.waiting import WaitTimeout, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -47,25 +48,34 @@ def local_slurm() -> Iterator[ls.LocalSlurm]:
 def slurm(local_slurm: ls.LocalSlurm) -> Iterator[ls.LocalSlurm]:
     """The session's Slurm, checked empty after the test (no job, no task process left)."""
     yield local_slurm
-    deadline = time.monotonic() + 15  # a job that just ended is COMPLETING for a moment
-    left_jobs, procs = _job_states(local_slurm), local_slurm.processes(stepd=True)
-    while (procs or left_jobs) and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left_jobs, procs = _job_states(local_slurm), local_slurm.processes(stepd=True)
+    left: dict[str, Any] = {}
+
+    def empty() -> bool:
+        left["jobs"], left["procs"] = _job_states(local_slurm), local_slurm.processes(stepd=True)
+        return not left["jobs"] and not left["procs"]
+
+    def completing_ended() -> bool:
+        left["jobs"] = _job_states(local_slurm)
+        return not left["jobs"] or not all(st == "CG" for st in left["jobs"].values())
+
+    # what is left is asserted below, after the cleanup: a wait that runs out is not the failure itself
+    with contextlib.suppress(WaitTimeout):  # a job that just ended is COMPLETING for a moment
+        wait_for(empty, 15, "the queue and the jobs' processes to empty", interval=0.2)
     # A job whose node was killed and brought back stays COMPLETING (CG) until that node's new slurmd
     # has told slurmctld the old step is gone: Slurm's bookkeeping, not an allocation the launcher held
     # on to (a job still running, R, is not waited for).
-    settle = time.monotonic() + 60
-    while left_jobs and all(st == "CG" for st in left_jobs.values()) and time.monotonic() < settle:
-        time.sleep(0.5)
-        left_jobs = _job_states(local_slurm)
+    with contextlib.suppress(WaitTimeout):
+        wait_for(completing_ended, 60, "the COMPLETING jobs to leave the queue", interval=0.5)
+    left_jobs, procs = left["jobs"], left["procs"]
     leftover = [f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in procs if _alive(p)]
-    local_slurm.cancel_all()
-    for p in procs:
-        try:
-            p.kill()
-        except Exception:
-            pass
+    try:
+        local_slurm.cancel_all()
+    finally:
+        for p in procs:
+            try:
+                p.kill()
+            except Exception:
+                pass
     assert not left_jobs, f"jobs left in the queue: {left_jobs}"
     assert not leftover, f"processes of Slurm jobs left: {leftover}"
 

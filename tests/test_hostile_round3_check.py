@@ -22,6 +22,7 @@ import time
 import pytest
 from fakecheck import check_through_job
 from fakenode import FakeNode, make_plan
+from waiting import wait_for
 
 from orchestrator.core.errors import UsageError
 from orchestrator.job.check import check_spec, without_hosts
@@ -229,14 +230,14 @@ def _rounds(peers, secret=b"s" * 32, deadline_s=30.0):
 
 
 def _wait_listening(port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def listens() -> bool:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
         except OSError:
-            time.sleep(0.02)
-    raise AssertionError(f"nothing listens on {port}")
+            return False
+        return True
+
+    wait_for(listens, timeout, f"a listener on port {port}", interval=0.02)
 
 
 def test_a_stranger_cannot_report_for_every_rank_nor_end_a_round(tmp_path):

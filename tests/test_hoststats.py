@@ -11,6 +11,7 @@ import types
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from worker_entry import protocol as p
 from worker_entry.agent.gpuowner import TaskTree
@@ -167,12 +168,14 @@ def test_real_cpu_quota_shows_as_throttling_and_run_queue_delay(tmp_path):
         free = h.sample()
         Path(cg, "cgroup.procs").write_text(str(busy.pid))
         h.sample()
-        deadline = time.monotonic() + 15
-        while True:
+
+        def window() -> dict | None:
+            """The next 0.8 s sampling window, when it shows the throttling."""
             time.sleep(0.8)
-            starved = h.sample()
-            if _starved(starved) or time.monotonic() > deadline:
-                break
+            sample = h.sample()
+            return sample if _starved(sample) else None
+
+        starved = wait_for(window, 15, "a sampling window that shows the quota holding the process back", interval=0)
     finally:
         busy.kill()
         busy.wait()

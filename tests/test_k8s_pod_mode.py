@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -83,14 +82,18 @@ def test_the_pod_log_carries_the_output_as_printed_and_every_message(tmp_path):
 
 def test_the_kubelets_sigterm_stops_the_whole_process_group_and_is_reported(tmp_path):
     proc = pod(tmp_path, "sh", "-c", "sleep 300 & sleep 300")
-    deadline = time.monotonic() + 20
-    seen = b""
-    while b'"type":"spawned"' not in seen and time.monotonic() < deadline:
-        seen += os.read(proc.stdout.fileno(), 65536)
+    seen = bytearray()
+
+    def spawned() -> bool:
+        seen.extend(os.read(proc.stdout.fileno(), 65536))  # blocks until the agent writes (or ends: b"")
+        return b'"type":"spawned"' in seen or proc.poll() is not None
+
+    wait_for(spawned, 20, lambda: f"the agent's spawned message (it wrote {bytes(seen[-300:])!r})", interval=0)
+    assert b'"type":"spawned"' in seen, (proc.poll(), bytes(seen[-2000:]))
     # spawned: the shell runs; its two sleeps come a moment later — wait for what is asserted
     children = wait_for(
         lambda: (lambda c: c if len(c) >= 2 else None)(psutil.Process(proc.pid).children(recursive=True)),
-        max(0.0, deadline - time.monotonic()),
+        20,
         "the pod's two sleeps",
         interval=0.05,
     )

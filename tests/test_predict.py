@@ -206,6 +206,20 @@ def test_inputs_without_a_step_time_or_gradient_bytes_say_why(tmp_path):
         view.inputs_from({"workers": 2, "run_dir": str(run), "split": _split(300.0, 180.0, 20.0)})
 
 
+def test_a_sweeps_split_is_read_back_as_the_reports_typed_split():
+    """scale.json keeps each size's split as ``JobSplit.to_dict``; predict reads it back into the type the
+    report built (issue 29.3: predict reads the model), by attribute: a renamed field fails at once."""
+    from orchestrator.views.split import JobSplit
+
+    whole = JobSplit("worker:1", 300.0, 5.0, 90.0, 20.0, 180.0, 3.0, 1.0, 1.0, "worker:2", 4.0)
+    assert JobSplit.from_dict(whole.to_dict()) == whole
+    assert JobSplit.from_dict(json.loads(json.dumps(whole.to_dict()))) == whole  # through the file
+    older = JobSplit.from_dict(_split(300.0, 180.0, 20.0))  # a file without the later parts: zero, not a crash
+    assert older is not None and (older.step_ms, older.allreduce_ms, older.input_ms) == (300.0, 180.0, 0.0)
+    for bad in (None, [], {}, {"step_ms": 0}, {"step_ms": "fast"}, {"step_ms": 300.0, "allreduce_ms": [1]}):
+        assert JobSplit.from_dict(bad) is None, bad
+
+
 def test_prediction_json_has_scale_shaped_sizes_and_errors_beside_measured_ones(tmp_path, monkeypatch):
     run = _run_dir(
         tmp_path,

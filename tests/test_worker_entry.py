@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 from conftest import _env
@@ -61,14 +62,23 @@ class Entry:
                 else:
                     self.msgs.append(json.loads(fr.payload))
 
+    def until(self, condition, timeout: float, message) -> Any:
+        """``wait_for(condition)``, reading the agent's frames between two asks (``pump``: up to 0.1 s)."""
+
+        def pumped() -> Any:
+            if value := condition():
+                return value
+            self.pump(0.1)
+            return condition()
+
+        return wait_for(pumped, timeout, message, interval=0)
+
     def wait_msg(self, kind: str, timeout: float = 20.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for m in self.msgs:
-                if m["type"] == kind:
-                    return m
-            self.pump()
-        raise AssertionError(f"no {kind!r} within {timeout}s; got {[m['type'] for m in self.msgs]}")
+        return self.until(
+            lambda: next((m for m in self.msgs if m["type"] == kind), None),
+            timeout,
+            lambda: f"a {kind!r} message (got {[m['type'] for m in self.msgs]})",
+        )
 
     def finish(self, timeout: float = 30.0) -> int:
         """Wait for the end like the launcher: after ``exited`` and ``task_files``, say ``bye``."""
@@ -134,15 +144,13 @@ def _family(tmp_path: Path, **cfg) -> tuple[Entry, list[int]]:
     e.wait_msg("hello")
     e.send({"op": "go"})
     e.wait_msg("spawned")
-    deadline = time.monotonic() + 20
-    while not (pids_file.exists() and len(pids_file.read_text().split()) == 3) and time.monotonic() < deadline:
-        e.pump(0.1)
+    e.until(lambda: pids_file.exists() and len(pids_file.read_text().split()) == 3, 20, "the family's 3 pids")
     pids = [int(x) for x in pids_file.read_text().split()]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not any(
-        m["type"] == "heartbeat" and (m.get("nproc") or 0) >= 3 for m in e.msgs
-    ):
-        e.pump(0.1)  # let a heartbeat scan see the escaped child
+    e.until(  # a heartbeat scan saw the escaped child
+        lambda: any(m["type"] == "heartbeat" and (m.get("nproc") or 0) >= 3 for m in e.msgs),
+        10,
+        "a heartbeat counting the 3 processes",
+    )
     return e, pids
 
 
@@ -281,20 +289,23 @@ def test_hand_over_lists_the_task_and_serves_fetches_on_the_same_channel(tmp_pat
     # a directory it did not list: nothing is sent (not even an error naming it)
     e.send({"type": "fetch", "root": str(tmp_path), "files": [{"path": "secret"}]})
     e.send({"type": "fetch", "root": str(ckpt), "files": [{"path": "w.bin", "offset": 1000}]})
-    deadline = time.monotonic() + 20
     data = bytearray()
     ends = []
-    while len(ends) < 1 and time.monotonic() < deadline:
+
+    def read_to_the_end() -> bool:
         ready, _, _ = select.select([e.p.stdout], [], [], 0.2)
         if ready:
             for fr in e.decoder.feed(os.read(e.p.stdout.fileno(), 1 << 20)):
                 if fr.type == wire.T_DATA:
-                    data += fr.payload
+                    data.extend(fr.payload)
                 elif fr.type == wire.T_MSG:
                     m = json.loads(fr.payload)
                     e.msgs.append(m)
                     if m["type"] == "end":
                         ends.append(m)
+        return bool(ends)
+
+    wait_for(read_to_the_end, 20, "the fetch's end message", interval=0)
     assert bytes(data) == b"w" * 4000  # from the offset on
     assert ends[0]["sha256"] == hashlib.sha256(b"w" * 5000).hexdigest()  # of the whole file
     assert not any(m.get("path") == "secret" for m in e.msgs)
@@ -308,9 +319,7 @@ def test_hand_over_ends_when_the_launcher_stays_silent(tmp_path):
     e.wait_msg("hello")
     e.send({"type": "go"})
     e.wait_msg("task_files")
-    deadline = time.monotonic() + 20
-    while e.p.poll() is None and time.monotonic() < deadline:
-        e.pump(0.1)
+    e.until(lambda: e.p.poll() is not None, 20, "the agent to end on its own")
     assert e.p.returncode == 0
 
 

@@ -7,12 +7,12 @@ connection or a namespace fails loudly instead of slowly filling the machine.
 from __future__ import annotations
 
 import os
-import time
 
 from . import base
 from .bed import Testbed
 from .procs import _describe, _lookup, _Scan, _self_and_ancestors
 from .sshd import _is_sshd
+from .waiting import wait_for
 
 
 def leftovers(tb: Testbed, *, include_sessions: bool = False) -> list[str]:
@@ -56,10 +56,10 @@ def leftovers(tb: Testbed, *, include_sessions: bool = False) -> list[str]:
 def assert_no_leftovers(tb: Testbed, *, timeout: float = 5.0, include_sessions: bool = False) -> None:
     """Assert leftovers(tb) is empty, polling up to `timeout` (remote processes die asynchronously
     after a launcher stops them)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = leftovers(tb, include_sessions=include_sessions)
-        if not found or time.monotonic() >= deadline:
-            break
-        time.sleep(0.05)
-    assert not found, f"test bed {tb.id} left behind:\n  " + "\n  ".join(found)
+    found: list[str] = []
+
+    def clean() -> bool:
+        found[:] = leftovers(tb, include_sessions=include_sessions)
+        return not found
+
+    wait_for(clean, timeout, lambda: f"test bed {tb.id} to leave nothing behind; it left:\n  " + "\n  ".join(found))

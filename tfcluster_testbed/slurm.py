@@ -22,7 +22,6 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 import psutil
 
 from .base import TestbedError
+from .waiting import WaitTimeout, wait_for
 
 SLURM_BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol", "squeue", "scancel")
 DIR_PREFIX = "tfcluster-slurm-"
@@ -159,7 +159,7 @@ class LocalSlurm:
             "--foreground",
         ]
         self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        self._wait_for(lambda: self.munge_socket.exists(), 10, "munged did not create its socket")
+        self._wait_for(lambda: self.munge_socket.exists(), 10, "munged to create its socket")
         os.chmod(mdir, 0o755)  # clients (tasks of other users) reach the socket
 
     def _write_conf(self) -> None:
@@ -237,16 +237,16 @@ class LocalSlurm:
             states = dict(line.split() for line in out.stdout.splitlines() if len(line.split()) == 2)
             return out.returncode == 0 and all(states.get(n) == "idle" for n in self.nodes)
 
-        self._wait_for(idle, timeout, "the Slurm nodes did not become idle")
+        self._wait_for(idle, timeout, "the Slurm nodes to become idle")
 
     @staticmethod
-    def _wait_for(pred, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if pred():
-                return
-            time.sleep(0.1)
-        raise TestbedError(what)
+    def _wait_for(pred, timeout: float, what) -> None:
+        """The test bed's one wait (``waiting.wait_for``), failing as the ``TestbedError`` a bed that
+        could not be built raises."""
+        try:
+            wait_for(pred, timeout, what)
+        except WaitTimeout as exc:
+            raise TestbedError(str(exc)) from None
 
     # --- use -------------------------------------------------------------------------------------
 
@@ -259,9 +259,7 @@ class LocalSlurm:
         if not self.conf.exists():
             return
         self.run(["scancel", "--full", "-u", str(os.getuid())], check=False)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.jobs():
-            time.sleep(0.2)
+        self._wait_for(lambda: not self.jobs(), timeout, lambda: f"the queue to empty (left: {self.jobs()})")
 
     def processes(self, *, stepd: bool = False) -> list[psutil.Process]:
         """Processes (other than our daemons) that carry this cluster's SLURM_CONF: jobs' processes —
@@ -360,7 +358,7 @@ class LocalSlurm:
                 and not (state.startswith(("down", "drain", "fail")))
             )
 
-        self._wait_for(answers, timeout, f"{node} did not answer again (states seen: {sorted(set(seen))})")
+        self._wait_for(answers, timeout, lambda: f"{node} to answer again (states seen: {sorted(set(seen))})")
 
     def _node_state(self, node: str) -> str:
         """sinfo's short state of ``node`` (``idle``, ``alloc``, ``down*``, ``idle*``...); "" if unknown."""

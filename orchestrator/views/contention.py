@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cpushare import CpuShare, per_machine_at
+from .split import JobSplit
 
 #: Own work per step grown by more than this factor over the smallest size: not "constant in N".
 GROWTH = 1.25
@@ -60,15 +61,15 @@ class Contention:
 
 def point_of(size: Mapping[str, Any], model_allreduce_ms: float) -> Point | None:
     """A measured size (scale.json's ``sizes`` entry, or one run's) as a Point; None without a split."""
-    sp = size.get("split") or {}
-    if not sp.get("step_ms"):
+    sp = JobSplit.from_dict(size.get("split"))
+    if sp is None:
         return None
-    ar, wait = float(sp.get("allreduce_ms") or 0.0), float(sp.get("waiting_for_slowest_ms") or 0.0)
+    ar, wait = sp.allreduce_ms, sp.waiting_for_slowest_ms
     cpu = next(
         (str(p.get("detail")) for p in size.get("shared_problems") or [] if p.get("kind") in CPU_KINDS),
         None,
     )
-    return Point(int(size["workers"]), float(sp["step_ms"]) - ar - wait, ar, wait, model_allreduce_ms, cpu)
+    return Point(int(size["workers"]), sp.step_ms - ar - wait, ar, wait, model_allreduce_ms, cpu)
 
 
 def assess(

@@ -29,6 +29,7 @@ from .predict_model import (
     ring_allreduce_s,
 )
 from .records import event_records, heartbeat_records
+from .split import JobSplit
 from .stateff import bound_sizes, lr_advice, noise_json, noise_of, predict_lines
 from .stateff import time_to_loss_curve as ttl_curve
 from .stateff import time_to_loss_summary as ttl_summary
@@ -98,14 +99,14 @@ def _profiles(run_dir: str | Path) -> list[dict[str, Any]]:
 def inputs_from(size: Mapping[str, Any]) -> Inputs:
     """The model's inputs from one measured size: its median worker's own work, the spread (fitted to
     its wait; at one worker from its windows), its gradient bytes, packs and implementation."""
-    split = size.get("split") or {}
+    split = JobSplit.from_dict(size.get("split"))
     n = int(size["workers"])
-    if not split.get("step_ms"):
+    if split is None:
         raise UsageError(
             f"{size.get('run_dir')}: no step time (the step clock was off): run the job with "
             "TFCLUSTER_STEPCLOCK=force in job.env, or measure it with `tfcluster scale`"
         )
-    own = split["step_ms"] - split["allreduce_ms"] - split["waiting_for_slowest_ms"]
+    own = split.step_ms - split.allreduce_ms - split.waiting_for_slowest_ms
     profiles = _profiles(size["run_dir"])
     wired = [r for r in profiles if r.get("grad_bytes") is not None]
     if not wired:
@@ -115,12 +116,12 @@ def inputs_from(size: Mapping[str, Any]) -> Inputs:
         )
     last = wired[-1]
     sources = {
-        "own work": f"step clock, {split.get('worker')} (median worker) at {n} worker(s)",
+        "own work": f"step clock, {split.worker} (median worker) at {n} worker(s)",
         "gradient bytes": f"the traced gradients ({last.get('grad_tensors')} tensors, {last.get('allreduce_impl')})",
     }
     if n > 1:
-        sigma = split["waiting_for_slowest_ms"] / expected_max_excess(n)
-        sources["spread"] = f"fitted to the wait measured at {n} workers ({split['waiting_for_slowest_ms']:.1f} ms)"
+        sigma = split.waiting_for_slowest_ms / expected_max_excess(n)
+        sources["spread"] = f"fitted to the wait measured at {n} workers ({split.waiting_for_slowest_ms:.1f} ms)"
     else:
         sigma = _spread_of_windows(profiles)
         sources["spread"] = (
@@ -274,19 +275,20 @@ def _advice(inp: Inputs, net: Network, verdict: contention.Contention, rows: lis
 
 def compare_to(pred: Mapping[str, Any], m: Mapping[str, Any]) -> dict[str, Any]:
     """A measured size beside its prediction: the measurement and the error in % of it."""
-    sp = m.get("split") or {}
+    sp = JobSplit.from_dict(m.get("split"))
+    step, allreduce = (sp.step_ms, sp.allreduce_ms) if sp else (None, None)
 
     def err(p: Any, x: Any) -> float | None:
         return round(100 * (float(p) - float(x)) / float(x), 1) if p is not None and x else None
 
     return {
-        "measured_step_ms": sp.get("step_ms"),
-        "measured_allreduce_ms": sp.get("allreduce_ms"),
-        "measured_waiting_ms": sp.get("waiting_for_slowest_ms"),
+        "measured_step_ms": step,
+        "measured_allreduce_ms": allreduce,
+        "measured_waiting_ms": sp.waiting_for_slowest_ms if sp else None,
         "measured_examples_per_s": m.get("examples_per_s"),
         "measured_efficiency": m.get("efficiency"),
-        "step_error_pct": err(pred["step_ms"], sp.get("step_ms")),
-        "allreduce_error_pct": err(pred["allreduce_ms"], sp.get("allreduce_ms")),
+        "step_error_pct": err(pred["step_ms"], step),
+        "allreduce_error_pct": err(pred["allreduce_ms"], allreduce),
     }
 
 

@@ -41,6 +41,24 @@ class JobSplit:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: Any) -> JobSplit | None:
+        """The split a sweep's scale.json keeps (``to_dict``'s shape) read back, for ``predict`` and
+        ``scale`` to read by attribute like the report; None without a step time (the step clock was
+        off), or when a field is not a number (a hand-edited file)."""
+        if not isinstance(data, Mapping) or not data.get("step_ms"):
+            return None
+        names = {"worker", "slowest_worker"}
+        try:
+            return cls(
+                **{
+                    f: str(data.get(f) or "") if f in names else float(data.get(f) or 0.0)
+                    for f in cls.__dataclass_fields__
+                }
+            )
+        except (TypeError, ValueError):
+            return None
+
 
 def weighted(records: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
     """Step-weighted means of the split over a worker's windows (``figures.Split``, the one owner of
