@@ -137,6 +137,7 @@ def test_gathered_checkpoint_verifies_and_nothing_escapes(testbed_factory, tmp_p
         "nodes",
         "gather-state.json",
         "tensorboard",  # the launcher's own scalars (sinks.tensorboard)
+        "summary.json",  # the whole-run report written at the run's end (views.runsummary)
     }
 
 
