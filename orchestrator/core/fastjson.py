@@ -34,6 +34,10 @@ try:  # the launcher's only optional speed-up; pyproject lists it, but a missing
 except ImportError:  # pragma: no cover - exercised by tests that hide the module
     _orjson = None
 
+#: The orjson module, or None: the one place the launcher imports it (``runs.jsonl`` decodes blocks with
+#: its own guards, since a block's refusal falls back to line-by-line reading, not to one ``json.loads``).
+ORJSON: Any = _orjson
+
 #: Past this many brackets a text may nest deeper than ``json`` (Python's recursion limit) can read,
 #: where orjson reads on: the standard library takes it, and refuses it as before. A message has ~20.
 _NESTING = 200

@@ -29,14 +29,11 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
+from ..core.fastjson import ORJSON as _orjson  # optional (see above): json is the reference
+
 #: Bytes of whole lines decoded per call: large enough that the call's cost vanishes, small enough that
 #: a damaged block re-read line by line costs little and the text copy stays a few MB.
 BLOCK = 4 << 20
-
-try:  # optional (see above): the standard decoder is the reference and the fallback
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - depends on the environment
-    _orjson = None
 
 #: An integer past 64 bits, which orjson reads as a float where ``json`` keeps an int, is a run of 19
 #: digits or more after anything but a digit or a point: found with one ``translate`` and one ``find``
