@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.supervise import Monitor, Policy, explain, find_straggler, host_suspect, judge_gpus
-from orchestrator.supervise.evidence import Scores
+from orchestrator.supervise.evidence import Scores, starved
 from worker_entry import protocol as p
 
 TASKS = ["worker:0", "worker:1", "worker:2"]
@@ -100,6 +100,34 @@ def test_a_moderately_starved_worker_the_step_clock_names_gets_the_host_cause():
     assert host_suspect(moderate) is None  # not enough on its own (2.2x per CPU second)
     got = explain(finding, moderate, None, profiles)
     assert got.cause == "host CPU" and "80%" in got.detail and "optimizer update" in got.detail
+
+
+def test_an_input_bound_worker_that_runs_less_cpu_is_not_called_starved():
+    """The CI case: worker:1's input pipeline sleeps 37 ms a step. It runs less CPU than the others, so the
+    same run-queue delay per wall second is 2.75x theirs per CPU second and its host looks starved; but its
+    delay per wall second is no higher than theirs, so it cannot explain 37 ms of a 100 ms step. A worker
+    whose delay per wall second is well above the others' keeps the host cause."""
+    profiles = {
+        "worker:0": profile(20, step=100.0),
+        "worker:1": profile(57, step=100.0, input_ms=38.0, compute_ms=19.0),
+        "worker:2": profile(20, step=100.0),
+    }
+    finding = find_straggler(profiles)
+    assert (finding.task, finding.cause) == ("worker:1", "input pipeline")
+
+    def sample(run_ms, wait_ms):
+        return [{"interval_s": 1.0, "run_ms": run_ms, "wait_ms": wait_ms}] * 3
+
+    sleeper = {"worker:0": sample(600, 600), "worker:1": sample(200, 550), "worker:2": sample(600, 600)}
+    assert host_suspect(sleeper).task == "worker:1"  # the odds alone would name its host
+    got = explain(finding, sleeper, None, profiles)
+    assert (got.task, got.cause) == ("worker:1", "input pipeline"), got
+    moderate = {**sleeper, "worker:1": sample(300, 550)}  # 1.8x per CPU second: corroboration only
+    assert host_suspect(moderate) is None and starved(moderate, "worker:1") is not None
+    assert explain(finding, moderate, None, profiles).cause == "input pipeline"
+    starving = {**sleeper, "worker:1": sample(200, 900)}  # 0.3 s more delay per wall second than the others
+    got = explain(finding, starving, None, profiles)
+    assert (got.task, got.cause) == ("worker:1", "host CPU") and "input pipeline" in got.detail, got
 
 
 def test_explain_names_a_starved_worker_the_step_clock_cannot_see():

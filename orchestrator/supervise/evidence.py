@@ -29,6 +29,7 @@ WAIT_ODDS_RATIO = 2.5  # ... and 2.5x as long, per unit of CPU time, as the othe
 CORROBORATE_RATIO = 1.5  # enough when the step clock already names that very worker
 THROTTLED_PCT_MIN = 10.0  # cgroup throttled time per wall time
 STEAL_PCT_MIN = 10.0
+EXPLAINS_SHARE = 0.5  # of the step clock's excess, for the run-queue delay to be named its cause
 CPU_CLOCK_RATIO = 0.7  # current / maximum CPU frequency
 RETRANS_PCT_MIN = 1.0
 
@@ -178,6 +179,30 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
 
 
+def _delay_per_wall(samples: Sequence[Mapping[str, Any]]) -> float | None:
+    """Run-queue delay of a worker's threads per wall second over its samples (summed over threads), or
+    None when the samples do not say both."""
+    wall = sum(float(s.get("interval_s") or 0.0) for s in samples) * 1000.0
+    waits = [float(v) for s in samples if (v := s.get("wait_ms")) is not None]
+    return sum(waits) / wall if wall > 0 and waits else None
+
+
+def delay_explains(samples: Mapping[str, Sequence[Mapping[str, Any]]], finding: Any) -> bool:
+    """Whether the run-queue delay can account for the excess the step clock measured on ``finding``'s
+    worker: its threads' delay per wall second above the other workers' (median) must cover at least half
+    of its excess share of a step. Wait odds (delay per CPU second) alone mislead here: a worker blocked
+    in its input pipeline runs less CPU, so the same delay per wall second is more per CPU second and it
+    looks starved; CI caught such a worker named "host CPU". True when the samples cannot say."""
+    if finding is None or finding.step_ms <= 0:
+        return True
+    per_wall = {t: d for t, ss in samples.items() if ss and (d := _delay_per_wall(ss)) is not None}
+    mine = per_wall.get(finding.task)
+    others = [d for t, d in per_wall.items() if t != finding.task]
+    if mine is None or not others:
+        return True
+    return mine - statistics.median(others) >= EXPLAINS_SHARE * finding.wait_ms / finding.step_ms
+
+
 def starved(samples: Mapping[str, Sequence[Mapping[str, Any]]], task: str) -> str | None:
     """Corroboration for a worker the step clock already names: its threads wait for a CPU the longest
     per CPU second, at least CORROBORATE_RATIO times the others' median. The detail, or None."""
@@ -258,10 +283,13 @@ def explain(
         own = sorted(gpus.of(finding.task), key=lambda p: list(CAUSES).index(p.problem))
         if own and finding.cause in ("compute", "other"):
             return replace(finding, cause=CAUSES[own[0].problem], detail="; ".join(p.text() for p in own))
+        queued = "others_wait_pct" in (host.data if host is not None else {})  # the run-queue finding
         if host is not None and host.task == finding.task:
+            if queued and not delay_explains(hosts, finding):
+                return finding  # the delay is too small for the excess the step clock measured
             return replace(finding, cause=host.cause, detail=f"{host.detail}; {finding.detail}")
         weak = starved(hosts, finding.task) if host is None else None
-        if weak is not None:  # everything a starved worker does is slow: the parts only echo it
+        if weak is not None and delay_explains(hosts, finding):  # a starved worker's parts only echo it
             return replace(finding, cause="host CPU", detail=f"{weak}; {finding.detail}")
         if host is None:
             return finding  # (another worker's GPU problem is not what this step waits for)
