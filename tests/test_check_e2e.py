@@ -68,7 +68,7 @@ def test_cpu_quota_host_is_named_slow_host(bed, tmp_path):
     """One check, through `launch --check` (check.without_named_hosts): its check.json names the host
     under the quota as the slow host with its figure, and the job starts on the other two hosts. (The
     check behind `launch --check` is `tfcluster check`'s own code, job/check.py; the standalone command's
-    exit 6 on a finding is asserted by the slow-link test, its healthy run by the healthy-bed test.)"""
+    exit 6 on a finding is asserted by the late-host test, its healthy run by the healthy-bed test.)"""
     if cpu_cgroup() is None:
         pytest.skip("no writable CPU cgroup (v1 cpu.cfs_quota_us or v2 cpu.max) on this machine")
     slow = bed.hosts[1].address
@@ -98,21 +98,22 @@ def test_cpu_quota_host_is_named_slow_host(bed, tmp_path):
 
 
 def test_rate_limited_link_is_named_slow_link_and_launch_refuses(bed, tmp_path):
+    """One check, through `launch --check`: its check.json names the shaped link (not a slow host) with
+    its figure, the finding is an event, and the job does not start. (`tfcluster check`'s own exit 6 on
+    a finding: test_the_host_the_others_waited_for_is_named_alone_when_the_deadline_passes.)"""
     slow = bed.hosts[2].address
     bed.rate_limit(2, rate="40mbit", burst="32kb", latency="100ms")
     try:
-        out, check = _check(bed, _spec(bed, tmp_path), tmp_path / "run")
-        assert out.returncode == EXIT_CHECK_FINDINGS, (out.returncode, out.stderr[-3000:])
-        named = [(f["code"], f["subject"]) for f in check["findings"]]
-        assert named == [("slow_link", slow)], check["findings"]  # a slow link, not a slow host
-        assert check["findings"][0]["figure"] < 10e6  # 40 Mbit/s = 5 MB/s, against GB/s on the other links
-        # launch --check: the same finding, as an event, and the job does not start
         spec = _spec(bed, tmp_path)
         run = tmp_path / "launch"
         launched = run_cli("launch", str(spec), "--check", "--run-dir", str(run), "--no-live", tb=bed, timeout=300)
     finally:
         bed.rate_limit(2, None)
     assert launched.returncode == EXIT_CHECK_FINDINGS, (launched.returncode, launched.stderr[-3000:])
+    check = json.loads((tmp_path / "launch-check" / "check.json").read_text())
+    named = [(f["code"], f["subject"]) for f in check["findings"]]
+    assert named == [("slow_link", slow)], check["findings"]  # a slow link, not a slow host
+    assert check["findings"][0]["figure"] < 10e6  # 40 Mbit/s = 5 MB/s, against GB/s on the other links
     assert "not starting" in launched.stderr and not run.exists()
     events = [e for e in read_events(tmp_path / "launch-check") if e["event"] == "check_finding"]
     assert [(e["code"], e["subject"]) for e in events] == [("slow_link", slow)], events
