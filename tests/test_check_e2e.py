@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from conftest import PY, _env, assert_no_job_processes, read_events, repo_python, run_cli
@@ -44,14 +46,40 @@ def bed(session_testbed_factory):
     return session_testbed_factory(3, mode="netns")
 
 
-def test_healthy_bed_names_nothing(bed, tmp_path):
+@dataclass(frozen=True)
+class TrainedThenChecked:
+    """``trained_then_checked``: the runs directory, the training launch, the check's CLI result and JSON."""
+
+    runs: Path
+    train: Path
+    launched: subprocess.CompletedProcess
+    out: subprocess.CompletedProcess
+    check: dict | None
+
+
+@pytest.fixture(scope="module")
+def trained_then_checked(bed, tmp_path_factory) -> TrainedThenChecked:
+    """The job launched to its end, then `tfcluster check` of the same spec on the healthy bed, both in one
+    runs directory: test_healthy_bed_names_nothing asserts on the check, test_status_and_report_by_name_...
+    on what `status`/`report` NAME mean after it (one healthy check, three TensorFlow imports, for both)."""
+    tmp = tmp_path_factory.mktemp("trained-then-checked")
+    runs = tmp / "runs"
+    spec = _spec(bed, tmp)
+    train = runs / "checked-train"
+    launched = run_cli("launch", str(spec), "--run-dir", str(train), "--no-live", "-q", tb=bed, timeout=300)
     # The check's deadline bounds each node from its start, TensorFlow's import included: three imports at
     # once on the 2-core box took 45 s of a 56-s check at load 9, so under a heavier load the other tests'
     # 90 s can pass before anything is measured (every node then ends with no figures, named). A healthy
     # bed is judged by what it measured, given the time to measure it.
-    out, check = _check(bed, _spec(bed, tmp_path), tmp_path / "run", timeout="240")
+    out, check = _check(bed, spec, runs / "check-checked-later", timeout="240")
+    assert_no_job_processes(bed, 10)
+    return TrainedThenChecked(runs, train, launched, out, check)
+
+
+def test_healthy_bed_names_nothing(bed, trained_then_checked):
+    out, check = trained_then_checked.out, trained_then_checked.check
     assert out.returncode == 0, (out.returncode, out.stderr[-3000:], check and check["findings"])
-    assert check == json.loads((tmp_path / "run" / "check.json").read_text())
+    assert check == json.loads((trained_then_checked.runs / "check-checked-later" / "check.json").read_text())
     assert [h["host"] for h in check["hosts"]] == [h.address for h in bed.hosts]
     assert all(h["gflops"] > 0 and h["device"] == "CPU" for h in check["hosts"]), check["hosts"]
     assert len(check["links"]) == 3 and all(x["bandwidth_Bps"] > 0 and x["latency_s"] > 0 for x in check["links"])
@@ -61,7 +89,6 @@ def test_healthy_bed_names_nothing(bed, tmp_path):
         assert a["busbw_GBps"] == pytest.approx(a["algbw_GBps"] * 4 / 3)
     assert check["network"]["bandwidth_Bps"] == min(x["bandwidth_Bps"] for x in check["links"])
     assert check["findings"] == []
-    assert_no_job_processes(bed, 10)
 
 
 def test_cpu_quota_host_is_named_slow_host(bed, tmp_path):
@@ -175,15 +202,12 @@ def test_the_host_the_others_waited_for_is_named_alone_when_the_deadline_passes(
     assert_no_job_processes(bed, 30)
 
 
-def test_status_and_report_by_name_after_a_check_mean_the_training_run(bed, tmp_path):
+def test_status_and_report_by_name_after_a_check_mean_the_training_run(trained_then_checked):
     """Issue 32.5: `tfcluster check` after a launch of the same job: `status NAME` and `report NAME` mean
     the training run; the check run is reachable by its directory and marked in the list."""
-    runs = tmp_path / "runs"
-    spec = _spec(bed, tmp_path)
-    train = runs / "checked-train"
-    launched = run_cli("launch", str(spec), "--run-dir", str(train), "--no-live", "-q", tb=bed, timeout=300)
+    runs, train = trained_then_checked.runs, trained_then_checked.train
+    launched, out = trained_then_checked.launched, trained_then_checked.out
     assert launched.returncode == 0, launched.stderr[-3000:]
-    out, _ = _check(bed, spec, runs / "check-checked-later")
     assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
     assert read_plan(RunDir(runs / "check-checked-later")).purpose == "check"
     status = run_cli("status", "checked", "--runs-dir", str(runs), "--json")
@@ -200,4 +224,3 @@ def test_status_and_report_by_name_after_a_check_mean_the_training_run(bed, tmp_
         str(train): "train",
         str(runs / "check-checked-later"): "check",
     }
-    assert_no_job_processes(bed, 10)
