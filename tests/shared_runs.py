@@ -10,6 +10,7 @@ The run directory stays (pytest's session temp), so a test may run `status`/`rep
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -70,12 +71,15 @@ def custom_loop_run(tmp_path_factory) -> Iterator[Launched]:
 @dataclass(frozen=True)
 class ScrapedRun:
     """A finished ``keras_scraped_run``: the launch, the live /metrics scrape that showed every
-    worker's training figures, and the directory the user's own TensorBoard runs are in."""
+    worker's training figures, the metric names seen on /metrics from then on, and the directory the
+    user's own TensorBoard runs are in."""
 
     launched: Launched
     scraped: dict[str, list]
     hosts: tuple[str, ...]
     tensorboard: Path  # --tensorboard DIR (its "train" run is the user's)
+    families: frozenset[str]  # every metric family of every later scrape (declared, sampled or not)
+    samples: frozenset[str]  # every sample name with a sample in one of those scrapes
 
 
 @pytest.fixture(scope="session")
@@ -83,8 +87,10 @@ def keras_scraped_run(tmp_path_factory) -> Iterator[ScrapedRun]:
     """``keras_synthetic`` on 3 workers of the loopback bed, ``KERAS_EPOCHS`` x ``KERAS_STEPS_PER_EPOCH``
     steps, heartbeats every 0.5 s and a step-clock window every 1 s, with /metrics (``--metrics-port 0``)
     and TensorBoard scalars beside the user's own runs (``--tensorboard DIR``), no gather. Scraped live
-    until every worker's examples/s and step time show, then run to its end. test_metrics asserts on the
-    live scrape, test_tensorboard on the scalars and the goodput."""
+    until every worker's examples/s and step time show, then again until every metric the Grafana dashboard
+    queries has had a sample (or the run ended), then run to its end. test_metrics asserts on the live
+    scrape, test_grafana on the names seen, test_tensorboard on the scalars and the goodput."""
+    from test_grafana import dashboard_missing, scrape_names
     from test_metrics import scrape, value
 
     tmp = tmp_path_factory.mktemp("keras-scraped-run")
@@ -125,6 +131,21 @@ def keras_scraped_run(tmp_path_factory) -> Iterator[ScrapedRun]:
                 return got if ok else None
 
             got = wait_for(training, 120, "training metrics of every worker", interval=0.5)
+            families: set[str] = set()
+            samples: set[str] = set()
+
+            def dashboard_sampled_or_ended() -> bool:
+                """Every metric the dashboard queries seen with a sample, or the launcher gone (its
+                /metrics with it: test_grafana then names what never showed)."""
+                try:
+                    fams, samps = scrape_names(url)
+                except (OSError, http.client.HTTPException):  # the launcher ending, its server with it
+                    return proc.poll() is not None
+                families.update(fams)
+                samples.update(samps)
+                return not dashboard_missing(samples) or proc.poll() is not None
+
+            wait_for(dashboard_sampled_or_ended, 120, "a sample of every dashboard metric", interval=0.5)
             out, err = proc.communicate(timeout=180)
             seconds = time.monotonic() - t0
         finally:
@@ -135,7 +156,8 @@ def keras_scraped_run(tmp_path_factory) -> Iterator[ScrapedRun]:
         hosts = tuple(h.address for h in tb.hosts)
     finally:
         beds.finish()
-    yield ScrapedRun(Launched(proc.returncode, out, err, run_dir, seconds), got, hosts, own)
+    launched = Launched(proc.returncode, out, err, run_dir, seconds)
+    yield ScrapedRun(launched, got, hosts, own, frozenset(families), frozenset(samples))
 
 
 @pytest.fixture(scope="session")

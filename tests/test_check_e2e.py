@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from conftest import PY, _env, assert_no_job_processes, read_events, repo_python, run_cli
@@ -44,14 +46,40 @@ def bed(session_testbed_factory):
     return session_testbed_factory(3, mode="netns")
 
 
-def test_healthy_bed_names_nothing(bed, tmp_path):
+@dataclass(frozen=True)
+class TrainedThenChecked:
+    """``trained_then_checked``: the runs directory, the training launch, the check's CLI result and JSON."""
+
+    runs: Path
+    train: Path
+    launched: subprocess.CompletedProcess
+    out: subprocess.CompletedProcess
+    check: dict | None
+
+
+@pytest.fixture(scope="module")
+def trained_then_checked(bed, tmp_path_factory) -> TrainedThenChecked:
+    """The job launched to its end, then `tfcluster check` of the same spec on the healthy bed, both in one
+    runs directory: test_healthy_bed_names_nothing asserts on the check, test_status_and_report_by_name_...
+    on what `status`/`report` NAME mean after it (one healthy check, three TensorFlow imports, for both)."""
+    tmp = tmp_path_factory.mktemp("trained-then-checked")
+    runs = tmp / "runs"
+    spec = _spec(bed, tmp)
+    train = runs / "checked-train"
+    launched = run_cli("launch", str(spec), "--run-dir", str(train), "--no-live", "-q", tb=bed, timeout=300)
     # The check's deadline bounds each node from its start, TensorFlow's import included: three imports at
     # once on the 2-core box took 45 s of a 56-s check at load 9, so under a heavier load the other tests'
     # 90 s can pass before anything is measured (every node then ends with no figures, named). A healthy
     # bed is judged by what it measured, given the time to measure it.
-    out, check = _check(bed, _spec(bed, tmp_path), tmp_path / "run", timeout="240")
+    out, check = _check(bed, spec, runs / "check-checked-later", timeout="240")
+    assert_no_job_processes(bed, 10)
+    return TrainedThenChecked(runs, train, launched, out, check)
+
+
+def test_healthy_bed_names_nothing(bed, trained_then_checked):
+    out, check = trained_then_checked.out, trained_then_checked.check
     assert out.returncode == 0, (out.returncode, out.stderr[-3000:], check and check["findings"])
-    assert check == json.loads((tmp_path / "run" / "check.json").read_text())
+    assert check == json.loads((trained_then_checked.runs / "check-checked-later" / "check.json").read_text())
     assert [h["host"] for h in check["hosts"]] == [h.address for h in bed.hosts]
     assert all(h["gflops"] > 0 and h["device"] == "CPU" for h in check["hosts"]), check["hosts"]
     assert len(check["links"]) == 3 and all(x["bandwidth_Bps"] > 0 and x["latency_s"] > 0 for x in check["links"])
@@ -61,32 +89,33 @@ def test_healthy_bed_names_nothing(bed, tmp_path):
         assert a["busbw_GBps"] == pytest.approx(a["algbw_GBps"] * 4 / 3)
     assert check["network"]["bandwidth_Bps"] == min(x["bandwidth_Bps"] for x in check["links"])
     assert check["findings"] == []
-    assert_no_job_processes(bed, 10)
 
 
 def test_cpu_quota_host_is_named_slow_host(bed, tmp_path):
+    """One check, through `launch --check` (check.without_named_hosts): its check.json names the host
+    under the quota as the slow host with its figure, and the job starts on the other two hosts. (The
+    check behind `launch --check` is `tfcluster check`'s own code, job/check.py; the standalone command's
+    exit 6 on a finding is asserted by the late-host test, its healthy run by the healthy-bed test.)"""
     if cpu_cgroup() is None:
         pytest.skip("no writable CPU cgroup (v1 cpu.cfs_quota_us or v2 cpu.max) on this machine")
     slow = bed.hosts[1].address
     with cpu_quota(0.1, "tfcluster-check-e2e") as cg:
         (cg / "cgroup.procs").write_text(str(bed.sshd_pid(1)))  # what its sshd starts inherits the quota
-        # a tenth of a core: TensorFlow's import alone takes ~35 s there, so both checks get 150 s (the
+        # a tenth of a core: TensorFlow's import alone takes ~35 s there, so the check gets 150 s (the
         # default 60 s ends the check with no figures from anyone: the collective rounds wait for it)
-        out, check = _check(bed, _spec(bed, tmp_path), tmp_path / "run", timeout="150")
-        # launch --check with check.without_named_hosts: the job starts on the other two hosts, and its
-        # own events.jsonl says what was left out and why
         run = tmp_path / "launch"
         spec = _spec(bed, tmp_path, without_named_hosts=True, timeout_s=150)
         launched = run_cli(
             "launch", str(spec), "--check", "--run-dir", str(run), "--no-live", "-q", tb=bed, timeout=300
         )
-    assert out.returncode == EXIT_CHECK_FINDINGS, (out.returncode, out.stderr[-3000:])
-    named = [(f["code"], f["subject"]) for f in check["findings"]]
-    assert named == [("slow_host", slow)], check["findings"]
-    assert check["findings"][0]["figure"] < 0.5 * check["findings"][0]["median"]
     relaunch_check = tmp_path / "launch-check" / "check.json"
-    seen = json.loads(relaunch_check.read_text()) if relaunch_check.is_file() else None
-    assert launched.returncode == 0, (launched.returncode, launched.stderr[-1500:], seen and seen["findings"], seen)
+    check = json.loads(relaunch_check.read_text()) if relaunch_check.is_file() else None
+    assert check is not None, (launched.returncode, launched.stderr[-3000:])
+    named = [(f["code"], f["subject"]) for f in check["findings"]]
+    figures = [(h["host"], h.get("gflops")) for h in check["hosts"]]  # what the judgement saw, if it named none
+    assert named == [("slow_host", slow)], (check["findings"], figures)
+    assert check["findings"][0]["figure"] < 0.5 * check["findings"][0]["median"]
+    assert launched.returncode == 0, (launched.returncode, launched.stderr[-1500:], check)
     plan = read_plan(RunDir(run))
     assert sorted(t.host for t in plan.tasks) == sorted(h.address for h in bed.hosts if h.address != slow)
     events = read_events(run)
@@ -97,21 +126,22 @@ def test_cpu_quota_host_is_named_slow_host(bed, tmp_path):
 
 
 def test_rate_limited_link_is_named_slow_link_and_launch_refuses(bed, tmp_path):
+    """One check, through `launch --check`: its check.json names the shaped link (not a slow host) with
+    its figure, the finding is an event, and the job does not start. (`tfcluster check`'s own exit 6 on
+    a finding: test_the_host_the_others_waited_for_is_named_alone_when_the_deadline_passes.)"""
     slow = bed.hosts[2].address
     bed.rate_limit(2, rate="40mbit", burst="32kb", latency="100ms")
     try:
-        out, check = _check(bed, _spec(bed, tmp_path), tmp_path / "run")
-        assert out.returncode == EXIT_CHECK_FINDINGS, (out.returncode, out.stderr[-3000:])
-        named = [(f["code"], f["subject"]) for f in check["findings"]]
-        assert named == [("slow_link", slow)], check["findings"]  # a slow link, not a slow host
-        assert check["findings"][0]["figure"] < 10e6  # 40 Mbit/s = 5 MB/s, against GB/s on the other links
-        # launch --check: the same finding, as an event, and the job does not start
         spec = _spec(bed, tmp_path)
         run = tmp_path / "launch"
         launched = run_cli("launch", str(spec), "--check", "--run-dir", str(run), "--no-live", tb=bed, timeout=300)
     finally:
         bed.rate_limit(2, None)
     assert launched.returncode == EXIT_CHECK_FINDINGS, (launched.returncode, launched.stderr[-3000:])
+    check = json.loads((tmp_path / "launch-check" / "check.json").read_text())
+    named = [(f["code"], f["subject"]) for f in check["findings"]]
+    assert named == [("slow_link", slow)], check["findings"]  # a slow link, not a slow host
+    assert check["findings"][0]["figure"] < 10e6  # 40 Mbit/s = 5 MB/s, against GB/s on the other links
     assert "not starting" in launched.stderr and not run.exists()
     events = [e for e in read_events(tmp_path / "launch-check") if e["event"] == "check_finding"]
     assert [(e["code"], e["subject"]) for e in events] == [("slow_link", slow)], events
@@ -173,15 +203,12 @@ def test_the_host_the_others_waited_for_is_named_alone_when_the_deadline_passes(
     assert_no_job_processes(bed, 30)
 
 
-def test_status_and_report_by_name_after_a_check_mean_the_training_run(bed, tmp_path):
+def test_status_and_report_by_name_after_a_check_mean_the_training_run(trained_then_checked):
     """Issue 32.5: `tfcluster check` after a launch of the same job: `status NAME` and `report NAME` mean
     the training run; the check run is reachable by its directory and marked in the list."""
-    runs = tmp_path / "runs"
-    spec = _spec(bed, tmp_path)
-    train = runs / "checked-train"
-    launched = run_cli("launch", str(spec), "--run-dir", str(train), "--no-live", "-q", tb=bed, timeout=300)
+    runs, train = trained_then_checked.runs, trained_then_checked.train
+    launched, out = trained_then_checked.launched, trained_then_checked.out
     assert launched.returncode == 0, launched.stderr[-3000:]
-    out, _ = _check(bed, spec, runs / "check-checked-later")
     assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
     assert read_plan(RunDir(runs / "check-checked-later")).purpose == "check"
     status = run_cli("status", "checked", "--runs-dir", str(runs), "--json")
@@ -198,4 +225,3 @@ def test_status_and_report_by_name_after_a_check_mean_the_training_run(bed, tmp_
         str(train): "train",
         str(runs / "check-checked-later"): "check",
     }
-    assert_no_job_processes(bed, 10)

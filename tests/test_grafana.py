@@ -7,8 +7,7 @@ import json
 import re
 
 import pytest
-from conftest import PY, REPO, assert_no_job_processes, repo_python, run_cli, start_launch
-from waiting import wait_for
+from conftest import REPO
 
 DASHBOARD = REPO / "docs" / "grafana" / "tfcluster.json"
 #: PromQL words that are not metric names (functions are told by the "(" after them)
@@ -118,55 +117,32 @@ def test_the_dashboard_is_an_importable_grafana_model():
     assert all(name.startswith("tfcluster_") for name in used), sorted(used)
 
 
-@pytest.mark.e2e
-def test_every_metric_the_dashboard_queries_is_in_a_real_scrape(testbed_factory, tmp_path):
-    tb = testbed_factory(3)
-    cmd = [PY, "-m", "worker_entry.examples.keras_synthetic", "--epochs", "1000", "--steps-per-epoch", "50"]
-    spec = tb.write_spec(
-        tmp_path / "spec.yaml",
-        "grafana",
-        cmd,
-        job={"python": repo_python(tmp_path)},
-        heartbeat={"interval_s": 0.5, "timeout_s": 20, "profile_interval_s": 1},
-    )
-    run_dir = tmp_path / "run"
-    used = dashboard_metrics()
-    p = start_launch(tb, spec, run_dir, "-q", "--no-gather", "--metrics-port", "0")
-    try:
-        url = wait_for(
-            lambda: (
-                json.loads((run_dir / "launcher.json").read_text()).get("metrics_url")
-                if (run_dir / "launcher.json").exists()
-                else None
-            ),
-            60,
-            "the metrics URL",
-        )
-
-        def complete() -> tuple[dict, set[str]] | None:
-            """The scrape once every metric the dashboard queries has a sample (but those no CPU job has)."""
-            text = _scrape_text(url)
-            families = {f.name for f in text}
-            samples = {s.name for f in text for s in f.samples}
-            missing = {n for n in used if n not in samples and not NO_SAMPLE_HERE.match(n)}
-            return (families | samples, missing) if not missing else None
-
-        names, _ = wait_for(complete, 180, "a sample of every dashboard metric", interval=0.5)
-        assert run_cli("stop", str(run_dir), timeout=120).returncode == 0
-        p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
-    undeclared = {n: sorted(t) for n, t in used.items() if n not in names}
-    assert not undeclared, f"panels query metrics the launcher does not serve: {undeclared}"
-    assert_no_job_processes(tb, 10)
+def dashboard_missing(samples: set[str]) -> set[str]:
+    """The metrics the dashboard queries that have no sample among ``samples`` (but those no CPU job has)."""
+    return {n for n in dashboard_metrics() if n not in samples and not NO_SAMPLE_HERE.match(n)}
 
 
-def _scrape_text(url: str) -> list:
+def scrape_names(url: str) -> tuple[set[str], set[str]]:
+    """(metric family names, sample names) of one scrape of ``url``."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(url, timeout=5) as r:
-        return list(text_string_to_metric_families(r.read().decode()))
+        text = list(text_string_to_metric_families(r.read().decode()))
+    return {f.name for f in text}, {s.name for f in text for s in f.samples}
+
+
+@pytest.mark.e2e
+def test_every_metric_the_dashboard_queries_is_in_a_real_scrape(keras_scraped_run):
+    """keras_synthetic on 3 workers of the loopback bed (``shared_runs.keras_scraped_run``, the run
+    test_metrics and test_tensorboard assert on too), /metrics scraped while it trains until every
+    metric the dashboard queries has had a sample: each one is served, with a sample where a CPU job
+    has one."""
+    assert keras_scraped_run.launched.rc == 0, keras_scraped_run.launched.stderr[-2000:]
+    used = dashboard_metrics()
+    missing = dashboard_missing(set(keras_scraped_run.samples))
+    assert not missing, f"panels query metrics with no sample in a real training job: {sorted(missing)}"
+    names = keras_scraped_run.families | keras_scraped_run.samples
+    undeclared = {n: sorted(t) for n, t in used.items() if n not in names}
+    assert not undeclared, f"panels query metrics the launcher does not serve: {undeclared}"

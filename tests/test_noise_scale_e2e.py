@@ -7,7 +7,7 @@ and its loss too (|δ|² + σ² = 5). Three workers, Keras ``fit`` and a custom 
 the script: ``report`` must give B_simple within 25 % with its standard error, and the loss curve (from
 Keras's batch logs; from the value the custom loop's step function returns through ``strategy.reduce``);
 ``status`` shows the loss; the HTML report draws it. Then ``scale --examples --to-loss`` trains the same
-model (learning rate > 0) at 1, 2 and 3 workers on the same examples and ``predict`` bounds the steps to
+model (learning rate > 0) at 1 and 3 workers on the same examples and ``predict`` bounds the steps to
 the loss from the noise scale it measured."""
 
 from __future__ import annotations
@@ -82,12 +82,14 @@ def test_scale_on_the_same_examples_and_predict_bound_the_steps_to_a_loss(testbe
         heartbeat={"interval_s": 0.5, "timeout_s": 30},  # the loss curve's resolution
     )
     sweep = tmp_path / "sweep"
-    args = ["--workers", "1,2,3", "--examples", str(EXAMPLES), "--to-loss", "6", "--run-dir", str(sweep), "--json"]
+    # 1 and 3 workers: the 2-worker size (1,500 steps, the sweep's longest job) added no assertion of
+    # its own; the bound, the noise scale and the examples-per-size trend are read at 3 against 1
+    args = ["--workers", "1,3", "--examples", str(EXAMPLES), "--to-loss", "6", "--run-dir", str(sweep), "--json"]
     out = run_cli("scale", str(spec), *args, tb=tb, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
     sizes = {s["workers"]: s for s in summary["sizes"]}
-    assert sorted(sizes) == [1, 2, 3] and summary["target_loss"] == 6.0
+    assert sorted(sizes) == [1, 3] and summary["target_loss"] == 6.0
     for n, s in sizes.items():
         assert s["state"] == "succeeded", s
         assert s["loss"]["points"][-1]["examples"] >= EXAMPLES - 2 * 16 * n, (n, s["loss"]["points"][-1])
@@ -96,8 +98,7 @@ def test_scale_on_the_same_examples_and_predict_bound_the_steps_to_a_loss(testbe
     # the learning rate is the same at every size: more workers buy few steps, so many more examples
     assert sizes[3]["examples_to_loss"] > 1.5 * sizes[1]["examples_to_loss"], sizes
     assert sizes[1]["b_simple"] is None and "one replica" in sizes[1]["b_simple_reason"]
-    resolved = [n for n in (2, 3) if sizes[n]["b_simple"]]
-    assert resolved, (sizes[2]["b_simple_reason"], sizes[3]["b_simple_reason"])
+    assert sizes[3]["b_simple"], sizes[3]["b_simple_reason"]
     # the bound from the noise scale: at least this many steps — and the run took at least that many
     assert sizes[3]["steps_to_loss_bound"] <= sizes[3]["steps_to_loss"], sizes[3]
     text = run_cli("scale", "--help").stdout
@@ -110,11 +111,11 @@ def test_scale_on_the_same_examples_and_predict_bound_the_steps_to_a_loss(testbe
     rows = {r["workers"]: r for r in p["sizes"]}
     assert p["noise_scale"]["b_simple"] and all("steps_to_loss_at_least" in r for r in rows.values())
     assert rows[16]["steps_to_loss_at_least"] < rows[4]["steps_to_loss_at_least"] < 1.0  # fewer steps, bounded
-    assert rows[16]["steps_to_loss_at_least"] > 2 / 16  # never better than linear from 2 workers
+    assert rows[16]["steps_to_loss_at_least"] > 3 / 16  # never better than linear from the 3 measured
     assert any("linear scaling rule" in a for a in p["advice"]), p["advice"]
     ttl = p["time_to_loss"]
     assert ttl["critical_workers"] == pytest.approx(p["noise_scale"]["b_simple"] / 16, rel=0.01)
     assert ttl["best_workers"] in [r["workers"] for r in ttl["relative_time"]]
     txt = run_cli("predict", str(sweep), "--workers", "2,4,8,16", "--network", "10Gbit,50us").stdout
-    assert "STEPS TO LOSS vs 2 >=" in txt and "critical batch" in txt and "lower bounds" in txt, txt
+    assert "STEPS TO LOSS vs 3 >=" in txt and "critical batch" in txt and "lower bounds" in txt, txt
     assert_no_job_processes(tb)

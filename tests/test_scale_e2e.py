@@ -93,7 +93,8 @@ def test_scale_sweep_names_the_throttled_host(testbed_factory, tmp_path):
 def test_a_script_whose_global_batch_grows_with_the_replicas_is_called_weak_scaling(testbed_factory, tmp_path):
     """TF's tutorials grow the global batch with the workers and end every epoch in a partial batch
     (6,000 examples: 62.5 examples per worker per step on average at 3 workers, 64 in every full step).
-    The sweep reads each size's median step batch: 64 per worker at 1, 2 and 3, called weak scaling."""
+    The sweep reads each size's median step batch: 64 per worker at 1 and 3, called weak scaling. (Two
+    sizes are all `scaling_of` needs; a third would only add a 2-worker job's TensorFlow start-ups.)"""
     tb = testbed_factory(3, mode="netns")
     train = [PY, str(Path(__file__).parent / "workloads" / "weak_epochs.py")]
     spec = tb.write_spec(
@@ -105,20 +106,21 @@ def test_a_script_whose_global_batch_grows_with_the_replicas_is_called_weak_scal
     )
     sweep = tmp_path / "sweep"
     out = run_cli(
-        "scale", str(spec), "--workers", "1,2,3", "--duration", "8s", "--run-dir", str(sweep), "--json",
+        "scale", str(spec), "--workers", "1,3", "--duration", "8s", "--run-dir", str(sweep), "--json",
         tb=tb, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
     sizes = {s["workers"]: s for s in summary["sizes"]}
     assert all(s["state"] == "succeeded" for s in sizes.values()), summary
-    assert [sizes[n]["global_batch"] for n in (1, 2, 3)] == [64, 128, 192], summary
-    assert [sizes[n]["per_worker_batch"] for n in (1, 2, 3)] == [64, 64, 64]
-    assert all(sizes[n]["batch_from"] == "median step" for n in (1, 2, 3))
+    assert sorted(sizes) == [1, 3], summary
+    assert [sizes[n]["global_batch"] for n in (1, 3)] == [64, 192], summary
+    assert [sizes[n]["per_worker_batch"] for n in (1, 3)] == [64, 64]
+    assert all(sizes[n]["batch_from"] == "median step" for n in (1, 3))
     # the partial batches are there: the examples the workers counted per step are below the full batch at 3
     assert sizes[3]["examples_per_s"] / sizes[3]["steps_per_s"] < 191.5, sizes[3]
     assert summary["measured_scaling"] == "weak"
     assert not any("strong scaling" in n for n in summary["notes"]), summary["notes"]
-    assert any(n.startswith("weak scaling: the script kept its per-worker batch (64 at 1, 64 at 2, 64 at 3)")
+    assert any(n.startswith("weak scaling: the script kept its per-worker batch (64 at 1, 64 at 3)")
                for n in summary["notes"]), summary["notes"]  # fmt: skip
     assert_no_job_processes(tb, 10)
