@@ -7,6 +7,7 @@ Faults: a task SIGKILLed, `stop`, a pending job cancelled, sbatch refusing.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import math
@@ -19,6 +20,7 @@ import signal
 import subprocess
 import termios
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -367,6 +369,32 @@ def test_time_limit_and_preemption_requeue_and_resume_from_the_backup(slurm, tmp
         assert st["tasks"][task]["steps"] >= EPOCHS * 30 and st["tasks"][task]["steps_per_s"]
 
 
+@contextlib.contextmanager
+def _kill_wait(slurm, seconds: int) -> Iterator[None]:
+    """Slurm's KillWait (its SIGTERM -> SIGKILL delay when it ends a job: a requeue, scancel, the time
+    limit) set to ``seconds`` for the block, the session's value back after (slurm.conf + reconfigure)."""
+    before = slurm.conf.read_text()
+
+    def kill_wait() -> str:
+        found = re.search(r"KillWait\s*=\s*(\S+)", slurm.run(["scontrol", "show", "config"]).stdout)
+        return found.group(1) if found else ""
+
+    def write(text: str) -> None:  # whole (renamed over it): the clients read it at any moment
+        tmp = slurm.conf.with_name(slurm.conf.name + ".new")
+        tmp.write_text(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, slurm.conf)
+
+    write(re.sub(r"^KillWait=\d+$", f"KillWait={seconds}", before, flags=re.M))
+    try:
+        slurm.run(["scontrol", "reconfigure"])
+        wait_for(lambda: kill_wait() == str(seconds), 30, f"KillWait={seconds}")
+        yield
+    finally:
+        write(before)
+        slurm.run(["scontrol", "reconfigure"])
+
+
 def test_a_requeue_in_the_last_epoch_does_not_train_again(slurm, tmp_path):
     """`scontrol requeue` of a running `requeue: true` job during its last of 5 epochs: the tasks finish that
     epoch during the stop (TensorFlow keeps training through SIGTERM) and exit 0 — BackupAndRestore then
@@ -386,18 +414,22 @@ def test_a_requeue_in_the_last_epoch_does_not_train_again(slurm, tmp_path):
     ]
     spec = write_spec(tmp_path / "spec.yaml", "sl-late", cmd, slurm={"nodes": 2}, job={"stop_grace_s": 20})
     run_dir = tmp_path / "run"
-    proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
-    try:
-        wait_for(lambda: 4 in task_epochs(run_dir, 0, "worker-0"), 150, "epoch 4 of 5 to end: the last one runs")
-        job = json.loads((run_dir / "slurm" / "submitted.json").read_text())["job_id"]
-        slurm.run(["scontrol", "requeue", job])
-        rc, _out, err = finish(proc, timeout=150)
-        # Slurm requeued the job, but the run is done: launch cancelled it before returning, and said so
-        assert not slurm.jobs(), slurm.jobs()
-        assert f"cancelled Slurm job {job}: Slurm requeued it" in err, err[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    # The tasks finish the epoch, save and exit under Slurm's SIGTERM; Slurm's SIGKILL comes KillWait after it
+    # (30 s by default, the test bed's 5 s): a loaded box's TensorFlow took longer than 5 s to exit, Slurm
+    # killed the batch supervisor before it saw the exits 0, and the next allocation trained again.
+    with _kill_wait(slurm, 30):
+        proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
+        try:
+            wait_for(lambda: 4 in task_epochs(run_dir, 0, "worker-0"), 150, "epoch 4 of 5 to end: the last one runs")
+            job = json.loads((run_dir / "slurm" / "submitted.json").read_text())["job_id"]
+            slurm.run(["scontrol", "requeue", job])
+            rc, _out, err = finish(proc, timeout=150)
+            # Slurm requeued the job, but the run is done: launch cancelled it before returning, and said so
+            assert not slurm.jobs(), slurm.jobs()
+            assert f"cancelled Slurm job {job}: Slurm requeued it" in err, err[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
     assert rc == 0, err[-3000:]
     res = result(run_dir)
     assert res["state"] == "succeeded", res
