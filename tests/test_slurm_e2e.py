@@ -7,8 +7,10 @@ Faults: a task SIGKILLed, `stop`, a pending job cancelled, sbatch refusing.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
+import math
 import os
 import pty
 import re
@@ -18,6 +20,7 @@ import signal
 import subprocess
 import termios
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,7 @@ from slurm_fixtures import PY, cli, env_for, events, finish, launch_argv, result
 from slurmbed import epochs as task_epochs
 from waiting import wait_for
 
+from orchestrator.schedulers.slurm import commands as sc
 from orchestrator.supervise.figures import FIGURE_KEYS
 
 pytestmark = pytest.mark.e2e
@@ -271,17 +275,37 @@ def _status(slurm, run_dir) -> dict:
     return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else {}
 
 
+def _time_limit(slurm, job: str, minutes: int) -> bool:
+    """Set the job's time limit (Slurm counts it in minutes from the allocation's start); False while
+    Slurm refuses (a job between two allocations may be completing)."""
+    return slurm.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"], check=False).returncode == 0
+
+
+def _squeue(slurm, job: str, field: str) -> str:
+    return slurm.run(["squeue", "-h", "-j", job, "-o", field], check=False).stdout.strip()
+
+
+EPOCHS = 30  # ≥ 40 s of training after the first epoch: Slurm's warning may take 30 s to come (below)
+
+
 def test_time_limit_and_preemption_requeue_and_resume_from_the_backup(slurm, tmp_path):
-    """USR2 (the time-limit warning, faked with scancel --signal) → save, scontrol requeue; then a
-    preemption (faked with an outside `scontrol requeue`) → SIGTERM, Slurm requeues. Each allocation
-    is an attempt; each resumes from BackupAndRestore at the interrupted epoch."""
+    """Slurm's own time-limit warning (USR2 ``signal_lead_s`` before the limit) → save, scontrol
+    requeue; then a preemption (faked with an outside `scontrol requeue`) → SIGTERM, Slurm requeues.
+    Each allocation is an attempt; each resumes from BackupAndRestore at the interrupted epoch.
+
+    The warning is Slurm's, not a faked `scancel --signal=USR2`: the supervisor calls a USR2 a time limit
+    when the job has at most signal_lead_s + 60 s left, and slurmctld sends its own warning from
+    signal_lead_s + 60 s before the limit on (it looks every 30 s), so a short limit for the whole job
+    brings Slurm's warning into every allocation that lasts 30 s (a loaded box's TensorFlow start alone
+    can). The job gets 30 minutes; once the first allocation trains, the test cuts its limit to a minute
+    or two from now (Slurm warns at its next look) and gives the 30 minutes back once the run requeued."""
     cmd = [
         PY,
         "-m",
         "worker_entry.examples.keras_synthetic",
         "--backup",
         "--epochs",
-        "7",
+        str(EPOCHS),
         "--steps-per-epoch",
         "30",
         "--slow-input-ms",
@@ -293,7 +317,7 @@ def test_time_limit_and_preemption_requeue_and_resume_from_the_backup(slurm, tmp
         tmp_path / "spec.yaml",
         "sl-requeue",
         cmd,
-        slurm={"nodes": 2, "time": "3:00", "signal_lead_s": 120},
+        slurm={"nodes": 2, "time": "30:00", "signal_lead_s": 120},
         job={"stop_grace_s": 1},
     )
     run_dir = tmp_path / "run"
@@ -301,7 +325,13 @@ def test_time_limit_and_preemption_requeue_and_resume_from_the_backup(slurm, tmp
     try:
         wait_for(lambda: task_epochs(run_dir, 0), 120, "an epoch of the first allocation")
         job = json.loads((run_dir / "slurm" / "submitted.json").read_text())["job_id"]
-        slurm.run(["scancel", "--batch", "--signal=USR2", job])
+        elapsed = sc.parse_duration(_squeue(slurm, job, "%M"))
+        assert elapsed is not None, _squeue(slurm, job, "%M")
+        # 60-120 s left: at most signal_lead_s + 30 s, so Slurm warns at its next look (within 30 s)
+        assert _time_limit(slurm, job, math.ceil(elapsed / 60) + 1)
+        wait_for(lambda: [e for e in events(run_dir) if e["event"] == "requeued"], 90, "Slurm's time-limit warning")
+        # the supervisor read the time left before it requeued; the next allocations get the 30 minutes
+        wait_for(lambda: _time_limit(slurm, job, 30) and _squeue(slurm, job, "%l") == "30:00", 30, "30 minutes back")
         wait_for(lambda: task_epochs(run_dir, 1), 120, "an epoch in the second allocation")
         slurm.run(["scontrol", "requeue", job])
         rc, _out, err = finish(proc, timeout=150)
@@ -325,18 +355,44 @@ def test_time_limit_and_preemption_requeue_and_resume_from_the_backup(slurm, tmp
         # BackupAndRestore saves it, so a stop (SIGKILL after a 1 s grace) that lands between the two
         # trains that one epoch again — never an earlier one, never from the start
         assert max(first) <= second[0] <= max(first) + 1 and second[0] > 1, (first, second)
-        assert max(second) <= third[0] <= max(second) + 1 and third[-1] == 7, (second, third)
+        assert max(second) <= third[0] <= max(second) + 1 and third[-1] == EPOCHS, (second, third)
     assert "requeued (scontrol requeue" in err and "resumes from the backup" in err
     # the last allocation handed the chief's checkpoint over on its connect-back channel, verified
     assert res["gather"]["errors"] == [] and res["gather"]["checkpoints"]["gathered"]
-    assert json.loads((run_dir / "checkpoints" / "summary.json").read_text())["epochs"] == 7
+    assert json.loads((run_dir / "checkpoints" / "summary.json").read_text())["epochs"] == EPOCHS
     # every allocation's training counts: the last supervisor went on from the earlier records, and
     # status shows what report computes from heartbeats.jsonl
     st = _status(slurm, run_dir)
     rep = json.loads(cli(slurm, _repo(), "report", str(run_dir), "--json").stdout)
     for task in ("worker:0", "worker:1"):
         assert {k: st["tasks"][task][k] for k in FIGURE_KEYS} == {k: rep["workers"][task][k] for k in FIGURE_KEYS}
-        assert st["tasks"][task]["steps"] >= 7 * 30 and st["tasks"][task]["steps_per_s"]
+        assert st["tasks"][task]["steps"] >= EPOCHS * 30 and st["tasks"][task]["steps_per_s"]
+
+
+@contextlib.contextmanager
+def _kill_wait(slurm, seconds: int) -> Iterator[None]:
+    """Slurm's KillWait (its SIGTERM -> SIGKILL delay when it ends a job: a requeue, scancel, the time
+    limit) set to ``seconds`` for the block, the session's value back after (slurm.conf + reconfigure)."""
+    before = slurm.conf.read_text()
+
+    def kill_wait() -> str:
+        found = re.search(r"KillWait\s*=\s*(\S+)", slurm.run(["scontrol", "show", "config"]).stdout)
+        return found.group(1) if found else ""
+
+    def write(text: str) -> None:  # whole (renamed over it): the clients read it at any moment
+        tmp = slurm.conf.with_name(slurm.conf.name + ".new")
+        tmp.write_text(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, slurm.conf)
+
+    write(re.sub(r"^KillWait=\d+$", f"KillWait={seconds}", before, flags=re.M))
+    try:
+        slurm.run(["scontrol", "reconfigure"])
+        wait_for(lambda: kill_wait() == str(seconds), 30, f"KillWait={seconds}")
+        yield
+    finally:
+        write(before)
+        slurm.run(["scontrol", "reconfigure"])
 
 
 def test_a_requeue_in_the_last_epoch_does_not_train_again(slurm, tmp_path):
@@ -358,18 +414,22 @@ def test_a_requeue_in_the_last_epoch_does_not_train_again(slurm, tmp_path):
     ]
     spec = write_spec(tmp_path / "spec.yaml", "sl-late", cmd, slurm={"nodes": 2}, job={"stop_grace_s": 20})
     run_dir = tmp_path / "run"
-    proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
-    try:
-        wait_for(lambda: 4 in task_epochs(run_dir, 0, "worker-0"), 150, "epoch 4 of 5 to end: the last one runs")
-        job = json.loads((run_dir / "slurm" / "submitted.json").read_text())["job_id"]
-        slurm.run(["scontrol", "requeue", job])
-        rc, _out, err = finish(proc, timeout=150)
-        # Slurm requeued the job, but the run is done: launch cancelled it before returning, and said so
-        assert not slurm.jobs(), slurm.jobs()
-        assert f"cancelled Slurm job {job}: Slurm requeued it" in err, err[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    # The tasks finish the epoch, save and exit under Slurm's SIGTERM; Slurm's SIGKILL comes KillWait after it
+    # (30 s by default, the test bed's 5 s): a loaded box's TensorFlow took longer than 5 s to exit, Slurm
+    # killed the batch supervisor before it saw the exits 0, and the next allocation trained again.
+    with _kill_wait(slurm, 30):
+        proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
+        try:
+            wait_for(lambda: 4 in task_epochs(run_dir, 0, "worker-0"), 150, "epoch 4 of 5 to end: the last one runs")
+            job = json.loads((run_dir / "slurm" / "submitted.json").read_text())["job_id"]
+            slurm.run(["scontrol", "requeue", job])
+            rc, _out, err = finish(proc, timeout=150)
+            # Slurm requeued the job, but the run is done: launch cancelled it before returning, and said so
+            assert not slurm.jobs(), slurm.jobs()
+            assert f"cancelled Slurm job {job}: Slurm requeued it" in err, err[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
     assert rc == 0, err[-3000:]
     res = result(run_dir)
     assert res["state"] == "succeeded", res
