@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import time
 
 from fakenode import FakeChannel, make_plan
 from waiting import wait_for
 
-from orchestrator.supervise.inputs import ChannelPump
+from orchestrator.supervise.inputs import ChannelPump, InputQueue
 from orchestrator.supervise.session import DIAG_BYTES, TAIL_BYTES, TaskSession
 from worker_entry import protocol as p
 
@@ -53,7 +52,7 @@ def test_the_pump_stops_reading_when_the_supervisor_falls_behind():
     """Back-pressure: a full queue stops the pump, so the channel (then the node) holds the rest."""
     chan = FakeChannel()
     os.set_blocking(chan._w, False)
-    q: queue.Queue = queue.Queue(maxsize=2)
+    q = InputQueue(maxsize=2)
     pump = ChannelPump(q)
     pump.start()
     pump.add("worker:0", chan)

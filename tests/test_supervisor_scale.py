@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
 import resource
 import socket
 import threading
@@ -25,7 +24,7 @@ from orchestrator.backends import limits
 from orchestrator.backends.tcp import SocketChannel
 from orchestrator.core.states import JobState
 from orchestrator.sinks.live import LiveTable
-from orchestrator.supervise.inputs import ChannelPump, Received
+from orchestrator.supervise.inputs import ChannelPump, InputQueue, Received
 from orchestrator.supervise.summary import summarize, summary_lines
 from orchestrator.views.control import status_text
 from worker_entry.protocol.seal import Opener, Sealer
@@ -97,7 +96,7 @@ def kill_when_all_running(backend: LoadGenBackend, run_dir, rank: int, timeout: 
 
 
 def test_the_pump_reads_a_channel_on_a_descriptor_above_1024():
-    out: queue.Queue = queue.Queue()
+    out = InputQueue()
     pump = ChannelPump(out)
     pump.start()
     with descriptors_above(1100):

@@ -25,7 +25,7 @@ class TaskState(str, enum.Enum):
 
     @property
     def is_alive(self) -> bool:
-        return self in (TaskState.STARTING, TaskState.READY, TaskState.RUNNING, TaskState.STOPPING)
+        return self in _ALIVE_TASK  # (a set built once: asked for every message a node sends)
 
     def can_become(self, new: TaskState) -> bool:
         """The one table of task transitions (``TaskSession.become`` enforces it)."""
@@ -35,6 +35,7 @@ class TaskState(str, enum.Enum):
 _TERMINAL_TASK = frozenset(
     {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED, TaskState.LOST, TaskState.NOT_STARTED}
 )
+_ALIVE_TASK = frozenset({TaskState.STARTING, TaskState.READY, TaskState.RUNNING, TaskState.STOPPING})
 #: What each task state may become: a task moves forward only, and a terminal state is final.
 _TASK_NEXT: dict[TaskState, frozenset[TaskState]] = {
     TaskState.PENDING: frozenset({TaskState.STARTING, TaskState.NOT_STARTED}),  # channel up / never started

@@ -23,6 +23,7 @@ from ..sinks.record import print_root_cause, record_result
 from ..spec import LoadedSpec
 from ..spec.redact import redacted_text
 from ..supervise import Interrupt, Supervisor
+from ..supervise.heap import settled_heap
 from .options import LaunchOptions
 from .outputs import RunOutputs
 from .policy import Action, Decision
@@ -101,7 +102,8 @@ class Job:
                 else:
                     self.out.start_live()
                     if self._connect():
-                        decision = self._attempts()
+                        with settled_heap():  # the plan and the sessions out of the collector's way
+                            decision = self._attempts()
                 if decision.final:
                     self.transfers.summarize()
                 return self.end(decision)

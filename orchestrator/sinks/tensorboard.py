@@ -16,7 +16,9 @@ RSS, the host, the GPUs, the step split) and by the live status snapshots: each 
 examples/s and loss are the supervisor's own figures as its last snapshot showed them (``figures``
 has one owner: no second ``Figures`` here, which at 4,096 tasks cost the writer thread a quarter of its
 CPU and let it fall thousands of records behind), its scores, the job's rates. The supervisor's cost
-per record is one ``put_nowait`` on a bounded queue (a full queue drops and counts); a thread builds
+per record is one append to a bounded deque (a full one drops and counts), with no wake-up: the
+thread takes what came every ``DRAIN_S`` in one batch (a ``queue.Queue`` put woke it per record:
+~9 % of the launcher's GIL time at 1,024 tasks, docs/benchmarks.md §11); it builds
 and writes the events, each task's heartbeats at most one per ``min_interval_s`` and its step-clock
 windows at most one per ``min_interval_s`` too (1 s, longer for jobs of more than ``TASKS_PER_SECOND``
 tasks: 64 s at 4,096; the writes stay under ~128 events/s whatever the size). Directories are 0700,
@@ -39,7 +41,6 @@ import contextlib
 import importlib.util
 import math
 import os
-import queue
 import sys
 import threading
 import time
@@ -54,6 +55,7 @@ from ..events.kinds import Evaluation
 from ..runs import RunDir, read_jsonl
 
 QUEUE_SIZE = 8192  # records waiting for the writer thread (beyond: dropped, counted)
+DRAIN_S = 0.25  # the writer thread takes what was queued this often (or at close): one wake-up, many records
 TASKS_PER_SECOND = 64  # heartbeat events written per second at most, over all tasks
 JOB_RUN = "job"
 #: step-clock window fields -> tags (milliseconds per step)
@@ -314,7 +316,6 @@ def private_dirs(path: Path) -> None:
         os.chmod(d, 0o700)
 
 
-_STOP = object()
 PENDING_POINTS = 10_000  # points held before the first training step (startup CPU, RSS), at most
 
 
@@ -333,7 +334,8 @@ class TensorBoardSink:
         self.scalars = Scalars(min_interval_s=max(1.0, len(tasks) / TASKS_PER_SECOND))
         self.problems: list[str] = []
         self.dropped = 0
-        self._queue: queue.Queue[Any] = queue.Queue(QUEUE_SIZE)
+        self._items: deque[tuple[Any, ...]] = deque()  # appended by the loop, taken by the thread (GIL-atomic)
+        self._wake = threading.Event()  # set by close only
         self._flush_s = flush_s
         self._history = history  # heartbeats.jsonl of earlier allocations (a requeued run): steps go on from them
         self._closing = False
@@ -356,7 +358,7 @@ class TensorBoardSink:
         if self._closing or not self._thread.is_alive():
             return
         self._closing = True
-        self._queue.put(_STOP)
+        self._wake.set()
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             self.problems.append(
@@ -366,10 +368,10 @@ class TensorBoardSink:
             self.problems.append(f"TensorBoard: {self.dropped} records not written (the writer fell behind)")
 
     def _put(self, item: tuple[Any, ...]) -> None:
-        try:
-            self._queue.put_nowait(item)
-        except queue.Full:
+        if len(self._items) >= QUEUE_SIZE:
             self.dropped += 1
+        else:
+            self._items.append(item)
 
     def _run(self) -> None:
         flushed = time.monotonic()
@@ -380,14 +382,9 @@ class TensorBoardSink:
                     if isinstance(rec.get("task"), str):
                         self.scalars.record(rec["task"], rec)
             while True:
-                try:
-                    item = self._queue.get(timeout=self._flush_s)
-                except queue.Empty:
-                    item = None
-                if item is _STOP:
-                    break
-                if item is not None:
-                    fn, *args = item
+                stopping = self._wake.wait(min(DRAIN_S, self._flush_s))
+                while self._items:
+                    fn, *args = self._items.popleft()
                     for point in fn(*args):
                         if self.files is None and self.scalars.job_step() == 0:
                             # before the first training step: held (a job that trains nothing writes no
@@ -398,6 +395,8 @@ class TensorBoardSink:
                         while pending:
                             self.files.add(pending.popleft())
                         self.files.add(point)
+                if stopping:
+                    break
                 if self.files is not None and time.monotonic() - flushed >= self._flush_s:
                     self.files.flush()
                     flushed = time.monotonic()

@@ -312,6 +312,7 @@ class Figures:
     # --- what a running job is doing now -------------------------------------------------------
 
     def live(self, task: str) -> TaskFigures:
+        """(No ``split``: no live view shows it, ``final`` has it; a third of the status snapshot at 1,024 tasks.)"""
         t = self._tasks.get(task)
         if t is None:
             return TaskFigures()
@@ -324,7 +325,6 @@ class Figures:
             steps_per_s=t.rates[0],
             examples_per_s=t.rates[1],
             cpu_pct=t.cpu_last,
-            split=t.split.means(),
             loss=t.losses.last(),
         )
 

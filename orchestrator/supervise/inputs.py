@@ -29,6 +29,13 @@ QUEUE_ITEMS = 1024
 #: Bytes read and not yet handled, at most (a flooding task's reads are up to a few MiB each: 1,024 of
 #: them held 576 MiB of the launcher's memory); past it the pump waits, and back-pressure does the rest.
 QUEUE_BYTES = 32 << 20
+#: The pump hands what one pass read to the loop in batches of at most this many reads or bytes (one
+#: lock and one wake-up of the loop per batch, not per read); the bounds above are passed by one batch at most.
+BATCH_ITEMS = 64
+BATCH_BYTES = 1 << 20
+#: A busy pump starts a pass at most this often, so each pass finds many channels ready: at 1,024 tasks
+#: ~25 reads a pass instead of one or two, for at most this much latency (an idle pump reads at once).
+PASS_S = 0.02
 
 
 class InputQueue(queue.Queue):
@@ -54,6 +61,20 @@ class InputQueue(queue.Queue):
         self.bytes -= _size(item)
         self._stamps.popleft()
         return item
+
+    def put_many(self, items: list[Received], timeout: float) -> None:
+        """Put ``items`` at once, waiting up to ``timeout`` while the queue is full (``queue.Full``): one
+        lock and one wake-up of the loop for a whole pass of the pump."""
+        with self.not_full:
+            end = time.monotonic() + timeout
+            while self._qsize() >= self.maxsize:
+                if (left := end - time.monotonic()) <= 0:
+                    raise queue.Full
+                self.not_full.wait(left)
+            for item in items:
+                self._put(item)
+            self.unfinished_tasks += len(items)
+            self.not_empty.notify()
 
     def get_many(self, limit: int) -> list[object]:
         """Up to ``limit`` items already there, without waiting, under one lock (the loop drains what
@@ -124,7 +145,7 @@ class ChannelPump(threading.Thread):
 
     SYNC_S = 1.0
 
-    def __init__(self, out: queue.Queue, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, out: InputQueue, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(name="channel-pump", daemon=True)
         self.out = out
         self.clock = clock  # the decision loop's: how far the pump has read is compared with its ``now``
@@ -179,15 +200,15 @@ class ChannelPump(threading.Thread):
         with contextlib.suppress(OSError):  # a full pipe is awake already
             os.write(self._wake_w, b"x")
 
-    def _put(self, item: Received) -> None:
-        """Queue what was read; never drop it (on stop it is kept in ``spill`` for the last drain)."""
-        while True:
+    def _put(self, items: list[Received]) -> None:
+        """Queue what was read, in order; never drop it (on stop it is kept in ``spill`` for the last drain)."""
+        while items:
             try:
-                self.out.put(item, timeout=0.5)
+                self.out.put_many(items, timeout=0.5)
                 return
             except queue.Full:
                 if self._stopping:
-                    self.spill.append(item)
+                    self.spill.extend(items)
                     return
 
     # --- the selector (pump thread only) ----------------------------------------------------------
@@ -239,12 +260,12 @@ class ChannelPump(threading.Thread):
         for task, chan in todo:
             self._sync(task, chan)
 
-    def _read(self, task: str) -> None:
+    def _read(self, task: str) -> Received | None:
         with self._lock:
             chan = self._channels.get(task)
         if chan is None:
             self._sync(task, None)
-            return
+            return None
         self.reading_since = self.clock()
         try:
             out, err, eof = chan.read()
@@ -252,18 +273,20 @@ class ChannelPump(threading.Thread):
             out, err, eof = b"", f"channel error: {exc}\n".encode(), True
         finally:
             self.reading_since = None
-        if out or err or eof:
-            self._put(Received(task, out, err, eof))
         if eof:
             self.remove(task)
             self._sync(task, None)
         else:
             self._sync(task, chan)
+        return Received(task, out, err, eof) if out or err or eof else None
 
     def run(self) -> None:
         next_sync = time.monotonic() + self.SYNC_S
+        busy_until = 0.0  # a pass that read something: the next one starts PASS_S after it began
         try:
             while not self._stopping:
+                if (rest := busy_until - time.monotonic()) > 0:
+                    time.sleep(rest)  # what arrives meanwhile waits in the sockets: read in one pass
                 now = time.monotonic()
                 self._apply_changes(everything=now >= next_sync)
                 if now >= next_sync:
@@ -272,6 +295,8 @@ class ChannelPump(threading.Thread):
                 ready = self._sel.select(1.0)
                 self.idle = False
                 woke = self.clock()  # what was ready then is read below (a channel's rest: next pass)
+                batch: list[Received] = []
+                size = reads = 0
                 for key, _ in ready:
                     if key.data is None:
                         with contextlib.suppress(OSError):
@@ -279,7 +304,15 @@ class ChannelPump(threading.Thread):
                         continue
                     if self._stopping:
                         break
-                    self._read(key.data)
+                    reads += 1
+                    if (got := self._read(key.data)) is not None:
+                        batch.append(got)
+                        size += len(got.out) + len(got.err)
+                        if len(batch) >= BATCH_ITEMS or size >= BATCH_BYTES:
+                            self._put(batch)
+                            batch, size = [], 0
+                self._put(batch)
+                busy_until = now + PASS_S if reads else 0.0
                 self.read_through = woke
         finally:
             self._sel.close()

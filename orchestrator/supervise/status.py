@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Set
+from types import MappingProxyType
 from typing import Any
 
 from ..core.result import AttemptResult, Failure, TaskResult
@@ -96,6 +97,7 @@ class Snapshots:
         self._dirty: set[str] = set(sessions)
         self._live: dict[str, TaskFigures] = {}  # each task's live figures as of its entry: the job's rates
         self._straggler: str | None = None
+        self._judged: tuple[Any, Any] = (None, None)  # the GPU problems and scores the entries were built with
         # the run's evaluation events, folded (an evaluator's entry): the job's, across attempts, when it
         # passes them, so status counts what report lists
         self.evaluations = evaluations if evaluations is not None else Evaluations()
@@ -126,15 +128,19 @@ class Snapshots:
         """The snapshot; ``throughput``: the job's rates beside the tasks' (``figures.throughput``)."""
         now = time.time()
         gpu_problems = gpu_problems or {}
-        scores = scores or {}
+        scores = scores or _NO_SCORES  # (one object: `is` says the scores did not change)
         if straggler != self._straggler:
             self._dirty.update(t for t in (straggler, self._straggler) if t is not None)
             self._straggler = straggler
-        # a GPU judgement is relative: a peer's heartbeat can change another task's problems
-        self._dirty.update(
-            t for t, e in self._entries.items() if e and e.get("gpu_problems") != gpu_problems.get(t, [])
-        )
-        self._dirty.update(t for t, e in self._entries.items() if e and _score_changed(e, scores.get(t)))
+        # a GPU judgement is relative: a peer's heartbeat can change another task's problems; the scores
+        # change once a round (a new dict): every entry is looked at only when either differs from last time
+        if gpu_problems != self._judged[0]:
+            self._dirty.update(
+                t for t, e in self._entries.items() if e and e.get("gpu_problems") != gpu_problems.get(t, [])
+            )
+        if scores is not self._judged[1]:
+            self._dirty.update(t for t, e in self._entries.items() if e and _score_changed(e, scores.get(t)))
+        self._judged = (gpu_problems, scores)
         for name in self._dirty:
             s = self.sessions[name]
             self._live[name] = fig = self.figures.live(name)
@@ -159,6 +165,9 @@ class Snapshots:
             "throughput": throughput(self._live),
             "tasks": dict(self._entries),
         }
+
+
+_NO_SCORES: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
 
 
 def _score_changed(entry: Mapping[str, Any], score: Mapping[str, Any] | None) -> bool:
