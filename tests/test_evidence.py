@@ -144,10 +144,30 @@ def hb(task, wait_pct, seq=1):
     return p.Heartbeat(seq=seq, ts=1.0, host=p.HostSample(interval_s=1.0, wait_pct=wait_pct))
 
 
-def test_monitor_names_the_starved_worker_after_two_rounds_and_only_it():
+def _host_only_rounds(m: Monitor, starved_in: range, rounds: int) -> list:
+    """``rounds`` profile rounds in which nobody stands out on the step clock (every worker's stall is inside
+    the all-reduce) and worker:1's threads wait for a CPU 86 % of the time in the rounds of ``starved_in``."""
+    out = []
+    for r in range(rounds):
+        for t in TASKS:
+            m.on_heartbeat(t, hb(t, 86.0 if t == "worker:1" and r in starved_in else 28.0, r), float(r))
+        for t in TASKS:
+            out += m.on_profile(t, profile(4, collective_ms=56), float(r))
+    return [v for v in out if v.kind == "straggler"]
+
+
+def test_a_few_seconds_of_host_evidence_alone_name_nobody():
+    """CI, 15 runnable processes on 2 cores: one worker's run-queue delay jumped for one heartbeat window,
+    with nothing on the step clock (its 3-beat window carries it 3 rounds); host evidence alone needs twice
+    the step clock's confirmations."""
+    assert _host_only_rounds(Monitor(TASKS, Policy(), now=0.0), range(1, 3), 6) == []  # 3 rounds of evidence
+    assert len(_host_only_rounds(Monitor(TASKS, Policy(), now=0.0), range(1, 6), 6)) == 1
+
+
+def test_monitor_names_the_starved_worker_after_four_rounds_and_only_it():
     m = Monitor(TASKS, Policy(), now=0.0)
     out = []
-    for r in range(3):
+    for r in range(5):
         for t in TASKS:
             m.on_heartbeat(t, hb(t, 86.0 if t == "worker:1" else 28.0, r), float(r))
         for t in TASKS:

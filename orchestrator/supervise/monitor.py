@@ -228,7 +228,10 @@ class Monitor:
         out: list[Verdict] = []
         if finding is not None:
             self.last_finding = finding
-        if finding is not None and count >= p.confirmations and self._straggler != name:
+        # host evidence alone (a stall inside the all-reduce, unseen by the step clock) must hold twice as
+        # long: on a saturated box one worker or another is starved for a few seconds at a time
+        needed = p.confirmations if finding is None or finding.wait_ms >= 1.0 else 2 * p.confirmations
+        if finding is not None and count >= needed and self._straggler != name:
             self._straggler = name
             self._clear_count = 0
             if finding.wait_ms >= 1.0:
