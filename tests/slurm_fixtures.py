@@ -175,3 +175,17 @@ def tasks_saying(out: str, text: str) -> list[str]:
                 a, _, b = part.partition("-")
                 said += [f"{role}:{i}" for i in range(int(a), int(b or a) + 1)]
     return sorted(said)
+
+
+def run_log(run_dir: Path) -> str:
+    """The run's combined.log so far ("" before the launcher created it)."""
+    try:
+        return (run_dir / "combined.log").read_text()
+    except OSError:
+        return ""
+
+
+def run_status(cluster: ls.LocalSlurm, run_dir: Path) -> dict[str, Any]:
+    """`tfcluster status RUN --json`, or {} while it has nothing to say."""
+    done = cli(cluster, REPO, "status", str(run_dir), "--json")
+    return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else {}

@@ -2,34 +2,41 @@
 
 From the "login node" (this shell, no SLURM_JOB_ID): `launch` submits a batch job whose supervisor
 runs in the allocation and follows it; inside an allocation (salloc): `launch` runs one srun step.
-Faults: a task SIGKILLed, `stop`, a pending job cancelled, sbatch refusing.
+Faults: a task SIGKILLed, `stop`, a pending job cancelled, sbatch refusing; Ctrl-C on a terminal, the
+host-list fallback, a busy TF port, `--detach`. Requeues and resumes are in test_slurm_requeue_e2e.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
-import math
 import os
 import pty
-import re
 import select
 import shlex
 import signal
 import subprocess
 import termios
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from slurm_fixtures import PY, cli, env_for, events, finish, launch_argv, result, start, tasks_saying, write_spec
-from slurmbed import epochs as task_epochs
+from slurm_fixtures import (
+    PY,
+    REPO,
+    cli,
+    env_for,
+    events,
+    finish,
+    launch_argv,
+    result,
+    run_log,
+    run_status,
+    start,
+    tasks_saying,
+    write_spec,
+)
 from waiting import wait_for
-
-from orchestrator.schedulers.slurm import commands as sc
-from orchestrator.supervise.figures import FIGURE_KEYS
 
 pytestmark = pytest.mark.e2e
 
@@ -58,9 +65,9 @@ def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
         job={"env": {"API_TOKEN": token}},
     )
     run_dir = tmp_path / "run"
-    proc = start(slurm, launch_argv(spec, run_dir), cwd=_repo())
+    proc = start(slurm, launch_argv(spec, run_dir), cwd=REPO)
     try:
-        wait_for(lambda: "strategy ready" in _log(run_dir), 120, "the tasks to run")
+        wait_for(lambda: "strategy ready" in run_log(run_dir), 120, "the tasks to run")
         # Slurm keeps the job's environment and script (slurmctld's state, slurmd's spool): not the credential
         forms = _encodings(token)
         in_slurm = [p for p in slurm.dir.rglob("*") if p.is_file() and any(f in _bytes(p) for f in forms)]
@@ -96,12 +103,12 @@ def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
         assert f"[worker:{i} n{i + 1}] worker:{i}: strategy ready with 3 replicas" in out
     kinds = [e["event"] for e in events(run_dir)]
     assert kinds[0] == "job_started" and "slurm_allocation" in kinds and kinds[-1] == "job_finished"
-    st = cli(slurm, _repo(), "status", str(run_dir), "--json")
+    st = cli(slurm, REPO, "status", str(run_dir), "--json")
     status = json.loads(st.stdout)
     assert status["state"] == "succeeded" and status["slurm"]["state"] == "COMPLETED"
     assert status["slurm"]["job_ids"] == [json.loads((run_dir / "slurm" / "submitted.json").read_text())["job_id"]]
-    assert cli(slurm, _repo(), "report", str(run_dir)).returncode == 0
-    logs = cli(slurm, _repo(), "logs", str(run_dir), "--task", "worker:2", "--raw").stdout
+    assert cli(slurm, REPO, "report", str(run_dir)).returncode == 0
+    logs = cli(slurm, REPO, "logs", str(run_dir), "--task", "worker:2", "--raw").stdout
     assert "worker:2: done" in logs and "worker:0:" not in logs
     assert oct(os.stat(run_dir).st_mode & 0o777) == "0o700"
     for name in ("slurm/job.sh", "slurm/sbatch.json", "slurm.json", "spec.yaml"):
@@ -139,7 +146,7 @@ def test_mwms_inside_an_allocation_with_tasks_sharing_a_node(slurm, tmp_path):
     )
     run_dir = tmp_path / "run"
     argv = ["salloc", "--nodes=1", "--ntasks-per-node=3", "--immediate=30", *launch_argv(spec, run_dir)]
-    rc, out, err = finish(start(slurm, argv, cwd=_repo()), timeout=150)
+    rc, out, err = finish(start(slurm, argv, cwd=REPO), timeout=150)
     assert rc == 0, err[-3000:]
     res = result(run_dir)
     assert res["state"] == "succeeded"
@@ -162,19 +169,6 @@ def _tf_configs(run_dir):
     return [json.loads(line.split("] TF_CONFIG ", 1)[1]) for line in text.splitlines() if "] TF_CONFIG " in line]
 
 
-def _log(run_dir) -> str:
-    try:
-        return (run_dir / "combined.log").read_text()
-    except OSError:
-        return ""
-
-
-def _repo():
-    from slurm_fixtures import REPO
-
-    return REPO
-
-
 @pytest.mark.parametrize("victim", ["training", "worker_entry"])
 def test_sigkill_of_one_task_takes_the_whole_step_down(slurm, tmp_path, victim):
     """SIGKILL of worker:1's training process (worker_entry reports it) or of the Slurm task itself
@@ -184,9 +178,9 @@ def test_sigkill_of_one_task_takes_the_whole_step_down(slurm, tmp_path, victim):
     cmd = mwms("--epochs", "50", "--steps", "20", "--step-sleep", "0.02", "--pid-dir", str(pids))
     spec = write_spec(tmp_path / "spec.yaml", "sl-kill", cmd)
     run_dir = tmp_path / "run"
-    proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
+    proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=REPO)
     try:
-        wait_for(lambda: "worker:2: epoch 1 begins" in _log(run_dir), 120, "training to run")
+        wait_for(lambda: "worker:2: epoch 1 begins" in run_log(run_dir), 120, "training to run")
         if victim == "training":
             pid = int((pids / "worker-1.pid").read_text())
         else:
@@ -218,13 +212,13 @@ def test_stop_asks_the_supervisor_then_scancel_and_leaves_a_clean_run(slurm, tmp
         tmp_path / "spec.yaml", "sl-stop", mwms("--epochs", "200", "--steps", "20", "--step-sleep", "0.02")
     )
     run_dir = tmp_path / "run"
-    proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
+    proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=REPO)
     try:
-        wait_for(lambda: "worker:0: epoch 1 begins" in _log(run_dir), 120, "training to run")
-        st = json.loads(cli(slurm, _repo(), "status", str(run_dir), "--json").stdout)
+        wait_for(lambda: "worker:0: epoch 1 begins" in run_log(run_dir), 120, "training to run")
+        st = json.loads(cli(slurm, REPO, "status", str(run_dir), "--json").stdout)
         assert st["state"] == "running" and st["slurm"]["state"] == "RUNNING" and st["slurm"]["nodes"] == "n[1-3]"
         assert {t["host"] for t in st["tasks"].values()} == {"n1", "n2", "n3"}
-        stopped = cli(slurm, _repo(), "stop", str(run_dir))
+        stopped = cli(slurm, REPO, "stop", str(run_dir))
         assert stopped.returncode == 0 and "stopped: job interrupted_sigterm" in stopped.stdout, stopped
         rc, _out, err = finish(proc, timeout=60)
     finally:
@@ -243,10 +237,10 @@ def test_ctrl_c_on_the_follower_cancels_a_pending_job(slurm, tmp_path):
     """Non-interactive Ctrl-C: cancel. The job never started: the follower writes the result itself."""
     spec = write_spec(tmp_path / "spec.yaml", "sl-pending", ["true"], slurm={"extra_args": ["--begin=now+1hour"]})
     run_dir = tmp_path / "run"
-    proc = start(slurm, launch_argv(spec, run_dir), cwd=_repo())
+    proc = start(slurm, launch_argv(spec, run_dir), cwd=REPO)
     try:
-        wait_for(lambda: "PENDING" in json.dumps(_status(slurm, run_dir)), 30, "the job to pend")
-        assert _status(slurm, run_dir)["state"] == "pending"
+        wait_for(lambda: "PENDING" in json.dumps(run_status(slurm, run_dir)), 30, "the job to pend")
+        assert run_status(slurm, run_dir)["state"] == "pending"
         proc.send_signal(signal.SIGINT)
         rc, _out, err = finish(proc, timeout=60)
     finally:
@@ -262,186 +256,12 @@ def test_ctrl_c_on_the_follower_cancels_a_pending_job(slurm, tmp_path):
 def test_sbatch_refusing_the_job_is_a_start_failure_with_slurms_words(slurm, tmp_path):
     spec = write_spec(tmp_path / "spec.yaml", "sl-refused", ["true"], slurm={"partition": "nosuchpartition"})
     run_dir = tmp_path / "run"
-    rc, _out, err = finish(start(slurm, launch_argv(spec, run_dir), cwd=_repo()), timeout=60)
+    rc, _out, err = finish(start(slurm, launch_argv(spec, run_dir), cwd=REPO), timeout=60)
     assert rc == 4, err
     res = result(run_dir)
     assert res["state"] == "start_failed"
     assert res["root_cause"]["kind"] == "scheduler" and "invalid partition" in res["root_cause"]["message"].lower()
     assert "sbatch refused the job" in err
-
-
-def _status(slurm, run_dir) -> dict:
-    done = cli(slurm, _repo(), "status", str(run_dir), "--json")
-    return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else {}
-
-
-def _time_limit(slurm, job: str, minutes: int) -> bool:
-    """Set the job's time limit (Slurm counts it in minutes from the allocation's start); False while
-    Slurm refuses (a job between two allocations may be completing)."""
-    return slurm.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"], check=False).returncode == 0
-
-
-def _squeue(slurm, job: str, field: str) -> str:
-    return slurm.run(["squeue", "-h", "-j", job, "-o", field], check=False).stdout.strip()
-
-
-EPOCHS = 30  # ≥ 40 s of training after the first epoch: Slurm's warning may take 30 s to come (below)
-
-
-def test_time_limit_and_preemption_requeue_and_resume_from_the_backup(slurm, tmp_path):
-    """Slurm's own time-limit warning (USR2 ``signal_lead_s`` before the limit) → save, scontrol
-    requeue; then a preemption (faked with an outside `scontrol requeue`) → SIGTERM, Slurm requeues.
-    Each allocation is an attempt; each resumes from BackupAndRestore at the interrupted epoch.
-
-    The warning is Slurm's, not a faked `scancel --signal=USR2`: the supervisor calls a USR2 a time limit
-    when the job has at most signal_lead_s + 60 s left, and slurmctld sends its own warning from
-    signal_lead_s + 60 s before the limit on (it looks every 30 s), so a short limit for the whole job
-    brings Slurm's warning into every allocation that lasts 30 s (a loaded box's TensorFlow start alone
-    can). The job gets 30 minutes; once the first allocation trains, the test cuts its limit to a minute
-    or two from now (Slurm warns at its next look) and gives the 30 minutes back once the run requeued."""
-    cmd = [
-        PY,
-        "-m",
-        "worker_entry.examples.keras_synthetic",
-        "--backup",
-        "--epochs",
-        str(EPOCHS),
-        "--steps-per-epoch",
-        "30",
-        "--slow-input-ms",
-        "50",
-    ]
-    # TensorFlow catches SIGTERM in a multi-worker job (for PreemptionCheckpointHandler): Keras fit keeps
-    # going until the grace ends, so keep it short; the backup is the last epoch's.
-    spec = write_spec(
-        tmp_path / "spec.yaml",
-        "sl-requeue",
-        cmd,
-        slurm={"nodes": 2, "time": "30:00", "signal_lead_s": 120},
-        job={"stop_grace_s": 1},
-    )
-    run_dir = tmp_path / "run"
-    proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
-    try:
-        wait_for(lambda: task_epochs(run_dir, 0), 120, "an epoch of the first allocation")
-        job = json.loads((run_dir / "slurm" / "submitted.json").read_text())["job_id"]
-        elapsed = sc.parse_duration(_squeue(slurm, job, "%M"))
-        assert elapsed is not None, _squeue(slurm, job, "%M")
-        # 60-120 s left: at most signal_lead_s + 30 s, so Slurm warns at its next look (within 30 s)
-        assert _time_limit(slurm, job, math.ceil(elapsed / 60) + 1)
-        wait_for(lambda: [e for e in events(run_dir) if e["event"] == "requeued"], 90, "Slurm's time-limit warning")
-        # the supervisor read the time left before it requeued; the next allocations get the 30 minutes
-        wait_for(lambda: _time_limit(slurm, job, 30) and _squeue(slurm, job, "%l") == "30:00", 30, "30 minutes back")
-        wait_for(lambda: task_epochs(run_dir, 1), 120, "an epoch in the second allocation")
-        slurm.run(["scontrol", "requeue", job])
-        rc, _out, err = finish(proc, timeout=150)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert rc == 0, err[-3000:]
-    res = result(run_dir)
-    assert res["state"] == "succeeded"
-    assert [a["state"] for a in res["attempts"]] == ["requeued", "requeued", "succeeded"], res["attempts"]
-    assert "time limit" in res["attempts"][0]["root_cause"]["message"]
-    assert "preempted" in res["attempts"][1]["root_cause"]["message"]
-    state = json.loads((run_dir / "slurm.json").read_text())
-    assert (state["timeouts"], state["preemptions"], state["requeues"]) == (1, 1, 2)
-    assert [a["restart"] for a in state["allocations"]] == [0, 1, 2]
-    requeued = [e for e in events(run_dir) if e["event"] == "requeued"]
-    assert [(e["reason"], e["how"]) for e in requeued] == [("timeout", "scontrol requeue"), ("preempted", "by Slurm")]
-    for i in range(2):
-        first, second, third = (task_epochs(run_dir, a, f"worker-{i}") for a in range(3))
-        # resumed at the interrupted epoch, from the backup: Keras prints an epoch's line before
-        # BackupAndRestore saves it, so a stop (SIGKILL after a 1 s grace) that lands between the two
-        # trains that one epoch again — never an earlier one, never from the start
-        assert max(first) <= second[0] <= max(first) + 1 and second[0] > 1, (first, second)
-        assert max(second) <= third[0] <= max(second) + 1 and third[-1] == EPOCHS, (second, third)
-    assert "requeued (scontrol requeue" in err and "resumes from the backup" in err
-    # the last allocation handed the chief's checkpoint over on its connect-back channel, verified
-    assert res["gather"]["errors"] == [] and res["gather"]["checkpoints"]["gathered"]
-    assert json.loads((run_dir / "checkpoints" / "summary.json").read_text())["epochs"] == EPOCHS
-    # every allocation's training counts: the last supervisor went on from the earlier records, and
-    # status shows what report computes from heartbeats.jsonl
-    st = _status(slurm, run_dir)
-    rep = json.loads(cli(slurm, _repo(), "report", str(run_dir), "--json").stdout)
-    for task in ("worker:0", "worker:1"):
-        assert {k: st["tasks"][task][k] for k in FIGURE_KEYS} == {k: rep["workers"][task][k] for k in FIGURE_KEYS}
-        assert st["tasks"][task]["steps"] >= EPOCHS * 30 and st["tasks"][task]["steps_per_s"]
-
-
-@contextlib.contextmanager
-def _kill_wait(slurm, seconds: int) -> Iterator[None]:
-    """Slurm's KillWait (its SIGTERM -> SIGKILL delay when it ends a job: a requeue, scancel, the time
-    limit) set to ``seconds`` for the block, the session's value back after (slurm.conf + reconfigure)."""
-    before = slurm.conf.read_text()
-
-    def kill_wait() -> str:
-        found = re.search(r"KillWait\s*=\s*(\S+)", slurm.run(["scontrol", "show", "config"]).stdout)
-        return found.group(1) if found else ""
-
-    def write(text: str) -> None:  # whole (renamed over it): the clients read it at any moment
-        tmp = slurm.conf.with_name(slurm.conf.name + ".new")
-        tmp.write_text(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, slurm.conf)
-
-    write(re.sub(r"^KillWait=\d+$", f"KillWait={seconds}", before, flags=re.M))
-    try:
-        slurm.run(["scontrol", "reconfigure"])
-        wait_for(lambda: kill_wait() == str(seconds), 30, f"KillWait={seconds}")
-        yield
-    finally:
-        write(before)
-        slurm.run(["scontrol", "reconfigure"])
-
-
-def test_a_requeue_in_the_last_epoch_does_not_train_again(slurm, tmp_path):
-    """`scontrol requeue` of a running `requeue: true` job during its last of 5 epochs: the tasks finish that
-    epoch during the stop (TensorFlow keeps training through SIGTERM) and exit 0 — BackupAndRestore then
-    removes its backup. The training is complete: the run succeeds, and any next allocation finishes at
-    once, saying so, instead of training again from epoch 0."""
-    cmd = [
-        PY,
-        "-m",
-        "worker_entry.examples.keras_synthetic",
-        "--backup",
-        "--epochs",
-        "5",
-        "--steps-per-epoch",
-        "20",
-        "--slow-input-ms",
-        "40",
-    ]
-    spec = write_spec(tmp_path / "spec.yaml", "sl-late", cmd, slurm={"nodes": 2}, job={"stop_grace_s": 20})
-    run_dir = tmp_path / "run"
-    # The tasks finish the epoch, save and exit under Slurm's SIGTERM; Slurm's SIGKILL comes KillWait after it
-    # (30 s by default, the test bed's 5 s): a loaded box's TensorFlow took longer than 5 s to exit, Slurm
-    # killed the batch supervisor before it saw the exits 0, and the next allocation trained again.
-    with _kill_wait(slurm, 30):
-        proc = start(slurm, launch_argv(spec, run_dir, "-q"), cwd=_repo())
-        try:
-            wait_for(lambda: 4 in task_epochs(run_dir, 0, "worker-0"), 150, "epoch 4 of 5 to end: the last one runs")
-            job = json.loads((run_dir / "slurm" / "submitted.json").read_text())["job_id"]
-            slurm.run(["scontrol", "requeue", job])
-            rc, _out, err = finish(proc, timeout=150)
-            # Slurm requeued the job, but the run is done: launch cancelled it before returning, and said so
-            assert not slurm.jobs(), slurm.jobs()
-            assert f"cancelled Slurm job {job}: Slurm requeued it" in err, err[-3000:]
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    assert rc == 0, err[-3000:]
-    res = result(run_dir)
-    assert res["state"] == "succeeded", res
-    for i in range(2):
-        epochs = [task_epochs(run_dir, a, f"worker-{i}") for a in range(len(res["attempts"]) + 1)]
-        assert epochs[0] == [1, 2, 3, 4, 5], epochs  # the last epoch finished during the stop
-        assert all(e == [] for e in epochs[1:]), epochs  # nothing was trained again
-    kinds = [e["event"] for e in events(run_dir)]
-    assert "training_completed" in kinds and "requeued" not in kinds, kinds
-    assert any("Slurm requeued it" in e.get("message", "") for e in events(run_dir) if e["event"] == "warning")
-    assert "completed its training" in err
-    assert not (run_dir / "slurm" / "private-spec.json").exists()
 
 
 def test_ctrl_c_on_a_terminal_can_detach_then_logs_follow_and_stop_take_over(slurm, tmp_path):
@@ -461,7 +281,7 @@ def test_ctrl_c_on_a_terminal_can_detach_then_logs_follow_and_stop_take_over(slu
         stdin=slave,
         stdout=slave,
         stderr=slave,
-        cwd=_repo(),
+        cwd=REPO,
         env=env_for(slurm),
         preexec_fn=controlling_tty,
     )
@@ -490,12 +310,12 @@ def test_ctrl_c_on_a_terminal_can_detach_then_logs_follow_and_stop_take_over(slu
         follower = subprocess.Popen(
             [PY, "-m", "orchestrator", "logs", str(run_dir), "--follow", "--task", "worker:1"],
             env=env_for(slurm),
-            cwd=_repo(),
+            cwd=REPO,
             stdout=subprocess.PIPE,
             text=True,
         )
         time.sleep(2)
-        stopped = cli(slurm, _repo(), "stop", str(run_dir))
+        stopped = cli(slurm, REPO, "stop", str(run_dir))
         assert "stopped: job interrupted_sigterm" in stopped.stdout, stopped
         out, _ = follower.communicate(timeout=30)
         assert follower.returncode == 0 and "[worker:1 n2] tick 1" in out and "tick 0 " not in out
@@ -506,47 +326,6 @@ def test_ctrl_c_on_a_terminal_can_detach_then_logs_follow_and_stop_take_over(slu
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
-
-
-def test_a_custom_loop_saves_on_the_stop_request_and_resumes_there(slurm, tmp_path):
-    """The documented way for a custom loop: TensorFlow's PreemptionCheckpointHandler sees the SIGTERM
-    tfcluster sends (here on `tfcluster stop`, the same as after Slurm's USR2), saves at a step both
-    workers agree on, exits; the next launch resumes from that step."""
-    loop = [PY, "-m", "worker_entry.examples.preemptible_loop", "--print-every", "20"]
-    spec = write_spec(
-        tmp_path / "spec.yaml",
-        "sl-loop",
-        [*loop, "--steps", "1000000"],
-        slurm={"nodes": 2},
-        job={"stop_grace_s": 30},
-        restart={"backup_dir": str(tmp_path / "backup")},
-    )
-    salloc = ["salloc", "--nodes=2", "--ntasks-per-node=1", "--immediate=30"]
-    first = tmp_path / "run1"
-    proc = start(slurm, [*salloc, *launch_argv(spec, first, "-q")], cwd=_repo())
-    try:
-        wait_for(lambda: "worker:1: step 100" in _log(first), 120, "the loop to run")
-        stopped = cli(slurm, _repo(), "stop", str(first))
-        assert "stopped: job interrupted_sigterm" in stopped.stdout, stopped
-        finish(proc, timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    printed = [int(m) for m in re.findall(r"worker:0: step (\d+)", _log(first))]
-    assert all(t["state"] == "stopped" for t in result(first)["tasks"].values())
-    second = tmp_path / "run2"
-    rc, _out, err = finish(
-        start(
-            slurm,
-            [*salloc, *launch_argv(spec, second, "-q", "--", *loop, "--steps", str(max(printed) + 40))],
-            cwd=_repo(),
-        ),
-        timeout=120,
-    )
-    assert rc == 0, err[-2000:]
-    resumed = int(re.search(r"worker:0: starting at step (\d+)", _log(second)).group(1))
-    assert resumed >= max(printed) > 0, (printed, resumed)  # saved on the stop request, not at step 0
-    assert re.search(r"worker:1: starting at step (\d+)", _log(second)).group(1) == str(resumed)
 
 
 @pytest.mark.parametrize(
@@ -570,7 +349,7 @@ def test_a_busy_tf_port_stops_the_job_before_tensorflow_starts(slurm, tmp_path):
         spec = write_spec(tmp_path / "spec.yaml", "sl-port", ["true"], tensorflow={"port": port - 1})
         run_dir = tmp_path / "run"
         argv = ["salloc", "--nodes=3", "--ntasks-per-node=1", "--immediate=30", *launch_argv(spec, run_dir)]
-        rc, _out, err = finish(start(slurm, argv, cwd=_repo()), timeout=90)
+        rc, _out, err = finish(start(slurm, argv, cwd=REPO), timeout=90)
     assert rc == 4, err[-2000:]
     res = result(run_dir)
     assert res["state"] == "preflight_failed"
@@ -582,9 +361,9 @@ def test_launch_detach_from_the_login_node_submits_and_returns(slurm, tmp_path):
         tmp_path / "spec.yaml", "sl-detached", ["sh", "-c", "sleep 2; echo finished $TFCLUSTER_TASK_INDEX"]
     )
     run_dir = tmp_path / "run"
-    rc, out, err = finish(start(slurm, launch_argv(spec, run_dir, "--detach"), cwd=_repo()), timeout=60)
+    rc, out, err = finish(start(slurm, launch_argv(spec, run_dir, "--detach"), cwd=REPO), timeout=60)
     assert rc == 0 and "submitted Slurm job" in out, err
-    follow = cli(slurm, _repo(), "logs", str(run_dir), "--follow", "--raw", timeout=90)
+    follow = cli(slurm, REPO, "logs", str(run_dir), "--follow", "--raw", timeout=90)
     assert sorted(line for line in follow.stdout.splitlines() if line.startswith("finished")) == [
         "finished 0",
         "finished 1",
