@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from fakenode import make_plan
-from test_supervisor import Recorder
+from supervising import Recorder
 from waiting import wait_for
 
 from orchestrator.backends.tcp import ConnectBackBackend, ConnectBackServer

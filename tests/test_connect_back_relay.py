@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from netattack import Relay
+from supervising import Recorder
 from test_connect_back import REPO, LocalNodes, real_plan
-from test_supervisor import Recorder
 
 from orchestrator.core.states import JobState
 from orchestrator.events import EventBus

@@ -28,7 +28,7 @@ import pytest
 import yaml
 from conftest import assert_no_job_processes
 from k8s_fake import workload
-from test_supervisor import Recorder
+from supervising import Recorder
 from testbed_fixtures import requires_netns
 from waiting import wait_for
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 from fakenode import FakeNode, healthy, obedient
-from test_supervisor import Recorder
-from test_supervisor import supervise as supervise_fakes
+from supervising import Recorder
+from supervising import supervise as supervise_fakes
 from waiting import wait_for
 
 from orchestrator.core.states import JobState, TaskState
@@ -172,7 +172,7 @@ def _node_built_tf_config(scripts, *, lie: str | None = None):
     """A PS job whose nodes build their own TF_CONFIG (as under Slurm: the plan's env has none) and
     report their endpoint in their hello; ``lie``: worker:0 reports this instead."""
     from fakenode import FakeBackend, make_plan
-    from test_supervisor import Recorder
+    from supervising import Recorder
 
     from orchestrator.events import EventBus
     from orchestrator.supervise import Interrupt, Supervisor

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from fakenode import healthy, make_plan
-from test_supervisor import supervise
+from supervising import supervise
 from waiting import wait_for
 
 from orchestrator.cli.exitcodes import exit_code_for_sweep

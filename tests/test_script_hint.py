@@ -12,7 +12,7 @@ import sys
 import pytest
 from conftest import REPO, _env
 from fakenode import FakeNode, healthy, obedient
-from test_supervisor import supervise
+from supervising import supervise
 
 from orchestrator.sinks.console import describe
 from orchestrator.supervise.hints import HINTS, hint_text

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from fakenode import FakeNode, make_plan, obedient
-from test_supervisor import supervise
+from supervising import supervise
 
 from orchestrator.core.states import JobState, TaskState
 from orchestrator.supervise import TaskSession

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 from fakenode import FakeNode
-from test_supervisor import Recorder, supervise
+from supervising import Recorder, supervise
 from waiting import wait_for
 
 from orchestrator.core.states import JobState
