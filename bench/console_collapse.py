@@ -40,7 +40,16 @@ def once(tasks: int, rounds: int, all_output: bool) -> tuple[float, int]:
 
 
 def main() -> int:
-    tasks, rounds, repeats = (int(a) for a in (sys.argv[1:] + ["1024", "20", "3"][len(sys.argv) - 1 :])[:3])
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0], epilog="example: python bench/console_collapse.py 1024 20 3"
+    )
+    ap.add_argument("tasks", nargs="?", type=int, default=1024, help="tasks printing (default 1024)")
+    ap.add_argument("rounds", nargs="?", type=int, default=20, help="rounds of lines per task (default 20)")
+    ap.add_argument("repeats", nargs="?", type=int, default=3, help="timed repeats (default 3)")
+    args = ap.parse_args()
+    tasks, rounds, repeats = args.tasks, args.rounds, args.repeats
     lines = tasks * rounds * 3
     runs: dict[bool, list[float]] = {True: [], False: []}
     shown: dict[bool, int] = {}

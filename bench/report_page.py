@@ -20,8 +20,15 @@ from orchestrator.views.report import build_report, report_text
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
-    repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog="example: python bench/report_page.py 1000 3"
+    )
+    ap.add_argument("tasks", nargs="?", type=int, default=1000, help="tasks in the synthetic run (default 1000)")
+    ap.add_argument("repeats", nargs="?", type=int, default=3, help="timed repeats (default 3)")
+    args = ap.parse_args()
+    n, repeats = args.tasks, args.repeats
     with tempfile.TemporaryDirectory() as tmp:
         run = RunDir(big_run(Path(tmp) / "run", n))
         builds, pages = [], []

@@ -97,8 +97,9 @@ def test_the_checks_catch_an_upward_import_and_a_cycle():
     assert imports == {"__future__", "__future__.annotations"}
 
 
-@pytest.mark.parametrize("package", ["orchestrator", "worker_entry", "tfcluster_testbed"])
+@pytest.mark.parametrize("package", ["orchestrator", "worker_entry", "tfcluster_testbed", "tests", "bench"])
 def test_no_module_is_too_long(package):
+    """The product's modules, and the tests' and benchmarks' too: one subject a module."""
     long = {
         str(p.relative_to(ROOT)): n
         for p in (ROOT / package).rglob("*.py")
