@@ -247,3 +247,30 @@ def test_the_node_refuses_a_supervisor_without_the_secret():
     finally:
         t.join(5)
         lsock.close()
+
+
+def _backlog(port: int) -> int:
+    """The listening socket's accept queue length as the kernel has it (``ss``: Send-Q of a LISTEN socket)."""
+    out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
+    return int(out.split()[2])
+
+
+@pytest.mark.skipif(not Path("/proc/sys/net/core/somaxconn").exists(), reason="Linux's accept queue")
+def test_the_accept_queue_holds_every_task_of_the_round_dialing_at_once():
+    """4,096 nodes dialing at once into a queue of 1,024: the SYNs past it are dropped and wait out TCP's
+    1 s, 3 s retransmits. The queue is sized to the round's tasks, up to the kernel's cap (somaxconn)."""
+    import shutil
+
+    if shutil.which("ss") is None:
+        pytest.skip("no ss to read the queue's length")
+    cap = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    srv = ConnectBackServer(b"s" * 32, bind=("127.0.0.1", 0))
+    try:
+        assert _backlog(srv.port) == min(1024, cap)
+        config = p.NodeConfig(argv=["true"], remote_dir="/tmp/x")
+        srv.expect({r: (f"worker:{r}", config) for r in range(3000)}, lambda task, chan: chan.close())
+        assert _backlog(srv.port) == min(3000, cap)
+        srv.expect({0: ("worker:0", config)}, lambda task, chan: chan.close())
+        assert _backlog(srv.port) == min(1024, cap)  # never below the default
+    finally:
+        srv.close()

@@ -165,3 +165,26 @@ def test_a_16384_task_tf_config_reaches_the_training_process_past_the_kernels_li
         assert child.returncode == 0, err
         assert out.decode().split() == ["16384", "{'type':", "'worker',", "'index':", "16383}"]
         assert oct(os.stat(env["TFCLUSTER_TF_CONFIG_FILE"]).st_mode & 0o777) == "0o600"
+
+
+def _calls(fn) -> int:
+    """Python and builtin calls ``fn()`` makes (cProfile's count): the work, counted, not timed."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.runcall(fn)
+    return pstats.Stats(prof).total_calls  # type: ignore[attr-defined]
+
+
+def test_an_ssh_plans_work_grows_linearly_with_its_hosts():
+    """Each host's label among the members once counted every host's address: 16.8 M comparisons at
+    4,096 hosts, most of a launch's start (docs/benchmarks.md §11). Counted: 4x the hosts, about 4x the calls."""
+    from orchestrator.schedulers.ssh import ssh_plan
+
+    def plan_of(n: int):
+        spec = load_spec_text(_ssh(n)).spec
+        return lambda: ssh_plan(spec, run_id="r", local_user="me", ssh_lookup=None)
+
+    small, big = _calls(plan_of(256)), _calls(plan_of(1024))
+    assert big <= LINEAR / 4 * 4 * small, (small, big)

@@ -162,3 +162,25 @@ def test_the_env_names_are_importable_without_the_message_classes():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["TFCLUSTER_INSTRUMENT", "False"]
+
+
+@pytest.mark.parametrize(
+    ("bad", "where", "why"),
+    [
+        (7, r"cluster\.worker\[2\]", "a string"),
+        (None, r"cluster\.worker\[2\]", "a string"),
+        ("h" * 4097, r"cluster\.worker\[2\]", "too long"),
+        (["a:1"], r"cluster\.worker\[2\]", "a string"),
+    ],
+)
+def test_a_clusters_endpoints_are_checked_in_one_pass_and_a_bad_one_is_still_named(bad, where, why):
+    """A list of strings (a 16,384-task cluster's endpoints) is checked at C speed; one that fails is
+    named by its place, exactly as the item-by-item check named it."""
+    good = {"worker": [f"w{i}:2222" for i in range(4)]}
+    config = p.NodeConfig(argv=["t"], remote_dir="/r", task=p.TaskRef("worker", 1), cluster=good)
+    back = p.NodeConfig.parse_line(p.command_line(config))
+    assert back.cluster == good and type(back.cluster["worker"]) is list
+    line = json.loads(p.command_line(config))
+    line["cluster"]["worker"][2] = bad
+    with pytest.raises(p.ProtocolError, match=f"{where}.*{why}|{why}.*{where}"):
+        p.NodeConfig.parse_line(json.dumps(line).encode() + b"\n")

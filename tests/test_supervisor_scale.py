@@ -179,3 +179,28 @@ def test_the_live_table_of_a_large_job_is_its_summary():
     rendered = LiveTable(plan)._render(big_status(40))
     assert "40 tasks: 39 running, 1 lost" in rendered.plain
     assert summary_lines(summarize(big_status(40)["tasks"]))[0] in rendered.plain
+
+
+def test_nodes_waiting_for_the_go_spread_their_heartbeats_at_thousands_of_tasks():
+    """At 4,096 tasks the nodes' waiting heartbeats were ~108k records of the start, half the launcher's
+    work before every task ran: past 512 tasks a waiting node beats less often (at most half the
+    timeout apart); at 3 tasks, exactly as before."""
+    from orchestrator.plan.model import WAITING_HEARTBEATS_PER_S, Runtime
+    from tfcluster_testbed.loadgen.node import LoadNode
+    from worker_entry import protocol as p
+
+    rt = Runtime(job="j", heartbeat_interval_s=1.0, heartbeat_timeout_s=10.0)
+    assert [rt.waiting_heartbeat_s(n) for n in (3, 512, 1024, 4096)] == [1.0, 1.0, 2.0, 5.0]
+    assert Runtime(job="j", heartbeat_timeout_s=30.0).waiting_heartbeat_s(4096) == 4096 / WAITING_HEARTBEATS_PER_S
+    _, plan = make_plan(3)  # 0.1 s heartbeats: a small job's nodes beat at the interval while waiting
+    assert {n.node_config(0).waiting_heartbeat_s for n in plan.nodes} == {0.1}
+    _, big = make_plan(1024)  # 1 s timeout: at most half of it
+    assert big.nodes[7].node_config(0).waiting_heartbeat_s == 0.5
+    # the load generator's node, as worker_entry's: the waiting interval until the go, then the interval
+    config = p.NodeConfig(argv=["t"], remote_dir="/r", heartbeat_interval_s=1.0, waiting_heartbeat_s=4.0)
+    node = LoadNode(0, config, now=0.0)
+    node.start()
+    beats = lambda t0, t1: sum(bool(node.due(t / 10)) for t in range(int(t0 * 10), int(t1 * 10)))  # noqa: E731
+    assert beats(0, 10) == 3  # at 0, 4 and 8 s
+    node.feed(b'{"type": "go"}\n', 10.0)
+    assert beats(10, 20) == 10  # one a second once running

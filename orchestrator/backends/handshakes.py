@@ -36,6 +36,7 @@ from .refusals import Refusals
 HANDSHAKE_TIMEOUT_S = 10.0  # an unproven connection's whole handshake, from its accept
 REPLY_TIMEOUT_S = 30.0  # a proven node reading its reply and config (up to 1 MiB)
 MAX_PENDING = 4096  # unproven connections held at once; beyond, the oldest is dropped
+LISTEN_BACKLOG = 1024  # the kernel's queue of connections not yet accepted; at least the round's task count
 ACCEPT_BATCH = 64  # accepts per wake-up, so expiring and replying go on under a flood
 BACKOFF_S = (0.05, 1.0)  # accepting pauses this long (doubling) when no descriptor can be freed
 _NO_FDS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
@@ -70,7 +71,7 @@ class HandshakeServer:
         self.listener = socket.socket(family, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(bind)
-        self.listener.listen(1024)
+        self.listener.listen(LISTEN_BACKLOG)
         self.listener.setblocking(False)
         self.expected: dict[int, tuple[str, NodeConfig]] = {}
         self.connected: set[int] = set()
@@ -98,6 +99,10 @@ class HandshakeServer:
         with self._lock:
             self.expected = dict(ranks)
             self.connected = set()
+        # thousands of nodes may dial at once: a full queue drops their SYNs, each dropped one waits out
+        # TCP's 1 s, 3 s, ... retransmits. Sized to the round (the kernel caps it at net.core.somaxconn).
+        with contextlib.suppress(OSError):
+            self.listener.listen(max(LISTEN_BACKLOG, len(ranks)))
 
     def expect_again(self, rank: int, task: str, config: NodeConfig) -> None:
         """Rank ``rank`` may connect once more (a task restarted in place), and gets ``config``."""

@@ -62,6 +62,10 @@ class SshTarget:
         return self.address if self.port == 22 else f"{self.address}:{self.port}"
 
 
+#: waiting heartbeats a second the launcher reads, at most, from the nodes waiting for the go (``Runtime``)
+WAITING_HEARTBEATS_PER_S = 512
+
+
 @dataclass(frozen=True)
 class Runtime:
     """How worker_entry runs and supervises a task: the same for every node of a plan."""
@@ -73,6 +77,15 @@ class Runtime:
     failure_grace_s: float = 0.3
     instrument: bool = True
     gather_checkpoint: bool = True  # the chief lists its checkpoint directory when its task ends
+
+    def waiting_heartbeat_s(self, tasks: int) -> float:
+        """How often a node heartbeats while it waits for the go: the interval up to
+        ``WAITING_HEARTBEATS_PER_S`` tasks; beyond, spread so the launcher reads at most that many waiting
+        heartbeats a second while the others dial in (at 4,096 tasks they were ~108k records, half the
+        launcher's start: docs/benchmarks.md §11). At most half the heartbeat timeout: a teardown before
+        the go still hears every waiting node in time."""
+        spread = min(tasks / WAITING_HEARTBEATS_PER_S, self.heartbeat_timeout_s / 2)
+        return max(self.heartbeat_interval_s, spread)
 
     @property
     def launcher_timeout_s(self) -> float:
@@ -189,6 +202,7 @@ class NodePlan:
             tf_port=self.tf_port or None,  # an evaluator has no TF server
             gpus=self.gpus,
             heartbeat_interval_s=rt.heartbeat_interval_s,
+            waiting_heartbeat_s=rt.waiting_heartbeat_s(sum(map(len, common.cluster.values()))),
             launcher_timeout_s=rt.launcher_timeout_s,
             stop_grace_s=rt.stop_grace_s,
             failure_grace_s=rt.failure_grace_s,

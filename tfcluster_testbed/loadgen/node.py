@@ -4,8 +4,8 @@ A ``LoadNode`` is a protocol state machine and nothing else: commands in (the la
 frames out (``worker_entry.protocol``'s real frames and messages, validated by the real launcher), at
 the times ``due`` names. The loop that owns the socket (``loop.py``) feeds it and sends what it
 returns. What it says follows the real node's order: the sync marker and ``hello``; heartbeats every
-``heartbeat_interval_s`` of its ``NodeConfig`` (``waiting`` before the go); after the go ``spawned``,
-``started``, heartbeats with ``progress``, step-clock ``profile`` windows (the config's
+``heartbeat_interval_s`` of its ``NodeConfig`` (``waiting`` before the go: every ``waiting_heartbeat_s``
+when set); after the go ``spawned``, ``started``, heartbeats with ``progress``, step-clock ``profile`` windows (the config's
 ``TFCLUSTER_PROFILE_INTERVAL_S``) and log lines at the generator's rate; on a stop ``stopping``,
 ``exited``, ``task_files``; then it waits for ``bye``.
 
@@ -40,6 +40,7 @@ class LoadNode:
         self.rank = rank
         self.config = config
         self.interval = config.heartbeat_interval_s
+        self.waiting_interval = config.waiting_heartbeat_s or self.interval  # before the go, as a real node
         try:
             self.profile_s = float(config.env.get(p.Env.PROFILE_INTERVAL_S, "0") or 0)
         except ValueError:
@@ -97,6 +98,7 @@ class LoadNode:
         if kind == "go" and self.phase == "waiting":
             self.phase = "running"
             self.last_step_at = now
+            self.next_beat = now  # a heartbeat at once, then the interval: as worker_entry's loop after the go
             pid = 20_000 + self.rank
             return _frame({"type": "spawned", "pid": pid}) + _frame({"type": "started", "how": "strategy"})
         if kind == "stop" and self.phase in ("waiting", "running"):
@@ -166,7 +168,8 @@ class LoadNode:
         self.last_step_at = now
         if now >= self.next_beat:
             out += self._heartbeat()
-            self.next_beat = max(self.next_beat + self.interval, now)
+            every = self.interval if self.phase == "running" else self.waiting_interval
+            self.next_beat = max(self.next_beat + every, now)
         if self.phase == "running" and now >= self.next_profile:
             out += self._profile()
             self.next_profile = max(self.next_profile + self.profile_s, now)

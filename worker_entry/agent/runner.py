@@ -134,7 +134,7 @@ class Runner:
             now = time.monotonic()
             if now >= next_beat:
                 self.msg(p.Heartbeat(seq=self._next_seq(), ts=time.time(), state="waiting"))
-                next_beat = now + self.interval
+                next_beat = now + (self.cfg.waiting_heartbeat_s or self.interval)  # spread out at thousands
             if self.stop_reason or self.writer.broken:
                 return False
             if now - self.last_launcher > self.launcher_timeout:

@@ -46,6 +46,9 @@ class NodeConfig(Record):
     tf_port: int | None = field(default=None, metadata=spec(lo=1, hi=65535))
     gpus: int = field(default=0, metadata=spec(lo=0, hi=1024))
     heartbeat_interval_s: float = field(default=1.0, metadata=spec(lo=0.01, hi=3600))
+    # while it waits for the go (0: heartbeat_interval_s, as from a launcher before it): thousands of
+    # waiting nodes spread their heartbeats out, the launcher's start is not spent reading them
+    waiting_heartbeat_s: float = field(default=0.0, metadata=spec(lo=0, hi=3600))
     launcher_timeout_s: float = field(default=10.0, metadata=spec(lo=0.1, hi=86400))
     stop_grace_s: float = field(default=10.0, metadata=spec(lo=0, hi=86400))
     failure_grace_s: float = field(default=1.0, metadata=spec(lo=0, hi=86400))
