@@ -166,7 +166,7 @@ def restarted_run(tmp_path_factory) -> Iterator[Launched]:
     0.5 s and a step-clock window every 1 s, ``restart.max_restarts: 1`` with a backup directory the hosts
     share: once the chief's backup holds epoch 2, worker:1's training process is SIGKILLed; the job restarts
     every task, resumes from the backup and runs to its end (the chief's checkpoints gathered).
-    test_restart_e2e asserts the restart and the resume, test_goodput the goodput of the two attempts."""
+    test_restart_e2e asserts the restart and the resume, test_goodput_views the goodput of the two attempts."""
     tmp = tmp_path_factory.mktemp("restarted-run")
     backup = tmp / "backup"  # the hosts share this file system: the fixture reads the chief's backup
     beds = _Factory()

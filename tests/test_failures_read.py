@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from conftest import PY, WORKLOADS, assert_no_job_processes, repo_python, run_launch
 from fakenode import FakeBackend, FakeNode, make_plan, obedient
-from test_goodput import restart_run
+from goodput_runs import restart_run
 from testbed_fixtures import requires_netns
 
 from orchestrator.job import Job, LaunchOptions

@@ -218,7 +218,7 @@ def test_the_loss_curve_is_the_workers_mean_and_reaches_a_target():
 def test_real_collective_all_reduce_on_a_known_linear_regression(tmp_path, mode):
     """4 replicas (logical CPUs) reducing with MWMS's CollectiveAllReduce, the weights held at w = 0 (lr 0):
     B_simple = d(1 + σ²/|δ|²) + 1 = 51 exactly; the step clock's windows give it within 25 %. (That the
-    training is bit-identical with the norms measured: tests/test_stepclock.py, every way of training.)"""
+    training is bit-identical with the norms measured: tests/test_stepclock_tf.py, every way of training.)"""
     records = tmp_path / "records.jsonl"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFCLUSTER_") and k != "TF_CONFIG"}
     argv = [sys.executable, str(ROOT / "tests" / "workloads" / "linreg_noise.py"), "--local", "4", "--mode", mode]

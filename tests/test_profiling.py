@@ -258,7 +258,7 @@ def test_straggler_is_separated_and_homogeneous_run_is_flat():
     """3 local MWMS workers, the step clock (no profiler, so no retries): worker:1 sleeping 60 ms per
     batch in its tf.data pipeline stands out in pre_collective_ms and input_ms and is named with the
     cause "input pipeline"; a homogeneous run stays flat and nobody is named."""
-    from test_stepclock import medians, run_cluster
+    from test_stepclock_tf import medians, run_cluster
 
     from orchestrator.supervise import find_straggler
 
