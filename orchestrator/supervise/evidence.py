@@ -40,6 +40,7 @@ class HostFinding:
     cause: str  # "host CPU" | "network" | a GPU's (``gpus.CAUSES``)
     detail: str
     data: dict[str, Any] = field(default_factory=dict)
+    run_queue: bool = False  # named by its threads' run-queue delay (not a quota, steal, a clock or a link)
 
 
 def _mean(values: Sequence[Any]) -> float | None:
@@ -126,6 +127,7 @@ def host_suspect(samples: Mapping[str, Sequence[Mapping[str, Any]]]) -> HostFind
             f"its threads waited for a CPU {value:.0f}% of the time they were runnable (run-queue delay; "
             f"{others:.0f}% on the other workers): {why}",
             {"wait_pct": round(value, 1), "others_wait_pct": round(others, 1), "steal_pct": _round(steal)},
+            run_queue=True,
         )
     steals = {t: a["steal_pct"] for t, a in avg.items() if a["steal_pct"] is not None}
     hit = _stands_out(steals, STEAL_PCT_MIN, STEAL_PCT_MIN)
@@ -283,9 +285,8 @@ def explain(
         own = sorted(gpus.of(finding.task), key=lambda p: list(CAUSES).index(p.problem))
         if own and finding.cause in ("compute", "other"):
             return replace(finding, cause=CAUSES[own[0].problem], detail="; ".join(p.text() for p in own))
-        queued = "others_wait_pct" in (host.data if host is not None else {})  # the run-queue finding
         if host is not None and host.task == finding.task:
-            if queued and not delay_explains(hosts, finding):
+            if host.run_queue and not delay_explains(hosts, finding):
                 return finding  # the delay is too small for the excess the step clock measured
             return replace(finding, cause=host.cause, detail=f"{host.detail}; {finding.detail}")
         weak = starved(hosts, finding.task) if host is None else None

@@ -230,11 +230,11 @@ class Monitor:
             self.last_finding = finding
         # host evidence alone (a stall inside the all-reduce, unseen by the step clock) must hold twice as
         # long: on a saturated box one worker or another is starved for a few seconds at a time
-        needed = p.confirmations if finding is None or finding.wait_ms >= 1.0 else 2 * p.confirmations
+        needed = 2 * p.confirmations if finding is not None and finding.host_only else p.confirmations
         if finding is not None and count >= needed and self._straggler != name:
             self._straggler = name
             self._clear_count = 0
-            if finding.wait_ms >= 1.0:
+            if not finding.host_only:
                 msg = (
                     f"straggler: the other workers wait ≈{finding.wait_ms:.0f} ms per step for it "
                     f"({finding.share:.0%} of a {finding.step_ms:.0f} ms step); likely cause: {finding.cause} — "

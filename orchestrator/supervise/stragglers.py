@@ -33,6 +33,12 @@ class StragglerFinding:
     def share(self) -> float:
         return self.wait_ms / self.step_ms if self.step_ms > 0 else 0.0
 
+    @property
+    def host_only(self) -> bool:
+        """Named by its host's (or GPU's) evidence alone: its stall is inside the all-reduce, where the
+        step clock sees no excess (``evidence.explain`` builds such a finding with ``wait_ms`` 0)."""
+        return self.wait_ms < 1.0
+
 
 def find_straggler(
     profiles: Mapping[str, Mapping[str, Any]], policy: StragglerPolicy = DEFAULT_POLICY

@@ -262,7 +262,7 @@ def analyse(
     if finding is not None:
         waits = (
             f"the others wait ≈{finding.wait_ms:.0f} ms per step for it ({finding.share:.0%} of a step); "
-            if finding.wait_ms >= 1
+            if not finding.host_only
             else ""
         )
         line = f"{finding.task} is a straggler: {waits}cause: {finding.cause} — {finding.detail}"
