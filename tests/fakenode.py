@@ -275,7 +275,7 @@ class FakeNode:
             while True:
                 n += steps
                 progress = p.Progress(steps=n, examples=n * 32, ts=time.time()) if steps else None
-                self.heartbeat(state=hb.get("state", "running"), progress=progress)
+                self.heartbeat(progress=progress, **{"state": "running", **hb})
                 cmd = self.next_command(beats)
                 if isinstance(cmd, p.Stop):
                     return cmd

@@ -121,6 +121,20 @@ def test_worker_that_never_starts_does_not_hang_past_startup_deadline(testbed_fa
     assert_no_job_processes(tb, 5)
 
 
+def test_a_busy_slow_task_is_not_blamed_for_one_that_never_starts(testbed_factory, tmp_path):
+    """On a loaded box a healthy task may still be importing TensorFlow at the startup deadline: its
+    process is busy on the CPU, the one that never starts sleeps. The sleeping one is the root cause."""
+    tb = testbed_factory(3)
+    job = mwms_job("--never-start", "worker:2", "--busy-start", "worker:0", "--busy-start-s", "60")
+    spec = tb.write_spec(tmp_path / "spec.yaml", "busy", job, job={"startup_timeout_s": 15})
+    r = run_launch(tb, spec, tmp_path / "run", timeout=120)
+    assert r.rc == 3
+    rc = r.result["root_cause"]
+    assert rc["kind"] == "startup_timeout" and rc["task"] == "worker:2", rc
+    assert "did not start within 15s" in rc["message"]
+    assert_no_job_processes(tb, 5)
+
+
 NASTY = {
     "QUOTES": "it's \"quoted\" and 'single'",
     "SPACES": "  lead and trail  ",

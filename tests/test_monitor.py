@@ -98,6 +98,30 @@ def test_startup_deadline_names_the_tasks_that_never_started():
     assert m.check(62.0) == []  # reported once
 
 
+def test_startup_deadline_names_an_idle_late_task_before_a_busy_one():
+    """A late task busy on the CPU in its last beats is slow (a loaded box), not stuck: the idle one is
+    named first; a busy beat older than the window, or none at all (no psutil), counts as idle."""
+
+    def late_at(cpu: dict[str, list[tuple[float, float]]]) -> list[str]:
+        m = Monitor(TASKS, POLICY, now=0.0)
+        m.arm(0.0)
+        m.on_started("worker:1", 1.0)
+        for t in range(0, 62, 2):
+            beat_all(m, float(t))
+        for task, beats in cpu.items():
+            for now, pct in beats:
+                m.on_heartbeat(task, beat({"state": "running", "cpu_pct": pct}), now)
+        (v,) = m.check(61.0)
+        assert v.kind == "startup_timeout" and v.task == v.data["not_started"][0]
+        return v.data["not_started"]
+
+    assert late_at({}) == ["worker:0", "worker:2"]  # no evidence: plan order, as before
+    assert late_at({"worker:0": [(60.0, 90.0)], "worker:2": [(60.0, 0.0)]}) == ["worker:2", "worker:0"]
+    assert late_at({"worker:0": [(50.0, 90.0), (60.0, 0.0)]}) == ["worker:0", "worker:2"]  # busy 11 s ago
+    assert late_at({"worker:0": [(58.0, 4.0)]}) == ["worker:0", "worker:2"]  # below BUSY_PCT: idle
+    assert late_at({t: [(60.0, 50.0)] for t in TASKS}) == ["worker:0", "worker:2"]  # all busy: all named
+
+
 def test_no_startup_check_before_arming():
     m = Monitor(TASKS, POLICY, now=0.0)
     beat_all(m, 100.0)

@@ -76,6 +76,41 @@ def test_startup_deadline_when_a_node_never_says_hello():
     assert res.state == JobState.FAILED and exit_code_for_state(res.state) == 3
 
 
+def test_startup_deadline_blames_the_idle_task_not_a_busy_one_still_starting():
+    """On a loaded box a healthy task may still be importing TensorFlow at the startup deadline. Both it
+    (worker:0, first in plan order) and the task that never starts (worker:2) have dialed, said hello
+    and beat; only worker:0's process keeps a CPU busy. worker:2 is the root cause."""
+
+    def slow(n: FakeNode) -> None:  # on its way to a TF server, busy on the CPU
+        n.hello()
+        if isinstance(n.wait_for(p.Go), p.Go):
+            n.send(p.Spawned(pid=5))
+            stopped(n, n.run_until_stopped(cpu_pct=90.0))
+
+    def asleep(n: FakeNode) -> None:  # never gets there; moves the supervisor's clock past the deadline
+        n.hello()
+        if not isinstance(n.wait_for(p.Go), p.Go):
+            return
+        n.send(p.Spawned(pid=7))
+        stop = None
+        for _ in range(40):  # 10 s in 0.25 s steps, beating: past job.startup_timeout_s (5), never silent
+            n.heartbeat(state="sleeping", cpu_pct=0.0)
+            while (cmd := n.next_command(0.01)) is not None and not isinstance(cmd, p.Stop):
+                pass  # pings
+            if (stop := cmd) is not None or n.eof:
+                break
+            n.let_pass(0.25)
+        stopped(n, stop)
+
+    res, rec, _ = supervise({"worker:0": slow, "worker:2": asleep}, job={"startup_timeout_s": 5})
+    rc = res.root_cause
+    assert (rc.kind, rc.task, rc.host) == ("startup_timeout", "worker:2", "10.0.0.3")
+    assert rc.message.startswith("worker:2 did not start within 5s")
+    assert "worker:0 had not started either but kept a CPU busy" in rc.message
+    (verdict,) = rec.kinds("startup_timeout")
+    assert verdict.task == "worker:2" and verdict.not_started == ["worker:2", "worker:0"]
+
+
 def test_a_silent_worker_is_lost_and_blamed():
     def goes_silent(n: FakeNode) -> None:
         n.hello()

@@ -32,6 +32,7 @@ from .evidence import Scores, explain
 from .figures import job_step_ms
 from .gpuwatch import GpuWatch
 from .remedies import with_remedy
+from .startup import BUSY_PCT, startup_verdict
 from .stragglers import StragglerFinding, find_straggler
 from .verdicts import Policy, Verdict
 
@@ -46,6 +47,7 @@ class _Watch:
     proc_state: str | None = None
     stopped_since: float | None = None
     started: bool = False
+    busy_at: float | None = None  # its last heartbeat with a busy process (startup.BUSY_PCT)
     steps: int | None = None
     steps_changed_at: float | None = None
     profile: dict[str, Any] | None = None
@@ -100,6 +102,8 @@ class Monitor:
                     w.stopped_since = now
             else:
                 w.stopped_since = None
+        if hb.cpu_pct is not None and hb.cpu_pct >= BUSY_PCT:
+            w.busy_at = now
         if hb.progress is not None:
             self.on_steps(task, hb.progress.steps, now)
         if hb.host is not None:
@@ -306,19 +310,10 @@ class Monitor:
                 )
         if self.armed_at is not None and now - self.armed_at > p.startup_timeout_s:
             late = [t for t, w in live.items() if not w.started and "startup" not in w.reported and t in self.members]
-            if late:
-                for t in late:
-                    self.watch[t].reported.add("startup")
-                out.append(
-                    Verdict(
-                        "startup_timeout",
-                        late[0],
-                        f"{', '.join(late)} did not start within {p.startup_timeout_s:g}s (no TF server, strategy "
-                        "or training step); MWMS would wait for it forever",
-                        fatal=True,
-                        data={"not_started": late},
-                    )
-                )
+            for t in late:
+                self.watch[t].reported.add("startup")
+            if late:  # an idle late task is named before a busy one (slow on a loaded box, not stuck)
+                out.append(startup_verdict(late, {t: self.watch[t].busy_at for t in late}, now, p))
         out.extend(self._progress_verdicts(now, {t: w for t, w in live.items() if t in self.members}))
         out.extend(self._gpu_verdicts())
         return out

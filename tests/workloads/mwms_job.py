@@ -5,6 +5,7 @@
 --fail-attempt 0                                    ... only in that attempt (TFCLUSTER_ATTEMPT; default: every one)
 --verbose 1                                         Keras' progress bar (fit's verbose; default 0)
 --never-start worker:2                              that task sleeps instead of joining MWMS
+--busy-start worker:0 --busy-start-s 40             that task spins on a core first (slow to start, as on a loaded box)
 --print-pid-file DIR                                every task writes DIR/<task>.pid (for kill tests)
 """
 
@@ -30,6 +31,8 @@ def main() -> int:
     p.add_argument("--verbose", type=int, default=0)
     p.add_argument("--fail-attempt", type=int, default=-1)
     p.add_argument("--never-start", default="")
+    p.add_argument("--busy-start", default="")
+    p.add_argument("--busy-start-s", type=float, default=40.0)
     p.add_argument("--pid-dir", default="")
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--slow-task", default="", help="this task's input pipeline sleeps --slow-ms per batch ...")
@@ -45,6 +48,11 @@ def main() -> int:
     if task == args.never_start:
         print(f"{task}: sleeping instead of starting MWMS", flush=True)
         time.sleep(3600)
+    if task == args.busy_start:
+        print(f"{task}: busy for {args.busy_start_s:g}s before starting MWMS", flush=True)
+        end = time.monotonic() + args.busy_start_s
+        while time.monotonic() < end:
+            sum(i * i for i in range(10000))
     import numpy as np
     import tensorflow as tf
 
