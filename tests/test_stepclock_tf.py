@@ -94,12 +94,18 @@ def test_every_way_of_training_is_stamped_and_unchanged(cases, case):
 
 
 def test_known_delays_land_in_their_parts(cases):
-    """input: 80 ms per batch in the tf.data map (partly hidden by prefetching behind the step);
-    compute: 5 ms before the gradients, after: 5 ms after the update, per replica (the two replicas'
-    py_functions run one after the other); host: 10 ms of Python between steps."""
-    rec = cases[0]["delays"]["on"]["record"]
+    """input: 120 ms per batch in the tf.data map, partly hidden by prefetching behind the rest of the
+    step (the more, the busier the box): the step clock's input part must be the wait the training loop
+    itself timed around each ``next()``, not a fixed share of the 120 ms; compute: 5 ms before the
+    gradients, after: 5 ms after the update, per replica (the two replicas' py_functions run one after
+    the other); host: 10 ms of Python between steps."""
+    on = cases[0]["delays"]["on"]
+    rec = on["record"]
     assert rec["compute_ms"] >= 9.5 and rec["update_ms"] >= 9.5 and rec["host_ms"] >= 9.5, rec
-    assert rec["input_ms"] >= 20 and rec["input_ms"] == max(rec[f"{k}_ms"] for k in stepclock.CATEGORIES), rec
+    waits = on["next_ms"][1:]  # the first next() comes before the warm-up step, which no window holds
+    seen = sum(waits) / len(waits)
+    assert seen >= 10, f"the input wait was hidden behind the step ({waits}): its attribution cannot be judged"
+    assert 0.5 * seen <= rec["input_ms"] <= max(waits) + 5.0, (seen, waits, rec)  # + the in-function part
 
 
 def test_xla_is_left_alone_and_failures_leave_training_unchanged(cases):
@@ -218,6 +224,6 @@ def test_report_split_adds_up_with_known_delays_in_each_part(cases, tmp_path):
     parts = ("input_ms", "compute_ms", "waiting_for_slowest_ms", "allreduce_ms", "update_ms", "host_ms", "other_ms")
     assert sum(getattr(split, k) for k in parts) == pytest.approx(split.step_ms, abs=0.01), split
     assert split.compute_ms >= 9.5 and split.update_ms >= 9.5 and split.host_ms >= 9.5, split
-    assert split.input_ms >= 20, split
+    assert split.input_ms == pytest.approx(rec["input_ms"], abs=0.01), split  # the known-delays test judges it
     text = report_text(rep)
     assert "input pipeline (waiting for the batch)" in text and "after it: optimizer update" in text

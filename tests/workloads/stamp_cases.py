@@ -35,6 +35,7 @@ from worker_entry.instrument.stepclock import ring as stampring  # noqa: E402
 instrument.install()  # the hooks (TensorFlow's distribute modules are imported already: patched at once)
 keras = tf.keras
 DEVICES = ["/cpu:0", "/cpu:1"]
+NEXT_MS: list[float] = []  # the custom loop's own timing of each eager next(): the input wait it saw
 KEYS = cross_device_utils.CollectiveKeys()  # shared: strategies of one process must not reuse instance keys
 
 
@@ -165,8 +166,15 @@ def custom_loop(
             losses.append(round(float(train_together(*[next(it) for _ in range(accum)])), 6))
             apply_step()
         return losses, [train_together, apply_step]
+    NEXT_MS.clear()
     for i in range(steps * accum):
-        loss = train_from(it) if inside else train_step(next(it))
+        if inside:
+            loss = train_from(it)
+        else:
+            t0 = time.perf_counter()
+            batch = next(it)
+            NEXT_MS.append((time.perf_counter() - t0) * 1e3)
+            loss = train_step(batch)
         if accum > 1 and (i + 1) % accum == 0:
             apply_step()
         if host_ms:
@@ -203,7 +211,8 @@ CASES = {
     "fit partial batches": lambda s: keras_fit(s, finite=101),  # 3 x 32 + 5 per epoch: 3 + 2 on the replicas
     "fit jit": lambda s: keras_fit(strategy(1), jit=True, steps=8),  # XLA on CPU: one device
     # 2 replicas: their compute and after sleeps run one after the other (stateful ops in program order)
-    "delays": lambda s: custom_loop(s, steps=16, input_ms=80, compute_ms=5, after_ms=5, host_ms=10),
+    # input: 120 ms, well over the rest of the step even on a loaded box, so the wait stays in sight
+    "delays": lambda s: custom_loop(s, steps=16, input_ms=120, compute_ms=5, after_ms=5, host_ms=10),
 }
 
 
@@ -269,6 +278,7 @@ def run(name: str, clock: bool, fail: str | None = None, sync: bool = False) -> 
         setattr(module, fail, boom)
     stampring.drain()
     stampring.take_inputs()
+    NEXT_MS.clear()
     n0 = stampring.delivered()
     records: list[dict] = []
     counted: list[tuple[int, int | None]] = []
@@ -288,6 +298,7 @@ def run(name: str, clock: bool, fail: str | None = None, sync: bool = False) -> 
         "steps": sum(n for n, _ in counted),
         "examples": None if any(ex is None for _, ex in counted) else sum(ex for _, ex in counted),
         "record": reader.last_record,
+        "next_ms": [round(x, 3) for x in NEXT_MS],
         "graph": graph_facts(fns) if clock else {},
     }
 
