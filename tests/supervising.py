@@ -43,11 +43,14 @@ class Recorder:
         return [e for e in self.events if e.event == kind]
 
 
-def supervise(scripts, n_hosts=3, interrupt=None, bound=None, rec=None, frozen=False, **sections):
+def supervise(
+    scripts, n_hosts=3, interrupt=None, bound=None, rec=None, frozen=False, backend_cls=FakeBackend, **sections
+):
     """The real supervisor over fake nodes, on the backend's ``FakeClock`` (scripts move it on; ``frozen``:
-    only they do); ``rec``: the recorder to use (a script may wait for what the supervisor has heard)."""
+    only they do); ``rec``: the recorder to use (a script may wait for what the supervisor has heard);
+    ``backend_cls``: a FakeBackend whose ``start`` a test changes."""
     loaded, plan = make_plan(n_hosts, **sections)
-    backend = FakeBackend(scripts, clock=FakeClock())
+    backend = backend_cls(scripts, clock=FakeClock())
     if frozen:
         backend.clock.freeze()
     rec = rec if rec is not None else Recorder()

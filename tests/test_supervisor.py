@@ -76,6 +76,32 @@ def test_startup_deadline_when_a_node_never_says_hello():
     assert res.state == JobState.FAILED and exit_code_for_state(res.state) == 3
 
 
+def test_startup_deadline_blames_a_task_that_never_dialed_before_one_slow_to_say_hello():
+    """worker:2's host never answers (its start stays pending); worker:0's node is up but slow to say
+    hello (python starting on a loaded host). worker:2 is the root cause, though worker:0 comes first."""
+    rec, unblock = Recorder(), threading.Event()
+
+    class HostDown(FakeBackend):
+        def start(self, node, config):
+            if str(node.task) == "worker:2":
+                unblock.wait(30)  # connecting, until the test is over
+                raise OSError("connection timed out")
+            return super().start(node, config)
+
+    def slow_hello(n: FakeNode) -> None:
+        wait_for(lambda: len(rec.kinds("task_ready")) == 1, 10, "worker:1's hello")
+        n.clock.advance(6.0)  # past job.startup_timeout_s, before its own hello
+        n.idle(10)
+
+    try:
+        res, rec, _ = supervise({"worker:0": slow_hello}, rec=rec, backend_cls=HostDown, job={"startup_timeout_s": 5})
+    finally:
+        unblock.set()
+    rc = res.root_cause
+    assert (rc.kind, rc.task) == ("startup_timeout", "worker:2"), rc
+    assert "on worker:2, worker:0" in rc.message
+
+
 def test_startup_deadline_blames_the_idle_task_not_a_busy_one_still_starting():
     """On a loaded box a healthy task may still be importing TensorFlow at the startup deadline. Both it
     (worker:0, first in plan order) and the task that never starts (worker:2) have dialed, said hello

@@ -91,6 +91,7 @@ class GoGate:
         if now < deadline and any(s.state in _NOT_UP and t in self.holds_go for t, s in sessions.items()):
             return None  # stops at the first task not up yet: no scan of every task per tick while they come
         waiting = [s for t, s in sessions.items() if s.state in _NOT_UP and t in self.holds_go]
+        waiting.sort(key=lambda s: s.state != TaskState.PENDING)  # never dialed: blamed before one slow to say hello
         if waiting:
             names = ", ".join(s.task for s in waiting)
             msg = f"worker_entry did not report within {self.spec.job.startup_timeout_s:g}s on {names}"
