@@ -10,7 +10,7 @@ import random
 from fakenode import make_plan
 from test_status_incremental import T0, _beat, _build
 
-from orchestrator.supervise import Monitor, Policy, TaskSession
+from orchestrator.supervise import Monitor, Policy, TaskSession, evidence, host_suspect
 from orchestrator.supervise.figures import Figures
 from orchestrator.supervise.status import Snapshots
 from worker_entry import protocol as p
@@ -166,3 +166,41 @@ def test_a_stopped_process_is_hung_on_time_and_the_startup_deadline_still_names_
         m.seen(t, 61.0)
     assert [(v.kind, v.task) for v in m.check(61.0)] == [("startup_timeout", "worker:19")]
     assert m.check(61.5) == []
+
+
+def _sample(rng: random.Random) -> dict:
+    """A host sample with any of its keys missing, ints where floats may come, zeros."""
+    keys = ("throttled_pct", "steal_pct", "cpu_mhz", "cpu_max_mhz", "run_ms", "wait_ms", "wait_pct")
+    out = {k: rng.choice((None, 0, 0.0, rng.uniform(0, 100), rng.randint(1, 3000))) for k in keys}
+    out["tcp_retrans_pct"] = rng.choice((None, rng.uniform(0, 5)))
+    return {k: v for k, v in out.items() if v is not None or rng.random() < 0.5}
+
+
+def test_a_workers_host_digest_is_what_each_key_read_alone_gives():
+    rng = random.Random(11)
+    for _ in range(2000):
+        ss = [_sample(rng) for _ in range(rng.randint(1, 3))]
+        d = evidence._digest(ss)
+        assert d.throttled == evidence._mean([s.get("throttled_pct") for s in ss])
+        assert d.steal == evidence._mean([s.get("steal_pct") for s in ss])
+        assert (d.mhz, d.max_mhz) == tuple(evidence._mean([s.get(k) for s in ss]) for k in ("cpu_mhz", "cpu_max_mhz"))
+        assert d.odds == evidence._wait_odds(ss)
+        assert d.retrans == evidence._median_of(ss, "tcp_retrans_pct")
+
+
+def test_a_straggler_round_among_hundreds_names_the_starved_worker_each_cause_as_before():
+    quiet = {"interval_s": 1.0, "run_ms": 900.0, "wait_ms": 100.0, "wait_pct": 10.0, "steal_pct": 1.0}
+    named = {
+        "throttled_pct": ({"throttled_pct": 60.0, "quota_cpus": 0.5}, "throttled it 60% of the time (quota 0.5 CPU)"),
+        "run-queue": ({"run_ms": 200.0, "wait_ms": 800.0}, "waited for a CPU 80% of the time"),
+        "steal": ({"steal_pct": 40.0}, "steals 40% of its host's CPU time"),
+        "clock": ({"cpu_mhz": 1000.0, "cpu_max_mhz": 3000.0}, "1.00 GHz of 3.00 GHz"),
+        "link": ({"tcp_retrans_pct": 6.0, "net_errors": 4}, "retransmits 6.0% of its TCP segments"),
+    }
+    workers = [f"worker:{i}" for i in range(300)]
+    for extra, text in named.values():
+        samples = {t: [dict(quiet, cpu_mhz=3000.0, cpu_max_mhz=3000.0, tcp_retrans_pct=0.1)] * 3 for t in workers}
+        samples["worker:123"] = [{**samples["worker:123"][0], **extra}] * 3
+        f = host_suspect(samples)
+        assert f is not None and f.task == "worker:123" and text in f.detail, (extra, f)
+    assert host_suspect({t: [quiet] * 3 for t in workers}) is None
