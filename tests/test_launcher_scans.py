@@ -5,11 +5,13 @@ turns lost, hung or stalled at the very tick a scan of every task would have sai
 
 from __future__ import annotations
 
+import math
 import random
 
 from fakenode import make_plan
 from test_status_incremental import T0, _beat, _build
 
+from orchestrator.sinks.tensorboard import Scalars
 from orchestrator.supervise import Monitor, Policy, TaskSession, evidence, host_suspect
 from orchestrator.supervise.figures import Figures
 from orchestrator.supervise.status import Snapshots
@@ -204,3 +206,19 @@ def test_a_straggler_round_among_hundreds_names_the_starved_worker_each_cause_as
         f = host_suspect(samples)
         assert f is not None and f.task == "worker:123" and text in f.detail, (extra, f)
     assert host_suspect({t: [quiet] * 3 for t in workers}) is None
+
+
+def test_tensorboard_scalars_fast_paths_keep_json_types_apart():
+    sc = Scalars(min_interval_s=1.0)
+    beat = {"ts": 100.0, "attempt": 0, "progress": {"steps": 5, "phase": "train"}, "cpu_pct": 50.0}
+    assert [(p.run, p.step, p.wall) for p in sc.record("worker:0", beat)] == [("worker-0", 5, 100.0)]
+    # a bool is not an attempt nor a step count; an int time counts; NaN and inf are not numbers
+    odd = {"ts": 102, "attempt": True, "progress": {"steps": True}, "cpu_pct": math.nan, "rss_mb": math.inf}
+    assert sc.record("worker:0", odd) == []  # nothing finite to write
+    assert sc.tasks["worker:0"].written == 102.0
+    assert sc.tasks["worker:0"].attempt == 0 and sc.tasks["worker:0"].steps == 5
+    sc.record("worker:0", {"ts": 110.0, "attempt": 1, "progress": {"steps": 2}})
+    assert sc.tasks["worker:0"].step == 7  # a new attempt counts on from the last one's steps
+    status = {"updated": 111.0, "tasks": {"worker:0": {"state": "running", "steps_per_s": 2.0}, "x": None}}
+    (job,) = sc.status(status)
+    assert job.values == {"tasks/running": 1.0} and sc.tasks["worker:0"].rates == (2.0, None, None)
