@@ -53,36 +53,12 @@ from typing import Any
 from ..events.base import BaseEvent
 from ..events.kinds import Evaluation
 from ..runs import RunDir, read_jsonl
+from .tbtags import GPU_TAGS, HOST_TAGS, SPLIT_TAGS
 
 QUEUE_SIZE = 8192  # records waiting for the writer thread (beyond: dropped, counted)
 DRAIN_S = 0.25  # the writer thread takes what was queued this often (or at close): one wake-up, many records
 TASKS_PER_SECOND = 64  # heartbeat events written per second at most, over all tasks
 JOB_RUN = "job"
-#: step-clock window fields -> tags (milliseconds per step)
-SPLIT_TAGS = {
-    "step_ms": "step_split/step_ms",
-    "input_ms": "step_split/input_ms",
-    "compute_ms": "step_split/compute_ms",
-    "collective_ms": "step_split/collective_ms",
-    "update_ms": "step_split/update_ms",
-    "host_ms": "step_split/host_ms",
-    "other_ms": "step_split/other_ms",
-    "pre_collective_ms": "step_split/own_work_ms",
-    "cpu_ms": "step_split/cpu_ms",
-}
-HOST_TAGS = {
-    "wait_pct": "host/run_queue_wait_pct",
-    "throttled_pct": "host/cpu_throttled_pct",
-    "steal_pct": "host/cpu_steal_pct",
-    "tcp_retrans_pct": "host/tcp_retrans_pct",
-}
-GPU_TAGS = {
-    "util": "util_pct",
-    "sm_clock_mhz": "sm_clock_mhz",
-    "power_w": "power_w",
-    "temp_c": "temp_c",
-    "mem_used_mb": "mem_used_mb",
-}
 
 
 def run_name(task: str) -> str:
@@ -91,6 +67,8 @@ def run_name(task: str) -> str:
 
 
 def _finite(x: Any) -> float | None:
+    if type(x) is float:  # (JSON's own type first: once a record, every record)
+        return x if -math.inf < x < math.inf else None
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
     try:
@@ -110,7 +88,7 @@ class Point:
     values: dict[str, float]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Task:
     attempt: int = 0
     offset: int = 0  # steps of earlier attempts
@@ -136,21 +114,24 @@ class Scalars:
     def record(self, task: str, rec: Mapping[str, Any]) -> list[Point]:
         """A heartbeats.jsonl record of ``task``: a heartbeat (at most one point per ``min_interval_s``)
         or a step-clock window (at most one point per ``min_interval_s`` each)."""
-        t = self.tasks.setdefault(task, _Task())
-        wall = _finite(rec.get("ts")) or time.time()
-        attempt = rec.get("attempt")
-        if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt != t.attempt:
+        t = self.tasks.get(task)
+        if t is None:  # (not setdefault: a _Task built per record)
+            t = self.tasks[task] = _Task()
+        get = rec.get
+        wall = _finite(get("ts")) or time.time()
+        attempt = get("attempt")
+        if attempt != t.attempt and type(attempt) is int:
             t.attempt, t.offset, t.steps = attempt, t.offset + t.steps, 0
-        if rec.get("kind") == "profile":
+        if get("kind") == "profile":
             if wall - t.split_written < self.min_interval_s:
                 return []
             t.split_written = wall
             values = {tag: v for k, tag in SPLIT_TAGS.items() if (v := _finite(rec.get(k))) is not None}
             return [Point(run_name(task), t.step, wall, values)] if values else []
-        prog = rec.get("progress")
-        if isinstance(prog, Mapping) and prog.get("phase", "train") == "train":
+        prog = get("progress")
+        if (type(prog) is dict or isinstance(prog, Mapping)) and prog.get("phase", "train") == "train":
             steps = prog.get("steps")
-            if isinstance(steps, int) and not isinstance(steps, bool) and steps >= t.steps:
+            if type(steps) is int and steps >= t.steps:
                 t.steps = steps
         if wall - t.written < self.min_interval_s:
             return []
@@ -190,12 +171,17 @@ class Scalars:
         wall = _finite(status.get("updated")) or time.time()
         tasks = status.get("tasks") if isinstance(status.get("tasks"), Mapping) else {}
         points = []
-        for task, st in tasks.items():
-            if not isinstance(st, Mapping):
+        running = 0
+        known_tasks = self.tasks
+        for task, st in tasks.items():  # (every task, every second: JSON's dict tested first)
+            if type(st) is not dict and not isinstance(st, Mapping):
                 continue
-            rates = (st.get("steps_per_s"), st.get("examples_per_s"), st.get("loss"))
-            if st.get("relative_score") is None:
-                if (known := self.tasks.get(task)) is not None:  # a task is known from its first record
+            get = st.get
+            if get("state") == "running":
+                running += 1
+            rates = (get("steps_per_s"), get("examples_per_s"), get("loss"))
+            if get("relative_score") is None:
+                if (known := known_tasks.get(task)) is not None:  # a task is known from its first record
                     known.rates = rates
                 continue
             t = self.tasks.setdefault(task, _Task())
@@ -215,9 +201,7 @@ class Scalars:
             for key, tag in (("steps_per_s", "throughput/steps_per_s"), ("examples_per_s", "throughput/examples_per_s"))
             if (v := _finite(rates.get(key))) is not None
         }
-        job["tasks/running"] = float(
-            sum(1 for st in tasks.values() if isinstance(st, Mapping) and st.get("state") == "running")
-        )
+        job["tasks/running"] = float(running)
         if self.tasks:  # from the first record on (a job done before its first heartbeat writes nothing)
             points.append(Point(JOB_RUN, self.job_step(), wall, job))
         return points

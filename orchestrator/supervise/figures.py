@@ -33,159 +33,20 @@ starts again. Memory stays bounded: a long attempt keeps every other progress po
 
 from __future__ import annotations
 
-import bisect
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..runs import read_jsonl
+from .series import LOSS_FINAL_SHARE, MAX_POINTS, PARTS, Point, Span, Split, _count, _Losses, _num
+
+__all__ = ["LOSS_FINAL_SHARE", "MAX_POINTS", "PARTS", "Figures", "Point", "Split", "TaskFigures"]
 
 RATE_WINDOW_S = 1.0  # live rates, and a finished attempt's common window, over at least this long
-MAX_POINTS = 2048  # progress points kept per task and attempt before thinning
 WARMUP_SHARE = 0.2  # with a warm-up cut (``final(warmup_s=...)``): at least this share of the window
-PARTS = ("input_ms", "compute_ms", "collective_ms", "update_ms", "host_ms", "other_ms")
-LOSS_FINAL_SHARE = 0.1
-_KNOWN = PARTS[:-1]  # the parts a window states; ``other`` is its step minus them without the step clock's
-
-
-def _num(x: Any) -> float | None:
-    """A finite non-negative number, else None (a damaged file's records must not raise); JSON's types first."""
-    t = type(x)
-    if t is float:
-        return x if 0.0 <= x < math.inf else None  # NaN fails both comparisons
-    if t is int:
-        return float(x) if x >= 0 else None
-    if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0:
-        return float(x)
-    return None
-
-
-def _count(x: Any) -> int | None:
-    if type(x) is int:
-        return x if x >= 0 else None
-    return x if isinstance(x, int) and not isinstance(x, bool) and x >= 0 else None
-
-
-class Split:
-    """Step-weighted means of a task's step-clock windows: the parts of its step (they add up to it).
-    A window without the step clock's parts (older, or the TF profiler's) counts with ``other`` = its
-    step minus the parts it has."""
-
-    def __init__(self) -> None:
-        self.steps = 0.0
-        self.sums = dict.fromkeys(("step_ms", *PARTS), 0.0)
-        self._means: dict[str, float] | None = None  # kept until the next window: a snapshot a second asks
-
-    def add(self, rec: Mapping[str, Any]) -> None:
-        get = rec.get
-        n, step = _num(get("steps")) or 0, _num(get("step_ms"))
-        if not n or step is None or _num(get("collective_ms")) is None:
-            return
-        sums, self._means = self.sums, None
-        known = 0.0
-        for k in _KNOWN:
-            v = _num(get(k)) or 0.0
-            known += v
-            sums[k] += n * v
-        other = max(0.0, step - known) if _num(get("update_ms")) is None else (_num(get("other_ms")) or 0.0)
-        self.steps += n
-        sums["step_ms"] += n * step
-        sums["other_ms"] += n * other
-
-    def means(self) -> dict[str, float] | None:
-        if self.steps > 0 and self._means is None:
-            out = self._means = {k: round(v / self.steps, 3) for k, v in self.sums.items()}
-            out["pre_collective_ms"] = round(out["step_ms"] - out["collective_ms"], 3)
-        return dict(self._means) if self._means is not None else None  # a copy: the caller's to keep
-
-
-class Point(NamedTuple):
-    """One progress record: cumulative training counters at ``ts`` (the node's clock); a tuple: 4x cheaper."""
-
-    ts: float
-    steps: int
-    examples: int | None
-    step_time_s: float | None
-
-
-@dataclass
-class _Span:
-    """One task's training points in one attempt (thinned past MAX_POINTS; first and last kept)."""
-
-    points: list[Point] = field(default_factory=list)
-    top: int = 0  # the most steps any record said: the steps made, whatever its time
-
-    def add(self, pt: Point) -> None:
-        last = self.points[-1] if self.points else None
-        self.top = max(self.top, pt.steps)
-        if last is not None and (pt.ts <= last.ts or pt.steps < last.steps):
-            return  # the same record again (every heartbeat carries the last one), or out of order
-        self.points.append(pt)
-        if len(self.points) > MAX_POINTS:
-            self.points = [*self.points[:-1:2], self.points[-1]]
-
-    def at(self, ts: float) -> tuple[float, float | None]:
-        """(steps, examples) at ``ts``, interpolated between the points around it."""
-        pts = self.points
-        i = bisect.bisect_left([p.ts for p in pts], ts)
-        if i >= len(pts):
-            a = b = pts[-1]
-        elif pts[i].ts == ts or i == 0:
-            a = b = pts[i]
-        else:
-            a, b = pts[i - 1], pts[i]
-        f = 0.0 if b.ts == a.ts else (ts - a.ts) / (b.ts - a.ts)
-        steps = a.steps + f * (b.steps - a.steps)
-        ex = None if a.examples is None or b.examples is None else a.examples + f * (b.examples - a.examples)
-        return steps, ex
-
-
-class _Losses:
-    """A task's cumulative training loss (sum, steps) over its attempts, thinned like its progress."""
-
-    def __init__(self) -> None:
-        self.points: list[tuple[float, float]] = []  # (Σ loss, steps), every attempt counted on
-        self.offset = (0.0, 0.0)
-        self.attempt: int | None = None
-
-    def add(self, attempt: int, loss: Any) -> None:
-        if not isinstance(loss, Mapping):
-            return
-        total, n = loss.get("sum"), _num(loss.get("steps"))
-        if not isinstance(total, (int, float)) or isinstance(total, bool) or not math.isfinite(total) or not n:
-            return
-        if self.attempt is not None and attempt != self.attempt and self.points:
-            self.offset = self.points[-1]
-        self.attempt = attempt
-        pt = (self.offset[0] + float(total), self.offset[1] + n)
-        if self.points and pt[1] <= self.points[-1][1]:
-            return
-        self.points.append(pt)
-        if len(self.points) > MAX_POINTS:
-            self.points = [*self.points[:-1:2], self.points[-1]]
-
-    def last(self) -> float | None:
-        """The mean loss over the last interval between two records."""
-        if len(self.points) < 2:
-            return _mean((0.0, 0.0), self.points[-1]) if self.points else None
-        return _mean(self.points[-2], self.points[-1])
-
-    def final(self) -> float | None:
-        """The mean loss over the last LOSS_FINAL_SHARE of the steps (at least the last interval)."""
-        if not self.points:
-            return None
-        end = self.points[-1]
-        cut = end[1] * (1 - LOSS_FINAL_SHARE)
-        start = next((p for p in reversed(self.points[:-1]) if p[1] <= cut), None)
-        start = start or (self.points[-2] if len(self.points) >= 2 else (0.0, 0.0))
-        return _mean(start, end)
-
-
-def _mean(a: tuple[float, float], b: tuple[float, float]) -> float | None:
-    return (b[0] - a[0]) / (b[1] - a[1]) if b[1] > a[1] else None
 
 
 @dataclass(frozen=True)
@@ -235,8 +96,23 @@ FIGURE_KEYS = tuple(TaskFigures().to_dict())
 
 
 class _Task:
+    __slots__ = (
+        "attempt",
+        "base",
+        "cpu_last",
+        "cpu_n",
+        "cpu_sum",
+        "epoch",
+        "losses",
+        "rates",
+        "row",
+        "seq",
+        "spans",
+        "split",
+    )
+
     def __init__(self) -> None:
-        self.spans: dict[int, _Span] = {}
+        self.spans: dict[int, Span] = {}
         self.split = Split()
         self.cpu_sum = 0.0
         self.cpu_n = 0
@@ -247,10 +123,28 @@ class _Task:
         self.base: Point | None = None  # live rates: the point the current rate started from
         self.rates: tuple[float | None, float | None] = (None, None)
         self.losses = _Losses()
+        self.row: dict[str, Any] | None = None  # ``live_row()`` as of the last record (``Figures.track_live``)
 
     def current(self) -> Point | None:
         span = self.spans.get(self.attempt)
         return span.points[-1] if span and span.points else None
+
+    def live_row(self) -> dict[str, Any]:
+        """The live figures under status.json's names (``epoch`` then ``TaskFigures.to_dict()``'s keys)."""
+        now = self.current()
+        base = self.base if now is None else None  # before the first step: the counters at 0
+        return {
+            "epoch": self.epoch,
+            "steps": self.spans[self.attempt].top if now else (base.steps if base else None),
+            "step_time_s": now.step_time_s if now else None,
+            "steps_per_s": self.rates[0],
+            "examples_per_s": self.rates[1],
+            "cpu_pct": self.cpu_last,
+            "loss": self.losses.last(),
+        }
+
+
+_NO_ROW: dict[str, Any] = {"epoch": None, **TaskFigures().to_dict()}
 
 
 class Figures:
@@ -258,6 +152,15 @@ class Figures:
 
     def __init__(self) -> None:
         self._tasks: dict[str, _Task] = {}
+        self._track_live = False
+
+    def track_live(self) -> None:
+        """Keep each task's live row up to date as its records come (the status snapshot asks for every
+        task's every second: built here, where the task's state was just touched, it costs a fraction of
+        building it later from state spread over memory). ``report``'s replay does not pay for it."""
+        self._track_live = True
+        for t in self._tasks.values():
+            t.row = t.live_row()
 
     @classmethod
     def replay(cls, path: Path) -> Figures:
@@ -273,60 +176,62 @@ class Figures:
         t = self._tasks.get(task)
         if t is None:  # not setdefault: a _Task built per record was a third of report's Figures time
             t = self._tasks[task] = _Task()
-        attempt = _count(rec.get("attempt"))
-        if rec.get("kind") == "profile":
+        get = rec.get
+        attempt = _count(get("attempt"))
+        if get("kind") == "profile":
             t.split.add(rec)
             return
-        seq = _count(rec.get("seq"))
+        seq = _count(get("seq"))
         if attempt is None and seq is not None and t.seq is not None and seq < t.seq:
             attempt = t.attempt + 1  # an older file: a new worker_entry process counts from 0 again
-        t.seq = seq if seq is not None else t.seq
+        if seq is not None:
+            t.seq = seq
         if attempt is not None and attempt != t.attempt:
             t.attempt, t.base, t.rates = attempt, None, (None, None)
-        cpu = _num(rec.get("cpu_pct"))
+        cpu = _num(get("cpu_pct"))
         if cpu is not None:
             t.cpu_sum, t.cpu_n, t.cpu_last = t.cpu_sum + cpu, t.cpu_n + 1, cpu
-        prog = rec.get("progress")
-        if isinstance(prog, Mapping) and prog.get("phase", "train") == "train":
-            self._progress(t, prog, _num(rec.get("ts")))
+        prog = get("progress")
+        if (type(prog) is dict or isinstance(prog, Mapping)) and prog.get("phase", "train") == "train":
+            self._progress(t, prog, _num(get("ts")))
+        if self._track_live:
+            t.row = t.live_row()
 
     def _progress(self, t: _Task, prog: Mapping[str, Any], beat_ts: float | None) -> None:
-        steps, ts = _count(prog.get("steps")), _num(prog.get("ts")) or beat_ts
+        get = prog.get
+        steps, ts = _count(get("steps")), _num(get("ts")) or beat_ts
         if steps is None or ts is None:
             return
-        t.losses.add(t.attempt, prog.get("loss"))
-        epoch = _count(prog.get("epoch"))
-        t.epoch = epoch if epoch is not None else t.epoch
-        pt = Point(ts, steps, _count(prog.get("examples")), _num(prog.get("step_time_s")))
+        if (loss := get("loss")) is not None:
+            t.losses.add(t.attempt, loss)
+        epoch = _count(get("epoch"))
+        if epoch is not None:
+            t.epoch = epoch
+        pt = Point(ts, steps, _count(get("examples")), _num(get("step_time_s")))
         if steps > 0:
-            span = t.spans.get(t.attempt) or t.spans.setdefault(t.attempt, _Span())  # a _Span per record was slow
+            span = t.spans.get(t.attempt) or t.spans.setdefault(t.attempt, Span())  # a Span per record was slow
             span.add(pt)
         base = t.base
-        if base is None or pt.steps < base.steps or pt.ts < base.ts:
+        if base is None or steps < base.steps or ts < base.ts:
             t.base = pt
-        elif pt.ts - base.ts >= RATE_WINDOW_S:
-            dt = pt.ts - base.ts
+        elif ts - base.ts >= RATE_WINDOW_S:
+            dt = ts - base.ts
             ex = None if pt.examples is None or base.examples is None else round((pt.examples - base.examples) / dt, 1)
-            t.rates, t.base = (round((pt.steps - base.steps) / dt, 2), ex), pt
+            t.rates, t.base = (round((steps - base.steps) / dt, 2), ex), pt
 
     # --- what a running job is doing now -------------------------------------------------------
 
     def live(self, task: str) -> TaskFigures:
         """(No ``split``: no live view shows it, ``final`` has it; a third of the status snapshot at 1,024 tasks.)"""
+        return TaskFigures(**self.live_row(task))
+
+    def live_row(self, task: str) -> dict[str, Any]:
+        """``live(task)`` as status.json's fields (``epoch`` and ``FIGURE_KEYS``), without a dataclass per
+        task per second; the caller's to read, not to change (it is the task's kept row)."""
         t = self._tasks.get(task)
         if t is None:
-            return TaskFigures()
-        now = t.current()
-        base = t.base if now is None else None  # before the first step: the counters at 0
-        return TaskFigures(
-            steps=t.spans[t.attempt].top if now else (base.steps if base else None),
-            epoch=t.epoch,
-            step_time_s=now.step_time_s if now else None,
-            steps_per_s=t.rates[0],
-            examples_per_s=t.rates[1],
-            cpu_pct=t.cpu_last,
-            loss=t.losses.last(),
-        )
+            return _NO_ROW
+        return t.row if t.row is not None else t.live_row()
 
     def examples(self, task: str) -> int | None:
         """The examples ``task`` counted in its current attempt so far (a bound by examples)."""
@@ -359,7 +264,7 @@ class Figures:
         return {name: _final(t, sums[name], name in no_examples) for name, t in self._tasks.items()}
 
 
-def _common_window(spans: Iterable[_Span], warmup_s: float) -> tuple[float, float] | None:
+def _common_window(spans: Iterable[Span], warmup_s: float) -> tuple[float, float] | None:
     """The span every task of an attempt was training in: from the last first point to the first
     last point (None when shorter than RATE_WINDOW_S: nothing to measure a rate over)."""
     spans = list(spans)
@@ -407,13 +312,32 @@ def job_rate(figures: Mapping[str, TaskFigures]) -> tuple[float | None, float | 
     global batch, so the job's rate is one worker's, never the sum)."""
     steps = [f.steps_per_s for f in figures.values() if f.steps_per_s is not None]
     examples = [f.examples_per_s for f in figures.values() if f.examples_per_s is not None]
+    return _medians(steps, examples)
+
+
+def _medians(steps: list[float], examples: list[float]) -> tuple[float | None, float | None]:
     return (statistics.median(steps) if steps else None, statistics.median(examples) if examples else None)
 
 
 def throughput(figures: Mapping[str, TaskFigures]) -> dict[str, float | None]:
     """The job's rates as ``status``, ``report`` and the metrics show them beside each task's
     (``job_rate``: live figures while it runs, the whole run's after it)."""
-    steps, examples = job_rate(figures)
+    return _throughput(job_rate(figures))
+
+
+def live_throughput(rows: Iterable[Mapping[str, Any]]) -> dict[str, float | None]:
+    """``throughput`` of the tasks' live rows (``Figures.live_row``): the status snapshot's, every second."""
+    steps, examples = [], []
+    for r in rows:
+        if (v := r["steps_per_s"]) is not None:
+            steps.append(v)
+        if (v := r["examples_per_s"]) is not None:
+            examples.append(v)
+    return _throughput(_medians(steps, examples))
+
+
+def _throughput(rates: tuple[float | None, float | None]) -> dict[str, float | None]:
+    steps, examples = rates
     return {
         "steps_per_s": None if steps is None else round(steps, 3),
         "examples_per_s": None if examples is None else round(examples, 1),

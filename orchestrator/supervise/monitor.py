@@ -22,8 +22,7 @@ Why these rules:
 from __future__ import annotations
 
 import bisect
-from collections import deque
-from dataclasses import dataclass, field
+import math
 from typing import Any
 
 from worker_entry import protocol as p
@@ -31,31 +30,12 @@ from worker_entry import protocol as p
 from .evidence import Scores, explain
 from .figures import job_step_ms
 from .gpuwatch import GpuWatch
+from .liveness import STOPPED_STATES, Floors, Watch, lost, progress_verdicts
+from .liveness import hung as hung_verdict
 from .remedies import with_remedy
 from .startup import BUSY_PCT, startup_verdict
 from .stragglers import StragglerFinding, find_straggler
 from .verdicts import Policy, Verdict
-
-EVIDENCE_BEATS = 3  # heartbeats of host evidence a round looks at
-
-STOPPED_STATES = frozenset({"stopped", "tracing-stop"})
-
-
-@dataclass
-class _Watch:
-    last_seen: float
-    proc_state: str | None = None
-    stopped_since: float | None = None
-    started: bool = False
-    busy_at: float | None = None  # its last heartbeat with a busy process (startup.BUSY_PCT)
-    steps: int | None = None
-    steps_changed_at: float | None = None
-    profile: dict[str, Any] | None = None
-    profile_round: int = -1
-    hosts: deque = field(default_factory=lambda: deque(maxlen=EVIDENCE_BEATS))
-    slow_rounds: int = 0
-    done: bool = False
-    reported: set[str] = field(default_factory=set)
 
 
 class Monitor:
@@ -64,7 +44,7 @@ class Monitor:
         ``plan.roles``); every task is watched for silence and SIGSTOP. Default: all."""
         self.policy = policy
         self.members = set(tasks) if members is None else set(members)
-        self.watch = {t: _Watch(last_seen=now) for t in tasks}
+        self.watch = {t: Watch(last_seen=now) for t in tasks}
         self.armed_at: float | None = None
         self._round = 0
         self._straggler: str | None = None
@@ -75,7 +55,12 @@ class Monitor:
         self._scores = Scores()
         self.gpus = GpuWatch()  # each task's recent GPU samples and models, and the judgement of them
         self._live = set(self.members)  # members not done
+        self._live_sorted: list[str] | None = None  # sorted(_live), kept until it changes (the GPU judgement's)
         self._unprofiled = set(self.members)  # live, without a profile this round
+        self._floors = Floors(now)  # bounds that let a tick skip scanning every task (``liveness``)
+        self._stopped: set[str] = set()  # tasks whose process is stopped, not yet judged hung
+        self._unstarted = set(self.members)  # members that neither said started nor stepped
+        self._index = {t: i for i, t in enumerate(tasks)}  # the watch order, in which verdicts come
 
     # --- observations ------------------------------------------------------------------------
 
@@ -87,6 +72,8 @@ class Monitor:
 
     def seen(self, task: str, now: float) -> None:
         self.watch[task].last_seen = now
+        if now < self._floors.seen:
+            self._floors.seen = now
 
     def on_heartbeat(self, task: str, hb: p.Heartbeat, now: float, record: dict[str, Any] | None = None) -> None:
         """``record``: the heartbeat as written to heartbeats.jsonl, when there is one (its samples are
@@ -94,14 +81,18 @@ class Monitor:
         w = self.watch[task]
         rec = record or {}
         w.last_seen = now
+        if now < self._floors.seen:
+            self._floors.seen = now
         state = hb.state
         if state is not None:
             w.proc_state = state
             if state in STOPPED_STATES:
                 if w.stopped_since is None:
                     w.stopped_since = now
-            else:
+                    self._stopped.add(task)
+            elif w.stopped_since is not None:
                 w.stopped_since = None
+                self._stopped.discard(task)
         if hb.cpu_pct is not None and hb.cpu_pct >= BUSY_PCT:
             w.busy_at = now
         if hb.progress is not None:
@@ -113,19 +104,27 @@ class Monitor:
 
     def on_steps(self, task: str, steps: int, now: float) -> None:
         w = self.watch[task]
-        w.started = True
+        if not w.started:
+            w.started = True
+            self._unstarted.discard(task)
         if w.steps is None or steps != w.steps:
             w.steps = steps
             w.steps_changed_at = now
+            floors = self._floors
+            if now < floors.changed:
+                floors.changed = now
+            if now > floors.newest and not w.done and task in self.members:
+                floors.newest = now
 
     def on_started(self, task: str, now: float) -> None:
         self.watch[task].started = True
-        self.watch[task].last_seen = now
+        self._unstarted.discard(task)
+        self.seen(task, now)
 
     def on_profile(self, task: str, record: dict[str, Any], now: float) -> list[Verdict]:
         """Store a profile; when every live worker has one for this round, evaluate stragglers."""
         w = self.watch[task]
-        w.last_seen = now
+        self.seen(task, now)
         if task not in self.members:  # not in the collective: no straggler of it
             return []
         w.profile = record
@@ -190,19 +189,31 @@ class Monitor:
     def revive(self, task: str, now: float) -> None:
         """The task was started again in place (a parameter-server worker): watched afresh, with the
         startup deadline (not the heartbeat timeout) to say hello, as at the job's start."""
-        self.watch[task] = _Watch(last_seen=now + max(0.0, self.policy.startup_timeout_s - self.policy.timeout_s))
+        self.watch[task] = Watch(last_seen=now + max(0.0, self.policy.startup_timeout_s - self.policy.timeout_s))
+        self._stopped.discard(task)
+        self._floors.seen = min(self._floors.seen, now)
+        self._floors.exact = False
         if task in self.members:
             self._live.add(task)
+            self._live_sorted = None
             self._unprofiled.add(task)
+            self._unstarted.add(task)
 
     def on_terminal(self, task: str) -> None:
         self.watch[task].done = True
         self._live.discard(task)
+        self._live_sorted = None
         self._unprofiled.discard(task)
+        self._stopped.discard(task)
+        self._floors.exact = False
         self.gpus.forget(task)
 
     def _gpu_verdicts(self) -> list[Verdict]:
         """New GPU problems, judged once per round of heartbeats with the step clock's latest scores."""
+        if not self.gpus.samples:  # (no task has GPUs: nothing to judge, no sort of every task per tick)
+            return []
+        if self._live_sorted is None:
+            self._live_sorted = sorted(self._live)
         return [
             Verdict(
                 "gpu_problem",
@@ -211,7 +222,7 @@ class Monitor:
                 fatal=False,
                 data={"gpu": g.gpu, "problem": g.problem, "model": g.model, "reading": g.reading},
             )
-            for g in self.gpus.judge(sorted(self._live), self.scores)
+            for g in self.gpus.judge(self._live_sorted, self.scores)
         ]
 
     # --- decisions ---------------------------------------------------------------------------
@@ -280,86 +291,53 @@ class Monitor:
         return self._straggler
 
     def check(self, now: float) -> list[Verdict]:
+        """The verdicts due at ``now``. Every task is scanned only when ``Floors`` says one may be due
+        (or a process is stopped): at 4,096 tasks and 10 Hz that scan was the monitor's largest cost."""
         p = self.policy
+        floors = self._floors
         out: list[Verdict] = []
-        live = {t: w for t, w in self.watch.items() if not w.done}
-        for t, w in live.items():
-            silent = now - w.last_seen
-            if silent > p.timeout_s and "lost" not in w.reported:
-                w.reported.add("lost")
-                out.append(
-                    Verdict(
-                        "lost",
-                        t,
-                        f"no heartbeat for {silent:.1f}s (timeout {p.timeout_s:g}s): process, host or network gone",
-                        fatal=True,
-                        data={"silent_s": round(silent, 2)},
-                    )
-                )
-            if w.stopped_since is not None and now - w.stopped_since >= p.stopped_after_s and "hung" not in w.reported:
-                w.reported.add("hung")
-                out.append(
-                    Verdict(
-                        "hung",
-                        t,
-                        f"training process stopped (state {w.proc_state}, e.g. SIGSTOP) for "
-                        f"{now - w.stopped_since:.1f}s; every peer waits for it in the next all-reduce",
-                        fatal=True,
-                        data={"state": w.proc_state, "stopped_s": round(now - w.stopped_since, 2)},
-                    )
-                )
-        if self.armed_at is not None and now - self.armed_at > p.startup_timeout_s:
-            late = [t for t, w in live.items() if not w.started and "startup" not in w.reported and t in self.members]
-            for t in late:
-                self.watch[t].reported.add("startup")
-            if late:  # an idle late task is named before a busy one (slow on a loaded box, not stuck)
+        scanned = False
+        if now - floors.seen > p.timeout_s or self._stopped:
+            scanned = True
+            for t, w in self.watch.items():
+                if w.done:
+                    continue
+                silent = now - w.last_seen
+                if silent > p.timeout_s and "lost" not in w.reported:
+                    w.reported.add("lost")
+                    out.append(lost(t, silent, p.timeout_s))
+                if (
+                    w.stopped_since is not None
+                    and now - w.stopped_since >= p.stopped_after_s
+                    and "hung" not in w.reported
+                ):
+                    w.reported.add("hung")
+                    self._stopped.discard(t)
+                    out.append(hung_verdict(t, w, now))
+        if self.armed_at is not None and now - self.armed_at > p.startup_timeout_s and self._unstarted:
+            late = [
+                t
+                for t in sorted(self._unstarted, key=self._index.__getitem__)
+                if not (w := self.watch[t]).done and not w.started and "startup" not in w.reported
+            ]
+            if late:
+                for t in late:
+                    self.watch[t].reported.add("startup")
+                self._unstarted.difference_update(late)
+                # an idle late task is named before a busy one (slow on a loaded box, not stuck)
                 out.append(startup_verdict(late, {t: self.watch[t].busy_at for t in late}, now, p))
-        out.extend(self._progress_verdicts(now, {t: w for t, w in live.items() if t in self.members}))
+        limit = p.progress_timeout_s
+        if limit is not None and not (
+            floors.exact
+            and (floors.newest == -math.inf or (now - floors.newest <= limit and now - floors.changed <= limit))
+        ):
+            scanned = True
+            members = self.members
+            live = {t: w for t, w in self.watch.items() if not w.done and t in members}
+            out.extend(progress_verdicts(now, live, limit))
+        if scanned:
+            floors.rescan(self.watch, self.members)
         out.extend(self._gpu_verdicts())
-        return out
-
-    def _progress_verdicts(self, now: float, live: dict[str, _Watch]) -> list[Verdict]:
-        limit = self.policy.progress_timeout_s
-        if limit is None:
-            return []
-        stepping = {t: w for t, w in live.items() if w.steps_changed_at is not None}
-        if not stepping:
-            return []
-        newest = max(w.steps_changed_at for w in stepping.values())  # type: ignore[type-var]
-        out = []
-        if now - newest > limit:
-            if "stalled" not in self.watch[next(iter(stepping))].reported:
-                for w in stepping.values():
-                    w.reported.add("stalled")
-                laggard = min(stepping, key=lambda t: stepping[t].steps or 0)
-                distinct = len({w.steps for w in stepping.values()}) > 1
-                out.append(
-                    Verdict(
-                        "stalled",
-                        laggard if distinct else None,
-                        f"no training step on any worker for {now - newest:.0f}s (progress_timeout_s {limit:g}): "
-                        "a collective is wedged or the job is stuck",
-                        fatal=True,
-                        data={"steps": {t: w.steps for t, w in stepping.items()}},
-                    )
-                )
-            return out
-        most = max(w.steps or 0 for w in stepping.values())
-        for t, w in stepping.items():
-            # "while others progress": they must be ahead of it, not just heard from a few ms later
-            # (every worker stops at the same step when one hangs inside the loop)
-            behind = (w.steps or 0) < most
-            if behind and now - w.steps_changed_at > limit and "hung" not in w.reported:  # type: ignore[operator]
-                w.reported.add("hung")
-                out.append(
-                    Verdict(
-                        "hung",
-                        t,
-                        f"no training progress for {now - w.steps_changed_at:.0f}s while other workers progress",  # type: ignore[operator]
-                        fatal=True,
-                        data={"steps": w.steps},
-                    )
-                )
         return out
 
     def suspects(self, now: float, exclude: str | None = None) -> list[Verdict]:

@@ -15,7 +15,7 @@ from ..core.result import AttemptResult, Failure, TaskResult
 from ..core.states import JobState, TaskState, interrupted_state
 from ..events.evaluations import Evaluations
 from ..events.kinds import Evaluation
-from .figures import FIGURE_KEYS, Figures, TaskFigures, throughput
+from .figures import FIGURE_KEYS, Figures, TaskFigures, live_throughput
 from .session import TaskSession
 
 #: Live readings that say nothing about a finished task (taken during its teardown; and ``gpus``, its
@@ -35,7 +35,7 @@ LIVE_ONLY = (
 
 def task_status(
     s: TaskSession,
-    fig: TaskFigures,
+    fig: TaskFigures | Mapping[str, Any],
     *,
     straggler: bool,
     now_wall: float,
@@ -43,34 +43,50 @@ def task_status(
     score: Mapping[str, Any] | None = None,
     evaluation: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One task's live status; ``gpu_problems``: its GPUs' problems as the monitor judged them last
+    """One task's live status; ``fig``: its live figures (``Figures.live_row``, or a ``TaskFigures``);
+    ``gpu_problems``: its GPUs' problems as the monitor judged them last
     (``supervise.gpus``: the judgement report and the metrics use too), [] when none; ``score``: its
     straggler scores of the monitor's last round (relative: the fastest worker's own work per step / its
     own; individual: its best / now), when it had one; ``evaluation``: an evaluator's evaluations
-    (``events.evaluations``: how many, the last one's metrics, checkpoint and step), when it made any."""
+    (``events.evaluations``: how many, the last one's metrics, checkpoint and step), when it made any.
+    (One dict built in one go: the snapshot builds it for every task with news, every task every second.)"""
     hb = s.heartbeat
     ex = s.exit
-    return {
+    facts = s.facts
+    wall = s.heartbeat_wall
+    row = fig.to_dict() | {"epoch": fig.epoch} if isinstance(fig, TaskFigures) else fig
+    entry = {
         "host": s.host,
-        "hostname": s.facts.hostname if s.facts else None,
-        "state": s.state.value,
+        "hostname": facts.hostname if facts else None,
+        "state": _STATE_VALUE[s.state],
         "pid": s.pid,
         "started": s.started_how is not None,
-        "last_heartbeat_age_s": round(now_wall - s.heartbeat_wall, 1) if s.heartbeat_wall else None,
+        "last_heartbeat_age_s": round(now_wall - wall, 1) if wall else None,
         "proc_state": hb.state if hb else None,
         "rss_mb": hb.rss_mb if hb else None,
         "gpus": [g.to_dict() for g in hb.gpus] if hb and hb.gpus else None,
-        "epoch": fig.epoch,
-        **fig.to_dict(),
+        "epoch": row["epoch"],
+        "steps": row["steps"],
+        "step_time_s": row["step_time_s"],
+        "steps_per_s": row["steps_per_s"],
+        "examples_per_s": row["examples_per_s"],
+        "cpu_pct": row["cpu_pct"],
+        "loss": row["loss"],
         "exit_code": ex.code if ex else None,
         "signal": ex.signal_name if ex else None,
         "straggler": straggler,
-        "gpu_problems": list(gpu_problems or []),
-        "relative_score": (score or {}).get("relative"),
-        "individual_score": (score or {}).get("individual"),
-        **({"restarts": s.restarts} if s.restarts else {}),  # restarted alone, in place (a parameter-server worker)
-        **({"evaluation": dict(evaluation)} if evaluation else {}),
+        "gpu_problems": list(gpu_problems) if gpu_problems else [],
+        "relative_score": score.get("relative") if score else None,
+        "individual_score": score.get("individual") if score else None,
     }
+    if s.restarts:  # restarted alone, in place (a parameter-server worker)
+        entry["restarts"] = s.restarts
+    if evaluation:
+        entry["evaluation"] = dict(evaluation)
+    return entry
+
+
+_STATE_VALUE = {st: st.value for st in TaskState}  # (``Enum.value`` is a descriptor: 1 µs a task a second)
 
 
 #: status.json lists every task: past this many tasks a snapshot is written less often than every second,
@@ -95,7 +111,8 @@ class Snapshots:
         self.figures = figures
         self._entries: dict[str, dict[str, Any]] = {name: {} for name in sessions}  # in plan order
         self._dirty: set[str] = set(sessions)
-        self._live: dict[str, TaskFigures] = {}  # each task's live figures as of its entry: the job's rates
+        self._live: dict[str, Mapping[str, Any]] = {}  # each task's live figures as of its entry: the job's rates
+        figures.track_live()  # (each task's live row kept as its records come: ``Figures.live_row``)
         self._straggler: str | None = None
         self._judged: tuple[Any, Any] = (None, None)  # the GPU problems and scores the entries were built with
         # the run's evaluation events, folded (an evaluator's entry): the job's, across attempts, when it
@@ -141,28 +158,35 @@ class Snapshots:
         if scores is not self._judged[1]:
             self._dirty.update(t for t, e in self._entries.items() if e and _score_changed(e, scores.get(t)))
         self._judged = (gpu_problems, scores)
-        for name in self._dirty:
-            s = self.sessions[name]
-            self._live[name] = fig = self.figures.live(name)
-            self._entries[name] = task_status(
-                s,
-                fig,
-                straggler=straggler == name,
-                now_wall=now,
-                gpu_problems=gpu_problems.get(name),
-                score=scores.get(name),
-                evaluation=self.evaluations.last(name),
-            )
+        sessions, entries, live, live_row = self.sessions, self._entries, self._live, self.figures.live_row
+        last, dirty = self.evaluations.last, self._dirty
         self._dirty = set()
-        for name, entry in self._entries.items():
-            wall = self.sessions[name].heartbeat_wall
-            entry["last_heartbeat_age_s"] = round(now - wall, 1) if wall else None
+        if len(entries) < len(sessions):  # (a task added to the sessions after the start)
+            for name in sessions.keys() - entries.keys():
+                entries[name] = {}
+                dirty.add(name)
+        for name, entry in entries.items():  # one pass: each task's session is read once a snapshot
+            s = sessions[name]
+            if name in dirty:
+                live[name] = row = live_row(name)
+                entries[name] = task_status(
+                    s,
+                    row,
+                    straggler=straggler == name,
+                    now_wall=now,
+                    gpu_problems=gpu_problems.get(name),
+                    score=scores.get(name),
+                    evaluation=last(name),
+                )
+            else:
+                wall = s.heartbeat_wall
+                entry["last_heartbeat_age_s"] = round(now - wall, 1) if wall else None
         return {
             "state": state.value,
             "attempt": attempt,
             "updated": now,
             "stopping_reason": stopping_reason,
-            "throughput": throughput(self._live),
+            "throughput": live_throughput(live.values()),
             "tasks": dict(self._entries),
         }
 
