@@ -44,8 +44,11 @@ def plain_reader(cls: type[Record], drop_none: bool) -> Check:
     reader that always answers ``_SLOW``."""
     hints = typing.get_type_hints(cls)
     ns: dict[str, Any] = {"SLOW": _SLOW, "cls": cls, "fields_at": cls._fields_at, "S": _SCALARS, "plain": _plain}
-    body = ["def read(data, path, depth):", " try:", "  kw = {}", "  d = {}"]
-    for i, f in enumerate(dataclasses.fields(cls)):  # type: ignore[arg-type]
+    body = ["def read(data, path, depth):", " try:", "  d = {}"]
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    if any(not f.init or f.kw_only for f in fields):  # the record is made positionally below
+        return lambda data, path, depth: _SLOW
+    for i, f in enumerate(fields):
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if not required and type(f.default) not in _SCALARS:
             return lambda data, path, depth: _SLOW
@@ -76,12 +79,15 @@ def plain_reader(cls: type[Record], drop_none: bool) -> Check:
             ns[f"K{i}"] = f.name
             test = _fast_test(inner, meta, i, ns) + "; q = v if type(v) in S else plain(v)"
         body.append(("   elif " if nullable else "   if ") + test)
-        body += ["   else: return SLOW", f"   kw[{k}] = v"]
+        body += ["   else: return SLOW", f"   a{i} = v"]
         body.append(f"   if q is not None: d[{k}] = q" if drop_none else f"   d[{k}] = q")
         if required:
             body.append("  else: return SLOW")
-        elif not (drop_none and f.default is None):
-            body.append(f"  else: d[{k}] = {f.default!r}")
-    body += ["  return cls(**kw), d", " except Exception:", "  return SLOW"]
+        elif drop_none and f.default is None:
+            body.append(f"  else: a{i} = None")
+        else:
+            body.append(f"  else: a{i} = d[{k}] = {f.default!r}")
+    args = ", ".join(f"a{i}" for i in range(len(fields)))
+    body += [f"  return cls({args}), d", " except Exception:", "  return SLOW"]
     exec("\n".join(body), ns)  # built above from the class's own declarations, nothing else
     return ns["read"]
