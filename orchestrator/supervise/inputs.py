@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..backends import Channel
 
@@ -124,9 +125,10 @@ class ChannelReady:
     error: BaseException | None = None
 
 
-@dataclass(frozen=True)
-class Received:
-    """Bytes from one task's channel (``eof``: both of its streams ended)."""
+class Received(NamedTuple):
+    """Bytes from one task's channel (``eof``: both of its streams ended). A named tuple, not a frozen
+    dataclass: one is made per read (~1,000 a second at 1,024 tasks), and a frozen dataclass's
+    ``__init__`` costs 2.5x a tuple's (its ``object.__setattr__`` per field)."""
 
     task: str
     out: bytes

@@ -214,47 +214,58 @@ class TaskSession:
             items.append(Violation(error))
 
     def _accept(self, msg: p.Message) -> None:
-        """Check the message's order and identity; update what it changes."""
-        allowed = _ALLOWED.get(self.state, frozenset())
-        if isinstance(msg, p.TaskFiles):
+        """Check the message's order and identity; update what it changes (by its ``TYPE``: the usual
+        heartbeat is one dict lookup and one call away, not the last of an ``isinstance`` chain)."""
+        kind = msg.TYPE
+        if kind == "task_files":
             if self.exit is None or self.files is not None:
                 raise p.ProtocolError("out of order: 'task_files' before 'exited', or twice")
-            self.files = msg
+            self.files = msg  # type: ignore[assignment]
             return
-        if msg.TYPE not in allowed:
+        if kind not in _ALLOWED.get(self.state, _NOTHING):
             where = f"after it {self.state.value}" if self.state.is_terminal else f"while {self.state.value}"
-            raise p.ProtocolError(f"out of order: {msg.TYPE!r} {where}")
-        if isinstance(msg, p.Hello):
-            if self.facts is not None:
-                raise p.ProtocolError("out of order: 'hello' twice")
-            if msg.task is not None and str(msg.task) != self.task:
-                raise p.ProtocolError(f"hello.task: this channel is {self.task}, the node claims {msg.task}")
-            self.facts = msg.facts
-            self.placement = Placement(msg.tf_endpoint, msg.node_name)
-            if self.config_sent_at is not None and msg.facts.time:
-                self.skew_s = msg.facts.time - (self.config_sent_at + time.time()) / 2
-            self.pid = msg.pid
-            if self.state == TaskState.STARTING:
-                self.become(TaskState.READY)
-        elif isinstance(msg, p.Spawned):
-            if not self.go_sent or self.facts is None or self.spawned:
-                raise p.ProtocolError("out of order: 'spawned' before the go, or twice")
-            self.spawned = True
-            self.pid = msg.pid
-            self.become(TaskState.STOPPING if self.stop_sent else TaskState.RUNNING)
-        elif isinstance(msg, p.Started):
-            if self.started_how is not None:
-                raise p.ProtocolError("out of order: 'started' twice")
-            self.started_how = msg.how
-        elif isinstance(msg, p.Heartbeat):
-            self.heartbeat = msg
-            self.heartbeat_wall = time.time()
-        elif isinstance(msg, p.Profile):
-            self.profile = msg
-        elif isinstance(msg, p.Hint):
-            self.hint = self.hint or msg
-        elif isinstance(msg, p.Exited):
-            self.exit = msg
+            raise p.ProtocolError(f"out of order: {kind!r} {where}")
+        take = _TAKE.get(kind)
+        if take is not None:
+            take(self, msg)
+
+    def _hello(self, msg: p.Hello) -> None:
+        if self.facts is not None:
+            raise p.ProtocolError("out of order: 'hello' twice")
+        if msg.task is not None and str(msg.task) != self.task:
+            raise p.ProtocolError(f"hello.task: this channel is {self.task}, the node claims {msg.task}")
+        self.facts = msg.facts
+        self.placement = Placement(msg.tf_endpoint, msg.node_name)
+        if self.config_sent_at is not None and msg.facts.time:
+            self.skew_s = msg.facts.time - (self.config_sent_at + time.time()) / 2
+        self.pid = msg.pid
+        if self.state == TaskState.STARTING:
+            self.become(TaskState.READY)
+
+    def _spawned(self, msg: p.Spawned) -> None:
+        if not self.go_sent or self.facts is None or self.spawned:
+            raise p.ProtocolError("out of order: 'spawned' before the go, or twice")
+        self.spawned = True
+        self.pid = msg.pid
+        self.become(TaskState.STOPPING if self.stop_sent else TaskState.RUNNING)
+
+    def _started(self, msg: p.Started) -> None:
+        if self.started_how is not None:
+            raise p.ProtocolError("out of order: 'started' twice")
+        self.started_how = msg.how
+
+    def _heartbeat(self, msg: p.Heartbeat) -> None:
+        self.heartbeat = msg
+        self.heartbeat_wall = time.time()
+
+    def _profile(self, msg: p.Profile) -> None:
+        self.profile = msg
+
+    def _hint(self, msg: p.Hint) -> None:
+        self.hint = self.hint or msg
+
+    def _exited(self, msg: p.Exited) -> None:
+        self.exit = msg
 
     def finish(self, exited: p.Exited, job_stopping: bool, failing: bool = False) -> TaskState:
         """The terminal state an ``exited`` message means; ``failing``: the job is torn down for a
@@ -307,6 +318,24 @@ class TaskSession:
         return tuple(line[:1000] for line in tidy(lines, self._bars)[-n:])  # bars before the traceback
 
 
+_NOTHING: frozenset[str] = frozenset()
+#: What each message changes in its session, by its ``TYPE`` (after its order was checked).
+_TAKE: dict[str, Callable[[TaskSession, Any], None]] = {
+    "hello": TaskSession._hello,
+    "spawned": TaskSession._spawned,
+    "started": TaskSession._started,
+    "heartbeat": TaskSession._heartbeat,
+    "profile": TaskSession._profile,
+    "hint": TaskSession._hint,
+    "exited": TaskSession._exited,
+}
+
+
 def record_of(m: p.Message) -> dict[str, Any]:
-    """A message as a heartbeats.jsonl record (without its type, without empty fields)."""
+    """A message as a heartbeats.jsonl record (without its type, without empty fields): the one its
+    reader built as it validated it (``protocol.RECORDED``), else converted from the message. Shared,
+    not copied: whoever changes it copies it first."""
+    record = m.__dict__.get("_record")
+    if record is not None:
+        return record  # type: ignore[no-any-return]
     return {k: v for k, v in p.Record.to_dict(m).items() if v is not None}  # the fields alone: no "type"

@@ -80,13 +80,25 @@ class FrameDecoder:
         self.failed: ProtocolError | None = None
 
     def feed(self, data: bytes) -> list[Frame]:
+        """The frames ``data`` completes. They are cut from one ``bytes`` (what came, or the incomplete
+        frame held since plus it): one copy of each payload; an incomplete frame's bytes are only
+        appended to until it is complete (a 4 MiB frame sent in pieces is not copied per piece)."""
         if self.failed is not None:
             return []
-        self._buf += data
-        if not self.synced and not self._sync():
-            return []
+        if self._buf or not self.synced:
+            self._buf += data
+            if not self.synced and not self._sync():
+                return []
+            if len(self._buf) < HEADER.size:
+                return []
+            ftype, _, length = HEADER.unpack_from(self._buf)
+            if length <= MAX_PAYLOAD.get(ftype, -1) and len(self._buf) < HEADER.size + length:
+                return []  # a valid header whose frame is not complete yet
+            buf = bytes(self._buf)
+        else:
+            buf = bytes(data)
         frames: list[Frame] = []
-        buf, pos, n = self._buf, 0, len(self._buf)
+        pos, n = 0, len(buf)
         while n - pos >= HEADER.size:
             ftype, stream, length = HEADER.unpack_from(buf, pos)
             limit = MAX_PAYLOAD.get(ftype)
@@ -103,10 +115,12 @@ class FrameDecoder:
             end = pos + HEADER.size + length
             if end > n:
                 break
-            frames.append(Frame(ftype, stream, bytes(buf[pos + HEADER.size : end])))
+            frames.append(Frame(ftype, stream, buf[pos + HEADER.size : end]))
             pos = end
-        if pos:
-            del buf[:pos]
+        if pos < n:
+            self._buf = bytearray(buf[pos:])
+        elif self._buf:
+            self._buf = bytearray()
         return frames
 
     def _sync(self) -> bool:

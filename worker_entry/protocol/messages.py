@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Literal
 from .config import TaskRef, load_object
 from .frames import ProtocolError
 from .metrics import CHECKPOINT_MAX, METRIC_LIMIT, METRICS_MAX, check_metric_names
+from .plainread import read_plain
 from .samples import GpuSample, HostSample
 from .schema import COUNT_MAX, ID_MAX, LONG, MB_MAX, MS_MAX, S_MAX, STR, TS_MAX, Record, spec
 from .training import GradNoise, Progress
@@ -344,6 +345,10 @@ NODE_MESSAGES: dict[str, type[Message]] = {
     m.TYPE: m
     for m in (Hello, Heartbeat, Spawned, Started, StrategyInfo, Profile, Evaluation, Hint, Stopping, Exited, TaskFiles)
 }
+#: Messages the launcher writes to heartbeats.jsonl, one line each: read by ``parse(loads=...)`` with
+#: their record (``plainread.read_plain``: the fields that are not None, nested records as dicts), kept on
+#: the message as ``_record`` — what the launcher's ``record_of`` converted back from the message before.
+RECORDED = frozenset({Heartbeat, Profile})
 #: Commands the launcher sends to a running task.
 COMMANDS: dict[str, type[Message]] = {m.TYPE: m for m in (Go, Ping, Stop, Fetch, Bye)}
 #: Messages of a file transfer (``worker_entry send`` / ``receive``).
@@ -364,6 +369,10 @@ def parse(
         try:
             obj = loads(payload)
             cls = table.get(obj.get("type")) if type(obj) is dict else None
+            if cls in RECORDED:  # read with its record, in one pass (``record_of``)
+                msg, record = read_plain(cls, obj, drop_none=True)
+                msg.__dict__["_record"] = record
+                return msg  # type: ignore[no-any-return]
             if cls is not None:
                 return cls.from_dict(obj)
         except Exception:  # read again below, by the rules that decide

@@ -23,6 +23,7 @@ from .frames import ProtocolError
 RECORD_MAX = 256 << 10  # plaintext per record: bounds what a receiver buffers before it can check it
 TAG = 16
 HEADER = struct.Struct("!I")
+_NONCE = struct.Struct("!IQ")  # 4 zero bytes, then the record counter: 12 bytes
 LABEL = b"tfcluster connect-back v2"
 _COUNTER_MAX = (1 << 64) - 1
 
@@ -110,28 +111,44 @@ class Opener:
         return len(self._buf)
 
     def feed(self, data: bytes) -> bytes:
+        """The plaintext of every record ``data`` completes. The records are cut from one ``bytes``
+        (what came, or the incomplete record held since, plus it): one copy of each ciphertext, the
+        nonce packed in one call; only an incomplete record's bytes are held for the next feed."""
         if self.failed is not None:
             raise self.failed
-        self._buf += data
-        buf, pos, out = self._buf, 0, []
-        while len(buf) - pos >= HEADER.size:
+        if self._buf:  # the rest of a record: copied out only once it is complete (a peer that sends a
+            self._buf += data  # byte at a time costs a buffer append each, not a copy of the buffer)
+            if len(self._buf) < HEADER.size:
+                return b""
+            (size,) = HEADER.unpack_from(self._buf)
+            if TAG <= size <= RECORD_MAX + TAG and len(self._buf) < HEADER.size + size:
+                return b""
+            buf = bytes(self._buf)
+        else:
+            buf = bytes(data)
+        pos, n, out = 0, len(buf), []
+        while n - pos >= HEADER.size:
             (size,) = HEADER.unpack_from(buf, pos)
             if not TAG <= size <= RECORD_MAX + TAG:
                 self._fail(f"malformed record: {size} bytes (at most {RECORD_MAX + TAG})")
             end = pos + HEADER.size + size
-            if end > len(buf):
+            if end > n:
                 break
-            nonce = bytes(4) + self._counter.to_bytes(8, "big")
             try:
                 out.append(
-                    self._aead.decrypt(nonce, bytes(buf[pos + HEADER.size : end]), bytes(buf[pos : pos + HEADER.size]))
+                    self._aead.decrypt(
+                        _NONCE.pack(0, self._counter), buf[pos + HEADER.size : end], buf[pos : pos + HEADER.size]
+                    )
                 )
             except Exception:  # cryptography's InvalidTag: forged, replayed, reordered or corrupted
                 self._fail("a record failed authentication (forged, replayed or corrupted data)")
             self._counter += 1
             pos = end
-        del buf[:pos]
-        return b"".join(out)
+        if pos < n:
+            self._buf = bytearray(buf[pos:])
+        elif self._buf:
+            self._buf = bytearray()
+        return out[0] if len(out) == 1 else b"".join(out)
 
     def _fail(self, why: str) -> None:
         self.failed = SealError(why)
