@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import PY, REPO, Report, WaitTimeout, base_parser, say, set_verbose, wait_for
-from supervisor_scale import EventTail, cpu_s
+from supervisor_scale import EventTail, cpu_s, why_failed
 
 PHASES = (
     ("job_started", "job started"),
@@ -51,7 +51,9 @@ def _children(pid: int) -> list[int]:
     return []
 
 
-def one_start(repo: Path, n: int, work: Path, timeout: float, hb_timeout: float = 10.0) -> dict:
+def one_start(
+    repo: Path, n: int, work: Path, timeout: float, hb_timeout: float = 10.0, keep: Path | None = None
+) -> dict:
     """One launcher of ``repo`` at ``n`` tasks until every task runs: its phases, CPU and the load."""
     d = Path(tempfile.mkdtemp(prefix=f"n{n}-", dir=work))
     run_dir, gen_file = d / "run", d / "gen.jsonl"
@@ -80,8 +82,8 @@ def one_start(repo: Path, n: int, work: Path, timeout: float, hb_timeout: float 
         stamps = {k: sorted(e["ts"] for e in evs if e.get("event") == k) for k in ("task_ready", "task_spawned")}
         first = {e.get("event"): e["ts"] for e in reversed(evs)}
         if len(stamps["task_spawned"]) < n:  # the launcher ended first: why, before its directory goes
-            why = (d / "launcher.err").read_text(errors="replace")[-400:]
-            raise RuntimeError(f"{n} tasks: only {len(stamps['task_spawned'])} running; launcher: {why}")
+            proc.wait(120)  # result.json is written as it ends
+            raise RuntimeError(f"{n} tasks: only {len(stamps['task_spawned'])} running; {why_failed(d, keep)}")
         row.update(
             job_started=first.get("job_started"),
             attempt_started=first.get("attempt_started"),
@@ -115,6 +117,10 @@ def main() -> int:
     ap.add_argument("--sizes", default="1024,4096")
     ap.add_argument("--before", help="another checkout whose launcher is measured alternately (the code before)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument(
+        "--keep",
+        help="a directory where a failed start's run directory is copied (default: a new tfc-failed-* in /tmp)",
+    )
     ap.add_argument("--timeout", type=float, default=400.0, help="seconds one start may take before it fails")
     ap.add_argument(
         "--hb-timeout", type=float, default=10.0, help="the spec's heartbeat timeout (supervisor_scale.py's)"
@@ -124,6 +130,7 @@ def main() -> int:
     sizes = [256] if args.quick else [int(x) for x in args.sizes.split(",")]
     repos = [("after", REPO)] + ([("before", Path(args.before).resolve())] if args.before else [])
     rows = []
+    keep = Path(args.keep) if args.keep else None
     with tempfile.TemporaryDirectory(prefix="tfc-start-") as tmp:
         for rnd in range(args.rounds):
             for n in sizes:
@@ -131,7 +138,7 @@ def main() -> int:
                 for name, repo in order:
                     say(f"round {rnd + 1}: {n} tasks, {name} ...")
                     try:
-                        row = one_start(repo, n, Path(tmp), args.timeout, args.hb_timeout)
+                        row = one_start(repo, n, Path(tmp), args.timeout, args.hb_timeout, keep)
                     except (OSError, RuntimeError, WaitTimeout) as exc:
                         say(f"{n} tasks, {name}: {exc}")
                         row = {"tasks": n, "load": f"error: {exc!r}"[:80]}

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -83,6 +84,36 @@ class EventTail:
         return sum(1 for e in self.poll() if e.get("event") == kind)
 
 
+def why_failed(d: Path, keep: Path | None = None) -> str:
+    """Why the launcher in ``d`` ended before every task ran: result.json's root cause, the last failure
+    events, the launcher's stderr tail; and ``d``'s evidence copied to ``keep`` (it is in a temporary
+    directory that is about to go), so a start that failed once in four can be read afterwards."""
+    run_dir = d / "run"
+    parts = []
+    with contextlib.suppress(OSError, ValueError):
+        res = json.loads((run_dir / "result.json").read_text())
+        parts.append(f"state {res.get('state')}, root cause {json.dumps(res.get('root_cause'))[:600]}")
+    with contextlib.suppress(OSError):
+        evs = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if x.strip()]
+        kinds: dict[str, int] = {}
+        for e in evs:
+            kinds[e.get("event", "?")] = kinds.get(e.get("event", "?"), 0) + 1
+        parts.append("events " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+        bad = [
+            e
+            for e in evs
+            if e.get("event") in ("task_exited", "task_lost", "startup_timeout", "interrupted", "teardown")
+        ]
+        parts.extend(json.dumps(e)[:300] for e in bad[:3])
+    with contextlib.suppress(OSError):
+        parts.append("launcher stderr: " + (d / "launcher.err").read_text(errors="replace")[-400:])
+    dest = (keep or Path(tempfile.mkdtemp(prefix="tfc-failed-"))) / f"{d.name}-{time.strftime('%H%M%S')}"
+    with contextlib.suppress(OSError):
+        shutil.copytree(d, dest, ignore=shutil.ignore_patterns("logs", "cues", "*.tfevents*", "tensorboard"))
+        parts.append(f"kept in {dest}")
+    return "; ".join(parts)
+
+
 def gen_events(path: Path) -> list[dict]:
     with contextlib.suppress(OSError):
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -132,7 +163,9 @@ def mark_latency(run_dir: Path, gen_file: Path, cues, ranks: list[int]) -> list[
     return out
 
 
-def one_size(n: int, seconds: float, work: Path, *, views: bool = False, hb_timeout: float = 10.0) -> dict:
+def one_size(
+    n: int, seconds: float, work: Path, *, views: bool = False, hb_timeout: float = 10.0, keep: Path | None = None
+) -> dict:
     d = work / f"n{n}"
     d.mkdir()
     os.mkfifo(d / "cues")
@@ -173,7 +206,8 @@ def one_size(n: int, seconds: float, work: Path, *, views: bool = False, hb_time
         )
         spawned = [e["ts"] for e in tail.poll() if e.get("event") == "task_spawned"]
         if len(spawned) < n:
-            raise RuntimeError(f"{n} tasks: only {len(spawned)} running; see {d}")
+            proc.wait(120)  # result.json is written as it ends
+            raise RuntimeError(f"{n} tasks: only {len(spawned)} running; {why_failed(d, keep)}")
         row["to_running_s"] = round(max(spawned) - fork, 2)
         time.sleep(3)
         row["cpu_pct"], row["rss_mb"] = (round(x, 1) for x in measure(proc.pid, seconds))
@@ -219,17 +253,21 @@ def main() -> int:
         default=10.0,
         help="the spec's heartbeat timeout (a box loaded by others can starve the one generator process past 10 s)",
     )
+    ap.add_argument(
+        "--keep", help="a directory where a failed size's run directory is copied (default: a new tfc-failed-* in /tmp)"
+    )
     ap.add_argument("--views", action="store_true", help="also every command on each run (bench/views_scale.py)")
     args = ap.parse_args()
     set_verbose(args.verbose)
     seconds = 10.0 if args.quick else args.seconds
     sizes = [int(x) for x in args.sizes.split(",")] if not args.quick else [3, 256]
     rows = []
+    keep = Path(args.keep) if args.keep else None
     with tempfile.TemporaryDirectory(prefix="tfc-scale-") as tmp:
         for n in sizes:
             say(f"{n} load-generator tasks ...")
             try:
-                row = one_size(n, seconds, Path(tmp), views=args.views, hb_timeout=args.hb_timeout)
+                row = one_size(n, seconds, Path(tmp), views=args.views, hb_timeout=args.hb_timeout, keep=keep)
             except (OSError, RuntimeError, WaitTimeout) as exc:  # one size that failed says why; the others still run
                 err = Path(tmp) / f"n{n}" / "launcher.err"
                 tail = err.read_text(errors="replace")[-600:] if err.exists() else ""

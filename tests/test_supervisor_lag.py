@@ -8,6 +8,7 @@ The fake tier (real pump, queue, sessions and supervisor; ``tests/fakenode.py``)
 
 from __future__ import annotations
 
+import os
 import threading
 
 from fakenode import FakeNode
@@ -15,7 +16,7 @@ from supervising import Recorder, supervise
 from waiting import wait_for
 
 from orchestrator.core.states import JobState
-from orchestrator.supervise.inputs import InputQueue, Received, read_horizon
+from orchestrator.supervise.inputs import ChannelPump, InputQueue, Received, read_horizon
 from worker_entry import protocol as p
 
 
@@ -125,3 +126,64 @@ def test_the_loop_drains_what_is_there_under_one_lock_in_order():
     assert q.oldest() == 2.0 and q.bytes == 10 and not q.full()  # room again: a waiting put goes on
     assert [r.task for r in q.get_many(256)] == ["worker:2"]
     assert q.get_many(256) == [] and q.oldest() is None and q.bytes == 0
+
+
+class _PipeChannel:
+    """A channel over a pipe (the node writes, the pump reads): counts the pump's reads."""
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+        self.reads = 0
+
+    def filenos(self) -> list[int]:
+        return [self.r]
+
+    def read(self) -> tuple[bytes, bytes, bool]:
+        self.reads += 1
+        try:
+            return os.read(self.r, 1 << 16), b"", False
+        except BlockingIOError:
+            return b"", b"", False
+
+    def close(self) -> None:
+        os.close(self.r)
+        os.close(self.w)
+
+
+def test_bytes_held_in_a_pass_behind_a_full_queue_are_not_silence():
+    """4,096 tasks on 2 cores: a pump pass held back by a full queue for longer than the heartbeat
+    timeout. Node A's heartbeat arrived at 3 and waits in the queue at 20, unhandled; A was last handled
+    at 2. The horizon must stay at or before 3 (its bytes are the launcher's backlog, not A's silence):
+    the queue once stamped them with their put (20), and an idle pump made the horizon 20, A "lost"."""
+    t = [0.0]
+    q = InputQueue(maxsize=1, clock=lambda: t[0])
+    pump = ChannelPump(q, clock=lambda: t[0])
+    a, b = _PipeChannel(), _PipeChannel()
+    pump.add("A", a)  # type: ignore[arg-type]
+    pump.add("B", b)  # type: ignore[arg-type]
+    pump.start()
+    try:
+        os.write(a.w, b"a1")
+        wait_for(q.full, 10, "A's first heartbeat queued")
+        t[0] = 1.0
+        os.write(b.w, b"b1")
+        wait_for(lambda: b.reads >= 1, 10, "B read, its put held back by the full queue")
+        t[0] = 2.0
+        assert q.get(timeout=5).out == b"a1"  # A handled at 2
+        wait_for(q.full, 10, "B's heartbeat queued")
+        t[0] = 3.0
+        os.write(a.w, b"a2")  # A's next heartbeat arrives at 3
+        wait_for(lambda: a.reads >= 2, 10, "A read again, its put held back by B")
+        t[0] = 20.0
+        assert q.get(timeout=5).out == b"b1"
+        wait_for(lambda: pump.idle and q.qsize() == 1, 10, "A's second heartbeat queued, the pump idle")
+        assert read_horizon(20.0, pump, q, 30.0) <= 3.0
+        assert q.get(timeout=5).out == b"a2"
+        wait_for(lambda: q.oldest() is None, 5, "the queue drained")
+        assert read_horizon(20.0, pump, q, 30.0) == 20.0  # caught up and idle: now
+    finally:
+        pump.stop()
+        pump.join(5)
+        a.close()
+        b.close()

@@ -8,7 +8,9 @@ worker_entry pauses reading its child's output — back-pressure, never loss or 
 
 A task is judged silent from what the launcher could have read (``read_horizon``): bytes waiting in a
 socket the pump has not got to, or in the queue behind thousands of other tasks' handshakes, are not
-the node's silence. The queue stamps what it holds and the pump says how far it has read.
+the node's silence. The pump says how far it has read, and stamps what it queues with how far it had
+read before (not with when the queue took it: a pass held back by a full queue for longer than the
+heartbeat timeout once made 848 of 4,096 live tasks "lost" whose bytes sat in that pass).
 """
 
 from __future__ import annotations
@@ -52,9 +54,9 @@ class InputQueue(queue.Queue):
         self.clock = clock
         self._stamps: deque[float] = deque()  # when each item went in (the loop's clock), in order
 
-    def _put(self, item: object) -> None:
+    def _put(self, item: object, stamp: float | None = None) -> None:
         self.bytes += _size(item)
-        self._stamps.append(self.clock())
+        self._stamps.append(self.clock() if stamp is None else stamp)
         super()._put(item)
 
     def _get(self) -> object:
@@ -63,9 +65,11 @@ class InputQueue(queue.Queue):
         self._stamps.popleft()
         return item
 
-    def put_many(self, items: list[Received], timeout: float) -> None:
+    def put_many(self, items: list[Received], timeout: float, stamp: float | None = None) -> None:
         """Put ``items`` at once, waiting up to ``timeout`` while the queue is full (``queue.Full``): one
-        lock and one wake-up of the loop for a whole pass of the pump."""
+        lock and one wake-up of the loop for a whole pass of the pump. ``stamp``: a moment before which
+        none of their bytes arrived (the pump's: how far it had read before the pass that read them),
+        not the put's: a pass held back by a full queue puts bytes that waited since long before."""
         with self.not_full:
             end = time.monotonic() + timeout
             while self._qsize() >= self.maxsize:
@@ -73,7 +77,7 @@ class InputQueue(queue.Queue):
                     raise queue.Full
                 self.not_full.wait(left)
             for item in items:
-                self._put(item)
+                self._put(item, stamp)
             self.unfinished_tasks += len(items)
             self.not_empty.notify()
 
@@ -87,9 +91,10 @@ class InputQueue(queue.Queue):
             return items
 
     def oldest(self) -> float | None:
-        """When the oldest item still waiting for the loop went in (None: nothing waits)."""
+        """The earliest stamp of an item still waiting for the loop (None: nothing waits); a scan, not the
+        first stamp: the pump's stamps are earlier than the put of a channel handed in meanwhile."""
         with self.mutex:
-            return self._stamps[0] if self._stamps else None
+            return min(self._stamps) if self._stamps else None
 
     def _qsize(self) -> int:
         n = len(self.queue)
@@ -202,11 +207,11 @@ class ChannelPump(threading.Thread):
         with contextlib.suppress(OSError):  # a full pipe is awake already
             os.write(self._wake_w, b"x")
 
-    def _put(self, items: list[Received]) -> None:
+    def _put(self, items: list[Received], stamp: float) -> None:
         """Queue what was read, in order; never drop it (on stop it is kept in ``spill`` for the last drain)."""
         while items:
             try:
-                self.out.put_many(items, timeout=0.5)
+                self.out.put_many(items, timeout=0.5, stamp=stamp)
                 return
             except queue.Full:
                 if self._stopping:
@@ -293,10 +298,15 @@ class ChannelPump(threading.Thread):
                 self._apply_changes(everything=now >= next_sync)
                 if now >= next_sync:
                     next_sync = now + self.SYNC_S
-                self.idle = True
-                ready = self._sel.select(1.0)
-                self.idle = False
-                woke = self.clock()  # what was ready then is read below (a channel's rest: next pass)
+                # Everything that arrived before ``woke`` is ready now: read in this pass. ``idle`` is set only
+                # once a look finds nothing ready: set before a select that returns at once, it told the loop
+                # "all read" while this thread waited for the GIL with a pass's worth of bytes unread.
+                woke = self.clock()
+                if not (ready := self._sel.select(0)):
+                    self.idle = True
+                    ready = self._sel.select(1.0)
+                    self.idle = False
+                stamp = self.read_through  # these bytes arrived after it: else an earlier pass read them
                 batch: list[Received] = []
                 size = reads = 0
                 for key, _ in ready:
@@ -311,9 +321,9 @@ class ChannelPump(threading.Thread):
                         batch.append(got)
                         size += len(got.out) + len(got.err)
                         if len(batch) >= BATCH_ITEMS or size >= BATCH_BYTES:
-                            self._put(batch)
+                            self._put(batch, stamp)
                             batch, size = [], 0
-                self._put(batch)
+                self._put(batch, stamp)
                 busy_until = now + PASS_S if reads else 0.0
                 self.read_through = woke
         finally:
