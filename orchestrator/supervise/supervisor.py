@@ -200,14 +200,16 @@ class Supervisor:
             self._on_channel(s, item)
             return
         retired = self._retired(s)
+        # given up on with no exit heard: what it sent before, read late (a lagging loop, the leftovers), is moot
+        moot = retired or (s.state.is_terminal and s.exit is None and s.violation is None)
         items = s.receive(item.out, item.err)
         if self.closed and (item.eof or any(isinstance(x, _DECISIVE) for x in items)):
             self._settle_closed()
         for x in items:
             if isinstance(x, Output):
                 self.logs.write(s.task, x.data)
-            elif retired:
-                continue  # a replaced incarnation: only its last lines matter
+            elif moot:
+                continue  # a replaced incarnation, or one given up on: only its last lines matter
             elif isinstance(x, ShellNoise):
                 self.bus.emit(ev.ShellNoise(task=s.task, host=s.host, text=x.text))
             elif isinstance(x, Violation):
