@@ -43,18 +43,9 @@ class Recorder:
         return [e for e in self.events if e.event == kind]
 
 
-def supervise(
-    scripts, n_hosts=3, interrupt=None, bound=None, rec=None, frozen=False, backend_cls=FakeBackend, **sections
-):
-    """The real supervisor over fake nodes, on the backend's ``FakeClock`` (scripts move it on; ``frozen``:
-    only they do); ``rec``: the recorder to use (a script may wait for what the supervisor has heard);
-    ``backend_cls``: a FakeBackend whose ``start`` a test changes."""
-    loaded, plan = make_plan(n_hosts, **sections)
-    backend = backend_cls(scripts, clock=FakeClock())
-    if frozen:
-        backend.clock.freeze()
-    rec = rec if rec is not None else Recorder()
-    sup = Supervisor(
+def build_supervisor(loaded, plan, backend, rec, interrupt=None, bound=None) -> Supervisor:
+    """The real supervisor of attempt 0 over ``backend``'s fake nodes, on its clock; every sink ``rec``."""
+    return Supervisor(
         loaded.spec,
         plan,
         backend,
@@ -66,6 +57,20 @@ def supervise(
         clock=backend.clock,
         bound=bound,
     )
+
+
+def supervise(
+    scripts, n_hosts=3, interrupt=None, bound=None, rec=None, frozen=False, backend_cls=FakeBackend, **sections
+):
+    """The real supervisor over fake nodes, on the backend's ``FakeClock`` (scripts move it on; ``frozen``:
+    only they do); ``rec``: the recorder to use (a script may wait for what the supervisor has heard);
+    ``backend_cls``: a FakeBackend whose ``start`` a test changes."""
+    loaded, plan = make_plan(n_hosts, **sections)
+    backend = backend_cls(scripts, clock=FakeClock())
+    if frozen:
+        backend.clock.freeze()
+    rec = rec if rec is not None else Recorder()
+    sup = build_supervisor(loaded, plan, backend, rec, interrupt=interrupt, bound=bound)
     try:
         res = sup.run()
     finally:

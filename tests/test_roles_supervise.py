@@ -172,26 +172,13 @@ def _node_built_tf_config(scripts, *, lie: str | None = None):
     """A PS job whose nodes build their own TF_CONFIG (as under Slurm: the plan's env has none) and
     report their endpoint in their hello; ``lie``: worker:0 reports this instead."""
     from fakenode import FakeBackend, make_plan
-    from supervising import Recorder
-
-    from orchestrator.events import EventBus
-    from orchestrator.supervise import Interrupt, Supervisor
+    from supervising import Recorder, build_supervisor
 
     loaded, plan = make_plan(hosts=PS_HOSTS, tensorflow={"strategy": "parameter_server"})
     object.__setattr__(plan.common, "node_builds_cluster", True)  # no cluster in the NodeConfigs: as under Slurm
     assert all(not n.node_config(0).cluster for n in plan.nodes)
     backend, rec = FakeBackend(scripts, endpoints={"worker:0": lie} if lie else None), Recorder()
-    sup = Supervisor(
-        loaded.spec,
-        plan,
-        backend,
-        attempt=0,
-        bus=EventBus([rec]),
-        logs=rec,
-        heartbeats=rec,
-        interrupt=Interrupt(),
-        clock=backend.clock,
-    )
+    sup = build_supervisor(loaded, plan, backend, rec)
     try:
         return sup.run(), rec, backend, plan
     finally:

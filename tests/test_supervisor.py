@@ -12,12 +12,11 @@ import threading
 
 import pytest
 from fakenode import FakeBackend, FakeNode, healthy, make_plan, obedient, stopped
-from supervising import Recorder, exit_code_for_state, supervise
+from supervising import Recorder, build_supervisor, exit_code_for_state, supervise
 from waiting import wait_for
 
 from orchestrator.core.states import JobState, TaskState
-from orchestrator.events import EventBus
-from orchestrator.supervise import Interrupt, Supervisor
+from orchestrator.supervise import Interrupt
 from worker_entry import protocol as p
 
 
@@ -288,17 +287,7 @@ def test_status_reports_examples_per_second_from_progress_records():
     loaded, plan = make_plan(1)
     backend = FakeBackend({"worker:0": trains})
     rec = Recorder()
-    sup = Supervisor(
-        loaded.spec,
-        plan,
-        backend,
-        attempt=0,
-        bus=EventBus([rec]),
-        logs=rec,
-        heartbeats=rec,
-        interrupt=Interrupt(),
-        clock=backend.clock,
-    )
+    sup = build_supervisor(loaded, plan, backend, rec)
     seen = []
 
     def watch(status):

@@ -13,11 +13,9 @@ from __future__ import annotations
 import signal
 
 from fakenode import FakeBackend, FakeNode, make_plan, obedient
-from supervising import Recorder
+from supervising import Recorder, build_supervisor
 
 from orchestrator.core.states import JobState, TaskState
-from orchestrator.events import EventBus
-from orchestrator.supervise import Interrupt, Supervisor
 from orchestrator.supervise.inputs import Received
 from worker_entry import protocol as p
 
@@ -27,17 +25,7 @@ def _run(scripts, box: list | None = None):
     loaded, plan = make_plan(2)
     backend = FakeBackend(scripts)
     rec = Recorder()
-    sup = Supervisor(
-        loaded.spec,
-        plan,
-        backend,
-        attempt=0,
-        bus=EventBus([rec]),
-        logs=rec,
-        heartbeats=rec,
-        interrupt=Interrupt(),
-        clock=backend.clock,
-    )
+    sup = build_supervisor(loaded, plan, backend, rec)
     if box is not None:
         box.append(sup)
     try:
