@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -80,26 +79,13 @@ def measure(tasks: int, seconds: int) -> dict[str, float]:
 
 
 def main() -> int:
-    import argparse
+    from inturn import in_turn, parser
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tasks", type=int, default=1024)
-    ap.add_argument("--seconds", type=int, default=10)
-    ap.add_argument("--vs", help="another checkout of the repository: the same measurement there, in turn")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = parser(__doc__, tasks=1024, seconds=10).parse_args()
     if args.one:
         print(json.dumps(measure(args.tasks, args.seconds)))
         return 0
-    trees = {"this": REPO, **({"vs": Path(args.vs).resolve()} if args.vs else {})}
-    runs: dict[str, list[float]] = {k: [] for k in trees}
-    for _ in range(args.rounds):
-        for name, tree in trees.items():
-            env = {**os.environ, "PYTHONPATH": str(tree), "TFC_BENCH_TREE": str(tree)}
-            argv = [sys.executable, __file__, "--one", "--tasks", str(args.tasks), "--seconds", str(args.seconds)]
-            done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True, timeout=900)
-            runs[name].append(json.loads(done.stdout.strip().splitlines()[-1])["us_per_message"])
+    runs = {k: [r["us_per_message"] for r in v] for k, v in in_turn(__file__, args).items()}
     for name, v in runs.items():
         print(f"{name}: {v} median {statistics.median(v)} us a message")
     if args.vs:

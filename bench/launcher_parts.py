@@ -21,7 +21,6 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -120,33 +119,15 @@ def measure(tasks: int, seconds: int) -> dict[str, float]:
 
 
 def main() -> int:
-    import argparse
+    from inturn import in_turn, parser
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tasks", type=int, default=4096)
-    ap.add_argument("--seconds", type=int, default=12)
-    ap.add_argument("--vs", help="another checkout of the repository: the same measurement there, in turn")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = parser(__doc__, tasks=4096, seconds=12)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         print(json.dumps(measure(args.tasks, args.seconds)))
         return 0
-    trees = {"this": REPO, **({"vs": Path(args.vs).resolve()} if args.vs else {})}
-    runs: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
-    for _ in range(args.rounds):
-        for name, tree in trees.items():
-            env = {**os.environ, "PYTHONPATH": str(tree), "TFC_BENCH_TREE": str(tree)}
-            out = subprocess.run(
-                [sys.executable, __file__, "--one", "--tasks", str(args.tasks), "--seconds", str(args.seconds)],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=900,
-            )
-            runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    runs = in_turn(__file__, args)
     result: dict[str, object] = {
         k: {part: statistics.median(r[part] for r in v) for part in (*PARTS, "total")} for k, v in runs.items()
     }
@@ -155,9 +136,9 @@ def main() -> int:
         print(json.dumps(result))
     else:
         print(f"µs of CPU per record at {args.tasks} tasks (median of {args.rounds} runs), load {result['load']}")
-        print(f"{'part':<12}" + "".join(f"{k:>10}" for k in trees))
+        print(f"{'part':<12}" + "".join(f"{k:>10}" for k in runs))
         for part in (*PARTS, "total"):
-            print(f"{part:<12}" + "".join(f"{result[k][part]:>10.2f}" for k in trees))  # type: ignore[index]
+            print(f"{part:<12}" + "".join(f"{result[k][part]:>10.2f}" for k in runs))  # type: ignore[index]
     return 0
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -155,33 +154,15 @@ def _profile(p, ts: float) -> bytes:
 
 
 def main() -> int:
-    import argparse
+    from inturn import in_turn, parser
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tasks", type=int, default=1024)
-    ap.add_argument("--seconds", type=int, default=20)
-    ap.add_argument("--vs", help="another checkout of the repository: the same measurement there, in turn")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = parser(__doc__, tasks=1024, seconds=20)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a single measurement, as JSON
     args = ap.parse_args()
     if args.one:
         print(json.dumps(measure(args.tasks, args.seconds)))
         return 0
-    trees = {"this": REPO, **({"vs": Path(args.vs).resolve()} if args.vs else {})}
-    runs: dict[str, list[float]] = {k: [] for k in trees}
-    for _ in range(args.rounds):
-        for name, tree in trees.items():
-            env = {**os.environ, "PYTHONPATH": str(tree), "TFC_BENCH_TREE": str(tree)}
-            out = subprocess.run(
-                [sys.executable, __file__, "--one", "--tasks", str(args.tasks), "--seconds", str(args.seconds)],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=900,
-            )
-            runs[name].append(json.loads(out.stdout.strip().splitlines()[-1])["us_per_message"])
+    runs = {k: [r["us_per_message"] for r in v] for k, v in in_turn(__file__, args).items()}
     result = {k: {"runs": v, "median": statistics.median(v)} for k, v in runs.items()}
     if args.vs:
         result["ratio"] = round(result["this"]["median"] / result["vs"]["median"], 3)
