@@ -32,33 +32,19 @@ PARTS = ("figures", "monitor_in", "snapshot", "check", "pings")
 
 
 def measure(tasks: int, seconds: int) -> dict[str, float]:
-    sys.path.insert(0, str(TREE))
-    sys.path.insert(0, str(TREE / "tests"))
     sys.path.insert(0, str(REPO / "bench"))
-    from loadfleet import load_plan
-    from message_path import _heartbeat, _profile
+    from message_path import NoRefusals, _heartbeat, _profile, running
 
-    from orchestrator.core.states import JobState, TaskState
+    _, _, sessions, monitor, figures, snapshots = running(tasks)
+    from orchestrator.core.states import JobState
     from orchestrator.events import EventBus
     from orchestrator.runs import RunDir
     from orchestrator.sinks.status import StatusWriter
-    from orchestrator.supervise.figures import Figures
-    from orchestrator.supervise.monitor import Monitor, Policy
     from orchestrator.supervise.pings import Pings
     from orchestrator.supervise.reporting import Reporter
-    from orchestrator.supervise.session import TaskSession, record_of
-    from orchestrator.supervise.status import Snapshots
+    from orchestrator.supervise.session import record_of
     from worker_entry import protocol as p
 
-    class NoRefusals:
-        def refusals(self) -> None:
-            return None
-
-    loaded, plan = load_plan(tasks, profile_s=5.0)
-    sessions = {str(n.task): TaskSession(n, 0) for n in plan.nodes}
-    for s in sessions.values():
-        s.state = TaskState.RUNNING
-        s.decoder.feed(p.MARKER)
     t0 = time.time()
     seconds_in = []  # per simulated second: [(task, message, record)] decoded before the clock starts
     for sec in range(seconds):
@@ -71,10 +57,6 @@ def measure(tasks: int, seconds: int) -> dict[str, float]:
                 elif isinstance(m, p.Profile):
                     batch.append((name, m, record_of(m)))
         seconds_in.append(batch)
-    monitor = Monitor(list(sessions), Policy.from_spec(loaded.spec, plan.policy), 0.0)
-    monitor.arm(0.0)
-    figures = Figures()
-    snapshots = Snapshots(sessions, figures)
     pings = Pings(list(sessions), 3.0, 0.0)
     for s in sessions.values():
         s.send = lambda msg: True  # type: ignore[method-assign]  # the sealing is the channel's, not timed here

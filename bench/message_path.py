@@ -31,39 +31,51 @@ REPO = Path(__file__).resolve().parent.parent
 TREE = Path(os.environ.get("TFC_BENCH_TREE") or REPO)  # the checkout measured (``--vs`` runs this script there)
 
 
-def measure(tasks: int, seconds: int) -> dict[str, float]:
-    """µs of CPU per message over ``seconds`` simulated seconds of ``tasks`` running tasks."""
+class NoRefusals:
+    """The reporter's refusals source: none in a bench."""
+
+    def refusals(self) -> None:
+        return None
+
+
+def running(tasks: int):
+    """The measured tree's classes over ``tasks`` running tasks: (spec, plan, sessions, monitor, figures,
+    snapshots), as after hello, go and spawned (also ``launcher_parts.py``'s starting point)."""
     sys.path.insert(0, str(TREE))
     sys.path.insert(0, str(TREE / "tests"))
     from loadfleet import load_plan
 
-    from orchestrator.core.states import JobState, TaskState
-    from orchestrator.events import EventBus
-    from orchestrator.runs import RunDir
-    from orchestrator.sinks.files import HeartbeatFile
-    from orchestrator.sinks.status import StatusWriter
+    from orchestrator.core.states import TaskState
     from orchestrator.supervise.figures import Figures
     from orchestrator.supervise.monitor import Monitor, Policy
-    from orchestrator.supervise.observe import Observations
-    from orchestrator.supervise.reporting import Reporter
     from orchestrator.supervise.session import TaskSession
     from orchestrator.supervise.status import Snapshots
     from worker_entry import protocol as p
-
-    class NoRefusals:
-        def refusals(self) -> None:
-            return None
 
     loaded, plan = load_plan(tasks, profile_s=5.0)
     sessions = {str(n.task): TaskSession(n, 0) for n in plan.nodes}
     for s in sessions.values():
         s.state = TaskState.RUNNING  # as after hello, go and spawned
         s.decoder.feed(p.MARKER)  # the node's marker came before its hello
-    t0 = time.time()
     monitor = Monitor(list(sessions), Policy.from_spec(loaded.spec, plan.policy), 0.0)
     monitor.arm(0.0)
     figures = Figures()
-    snapshots = Snapshots(sessions, figures)
+    return loaded, plan, sessions, monitor, figures, Snapshots(sessions, figures)
+
+
+def measure(tasks: int, seconds: int) -> dict[str, float]:
+    """µs of CPU per message over ``seconds`` simulated seconds of ``tasks`` running tasks."""
+    _, _, sessions, monitor, figures, snapshots = running(tasks)
+    from orchestrator.core.states import JobState
+    from orchestrator.events import EventBus
+    from orchestrator.runs import RunDir
+    from orchestrator.sinks.files import HeartbeatFile
+    from orchestrator.sinks.status import StatusWriter
+    from orchestrator.supervise.observe import Observations
+    from orchestrator.supervise.reporting import Reporter
+    from worker_entry import protocol as p
+
+    t0 = time.time()
     bus = EventBus([])
     with tempfile.TemporaryDirectory(prefix="tfc-msgpath-") as tmp:
         heartbeats = HeartbeatFile(Path(tmp) / "heartbeats.jsonl")
