@@ -18,7 +18,7 @@ from orchestrator.events import EventBus
 from orchestrator.events.kinds import BackupCopied, JobWarning
 from orchestrator.transfer import backupcopy, seed_backups
 from orchestrator.transfer.backupcopy import FILES, CopyStore, TornCopy, verify_copy
-from orchestrator.transfer.backupkeep import BackupKeeper, WarmSender
+from orchestrator.transfer.backupkeep import BackupKeeper
 
 PY = "python3"
 
@@ -207,33 +207,6 @@ def test_a_keeper_pass_on_a_host_out_of_reach_keeps_the_copies(tmp_path):
     keeper.connection = lambda task: None
     assert keeper.copy_once() is None and "cannot be reached" in keeper.problem
     assert keeper.store.newest().seq == 1
-
-
-def test_the_keepers_sender_starts_before_the_listing_and_waits_warm_for_the_next_save(tmp_path):
-    """The files of a new save are asked for as soon as it is listed: the send's python was started
-    before the listing (on a loaded host its start-up alone outlasted an epoch, and every copy was
-    torn). A pass with nothing new leaves it waiting; the loop's end closes it."""
-    plan, conns = local_plan(tmp_path, 2)
-    execs: list[str] = []
-    conns["worker:0"].rewrite = lambda argv: execs.append(argv[-1])  # records, forges nothing
-    chief = tmp_path / "h0" / "bk" / "chief"
-    save(chief, 1)
-    keeper = BackupKeeper(CopyStore(tmp_path / "backup"), conns.get, interval_s=0)
-    keeper.start(plan, 0)
-    warm = WarmSender()
-    assert keeper.copy_once(warm=warm).seq == 1
-    assert execs == ["send", "manifest"]  # the copy went through the sender started first
-    assert keeper.copy_once(warm=warm) is None and keeper.copy_once(warm=warm) is None  # nothing new
-    assert execs == ["send", "manifest", "send", "manifest", "manifest"]  # one sender started, kept waiting
-    waiting = warm.chan
-    save(chief, 2)
-    second = keeper.copy_once(warm=warm)
-    assert second.seq == 2 and tree(second.root / FILES) == tree(chief) and warm.chan is None
-    assert waiting.proc.poll() == 0  # it sent the save and ended
-    warm.ready(conns["worker:0"], PY)
-    left = warm.chan
-    warm.close()
-    assert left.proc.poll() is not None  # closed: its process is gone, none left on the host
 
 
 def test_plan_says_whether_the_backup_is_copied_off_the_chiefs_host():

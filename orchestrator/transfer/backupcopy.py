@@ -26,7 +26,6 @@ import re
 import shutil
 import stat
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,13 +119,10 @@ class CopyStore:
         info: dict[str, Any],
         timeout: float = 60.0,
         stop: StopCheck | None = None,
-        sender: Callable[[], Any] | None = None,
     ) -> Copy | None:
         """Copy the node's ``root`` if it holds a save the newest copy does not; the new copy, or None
         when there was nothing new. Raises ``TornCopy`` (nothing kept) when it could not be made whole.
-        ``timeout`` bounds each listing; ``stop`` (2: abort) ends the copy within a second; ``sender``:
-        a ``worker_entry send`` already started on that host (``backupkeep.WarmSender``), used only
-        when there is a new save to copy."""
+        ``timeout`` bounds each listing; ``stop`` (2: abort) ends the copy within a second."""
         t0 = time.monotonic()
         listed = list_files(conn, python, [root], [], timeout=timeout)[0]
         if not listed.exists or not listed.files:
@@ -158,16 +154,7 @@ class CopyStore:
             # save under way can replace it; the files it names are written once and only deleted later.
             newest_first = sorted(items, key=lambda it: -(it.mtime_ns or 0))
             fetch(
-                conn,
-                python,
-                listed.root,
-                newest_first,
-                state,
-                totals,
-                Progress(0, enabled=False),
-                stop,
-                as_listed=True,
-                sender=sender,
+                conn, python, listed.root, newest_first, state, totals, Progress(0, enabled=False), stop, as_listed=True
             )
             if totals.errors or any(str(it.dest) not in state.files for it in items):
                 why = "; ".join(totals.errors[:3]) or "not every file was copied"

@@ -10,12 +10,11 @@ attempt's end (``drain``).
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..backends import Channel, Connection
+from ..backends import Connection
 from ..events.kinds import BackupCopied
 from ..plan import Plan
 from .backupcopy import Copy, CopyStore, TornCopy
@@ -41,37 +40,6 @@ class Watched:
     def of(cls, plan: Plan, attempt: int) -> Watched:
         c = plan.chief
         return cls(str(c.task), c.host, c.argv[0], f"{c.backup_dir}/chief", attempt)
-
-
-class WarmSender:
-    """A ``worker_entry send`` started on the chief's host ahead of the pass that needs it, waiting for its
-    request. A save is copied only if the chief does not replace it before its files are sent; a send
-    started after the listing spends its python's start-up (1-3 s on a loaded host) inside that window,
-    and with epochs a few seconds apart every copy was torn (test_backup_copy_e2e: none of 5 saves copied).
-    One idle process on that host: it is used by the next new save and then started again."""
-
-    def __init__(self) -> None:
-        self.chan: Channel | None = None
-        self.conn: Connection | None = None
-
-    def ready(self, conn: Connection, python: str) -> None:
-        """One started for ``conn`` (a new connection: the old one's is closed)."""
-        if self.chan is not None and self.conn is conn:
-            return
-        self.close()
-        self.chan, self.conn = conn.exec([python, "-m", "worker_entry", "send"]), conn
-
-    def take(self) -> Channel:
-        """Hand the started one over (the caller sends its request and closes it)."""
-        chan, self.chan, self.conn = self.chan, None, None
-        assert chan is not None, "ready() first"
-        return chan
-
-    def close(self) -> None:
-        if self.chan is not None:
-            with contextlib.suppress(Exception):
-                self.chan.close()
-        self.chan = self.conn = None
 
 
 class BackupKeeper:
@@ -109,21 +77,13 @@ class BackupKeeper:
 
     def _loop(self, stopped: threading.Event) -> None:
         wait = self.interval_s
-        warm = WarmSender()  # this thread's own: a pass of the next attempt never closes it
-        try:
-            while not stopped.wait(wait):
-                self.copy_once(stop=lambda: 2 if stopped.is_set() else 0, warm=warm)
-                # a torn copy (the chief saved meanwhile) is tried again soon: the save it met is complete now
-                wait = min(self.interval_s, 0.5) if self.torn else self.interval_s
-        finally:
-            with self._lock:
-                warm.close()
+        while not stopped.wait(wait):
+            self.copy_once(stop=lambda: 2 if stopped.is_set() else 0)
+            # a torn copy (the chief saved meanwhile) is tried again soon: the save it met is complete now
+            wait = min(self.interval_s, 0.5) if self.torn else self.interval_s
 
-    def copy_once(
-        self, timeout: float = PASS_TIMEOUT_S, stop: StopCheck | None = None, warm: WarmSender | None = None
-    ) -> Copy | None:
-        """One pass: a new save of the watched chief copied, or None (nothing new, or it could not be).
-        ``warm``: the files are sent by a ``worker_entry send`` started before the listing (the loop's)."""
+    def copy_once(self, timeout: float = PASS_TIMEOUT_S, stop: StopCheck | None = None) -> Copy | None:
+        """One pass: a new save of the watched chief copied, or None (nothing new, or it could not be)."""
         w = self.watched
         if w is None:
             return None
@@ -135,10 +95,7 @@ class BackupKeeper:
                     self.problem = f"{w.host} cannot be reached for helper commands"
                     return None
                 info = {"task": w.task, "host": w.host, "attempt": w.attempt}
-                if warm is not None:
-                    warm.ready(conn, w.python)  # its python starts while the listing runs
-                sender = warm.take if warm is not None else None
-                c = self.store.take(conn, w.python, w.root, info, timeout, stop, sender=sender)
+                c = self.store.take(conn, w.python, w.root, info, timeout, stop)
             except TornCopy as exc:
                 self.problem, self.torn = str(exc), True
                 return None

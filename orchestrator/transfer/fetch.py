@@ -133,18 +133,16 @@ def fetch(
     stop: StopCheck | None = None,
     *,
     as_listed: bool = False,
-    sender: Callable[[], Any] | None = None,
 ) -> None:
     """Copy ``items`` from ``root`` on the node over one new exec channel (``worker_entry send``).
     ``as_listed``: a file whose mtime is no longer the listed one is not copied (a snapshot of a directory
-    another process rewrites: the chief's backup). ``sender``: gives a ``worker_entry send`` channel
-    started earlier on that host (closed here as one opened here would be)."""
+    another process rewrites: the chief's backup)."""
     todo = _todo(items, state, totals, progress)
     if not todo:
         return
     writer = _PartWriter(state, totals, progress)
     writer.start()
-    chan = sender() if sender is not None else conn.exec([python, "-m", "worker_entry", "send"])
+    chan = conn.exec([python, "-m", "worker_entry", "send"])
     try:
         chan.send(p.command_line({"root": root, "files": _requests(todo)}))
         by_rel = {it.rel: it for it in todo}
