@@ -26,8 +26,9 @@ def startup_verdict(late: Sequence[str], busy_at: Mapping[str, float | None], no
     """The verdict on the members in ``late`` (in plan order); ``busy_at``: when each last sent a busy
     heartbeat (None: never)."""
     window = busy_window_s(policy)
-    busy = [t for t in late if (at := busy_at.get(t)) is not None and now - at <= window]
-    idle = [t for t in late if t not in busy]
+    busy, idle = [], []
+    for t in late:  # one pass, plan order kept in each (a membership test against the busy list was O(n²))
+        (busy if (at := busy_at.get(t)) is not None and now - at <= window else idle).append(t)
     named = idle or list(late)
     msg = (
         f"{', '.join(named)} did not start within {policy.startup_timeout_s:g}s (no TF server, strategy or "
