@@ -15,7 +15,6 @@ snapshot, TensorBoard (``message_path.py`` and ``launcher_cpu.py`` have them). C
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -82,14 +81,13 @@ def main() -> int:
     from inturn import in_turn, parser
 
     args = parser(__doc__, tasks=1024, seconds=10).parse_args()
-    if args.one:
-        print(json.dumps(measure(args.tasks, args.seconds)))
+    if (runs := in_turn(__file__, args, measure)) is None:
         return 0
-    runs = {k: [r["us_per_message"] for r in v] for k, v in in_turn(__file__, args).items()}
-    for name, v in runs.items():
+    us = {k: [r["us_per_message"] for r in v] for k, v in runs.items()}
+    for name, v in us.items():
         print(f"{name}: {v} median {statistics.median(v)} us a message")
     if args.vs:
-        print(f"ratio: {round(statistics.median(runs['this']) / statistics.median(runs['vs']), 3)}")
+        print(f"ratio: {round(statistics.median(us['this']) / statistics.median(us['vs']), 3)}")
     print(f"load: {os.getloadavg()[0]:.1f}")
     return 0
 

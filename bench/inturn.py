@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,14 @@ def parser(doc: str, *, tasks: int, seconds: int) -> argparse.ArgumentParser:
     return ap
 
 
-def in_turn(script: str, args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
-    """Each tree's measurements (``this``, and ``vs`` with ``--vs``), ``args.rounds`` of each, alternating."""
+def in_turn(
+    script: str, args: argparse.Namespace, measure: Callable[[int, int], dict[str, Any]]
+) -> dict[str, list[dict[str, Any]]] | None:
+    """Each tree's measurements (``this``, and ``vs`` with ``--vs``), ``args.rounds`` of each, alternating.
+    Under ``--one`` (how this runs each of them): ``measure(tasks, seconds)`` printed as JSON, and None."""
+    if args.one:
+        print(json.dumps(measure(args.tasks, args.seconds)))
+        return None
     trees = {"this": REPO, **({"vs": Path(args.vs).resolve()} if args.vs else {})}
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in trees}
     argv = [sys.executable, script, "--one", "--tasks", str(args.tasks), "--seconds", str(args.seconds)]

@@ -106,10 +106,8 @@ def main() -> int:
     ap = parser(__doc__, tasks=4096, seconds=12)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    if args.one:
-        print(json.dumps(measure(args.tasks, args.seconds)))
+    if (runs := in_turn(__file__, args, measure)) is None:
         return 0
-    runs = in_turn(__file__, args)
     result: dict[str, object] = {
         k: {part: statistics.median(r[part] for r in v) for part in (*PARTS, "total")} for k, v in runs.items()
     }

@@ -171,11 +171,10 @@ def main() -> int:
     ap = parser(__doc__, tasks=1024, seconds=20)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    if args.one:
-        print(json.dumps(measure(args.tasks, args.seconds)))
+    if (runs := in_turn(__file__, args, measure)) is None:
         return 0
-    runs = {k: [r["us_per_message"] for r in v] for k, v in in_turn(__file__, args).items()}
-    result = {k: {"runs": v, "median": statistics.median(v)} for k, v in runs.items()}
+    us = {k: [r["us_per_message"] for r in v] for k, v in runs.items()}
+    result = {k: {"runs": v, "median": statistics.median(v)} for k, v in us.items()}
     if args.vs:
         result["ratio"] = round(result["this"]["median"] / result["vs"]["median"], 3)
     result["load"] = os.getloadavg()[0]
