@@ -167,3 +167,57 @@ def test_the_go_gate_waits_for_every_hello_then_goes_or_names_who_never_came(up)
         assert before is None
         assert after.kind == "startup_timeout" and after.task == f"worker:{up}"
         assert after.message.endswith(", ".join(f"worker:{i}" for i in range(up, 2)))
+
+
+class _CountingSessions(dict):
+    """A task → session map that counts how many sessions the gate looked at."""
+
+    looked = 0
+
+    def __getitem__(self, task):
+        self.looked += 1
+        return super().__getitem__(task)
+
+    def items(self):
+        for t, s in super().items():
+            self.looked += 1
+            yield t, s
+
+
+def test_the_go_gate_looks_at_each_task_a_bounded_number_of_times_over_a_start_in_any_order():
+    """Tasks come up one batch at a time: each batch's look starts where the last one stopped (a scan
+    from the first task at every batch was O(N²) over a start of thousands)."""
+    n = 300
+    loaded, plan = make_plan(n)
+    sessions = _CountingSessions({str(node.task): TaskSession(node) for node in plan.nodes})
+    gate = GoGate(loaded.spec, plan, None, set(sessions), report=False, attempt=0)  # type: ignore[arg-type]
+    now = time.monotonic()
+    order = list(dict.values(sessions))
+    for s in order[: n // 2] + order[n // 2 :][::-1]:  # half in plan order, the rest backwards
+        assert gate.decide(now, now + 60, sessions) is None
+        s.attach(FakeChannel())
+        s.become(TaskState.READY)
+    go = gate.decide(now, now + 60, sessions)
+    assert [s.task for s in go] == [str(node.task) for node in plan.nodes]
+    assert sessions.looked <= 5 * n  # the old scan: ~n²/4 here (22,500)
+
+
+def test_a_task_that_went_back_after_the_gate_saw_it_up_holds_the_go_and_is_named_at_the_deadline():
+    loaded, plan = make_plan(3)
+    sessions = {str(n.task): TaskSession(n) for n in plan.nodes}
+    gate = GoGate(loaded.spec, plan, None, set(sessions), report=False, attempt=0)  # type: ignore[arg-type]
+    now = time.monotonic()
+    for s in list(sessions.values())[:2]:
+        s.attach(FakeChannel())
+        s.become(TaskState.READY)
+    assert gate.decide(now, now + 5, sessions) is None  # worker:2 not up; worker:0 and 1 seen up
+    sessions["worker:0"] = TaskSession(plan.nodes[0])  # replaced (a restart in place): not up any more
+    last = sessions["worker:2"]
+    last.attach(FakeChannel())
+    last.become(TaskState.READY)
+    assert gate.decide(now, now + 5, sessions) is None  # not a go: worker:0 is starting again
+    late = gate.decide(now + 5, now + 5, sessions)
+    assert late.kind == "startup_timeout" and late.task == "worker:0"
+    sessions["worker:0"].attach(FakeChannel())
+    sessions["worker:0"].become(TaskState.READY)
+    assert [s.task for s in gate.decide(now, now + 5, sessions)] == ["worker:0", "worker:1", "worker:2"]

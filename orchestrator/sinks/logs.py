@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from pathlib import Path
 from typing import IO, Any
 
 from ..core.terminal import redraw, redraw_lines, safe_bytes
@@ -44,7 +45,8 @@ class LogRouter:
         self.out = out or sys.stdout.buffer
         self.color = use_color(sys.stdout) if color is None else color
         self.combined = GuardedFile(rundir.combined_log, "ab", self.guard)
-        self.files: dict[str, GuardedFile] = {}
+        self.files: dict[str, GuardedFile] = {}  # this attempt's open files, by task
+        self.paths: dict[str, Path] = {}  # this attempt's files, by task, opened at their first line
         self.prefix: dict[str, bytes] = {}
         self.console_prefix: dict[str, bytes] = {}
         self.lines_written: dict[str, int] = {}
@@ -69,13 +71,11 @@ class LogRouter:
         self._settle()
         self.console.close()  # the last attempt's lines before this one's
         self.console.collapse = not self.all_output and len(tasks) > 1  # one task: nothing to wait for
-        for f in self.files.values():
-            f.close()
-        self.files = {}
+        self._close_files()
         self.attempt = attempt
         for i, (task, slug, host) in enumerate(tasks):
             self.hosts[task] = host
-            self.files[task] = GuardedFile(self.rundir.task_log(slug, attempt), "ab", self.guard)
+            self.paths[task] = self.rundir.task_log(slug, attempt)
             tag = logline.tag(task, host)
             self.prefix[task] = tag.encode()
             color = PALETTE[i % len(PALETTE)]
@@ -129,7 +129,7 @@ class LogRouter:
         data = redraw_lines(data)
         if not counted and self._room(task, data) is not None:
             return  # what fitted is written; a flood past the cap costs the launcher neither disk nor memory
-        f = self.files.get(task)
+        f = self.files.get(task) or self._file(task)
         if f is not None:
             f.write(data)
             self._unflushed.add(f)
@@ -197,7 +197,24 @@ class LogRouter:
         self._settle()
         self.console.close()
         self.flush()
-        for f in self.files.values():
-            f.close()
-        self.files = {}
+        self._close_files()
         self.combined.close()
+
+    def _file(self, task: str) -> GuardedFile | None:
+        """The task's file of this attempt, created at its first line: not 4,096 files created before the
+        first task can say hello (1.7 s of the start on a slow directory, ``bench/start_phases.py``)."""
+        path = self.paths.get(task)
+        if path is None:
+            return None
+        f = self.files[task] = GuardedFile(path, "ab", self.guard)
+        return f
+
+    def _close_files(self) -> None:
+        """This attempt's files closed; a task that printed nothing gets its empty file all the same
+        (the gather and the hand-over compare the node's log with it)."""
+        for task in self.paths:
+            f = self.files.get(task) or self._file(task)
+            if f is not None:
+                f.close()
+        self.files = {}
+        self.paths = {}

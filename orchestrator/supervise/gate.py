@@ -82,16 +82,34 @@ class GoGate:
         self.holds_go = holds_go
         self.report = report
         self.attempt = attempt
+        self._order: list[str] | None = None  # the tasks that hold the go, in plan order
+        self._up_to = 0  # every task of ``_order`` before this index was seen up at the last look
+
+    def _all_up(self, sessions: Mapping[str, TaskSession]) -> bool:
+        """Whether every task that holds the go seems up, looked at from where the last look stopped:
+        tasks come up, in any order, one batch at a time, and a scan from the first task at every batch
+        was O(N²) over a start (0.6 s of CPU at 4,096 tasks). A task seen up that went back (a restart)
+        is caught by the full scan that follows a yes."""
+        if self._order is None:
+            self._order = [t for t in sessions if t in self.holds_go]
+        order, i = self._order, self._up_to
+        while i < len(order) and sessions[order[i]].state not in _NOT_UP:
+            i += 1
+        self._up_to = i
+        return i == len(order)
 
     def decide(
         self, now: float, deadline: float, sessions: Mapping[str, TaskSession]
     ) -> list[TaskSession] | Failure | None:
         """The tasks to give the go to now; the failure that stops the job; None: not yet (``deadline``:
         for every hello, job.startup_timeout_s after the attempt started them)."""
-        if now < deadline and any(s.state in _NOT_UP and t in self.holds_go for t, s in sessions.items()):
-            return None  # stops at the first task not up yet: no scan of every task per tick while they come
+        if now < deadline and not self._all_up(sessions):
+            return None  # not yet: no scan of every task per batch while they come
         waiting = [s for t, s in sessions.items() if s.state in _NOT_UP and t in self.holds_go]
         waiting.sort(key=lambda s: s.state != TaskState.PENDING)  # never dialed: blamed before one slow to say hello
+        if waiting and now < deadline:
+            self._up_to = 0  # one went back: look again from the first
+            return None
         if waiting:
             names = ", ".join(s.task for s in waiting)
             msg = f"worker_entry did not report within {self.spec.job.startup_timeout_s:g}s on {names}"
