@@ -79,6 +79,8 @@ PROBES = [
     b'{"ty\\u0070e":"heart\\u0062eat","s\\u0065q":1}',
     b'{"type":"heartbeat","seq":1,"x":' + b"[" * 199 + b"]" * 199 + b"}",
     b'{"type":"heartbeat","seq":1,"x":' + b"[" * 198 + b"]" * 198 + b"}",
+    b'{"type":"heartbeat","seq":1,"x":' + b"[" * 199 + b"}",  # short, unbalanced: refused either way
+    b'{"type":"heartbeat","seq":1,"x":"' + b"[" * 300 + b'"}',  # brackets in a string: counted, harmless
     b'{"type":"heartbeat","seq":1,"ts":9007199254740993}',
     b'{"type":"profile","steps":1,"batch_p50":9007199254740993}',  # rounds onto the bound as a float
     b'{"type":"profile","steps":1,"batch_p50":9007199254740992}',
