@@ -154,6 +154,16 @@ def test_the_usual_messages_are_read_by_msgspec_itself():
     assert type(msg.cpu_pct) is float and type(rec["cpu_pct"]) is float  # an int for a float field
     assert isinstance(msg.gpus[0].others[0], p.GpuProcess) and rec["gpus"][0]["others"][0]["visible"] is True
     assert READ(json.dumps(VALID[3]).encode()) is None  # a hello: not recorded, read as before
+    before = p.parse_message(json.dumps(BEAT).encode(), fastjson.loads)
+    after = p.parse_message(json.dumps(BEAT).encode(), fastjson.loads, READ)
+    assert list(vars(after)) == list(vars(before)) and list(vars(after.progress)) == list(vars(before.progress))
+
+
+def test_a_class_it_cannot_translate_is_left_to_the_protocol():
+    assert fastdecode.reader(frozenset({p.Evaluation, p.Hello})) is None  # __post_init__, default_factory
+    only = fastdecode.reader(frozenset({p.Evaluation, p.Heartbeat}))
+    assert only is not None and only(json.dumps(BEAT).encode()) is not None
+    assert only(json.dumps(PROFILE).encode()) is None
 
 
 def test_the_heartbeats_jsonl_line_is_the_line_of_before(tmp_path: Path):
