@@ -6,7 +6,8 @@
 What the channel pump and the decision loop do for each record a node sends, in one process, with the
 launcher's own classes: ``Opener.feed`` of the sealed record (``SocketChannel.read`` without the
 socket), the pump's ``Received``, ``TaskSession.receive`` (frames, decoding, validation, the order
-checks), ``record_of`` and the heartbeats.jsonl line (a real ``HeartbeatFile``). The messages are
+checks), ``record_of`` and the heartbeats.jsonl line (a real ``HeartbeatFile``); and ``parse_message``
+alone over the same messages, as the session calls it (``parse_us``). The messages are
 ``bench/message_path.py``'s: a heartbeat a task a second, a step-clock window every 5 s, sealed before
 the clock starts (the node's work is not the launcher's). Not in it: the figures, the monitor, the status
 snapshot, TensorBoard (``message_path.py`` and ``launcher_cpu.py`` have them). CPU by
@@ -49,15 +50,14 @@ def measure(tasks: int, seconds: int) -> dict[str, float]:
         s.state = TaskState.RUNNING
         s.decoder.feed(p.MARKER)
     t0 = time.time()
-    wire = [
+    plain = [
         [
-            sealers[i].seal(
-                _heartbeat(p, sec, t0 + sec) + (_profile(p, t0 + sec) if (i + sec) % 5 == 0 and sec >= 5 else b"")
-            )
+            _heartbeat(p, sec, t0 + sec) + (_profile(p, t0 + sec) if (i + sec) % 5 == 0 and sec >= 5 else b"")
             for i in range(len(sessions))
         ]
         for sec in range(seconds)
     ]
+    wire = [[sealers[i].seal(data) for i, data in enumerate(sec)] for sec in plain]
     with tempfile.TemporaryDirectory(prefix="tfc-ingest-") as tmp:
         out = HeartbeatFile(Path(tmp) / "heartbeats.jsonl")
         messages = 0
@@ -74,7 +74,25 @@ def measure(tasks: int, seconds: int) -> dict[str, float]:
                     out.write(s.task, {**record_of(m), "attempt": 0})
         cpu = time.process_time() - cpu0
         out.close()
-    return {"us_per_message": round(1e6 * cpu / messages, 2), "messages": messages}
+    return {"us_per_message": round(1e6 * cpu / messages, 2), "messages": messages, **parse_alone(p, plain)}
+
+
+def parse_alone(p, plain: list[list[bytes]]) -> dict[str, float]:
+    """``parse_message`` alone, as the session calls it (with ``fastdecode.READ`` where the tree has it),
+    over the same messages after the first second: what decoding and validating one costs."""
+    from orchestrator.core import fastjson
+
+    try:
+        from orchestrator.core.fastdecode import READ
+
+        extra: tuple = (READ,)
+    except ImportError:  # a tree before it
+        extra = ()
+    payloads = [f.payload for sec in plain[1:] for data in sec for f in p.FrameDecoder(synced=True).feed(data)]
+    cpu0 = time.process_time()
+    for payload in payloads:
+        p.parse_message(payload, fastjson.loads, *extra)
+    return {"parse_us": round(1e6 * (time.process_time() - cpu0) / len(payloads), 2)}
 
 
 def main() -> int:
@@ -83,11 +101,12 @@ def main() -> int:
     args = parser(__doc__, tasks=1024, seconds=10).parse_args()
     if (runs := in_turn(__file__, args, measure)) is None:
         return 0
-    us = {k: [r["us_per_message"] for r in v] for k, v in runs.items()}
-    for name, v in us.items():
-        print(f"{name}: {v} median {statistics.median(v)} us a message")
-    if args.vs:
-        print(f"ratio: {round(statistics.median(us['this']) / statistics.median(us['vs']), 3)}")
+    for key, what in (("us_per_message", "us a message"), ("parse_us", "us a message parsed alone")):
+        us = {k: [r[key] for r in v] for k, v in runs.items()}
+        for name, v in us.items():
+            print(f"{name}: {v} median {statistics.median(v)} {what}")
+        if args.vs:
+            print(f"ratio: {round(statistics.median(us['this']) / statistics.median(us['vs']), 3)}")
     print(f"load: {os.getloadavg()[0]:.1f}")
     return 0
 

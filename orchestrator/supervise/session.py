@@ -21,7 +21,7 @@ from typing import Any
 from worker_entry import protocol as p
 
 from ..backends import Channel, Placement
-from ..core import fastjson
+from ..core import fastdecode, fastjson
 from ..core.result import Failure
 from ..core.states import TaskState
 from ..plan import NodePlan
@@ -196,7 +196,7 @@ class TaskSession:
                 items.append(Output(fr.payload))
             elif fr.type == p.T_MSG:
                 try:
-                    msg = p.parse_message(fr.payload, fastjson.loads)
+                    msg = p.parse_message(fr.payload, fastjson.loads, fastdecode.READ)
                     self._accept(msg)
                 except p.ProtocolError as exc:
                     self._violate(items, str(exc))
