@@ -368,8 +368,8 @@ class TensorBoardSink:
             while True:
                 stopping = self._wake.wait(min(DRAIN_S, self._flush_s))
                 while self._items:
-                    fn, *args = self._items.popleft()
-                    for point in fn(*args):
+                    item = self._items.popleft()  # (no star-unpacking: a list built per record)
+                    for point in item[0](*item[1:]):
                         if self.files is None and self.scalars.job_step() == 0:
                             # before the first training step: held (a job that trains nothing writes no
                             # files, and does not pay tensorboardX's import: ~0.2 s of a core)
