@@ -184,7 +184,9 @@ class Scalars:
                 if (known := known_tasks.get(task)) is not None:  # a task is known from its first record
                     known.rates = rates
                 continue
-            t = self.tasks.setdefault(task, _Task())
+            t = known_tasks.get(task)
+            if t is None:  # (not setdefault: a _Task built per task per second, to be thrown away)
+                t = known_tasks[task] = _Task()
             t.rates = rates
             scores = (st.get("relative_score"), st.get("individual_score"), bool(st.get("straggler")))
             if scores == t.scores:
