@@ -41,3 +41,10 @@ def test_a_loop_that_stalled_catches_up_with_one_round_at_most():
     pings = Pings(list(sessions), 3.0, now=0.0)
     assert pings.tick(30.0, sessions) == 50  # ten periods late: each task once, not ten times
     assert pings.tick(30.1, sessions) <= 2
+
+
+def test_a_ping_goes_out_as_the_same_line_encoded_once():
+    sessions = {"worker:0": _Session()}
+    Pings(list(sessions), 1.0, 0.0).tick(1.0, sessions)  # type: ignore[arg-type]
+    (ping,) = sessions["worker:0"].sent
+    assert p.command_line(ping) == p.command_line(p.Ping()) == b'{"type":"ping"}\n'

@@ -33,9 +33,18 @@ class HeartbeatFile:
     def __init__(self, path: Path, guard: WriteGuard | None = None) -> None:
         self.f = GuardedFile(path, "ab", guard or WriteGuard())
         self._last_flush = time.monotonic()
+        self._heads: dict[str, bytes] = {}  # each task's b'{"task":"NAME",', encoded once
 
     def write(self, task: str, record: dict[str, Any]) -> None:
-        self.f.write(fastjson.dumps({"task": task, **record}) + b"\n")
+        """The line ``{"task": task, **record}`` encodes to, without that dict (a copy of every record):
+        its head is the task's, kept; the record's encoding goes on from its opening brace."""
+        head = self._heads.get(task)
+        if head is None and task.isascii() and task.isprintable():  # (then orjson's bytes are json's)
+            head = self._heads[task] = b'{"task":' + fastjson.dumps(task) + b","
+        if head is not None and record and "task" not in record:
+            self.f.write(head + fastjson.dumps(record)[1:] + b"\n")
+        else:
+            self.f.write(fastjson.dumps({"task": task, **record}) + b"\n")
         now = time.monotonic()
         if now - self._last_flush > 1.0:
             self.f.flush()

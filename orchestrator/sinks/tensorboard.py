@@ -184,7 +184,9 @@ class Scalars:
                 if (known := known_tasks.get(task)) is not None:  # a task is known from its first record
                     known.rates = rates
                 continue
-            t = self.tasks.setdefault(task, _Task())
+            t = known_tasks.get(task)
+            if t is None:  # (not setdefault: a _Task built per task per second, to be thrown away)
+                t = known_tasks[task] = _Task()
             t.rates = rates
             scores = (st.get("relative_score"), st.get("individual_score"), bool(st.get("straggler")))
             if scores == t.scores:
@@ -368,8 +370,8 @@ class TensorBoardSink:
             while True:
                 stopping = self._wake.wait(min(DRAIN_S, self._flush_s))
                 while self._items:
-                    fn, *args = self._items.popleft()
-                    for point in fn(*args):
+                    item = self._items.popleft()  # (no star-unpacking: a list built per record)
+                    for point in item[0](*item[1:]):
                         if self.files is None and self.scalars.job_step() == 0:
                             # before the first training step: held (a job that trains nothing writes no
                             # files, and does not pay tensorboardX's import: ~0.2 s of a core)

@@ -139,7 +139,7 @@ class Monitor:
         finding = find_straggler(profiles, self.policy.stragglers)
         finding = explain(
             finding,
-            {t: list(self.watch[t].hosts) for t in live},
+            {t: self.watch[t].hosts for t in live},  # (read, not kept: no copy of every task's samples a round)
             self.gpus.judgement,
             profiles,
         )

@@ -48,13 +48,14 @@ class Observations:
         """Take in one message of ``s`` (validated, in order: its session accepted it); the verdicts it
         leads to (a round of step-clock windows judged). An ``exited`` is only heard here: its meaning is
         the loop's."""
-        if s.state.is_alive:
-            self.monitor.seen(s.task, now)
-        if isinstance(m, p.Heartbeat):
+        if isinstance(m, p.Heartbeat):  # (``on_heartbeat`` marks it seen: not a second time here)
             record = {**record_of(m), "attempt": self.attempt}
             self.monitor.on_heartbeat(s.task, m, now, record)
             self._record(s.task, on_launcher_clock(record, s))
-        elif isinstance(m, p.Hello):
+            return []
+        if s.state.is_alive:
+            self.monitor.seen(s.task, now)
+        if isinstance(m, p.Hello):
             facts = m.facts
             gpus = [{"name": g.name, "memory_mb": g.memory_mb} for g in facts.gpus]
             self.monitor.gpus.on_models(s.task, [{"index": g.index, "name": g.name} for g in facts.gpus])
