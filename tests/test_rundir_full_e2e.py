@@ -61,9 +61,14 @@ def test_a_full_run_directory_does_not_stop_the_job_and_loses_nothing(testbed_fa
     try:
         wait_for(lambda: _free(small_fs) < (64 << 10), 60, "the run directory's disk full")
         # full until each task's log has been refused (the launcher then closes it), however long the
-        # launcher takes to write: both logs must be completed from the nodes' copies
+        # launcher takes to write: both logs must be completed from the nodes' copies. (A task's log is
+        # made at its first line: one not made yet is not refused yet.)
         logs = {os.path.realpath(run / "logs" / f"worker-{i}.log") for i in range(2)}
-        wait_for(lambda: not logs & _open_files(proc.pid), 60, "the full disk to refuse both task logs")
+
+        def refused() -> bool:
+            return all(os.path.exists(p) for p in logs) and not logs & _open_files(proc.pid)
+
+        wait_for(refused, 60, "the full disk to refuse both task logs")
         filler.unlink()  # room again: the end of the run (result.json, the completed logs) must land
         _, err = proc.communicate(timeout=120)
     finally:
