@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from worker_entry import protocol as p
 from worker_entry.protocol.podlog import decode_line
 
+from ...core import fastdecode, fastjson
+
 MAX_LINE = (4 << 20) - 1  # with its newline: the protocol's largest LOG frame
 HOLD_LIMIT = 8 << 20  # output held before the go (the oldest is dropped beyond it; kubectl logs keeps it)
 MAX_NOTES = 5  # notes about malformed lines per pod, then one count at the end
@@ -102,7 +104,7 @@ class PodStream:
             self._output(payload + b"\n")
             return
         try:
-            msg = p.parse_message(payload)
+            msg = p.parse_message(payload, fastjson.loads, fastdecode.READ)  # the channel's readers: same outcomes
         except p.ProtocolError as exc:
             self._bad(str(exc))
             return
