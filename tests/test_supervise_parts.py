@@ -4,6 +4,8 @@ stop orders of the launcher's signals (``teardown.Interrupts``) and the go gate'
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import time
 
@@ -169,6 +171,17 @@ def test_the_go_gate_waits_for_every_hello_then_goes_or_names_who_never_came(up)
         assert after.message.endswith(", ".join(f"worker:{i}" for i in range(up, 2)))
 
 
+def _release(sessions) -> None:
+    """The fake channels' pipes closed (FakeChannel.close only tells the node): hundreds of sessions must
+    not leave their descriptors to the rest of the suite (select() refuses a descriptor past 1,023)."""
+    for s in sessions:
+        ch = s.channel
+        if ch is not None:
+            for fd in (ch._r, ch._w, ch._er, ch._ew):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
 class _CountingSessions(dict):
     """A task → session map that counts how many sessions the gate looked at."""
 
@@ -193,11 +206,14 @@ def test_the_go_gate_looks_at_each_task_a_bounded_number_of_times_over_a_start_i
     gate = GoGate(loaded.spec, plan, None, set(sessions), report=False, attempt=0)  # type: ignore[arg-type]
     now = time.monotonic()
     order = list(dict.values(sessions))
-    for s in order[: n // 2] + order[n // 2 :][::-1]:  # half in plan order, the rest backwards
-        assert gate.decide(now, now + 60, sessions) is None
-        s.attach(FakeChannel())
-        s.become(TaskState.READY)
-    go = gate.decide(now, now + 60, sessions)
+    try:
+        for s in order[: n // 2] + order[n // 2 :][::-1]:  # half in plan order, the rest backwards
+            assert gate.decide(now, now + 60, sessions) is None
+            s.attach(FakeChannel())
+            s.become(TaskState.READY)
+        go = gate.decide(now, now + 60, sessions)
+    finally:
+        _release(order)
     assert [s.task for s in go] == [str(node.task) for node in plan.nodes]
     assert sessions.looked <= 5 * n  # the old scan: ~n²/4 here (22,500)
 
@@ -211,6 +227,7 @@ def test_a_task_that_went_back_after_the_gate_saw_it_up_holds_the_go_and_is_name
         s.attach(FakeChannel())
         s.become(TaskState.READY)
     assert gate.decide(now, now + 5, sessions) is None  # worker:2 not up; worker:0 and 1 seen up
+    replaced = sessions["worker:0"]
     sessions["worker:0"] = TaskSession(plan.nodes[0])  # replaced (a restart in place): not up any more
     last = sessions["worker:2"]
     last.attach(FakeChannel())
@@ -221,3 +238,4 @@ def test_a_task_that_went_back_after_the_gate_saw_it_up_holds_the_go_and_is_name
     sessions["worker:0"].attach(FakeChannel())
     sessions["worker:0"].become(TaskState.READY)
     assert [s.task for s in gate.decide(now, now + 5, sessions)] == ["worker:0", "worker:1", "worker:2"]
+    _release([*sessions.values(), replaced])
