@@ -129,7 +129,7 @@ class LogRouter:
         data = redraw_lines(data)
         if not counted and self._room(task, data) is not None:
             return  # what fitted is written; a flood past the cap costs the launcher neither disk nor memory
-        f = self.files.get(task) or self._file(task)
+        f = self._file(task)
         if f is not None:
             f.write(data)
             self._unflushed.add(f)
@@ -203,17 +203,16 @@ class LogRouter:
     def _file(self, task: str) -> GuardedFile | None:
         """The task's file of this attempt, created at its first line: not 4,096 files created before the
         first task can say hello (1.7 s of the start on a slow directory, ``bench/start_phases.py``)."""
-        path = self.paths.get(task)
-        if path is None:
-            return None
-        f = self.files[task] = GuardedFile(path, "ab", self.guard)
+        f = self.files.get(task)
+        if f is None and (path := self.paths.get(task)) is not None:
+            f = self.files[task] = GuardedFile(path, "ab", self.guard)
         return f
 
     def _close_files(self) -> None:
         """This attempt's files closed; a task that printed nothing gets its empty file all the same
         (the gather and the hand-over compare the node's log with it)."""
         for task in self.paths:
-            f = self.files.get(task) or self._file(task)
+            f = self._file(task)
             if f is not None:
                 f.close()
         self.files = {}

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from .cluster import MAX_TASKS, cluster_endpoint, own_endpoint, tf_config_json
 from .env import Env
-from .frames import ProtocolError
+from .frames import ProtocolError, compact_json
 from .schema import Record, spec
 
 #: 3: the cluster travels once per connection (``NodeConfig.cluster``), TF_CONFIG is built by worker_entry
@@ -72,7 +72,7 @@ class NodeConfig(Record):
         not converted either: ``to_dict`` of the cluster copied every task's address for every task."""
         data = dataclasses.replace(self, cluster={}).to_dict()
         del data["cluster"]
-        head = _ENCODE(data)[:-1].encode()
+        head = compact_json(data)[:-1].encode()
         return b"".join((head, b',"cluster":', _encoded(self.cluster) if self.cluster else b"{}", b"}\n"))
 
     def tf_config_json(self) -> str | None:
@@ -86,7 +86,6 @@ class NodeConfig(Record):
         return cluster_endpoint(self.cluster, self.task) or own_endpoint(self.env.get(Env.TF_CONFIG), self.task)
 
 
-_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode  # one encoder, not one per config
 _ENCODED: list[tuple[object, bytes]] = []  # the last cluster encoded, and its JSON
 
 
@@ -95,7 +94,7 @@ def _encoded(cluster: dict[str, list[str]]) -> bytes:
     last = _ENCODED[0] if _ENCODED else None
     if last is not None and last[0] is cluster:
         return last[1]
-    text = _ENCODE(cluster).encode()
+    text = compact_json(cluster).encode()
     _ENCODED[:] = [(cluster, text)]
     return text
 

@@ -54,12 +54,16 @@ def msg_frame(msg: Any) -> bytes:
     return HEADER.pack(T_MSG, 0, len(payload)) + payload
 
 
+#: A launcher → node line's JSON text: compact, no NaN; one encoder for every line, not one per call.
+compact_json = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
 def command_line(obj: Any) -> bytes:
     """One launcher → node line from a command, a config (anything with ``to_dict``) or a dict."""
     if hasattr(obj, "to_line"):  # the NodeConfig: its cluster encoded once for every task
         return obj.to_line()
     data = obj.to_dict() if hasattr(obj, "to_dict") else obj
-    return json.dumps(data, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    return compact_json(data).encode() + b"\n"
 
 
 @dataclass
