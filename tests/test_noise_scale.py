@@ -90,6 +90,24 @@ def test_its_standard_error_is_honest_over_many_runs():
     assert 0.8 <= sum(inside) / len(inside) <= 1.0, sum(inside)
 
 
+def test_workers_that_split_the_same_steps_into_different_windows_count_them_once():
+    """Each worker closes its windows on its own clock: one splitting its 600 steps into 12 windows, the
+    other into 6, measured 600 steps, not the 900 a per-round mean over only the workers present gave.
+    The estimate stays within its standard error of the aligned run's."""
+    rng = np.random.default_rng(3)
+    d = 8
+    g = rng.standard_normal(d) * 0.4
+    cov = np.diag(rng.uniform(0.5, 2.0, d))
+    aligned = synthetic_run(g, cov, steps=600, window=100, seed=4)
+    fine = synthetic_run(g, cov, steps=600, window=50, seed=4)
+    split = {"worker:0": fine["worker:0"], "worker:1": aligned["worker:1"]}
+    out, ref = ns.noise_scale(split), ns.noise_scale(aligned)
+    assert ref["steps"] == 600 and out["steps"] == 600, (out["steps"], ref["steps"])
+    assert abs(out["b_simple"] - ref["b_simple"]) < 2 * ref["stderr"], (out, ref)
+    lost = {"worker:0": aligned["worker:0"][:-1], "worker:1": aligned["worker:1"]}  # a last window not sent
+    assert ns.noise_scale(lost)["steps"] == 550
+
+
 def test_unresolved_signal_says_far_below_the_critical_batch_with_a_lower_bound():
     d = 10
     g = np.full(d, 1e-4)  # |G|² swamped by the noise at this batch
@@ -237,8 +255,10 @@ def test_real_collective_all_reduce_on_a_known_linear_regression(tmp_path, mode)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "tfcluster:" not in res.stderr, res.stderr[-3000:]
     truth = float(res.stdout.split("B_SIMPLE ", 1)[1].split()[0])
-    profiles = [r for r in map(json.loads, records.read_text().splitlines()) if r.get("kind") == "profile"]
-    assert profiles and all(GradNoise.from_dict(p["noise"]) for p in profiles)
+    windows = [r for r in map(json.loads, records.read_text().splitlines()) if r.get("kind") == "profile"]
+    # a 1 s window on a loaded box can hold no sampled step (the norms are taken on every 8th): no norms
+    profiles = [w for w in windows if "noise" in w]
+    assert len(profiles) >= 3 and all(GradNoise.from_dict(p["noise"]) for p in profiles), windows
     out = ns.noise_scale({"worker:0": profiles})
     assert out["b_simple"] == pytest.approx(truth, rel=0.25), out
     assert out["stderr"] < 0.25 * truth and out["global_batch"] == 64 and out["replicas"] == 4

@@ -85,13 +85,29 @@ def window_terms(noise: Mapping[str, Any]) -> dict[str, float | None] | None:
     return out
 
 
-def rounds(windows: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Round]:
-    """The k-th window of every worker (their profile records' ``noise``, in order) as round k."""
-    per_task = {t: [w for w in ws if isinstance(w.get("noise"), Mapping)] for t, ws in windows.items()}
+def _measured(windows: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], dict[str, float | None]]]:
+    """One worker's windows that carry gradient norms, each with its per-step terms."""
     out = []
-    for k in range(max((len(ws) for ws in per_task.values()), default=0)):
-        here = [(ws[k], window_terms(ws[k]["noise"])) for ws in per_task.values() if k < len(ws)]
-        here = [(w, terms) for w, terms in here if terms is not None]
+    for w in windows:
+        terms = window_terms(w["noise"]) if isinstance(w.get("noise"), Mapping) else None
+        if terms is not None:
+            out.append((w, terms))
+    return out
+
+
+def rounds(windows: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Round]:
+    """The k-th window of every worker (their profile records' ``noise``, in order) as round k.
+
+    A round's ``steps`` is its windows' steps summed over the workers that measured any, so the rounds'
+    steps add up to the steps one worker measured (their mean). Each worker closes its windows on its
+    own clock: when one splits the same steps into one window more than another, the averaging over only
+    the workers present in a round counted the extra round's steps twice (CI saw 202 sampled steps of
+    200)."""
+    per_task = [_measured(ws) for ws in windows.values()]
+    measured = sum(1 for ws in per_task if ws)
+    out = []
+    for k in range(max((len(ws) for ws in per_task), default=0)):
+        here = [ws[k] for ws in per_task if k < len(ws)]
         if not here:
             continue
         weights = [float(w["noise"].get("steps") or 1) for w, _ in here]
@@ -110,7 +126,7 @@ def rounds(windows: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Round]:
             Round(
                 ts=max(_num(w.get("ts")) or 0.0 for w, _ in here),
                 step=max((int(z["step"]) for z in nz if isinstance(z.get("step"), int)), default=None),
-                steps=total / len(here),
+                steps=total / measured,
                 replicas=int(max(z.get("replicas") or 1 for z in nz)),
                 batch=sum(batches) / len(batches) if batches else None,
                 g2=mean("g2") or 0.0,
