@@ -122,7 +122,9 @@ def test_cpu_quota_mid_run_names_that_worker_alone(testbed_factory, tmp_path):
 
 def test_custom_loop_slow_input_pipeline_is_named(testbed_factory, tmp_path):
     tb = testbed_factory(3, mode="netns")
-    args = ["--steps", "100000", "--slow-task", "worker:1", "--slow-input-ms", "60", "--slow-after-s", "10"]
+    # 150 ms a batch: prefetch hides up to a natural step of it, and on a loaded 2-core box (3 workers'
+    # TF) a step is ~45 ms: a 60 ms sleep left ~16 ms of wait there, under the 20 asserted (CI)
+    args = ["--steps", "100000", "--slow-task", "worker:1", "--slow-input-ms", "150", "--slow-after-s", "10"]
     spec = _spec(tb, tmp_path, "slowin", *args)
     run_dir = tmp_path / "run"
     p = start_launch(tb, spec, run_dir, "-q", "--no-gather")

@@ -255,16 +255,17 @@ def test_sampler_on_a_real_fit_in_memory_and_xspace(tmp_path):
 
 @pytest.mark.e2e
 def test_straggler_is_separated_and_homogeneous_run_is_flat():
-    """3 local MWMS workers, the step clock (no profiler, so no retries): worker:1 sleeping 60 ms per
+    """3 local MWMS workers, the step clock (no profiler, so no retries): worker:1 sleeping 150 ms per
     batch in its tf.data pipeline stands out in pre_collective_ms and input_ms and is named with the
     cause "input pipeline"; a homogeneous run stays flat and nobody is named."""
     from test_stepclock_tf import medians, run_cluster
 
     from orchestrator.supervise import find_straggler
 
-    # prefetch hides up to one natural step (~25 ms with 3 workers on 2 cores) of input slowness:
-    # a 60 ms sleep leaves the straggler clearly input-bound on a loaded machine too.
-    slow = [r.of_kind("profile") for r in run_cluster(["--slow-input-ms", "60", "--slow-task", "worker:1"], steps=120)]
+    # prefetch hides up to one natural step (~25 ms with 3 workers on 2 cores, ~30-45 ms on a loaded one)
+    # of input slowness, and the others' pre-collective time grows with the load: a 60 ms sleep gave 44
+    # against 3 x 29.6 under CI's load; 150 ms leaves the straggler clearly input-bound there too.
+    slow = [r.of_kind("profile") for r in run_cluster(["--slow-input-ms", "150", "--slow-task", "worker:1"], steps=80)]
     flat = [r.of_kind("profile") for r in run_cluster([], steps=250)]
     for workers in (slow, flat):
         assert all(len(w) >= 2 and all(p["source"] == "stepclock" for p in w) for w in workers), workers
