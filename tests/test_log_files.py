@@ -47,3 +47,42 @@ def test_a_file_that_cannot_be_made_is_one_warning_and_the_lines_still_reach_com
     assert not (tmp_path / "elsewhere").exists()
     assert router.guard.failure is not None and "worker-0.log" in router.guard.failure
     assert run.combined_log.read_bytes().count(b"[worker:0") == 2
+
+
+def test_past_the_open_files_cap_the_file_opened_longest_ago_closes_and_no_line_is_lost(tmp_path):
+    """At most ``open_logs`` tasks' files open at once (a 16,384-task launcher ran out of descriptors
+    under a 20,000 limit): the oldest is flushed and closed, and its next line opens it again, appending,
+    in order."""
+    tasks = [(f"worker:{i}", f"worker-{i}", f"h{i}") for i in range(7)]
+    run = RunDir(tmp_path / "run")
+    (tmp_path / "run" / "logs").mkdir(parents=True)
+    router = LogRouter(run, out=io.BytesIO(), color=False)
+    router.open_logs = 3
+    router.open_attempt(0, tasks)
+    for rnd in range(4):
+        for i in range(6):  # worker:6 says nothing
+            router.write(f"worker:{i}", f"round {rnd} of {i}\n".encode())
+            assert len(router.files) <= 3
+    router.flush()
+    assert sorted(router.files) == ["worker:3", "worker:4", "worker:5"]  # the last three opened
+    assert run.task_log("worker-0").read_bytes() == b"".join(f"round {r} of 0\n".encode() for r in range(4))
+    router.close()
+    for i in range(6):
+        assert run.task_log(f"worker-{i}").read_bytes() == b"".join(f"round {r} of {i}\n".encode() for r in range(4))
+    assert run.task_log("worker-6").read_bytes() == b""  # a silent task's file, made at the end
+    assert router.lines_written == {f"worker:{i}": (4 if i < 6 else 0) for i in range(7)}
+    assert router.guard.failure is None
+
+
+def test_a_file_that_failed_is_not_opened_again_after_it_was_closed_for_room(tmp_path):
+    router, run = _router(tmp_path)
+    router.open_logs = 1
+    run.task_log("worker-0").symlink_to(tmp_path / "elsewhere")  # planted: never followed
+    router.write("worker:0", b"one\n")
+    router.write("worker:1", b"a\n")  # closes worker:0's (failed) file for room
+    router.guard.failure = None
+    router.write("worker:0", b"two\n")  # not tried again: no second warning, nothing followed
+    router.close()
+    assert router.guard.failure is None and not (tmp_path / "elsewhere").exists()
+    assert run.task_log("worker-1").read_bytes() == b"a\n"
+    assert run.combined_log.read_bytes().count(b"[worker:0") == 2

@@ -122,9 +122,14 @@ def test_a_hard_limit_too_low_for_the_job_is_said(monkeypatch):
     monkeypatch.setattr(limits.resource, "getrlimit", lambda _: (1024, 1024))
     monkeypatch.setattr(limits.resource, "setrlimit", lambda *_: None)
     assert limits.nofile_warning(100) is None
-    text = limits.nofile_warning(1000)
-    assert "the open-file limit is 1024 (hard limit 1024)" in text and "4064 descriptors" in text
-    assert "ulimit -Hn 4064" in text
+    text = limits.nofile_warning(1000)  # SSH: 3 a channel, a log file and an event file while open
+    assert "the open-file limit is 1024 (hard limit 1024)" in text and "4576 descriptors" in text
+    assert "ulimit -Hn 4576" in text
+    # nodes that dial back: a socket each; the logs and event files open at once are bounded, so 16,384
+    # tasks fit under this box's 20,000 (they did not while every task's log and event file stayed open)
+    monkeypatch.setattr(limits.resource, "getrlimit", lambda _: (20000, 20000))
+    assert limits.needed(16384, per_task=1) == 64 + 16384 + limits.OPEN_LOGS + limits.OPEN_EVENT_FILES <= 20000
+    assert limits.nofile_warning(16384, per_task=1) is None and "ulimit" in limits.nofile_warning(16384)
 
 
 def test_the_soft_limit_goes_up_to_the_hard_one():

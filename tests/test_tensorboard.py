@@ -127,6 +127,39 @@ def test_event_files_read_back_with_tensorboards_reader_and_are_private(tmp_path
         assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
 
 
+def test_past_the_open_files_cap_a_run_appends_to_its_own_file_and_tensorboard_reads_every_point(tmp_path):
+    """At most ``open_files`` event files open (one run per task: 16,384 of them took a launcher past its
+    open-file limit): the file opened longest ago closes, and its run's next point appends to the same
+    file, which TensorBoard's reader reads whole, in order."""
+    root = tmp_path / "tb"
+    files = EventFiles(root, open_files=2)
+    for k in range(4):
+        for w in range(5):
+            files.add(Point(f"worker-{w}", 10 * k, T0 + k, {"host/cpu_pct": float(100 * w + k)}))
+            assert len(files._open) <= 2
+        files.flush()
+    files.close()
+    for w in range(5):
+        made = list((root / f"worker-{w}").iterdir())
+        assert len(made) == 1 and stat.S_IMODE(made[0].stat().st_mode) == 0o600, made
+        got = scalars(accumulate(root / f"worker-{w}"), "host/cpu_pct")
+        assert got == [(10 * k, T0 + k, pytest.approx(100.0 * w + k)) for k in range(4)], (w, got)
+
+
+def test_a_second_writer_of_the_same_second_takes_its_own_file(tmp_path):
+    """A requeued run's writer (same run directory, same suffix, same second) never truncates nor
+    appends to the first one's file."""
+    root = tmp_path / "tb"
+    first, second = EventFiles(root), EventFiles(root)
+    first.add(Point("job", 1, T0, {"goodput/goodput_pct": 50.0}))
+    second.add(Point("job", 2, T0 + 1, {"goodput/goodput_pct": 60.0}))
+    first.close()
+    second.close()
+    assert len(list((root / "job").iterdir())) == 2
+    got = sorted(scalars(accumulate(root / "job"), "goodput/goodput_pct"))
+    assert got == [(1, T0, pytest.approx(50.0)), (2, T0 + 1, pytest.approx(60.0))]
+
+
 def test_a_flush_makes_the_points_written_since_readable_before_close(tmp_path):
     """Without tensorboardX's fsync of every file: the files written since the last flush reach the
     kernel, where TensorBoard reads them while the job runs."""

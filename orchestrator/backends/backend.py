@@ -56,6 +56,9 @@ class Backend(abc.ABC):
     #: (Kubernetes: its Job ignores the failure and puts a new pod in its place); the supervisor then
     #: follows the new one with ``restart_task``, as a restart, up to ``restart.max_task_restarts``.
     replaces_sidecars: bool = False
+    #: Descriptors one task's channel holds in the launcher (``limits.needed``): an SSH session's
+    #: transport socket and its channel's pipe; a node that dials back, one socket.
+    fds_per_task: int = 3
 
     def bind_run(self, run_dir: Path) -> None:
         """The run directory, once it exists: where a backend records what it created (scheduler

@@ -1,7 +1,9 @@
 """Open-file descriptors: a launcher holds a few per task, and the soft limit is 1024 on most systems.
 
 A channel is one to three descriptors (a socket; an SSH transport's socket and its channel's pipe), and
-each task's live log is one more. At a thousand tasks the usual soft limit (1024) is gone before the
+a task's live log and its TensorBoard event file one more each while they are open (at most
+``OPEN_LOGS`` and ``OPEN_EVENT_FILES`` of them: ``sinks.logs`` and ``sinks.tbfiles`` close the one
+opened longest ago past that). At a thousand tasks the usual soft limit (1024) is gone before the
 job starts, and the failure would come late and look like anything but a limit (a refused accept, a
 log that cannot be opened). So the launcher raises its soft limit to the hard limit when it starts,
 and says so — before anything runs — when even the hard limit is too low for the job.
@@ -11,8 +13,12 @@ from __future__ import annotations
 
 import resource
 
-PER_TASK = 4  # SSH: transport socket, channel pipe (2), the task's log; connect-back needs 2
+PER_TASK = 3  # SSH: transport socket, channel pipe (2); connect-back needs 1
 BASE = 64  # run files, the listener, the metrics server, wake pipes, transfers' spares
+#: The tasks' log files open at once, at most (a 16,384-task launcher under a 20,000 limit: issue 33).
+OPEN_LOGS = 1024
+#: TensorBoard event files open at once, at most (one run per task: ``sinks.tbfiles``).
+OPEN_EVENT_FILES = 512
 
 
 def raise_nofile() -> tuple[int, int]:
@@ -28,15 +34,15 @@ def raise_nofile() -> tuple[int, int]:
     return soft, hard
 
 
-def needed(tasks: int) -> int:
-    """Descriptors a launcher of ``tasks`` tasks may hold at once."""
-    return BASE + PER_TASK * tasks
+def needed(tasks: int, per_task: int = PER_TASK) -> int:
+    """Descriptors a launcher of ``tasks`` tasks may hold at once, ``per_task`` for each one's channel."""
+    return BASE + per_task * tasks + min(tasks, OPEN_LOGS) + min(tasks + 1, OPEN_EVENT_FILES)
 
 
-def nofile_warning(tasks: int) -> str | None:
+def nofile_warning(tasks: int, per_task: int = PER_TASK) -> str | None:
     """What to tell the user when this process cannot open enough descriptors for ``tasks`` tasks."""
     soft, hard = raise_nofile()
-    want = needed(tasks)
+    want = needed(tasks, per_task)
     if soft == resource.RLIM_INFINITY or soft >= want:
         return None
     return (

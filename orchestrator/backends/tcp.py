@@ -220,6 +220,7 @@ class ConnectBackBackend(Backend):
 
     name = "connect-back"
     reaches_nodes = False  # the nodes dial us once the scheduler starts them
+    fds_per_task = 1  # its socket
 
     def __init__(self, bind: tuple[str, int] = ("0.0.0.0", 0), advertise: str | None = None) -> None:
         self.secret = secrets.token_bytes(32)

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from ..backends.limits import OPEN_LOGS
 from ..core.terminal import redraw, redraw_lines, safe_bytes
 from ..runs import RunDir, logline, write_json_atomic
 from .collapse import ConsoleLines
@@ -45,8 +46,14 @@ class LogRouter:
         self.out = out or sys.stdout.buffer
         self.color = use_color(sys.stdout) if color is None else color
         self.combined = GuardedFile(rundir.combined_log, "ab", self.guard)
-        self.files: dict[str, GuardedFile] = {}  # this attempt's open files, by task
+        self.files: dict[str, GuardedFile] = {}  # this attempt's open files, by task, oldest opened first
         self.paths: dict[str, Path] = {}  # this attempt's files, by task, opened at their first line
+        self.made: set[str] = set()  # the tasks whose file of this attempt is made
+        self.failed: set[str] = set()  # the tasks whose file of this attempt could not be made or written
+        # at most this many tasks' files open at once, the one opened longest ago closed past it (its next
+        # line opens it again, appending): a descriptor per task on top of its channel took a 16,384-task
+        # launcher past a 20,000 open-file limit ("Too many open files": lines lost from the per-task files)
+        self.open_logs = OPEN_LOGS
         self.prefix: dict[str, bytes] = {}
         self.console_prefix: dict[str, bytes] = {}
         self.lines_written: dict[str, int] = {}
@@ -202,18 +209,36 @@ class LogRouter:
 
     def _file(self, task: str) -> GuardedFile | None:
         """The task's file of this attempt, created at its first line: not 4,096 files created before the
-        first task can say hello (1.7 s of the start on a slow directory, ``bench/start_phases.py``)."""
+        first task can say hello (1.7 s of the start on a slow directory, ``bench/start_phases.py``).
+        Past ``open_logs`` open files the one opened longest ago is flushed and closed first."""
         f = self.files.get(task)
-        if f is None and (path := self.paths.get(task)) is not None:
+        if f is None and task not in self.failed and (path := self.paths.get(task)) is not None:
+            while len(self.files) >= self.open_logs:
+                self._close(next(iter(self.files)))
             f = self.files[task] = GuardedFile(path, "ab", self.guard)
+            self.made.add(task)
         return f
+
+    def _close(self, task: str) -> None:
+        """Its file flushed and closed; one that could not be made or written is not tried again this
+        attempt (one warning, as while it stayed open)."""
+        f = self.files.pop(task)
+        self._unflushed.discard(f)
+        if not f.ok:
+            self.failed.add(task)
+        f.close()  # (a buffered file flushes as it closes)
 
     def _close_files(self) -> None:
         """This attempt's files closed; a task that printed nothing gets its empty file all the same
         (the gather and the hand-over compare the node's log with it)."""
+        for task in list(self.files):
+            self._close(task)
         for task in self.paths:
-            f = self._file(task)
-            if f is not None:
-                f.close()
+            if task not in self.made:
+                f = self._file(task)
+                if f is not None:
+                    self._close(task)
         self.files = {}
         self.paths = {}
+        self.made = set()
+        self.failed = set()

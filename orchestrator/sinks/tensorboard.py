@@ -22,26 +22,14 @@ thread takes what came every ``DRAIN_S`` in one batch (a ``queue.Queue`` put wok
 and writes the events, each task's heartbeats at most one per ``min_interval_s`` and its step-clock
 windows at most one per ``min_interval_s`` too (1 s, longer for jobs of more than ``TASKS_PER_SECOND``
 tasks: 64 s at 4,096; the writes stay under ~128 events/s whatever the size). Directories are 0700,
-files 0600. tensorboardX computes each record's CRC32C with the ``crc32c`` package when it is installed
-(a dependency: ~0.3 µs a record against ~60 µs for its pure-Python fallback).
-
-Why tensorboardX: TensorBoard reads event files (TFRecord-framed ``Event`` protobufs with CRC32C).
-TensorBoard's own writer (``tensorboard.summary.writer``) goes through ``tensorboard.compat.tf``,
-which imports TensorFlow whenever it is installed (3.7 s and all of TensorFlow in the launcher,
-measured here), and ``tf.summary`` is TensorFlow. tensorboardX (maintained since 2017, the writer of
-PyTorch Lightning's and many others' logs) ships its own compiled protobufs and a pure-Python record
-writer and never imports TensorFlow. We use its ``EventsWriter`` (one file, synchronous) and protos
-from our own thread: its ``SummaryWriter`` queues through a ``multiprocessing.Queue`` whose ``put``
-blocks when it is full.
+files 0600, at most ``backends.limits.OPEN_EVENT_FILES`` open at once (``tbfiles``: the event files and
+why tensorboardX writes them).
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import math
-import os
-import sys
 import threading
 import time
 from collections import deque
@@ -53,6 +41,7 @@ from typing import Any
 from ..events.base import BaseEvent
 from ..events.kinds import Evaluation
 from ..runs import RunDir, read_jsonl
+from .tbfiles import EventFiles, Point, private_dirs
 from .tbtags import GPU_TAGS, HOST_TAGS, SPLIT_TAGS
 
 QUEUE_SIZE = 8192  # records waiting for the writer thread (beyond: dropped, counted)
@@ -76,16 +65,6 @@ def _finite(x: Any) -> float | None:
     except OverflowError:
         return None
     return f if math.isfinite(f) else None
-
-
-@dataclass(frozen=True)
-class Point:
-    """One event: scalars of one TensorBoard run at a training step and a wall time."""
-
-    run: str
-    step: int
-    wall: float
-    values: dict[str, float]
 
 
 @dataclass(slots=True)
@@ -220,86 +199,6 @@ class Scalars:
     def job_step(self) -> int:
         """The job's training step: its furthest task's (every worker makes every step)."""
         return max((t.step for t in self.tasks.values()), default=0)
-
-
-#: The cloud clients tensorboardX's record_writer tries at import for s3:// and gs:// paths: boto3 alone
-#: was ~half of its import's CPU (2.9 s at the first step on the loaded box); these files are local.
-_CLOUD_CLIENTS = ("boto3", "google.cloud.storage")
-
-
-def _tensorboardx() -> tuple[Any, Any]:
-    """tensorboardX's ``EventsWriter`` and ``Event``, imported without its cloud clients: each is
-    marked absent (``sys.modules[name] = None`` makes its import fail) for the import only, then
-    unmarked, so anything that imports one later gets the real module."""
-    marked = [name for name in _CLOUD_CLIENTS if name not in sys.modules]
-    for name in marked:
-        sys.modules[name] = None  # type: ignore[assignment]
-    try:
-        from tensorboardX.event_file_writer import EventsWriter
-        from tensorboardX.proto import event_pb2
-    finally:
-        for name in marked:
-            if sys.modules.get(name, False) is None:
-                del sys.modules[name]
-    return EventsWriter, event_pb2.Event
-
-
-class EventFiles:
-    """One event file per TensorBoard run (a subdirectory of ``root``), private: 0700 directories,
-    0600 files. ``suffix`` tells files of one writer from another's in the same run directory.
-
-    ``flush`` hands the files written since the last one to the kernel (TensorBoard reads them from
-    there); tensorboardX's own flush also ``fsync``s, which at 4,096 runs was 4,096 fsyncs every
-    ``flush_s`` for a few dozen files written: the files are synced once, at ``close``."""
-
-    def __init__(self, root: Path, suffix: str = "") -> None:
-        self._writer_class, self._event = _tensorboardx()
-        self.root = root
-        self.suffix = suffix
-        self._files: dict[str, Any] = {}
-        self._dirty: set[str] = set()
-        private_dirs(root)
-
-    def add(self, point: Point) -> None:
-        writer = self._files.get(point.run)
-        if writer is None:
-            directory = self.root / point.run
-            private_dirs(directory)
-            writer = self._files[point.run] = self._writer_class(str(directory / "events"), self.suffix)
-            with contextlib.suppress(OSError, AttributeError):
-                os.chmod(writer._file_name, 0o600)
-        event = self._event(wall_time=point.wall, step=max(0, point.step))
-        for tag, value in point.values.items():
-            event.summary.value.add(tag=tag, simple_value=value)
-        writer.write_event(event)
-        self._dirty.add(point.run)
-
-    def flush(self) -> None:
-        for run in self._dirty:
-            w = self._files[run]
-            raw = getattr(getattr(w, "_py_recordio_writer", None), "_writer", None)  # its open file
-            (raw if callable(getattr(raw, "flush", None)) else w).flush()
-        self._dirty.clear()
-
-    def close(self) -> None:
-        self._dirty.clear()
-        for w in self._files.values():  # tensorboardX's close: flushed and synced
-            with contextlib.suppress(OSError, ValueError):
-                w.close()
-        self._files.clear()
-
-
-def private_dirs(path: Path) -> None:
-    """``path`` and any parent it needs, 0700 whatever the umask (an existing directory keeps its mode)."""
-    missing = []
-    p = path
-    while not p.exists():
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            d.mkdir(mode=0o700)
-        os.chmod(d, 0o700)
 
 
 PENDING_POINTS = 10_000  # points held before the first training step (startup CPU, RSS), at most

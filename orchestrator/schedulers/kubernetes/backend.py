@@ -50,6 +50,7 @@ class KubernetesBackend(Backend):
     transfers = False  # logs arrive whole through the API; checkpoints live on the volume
     restarts_tasks = True  # a task's Job replaces its failed pod (same index, hostname, TF_CONFIG): restart_task
     replaces_sidecars = True  # the evaluator's Job replaces its failed pod, uncounted (podFailurePolicy Ignore)
+    fds_per_task = 1  # its pod's log stream
 
     def __init__(
         self,
