@@ -56,9 +56,8 @@ class Job:
             opts.run_dir or os.path.join("runs", plan.run_id), adopt=opts.adopt_run_dir
         )
         backend.bind_run(self.rundir.path)
-        self.nofile_warning = nofile_warning(
-            len(plan.nodes), backend.fds_per_task
-        )  # raises the soft limit first: before any log opens
+        # raises the soft limit first: before any log opens
+        self.nofile_warning = nofile_warning(len(plan.nodes), backend.fds_per_task)
         started = time.time()
         self.result = RunResult(
             job=plan.job,
