@@ -55,10 +55,14 @@ def records(path: Path) -> int:
     return 0
 
 
-def one(tree: Path, tasks: int, settle: float, seconds: float, work: Path, pyspy: Path | None) -> dict:
+def one(
+    tree: Path, tasks: int, settle: float, seconds: float, work: Path, pyspy: Path | None, interval: float = 1.0
+) -> dict:
     run_dir = work / "run"
     argv = [PY, str(tree / "tests" / "loadfleet.py"), "--tasks", str(tasks), "--run-dir", str(run_dir)]
-    argv += ["--interval", "1", "--timeout", "30", "--profile-s", "5", "--log-rate", "0.1"]
+    # a step-clock window every 5 heartbeats and a log line every 10, whatever the interval
+    argv += ["--interval", str(interval), "--timeout", str(max(30.0, 15 * interval))]
+    argv += ["--profile-s", str(5 * interval), "--log-rate", str(0.1 / interval)]
     env = {
         **os.environ,
         "PYTHONPATH": f"{tree}:{REPO}",
@@ -115,6 +119,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--pyspy", help="a directory: a py-spy profile of each launcher over the window")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--interval", type=float, default=1.0, help="the heartbeat interval, s (4 at 16,384 tasks)")
     args = ap.parse_args()
     trees = {"this": REPO, **({"vs": Path(args.vs).resolve()} if args.vs else {})}
     spy = Path(args.pyspy).resolve() if args.pyspy else None
@@ -124,7 +129,7 @@ def main() -> int:
     for _ in range(args.rounds):
         for name, tree in trees.items():
             with tempfile.TemporaryDirectory(prefix="tfc-lcpu-") as work:
-                row = one(tree, args.tasks, args.settle, args.seconds, Path(work), spy)
+                row = one(tree, args.tasks, args.settle, args.seconds, Path(work), spy, args.interval)
             rows[name].append(row)
             if not args.json:
                 print(name, json.dumps(row), flush=True)
