@@ -74,6 +74,27 @@ def test_past_the_open_files_cap_the_file_opened_longest_ago_closes_and_no_line_
     assert router.guard.failure is None
 
 
+def test_a_task_that_writes_often_keeps_its_file_open_past_the_cap(tmp_path):
+    """The least recently written file closes first: a chatty chief among quiet workers is not closed
+    and opened again at every other task's line."""
+    tasks = [(f"worker:{i}", f"worker-{i}", f"h{i}") for i in range(6)]
+    run = RunDir(tmp_path / "run")
+    (tmp_path / "run" / "logs").mkdir(parents=True)
+    router = LogRouter(run, out=io.BytesIO(), color=False)
+    router.open_logs = 2
+    router.open_attempt(0, tasks)
+    router.write("worker:0", b"start\n")
+    chief = router.files["worker:0"]
+    for rnd in range(3):
+        for i in range(1, 6):
+            router.write("worker:0", f"chief {rnd} {i}\n".encode())
+            router.write(f"worker:{i}", f"quiet {rnd}\n".encode())
+            assert router.files.get("worker:0") is chief  # never closed for room
+    router.close()
+    assert run.task_log("worker-0").read_bytes().count(b"\n") == 1 + 15
+    assert all(run.task_log(f"worker-{i}").read_bytes().count(b"\n") == 3 for i in range(1, 6))
+
+
 def test_a_file_that_failed_is_not_opened_again_after_it_was_closed_for_room(tmp_path):
     router, run = _router(tmp_path)
     router.open_logs = 1

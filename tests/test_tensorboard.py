@@ -144,6 +144,15 @@ def test_past_the_open_files_cap_a_run_appends_to_its_own_file_and_tensorboard_r
         assert len(made) == 1 and stat.S_IMODE(made[0].stat().st_mode) == 0o600, made
         got = scalars(accumulate(root / f"worker-{w}"), "host/cpu_pct")
         assert got == [(10 * k, T0 + k, pytest.approx(100.0 * w + k)) for k in range(4)], (w, got)
+    # the least recently written closes first: the job's run, written between every two points, stays open
+    lru = EventFiles(tmp_path / "lru", open_files=2)
+    lru.add(Point("job", 0, T0, {"throughput/steps_per_s": 1.0}))
+    job = lru._open["job"]
+    for w in range(5):
+        lru.add(Point(f"worker-{w}", 1, T0, {"host/cpu_pct": 1.0}))
+        lru.add(Point("job", w + 1, T0, {"throughput/steps_per_s": 1.0}))
+        assert lru._open.get("job") is job
+    lru.close()
 
 
 def test_a_second_writer_of_the_same_second_takes_its_own_file(tmp_path):

@@ -46,11 +46,11 @@ class LogRouter:
         self.out = out or sys.stdout.buffer
         self.color = use_color(sys.stdout) if color is None else color
         self.combined = GuardedFile(rundir.combined_log, "ab", self.guard)
-        self.files: dict[str, GuardedFile] = {}  # this attempt's open files, by task, oldest opened first
+        self.files: dict[str, GuardedFile] = {}  # this attempt's open files, by task, least recently written first
         self.paths: dict[str, Path] = {}  # this attempt's files, by task, opened at their first line
         self.made: set[str] = set()  # the tasks whose file of this attempt is made
         self.failed: set[str] = set()  # the tasks whose file of this attempt could not be made or written
-        # at most this many tasks' files open at once, the one opened longest ago closed past it (its next
+        # at most this many tasks' files open at once, the least recently written closed past it (its next
         # line opens it again, appending): a descriptor per task on top of its channel took a 16,384-task
         # launcher past a 20,000 open-file limit ("Too many open files": lines lost from the per-task files)
         self.open_logs = OPEN_LOGS
@@ -210,9 +210,13 @@ class LogRouter:
     def _file(self, task: str) -> GuardedFile | None:
         """The task's file of this attempt, created at its first line: not 4,096 files created before the
         first task can say hello (1.7 s of the start on a slow directory, ``bench/start_phases.py``).
-        Past ``open_logs`` open files the one opened longest ago is flushed and closed first."""
+        Past ``open_logs`` open files the least recently written one is flushed and closed first."""
         f = self.files.get(task)
-        if f is None and task not in self.failed and (path := self.paths.get(task)) is not None:
+        if f is not None:
+            if len(self.files) >= self.open_logs:  # full: the least recently written closes first
+                self.files[task] = self.files.pop(task)
+            return f
+        if task not in self.failed and (path := self.paths.get(task)) is not None:
             while len(self.files) >= self.open_logs:
                 self._close(next(iter(self.files)))
             f = self.files[task] = GuardedFile(path, "ab", self.guard)

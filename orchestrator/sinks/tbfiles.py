@@ -8,7 +8,7 @@ The framing is ours rather than tensorboardX's ``EventsWriter``, for one reason:
 reopened for appending. ``EventsWriter`` makes a new file each time it is built and keeps it open to
 the end, so a launcher of 16,384 tasks held 16,384 event files open beside 16,384 channels, past a
 20,000 open-file limit (issue 33). Here at most ``open_files`` are open (``backends.limits.OPEN_EVENT_FILES``):
-past that the file opened longest ago is closed, and its run's next point appends to the same file.
+past that the least recently written file is closed, and its run's next point appends to the same file.
 TensorBoard reads a file written in several sittings as one (it is a sequence of records).
 
 Why tensorboardX at all: TensorBoard's own writer goes through ``tensorboard.compat.tf``, which imports
@@ -102,7 +102,7 @@ class EventFiles:
         self.suffix = suffix
         self.open_files = max(1, open_files)
         self._names: dict[str, Path] = {}  # each run's file, made at its first point
-        self._open: dict[str, IO[bytes]] = {}  # the files open now, the one opened longest ago first
+        self._open: dict[str, IO[bytes]] = {}  # the files open now, the least recently written first
         self._dirty: set[str] = set()
         private_dirs(root)
 
@@ -120,6 +120,8 @@ class EventFiles:
     def _file(self, run: str) -> IO[bytes]:
         f = self._open.get(run)
         if f is not None:
+            if len(self._open) >= self.open_files:  # full: the least recently written closes first
+                self._open[run] = self._open.pop(run)
             return f
         while len(self._open) >= self.open_files:
             self._close(next(iter(self._open)))
