@@ -23,6 +23,12 @@ REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = REPO / "tests" / "workloads"
 PY = sys.executable
 
+# A suite started in the background of a non-interactive shell (``cmd &``) inherits SIGINT ignored, and
+# every launcher it starts with it: the tests that press Ctrl-C then waited in vain (a clean-clone run
+# started that way failed the two Slurm Ctrl-C tests). A Python handler is reset to the default at exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 @pytest.fixture(autouse=True)
 def _private_state(tmp_path_factory, monkeypatch):

@@ -75,6 +75,9 @@ def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
         private_while_running = (
             (private.stat().st_mode & 0o777, token in private.read_text()) if private.exists() else None
         )
+        # released once every task has trained and waits for the file: then all three print RELEASED
+        # within ~0.1 s (released while the chief still finished its last epoch, its line came > 1 s later)
+        wait_for(lambda: all(f"worker:{i}: done" in run_log(run_dir) for i in range(3)), 120, "every task done")
     finally:
         checked.touch()
         rc, out, err = finish(proc, timeout=150)
