@@ -49,16 +49,21 @@ def test_a_file_that_cannot_be_made_is_one_warning_and_the_lines_still_reach_com
     assert run.combined_log.read_bytes().count(b"[worker:0") == 2
 
 
-def test_past_the_open_files_cap_the_file_opened_longest_ago_closes_and_no_line_is_lost(tmp_path):
-    """At most ``open_logs`` tasks' files open at once (a 16,384-task launcher ran out of descriptors
-    under a 20,000 limit): the oldest is flushed and closed, and its next line opens it again, appending,
-    in order."""
-    tasks = [(f"worker:{i}", f"worker-{i}", f"h{i}") for i in range(7)]
+def _capped(tmp_path: Path, tasks: int, cap: int) -> tuple[LogRouter, RunDir]:
+    """A router of ``tasks`` tasks that keeps at most ``cap`` of their files open."""
     run = RunDir(tmp_path / "run")
     (tmp_path / "run" / "logs").mkdir(parents=True)
     router = LogRouter(run, out=io.BytesIO(), color=False)
-    router.open_logs = 3
-    router.open_attempt(0, tasks)
+    router.open_logs = cap
+    router.open_attempt(0, [(f"worker:{i}", f"worker-{i}", f"h{i}") for i in range(tasks)])
+    return router, run
+
+
+def test_past_the_open_files_cap_the_least_recently_written_file_closes_and_no_line_is_lost(tmp_path):
+    """At most ``open_logs`` tasks' files open at once (a 16,384-task launcher ran out of descriptors
+    under a 20,000 limit): the least recently written is flushed and closed, and its next line opens it again, appending,
+    in order."""
+    router, run = _capped(tmp_path, tasks=7, cap=3)
     for rnd in range(4):
         for i in range(6):  # worker:6 says nothing
             router.write(f"worker:{i}", f"round {rnd} of {i}\n".encode())
@@ -77,12 +82,7 @@ def test_past_the_open_files_cap_the_file_opened_longest_ago_closes_and_no_line_
 def test_a_task_that_writes_often_keeps_its_file_open_past_the_cap(tmp_path):
     """The least recently written file closes first: a chatty chief among quiet workers is not closed
     and opened again at every other task's line."""
-    tasks = [(f"worker:{i}", f"worker-{i}", f"h{i}") for i in range(6)]
-    run = RunDir(tmp_path / "run")
-    (tmp_path / "run" / "logs").mkdir(parents=True)
-    router = LogRouter(run, out=io.BytesIO(), color=False)
-    router.open_logs = 2
-    router.open_attempt(0, tasks)
+    router, run = _capped(tmp_path, tasks=6, cap=2)
     router.write("worker:0", b"start\n")
     chief = router.files["worker:0"]
     for rnd in range(3):
