@@ -95,6 +95,12 @@ def detail(msg: str) -> None:
         say(msg)
 
 
+def fleet_traffic(interval: float) -> list[str]:
+    """``tests/loadfleet.py``'s traffic at a heartbeat every ``interval`` s: a step-clock window every 5
+    heartbeats and a log line every 10, so ``--interval 4`` at 16,384 tasks sends what 4,096 send at 1 Hz."""
+    return ["--interval", str(interval), "--profile-s", str(5 * interval), "--log-rate", str(0.1 / interval)]
+
+
 # ----------------------------------------------------------------------------------- processes
 
 

@@ -10,7 +10,7 @@ the nodes ``tfcluster_testbed.loadgen`` playing every rank: 1 Hz heartbeats, a s
 thread's (``/proc/PID/task/TID/stat``, named by its ``comm``), and the records it wrote to
 heartbeats.jsonl in that time. The generator's rate follows the box's load, so **µs of launcher CPU a
 record** is the figure that compares two runs; CPU % of a core is printed beside it. A run whose
-generator was starved by the box (under 0.75 records a task a second) is marked void and left out. ``--vs TREE``
+generator was starved by the box (under 0.75 records a task a heartbeat interval) is marked void and left out. ``--vs TREE``
 runs the other checkout's launcher (``git worktree add`` or ``git archive REV | tar -x``) in turn, with
 the same generator (this tree's), ``--rounds`` times each. ``--pyspy DIR``: a ``py-spy record --threads
 --gil --format raw`` of each launcher over the same window (it pauses the launcher to sample: the CPU
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PY, REPO, wait_for
+from common import PY, REPO, fleet_traffic, wait_for
 from supervisor_scale import EventTail, cpu_s, rss_mb
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -60,9 +60,7 @@ def one(
 ) -> dict:
     run_dir = work / "run"
     argv = [PY, str(tree / "tests" / "loadfleet.py"), "--tasks", str(tasks), "--run-dir", str(run_dir)]
-    # a step-clock window every 5 heartbeats and a log line every 10, whatever the interval
-    argv += ["--interval", str(interval), "--timeout", str(max(30.0, 15 * interval))]
-    argv += ["--profile-s", str(5 * interval), "--log-rate", str(0.1 / interval)]
+    argv += [*fleet_traffic(interval), "--timeout", str(max(30.0, 15 * interval))]
     env = {
         **os.environ,
         "PYTHONPATH": f"{tree}:{REPO}",
@@ -133,11 +131,11 @@ def main() -> int:
             rows[name].append(row)
             if not args.json:
                 print(name, json.dumps(row), flush=True)
-    # a generator starved by the box's load (under ~0.75 records a task a second) makes the launcher's
+    # a generator starved by the box's load (under ~0.75 records a task an interval) makes the launcher's
     # fixed per-second work (snapshots, scans) look like per-record cost: such a run is void, said so
     for v in rows.values():
         for r in v:
-            r["void"] = r["records_per_s"] < 0.75 * args.tasks
+            r["void"] = r["records_per_s"] < 0.75 * args.tasks / args.interval
     summary = {
         k: statistics.median(kept) if (kept := [r["us_per_record"] for r in v if not r["void"]]) else None
         for k, v in rows.items()

@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import views_scale
-from common import PY, REPO, Report, WaitTimeout, base_parser, say, set_verbose, wait_for
+from common import PY, REPO, Report, WaitTimeout, base_parser, fleet_traffic, say, set_verbose, wait_for
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -189,14 +189,9 @@ def one_size(
         str(d / "cues"),
         "--gen-events",
         str(gen_file),
-        "--interval",
-        str(interval),
+        *fleet_traffic(interval),
         "--timeout",
         str(hb_timeout),
-        "--profile-s",
-        str(5 * interval),  # a step-clock window every 5 heartbeats, as at 1 Hz
-        "--log-rate",
-        str(0.1 / interval),  # a log line every 10 heartbeats: the same lines a second as 4,096 at 1 Hz
         *(["--metrics"] if views else []),
     ]
     fork = time.time()

@@ -34,6 +34,7 @@ class NoBackend:
 
     notes: list[str] = []
     transfers = True
+    fds_per_task = 3  # what the job's open-file check reads (Backend's default)
 
     def bind_run(self, run_dir) -> None:
         pass

@@ -92,7 +92,7 @@ def test_its_standard_error_is_honest_over_many_runs():
 
 def test_workers_that_split_the_same_steps_into_different_windows_count_them_once():
     """Each worker closes its windows on its own clock: one splitting its 600 steps into 12 windows, the
-    other into 6, measured 600 steps, not the 900 a per-round mean over only the workers present gave.
+    other into 6, measured 600 steps, not the 750 a per-round mean over only the workers present gave.
     The estimate stays within its standard error of the aligned run's."""
     rng = np.random.default_rng(3)
     d = 8

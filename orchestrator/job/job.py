@@ -13,7 +13,7 @@ import sys
 import time
 
 from ..backends import Backend
-from ..backends.limits import PER_TASK, nofile_warning
+from ..backends.limits import nofile_warning
 from ..core.result import AttemptResult, Failure, RunResult
 from ..core.states import JobState, interrupted_state
 from ..events import kinds as ev
@@ -56,8 +56,8 @@ class Job:
             opts.run_dir or os.path.join("runs", plan.run_id), adopt=opts.adopt_run_dir
         )
         backend.bind_run(self.rundir.path)
-        # raises the soft limit first: before any log opens (a stand-in that is no Backend counts as SSH)
-        self.nofile_warning = nofile_warning(len(plan.nodes), getattr(backend, "fds_per_task", PER_TASK))
+        # raises the soft limit first: before any log opens
+        self.nofile_warning = nofile_warning(len(plan.nodes), backend.fds_per_task)
         started = time.time()
         self.result = RunResult(
             job=plan.job,

@@ -242,7 +242,6 @@ class LogRouter:
                 f = self._file(task)
                 if f is not None:
                     self._close(task)
-        self.files = {}
         self.paths = {}
         self.made = set()
         self.failed = set()

@@ -140,8 +140,9 @@ class EventFiles:
                 f = _open_append(name, create=True)
                 break
             except FileExistsError:
-                if k == 99:
-                    raise
+                continue
+        else:
+            raise FileExistsError(f"{directory / base}: 100 event files of this second already")
         self._open[run] = f
         self._names[run] = name
         f.write(self._record(self._event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString()))

@@ -107,9 +107,7 @@ def rounds(windows: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Round]:
     measured = sum(1 for ws in per_task if ws)
     out = []
     for k in range(max((len(ws) for ws in per_task), default=0)):
-        here = [ws[k] for ws in per_task if k < len(ws)]
-        if not here:
-            continue
+        here = [ws[k] for ws in per_task if k < len(ws)]  # never empty: k is below the longest list
         weights = [float(w["noise"].get("steps") or 1) for w, _ in here]
         total = sum(weights)
 
