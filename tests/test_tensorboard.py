@@ -155,6 +155,23 @@ def test_past_the_open_files_cap_a_run_appends_to_its_own_file_and_tensorboard_r
     lru.close()
 
 
+def test_a_link_planted_in_place_of_a_closed_event_file_is_refused_not_followed(tmp_path):
+    """A file closed for room is reopened without following links: one planted at its path between two
+    sittings makes the write fail (the sink then stops and says so), and the link's target is untouched."""
+    root, target = tmp_path / "tb", tmp_path / "elsewhere"
+    target.write_bytes(b"theirs")
+    files = EventFiles(root, open_files=1)
+    files.add(Point("worker-0", 1, T0, {"host/cpu_pct": 1.0}))
+    files.add(Point("worker-1", 1, T0, {"host/cpu_pct": 1.0}))  # worker-0's file closed for room
+    (made,) = (root / "worker-0").iterdir()
+    made.unlink()
+    made.symlink_to(target)
+    with pytest.raises(OSError):
+        files.add(Point("worker-0", 2, T0 + 1, {"host/cpu_pct": 2.0}))
+    files.close()
+    assert target.read_bytes() == b"theirs"
+
+
 def test_a_second_writer_of_the_same_second_takes_its_own_file(tmp_path):
     """A requeued run's writer (same run directory, same suffix, same second) never truncates nor
     appends to the first one's file."""
