@@ -5,9 +5,15 @@ with it. Opening thousands before the first hello was 1.7 s of a 4,096-task star
 from __future__ import annotations
 
 import io
+import random
+import resource
+from datetime import UTC, datetime
 from pathlib import Path
 
-from orchestrator.runs import RunDir
+import pytest
+
+from orchestrator.backends import limits
+from orchestrator.runs import RunDir, logline
 from orchestrator.sinks.logs import LogRouter
 
 TASKS = [("worker:0", "worker-0", "h0"), ("worker:1", "worker-1", "h1"), ("worker:2", "worker-2", "h2")]
@@ -107,3 +113,27 @@ def test_a_file_that_failed_is_not_opened_again_after_it_was_closed_for_room(tmp
     assert router.guard.failure is None and not (tmp_path / "elsewhere").exists()
     assert run.task_log("worker-1").read_bytes() == b"a\n"
     assert run.combined_log.read_bytes().count(b"[worker:0") == 2
+
+
+def test_every_tasks_log_stays_open_where_the_open_file_limit_has_room_for_them():
+    """Below the limit nothing is closed for room (at 4,096 tasks logging in turn a cap of 1,024 opened and
+    closed a file for every line); past it, at least ``OPEN_LOGS`` stay open, never more than the tasks."""
+    assert limits.log_files(4096, per_task=3, soft=20_000) == 4096
+    assert limits.log_files(4096, per_task=1, soft=resource.RLIM_INFINITY) == 4096
+    assert limits.log_files(16_384, per_task=1, soft=20_000) == 20_000 - 64 - 1024 - 16_384 - 512
+    assert limits.log_files(16_384, per_task=3, soft=20_000) == limits.OPEN_LOGS  # no room: the floor
+    assert limits.log_files(3, per_task=3, soft=1024) == 3
+    # the warning's count holds whatever log_files keeps open above its floor: the floor is what it counts
+    tasks, soft = 16_384, 20_000
+    assert limits.needed(tasks, 1) - limits.OPEN_LOGS + limits.log_files(tasks, 1, soft) <= soft
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_lines_time_stamp_is_the_text_datetime_gives(seed):
+    """``logline.iso`` keeps the second's text between lines: the same text as formatting the whole time,
+    including a fraction that rounds up into the next second."""
+    rng = random.Random(seed)
+    times = [rng.uniform(-2e9, 4e9) for _ in range(20_000)] + [rng.uniform(1.8e9, 1.8e9 + 3) for _ in range(5_000)]
+    times += [1_795_883_174.9999995, 1_795_883_174 + 0.0014995, 0.0, -0.0000004, -1.9999995]
+    for ts in times:
+        assert logline.iso(ts) == datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z", ts

@@ -15,8 +15,11 @@ import resource
 
 PER_TASK = 3  # SSH: transport socket, channel pipe (2); connect-back needs 1
 BASE = 64  # run files, the listener, the metrics server, wake pipes, transfers' spares
-#: The tasks' log files open at once, at most (a 16,384-task launcher under a 20,000 limit: issue 33).
+#: The tasks' log files open at once where the limit leaves no room for every task's (a 16,384-task
+#: launcher under a 20,000 limit: issue 33); where it does, every one stays open (``log_files``).
 OPEN_LOGS = 1024
+#: Descriptors left free beyond ``BASE`` before every task's log is kept open (``log_files``).
+LOG_HEADROOM = 1024
 #: TensorBoard event files open at once, at most (one run per task: ``sinks.tbfiles``).
 OPEN_EVENT_FILES = 512
 
@@ -37,6 +40,19 @@ def raise_nofile() -> tuple[int, int]:
 def needed(tasks: int, per_task: int = PER_TASK) -> int:
     """Descriptors a launcher of ``tasks`` tasks may hold at once, ``per_task`` for each one's channel."""
     return BASE + per_task * tasks + min(tasks, OPEN_LOGS) + min(tasks + 1, OPEN_EVENT_FILES)
+
+
+def log_files(tasks: int, per_task: int = PER_TASK, soft: int | None = None) -> int:
+    """The task logs a launcher keeps open at once: every task's where the soft limit (``soft``, else this
+    process's) leaves room for them beside the channels, the event files and ``LOG_HEADROOM``, else at
+    least ``OPEN_LOGS``. Why not always ``OPEN_LOGS``: past it the least recently written log is closed,
+    and at 4,096 tasks that logged in turn every line opened and closed a file (3 % of the launcher's CPU)."""
+    if soft is None:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return tasks
+    spare = soft - (BASE + LOG_HEADROOM + per_task * tasks + min(tasks + 1, OPEN_EVENT_FILES))
+    return max(min(tasks, OPEN_LOGS), min(tasks, spare))
 
 
 def nofile_warning(tasks: int, per_task: int = PER_TASK) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from ..backends.limits import OPEN_LOGS
 from ..events import EventBus, read_events
 from ..events import kinds as ev
 from ..events.evaluations import Evaluations
@@ -63,6 +64,7 @@ class RunOutputs:
         echo_logs: bool,
         max_log_bytes: int | None = None,
         all_output: bool = False,
+        open_logs: int = OPEN_LOGS,
     ) -> None:
         self.plan = plan
         self.elastic: dict[str, Any] | None = None  # status.json's "elastic": hosts excluded, spares left
@@ -73,7 +75,7 @@ class RunOutputs:
             self.live = LiveTable(plan)
         self.guard = WriteGuard()  # the run directory may fill up mid-run: one warning, the job goes on
         self.bus = EventBus([EventFileSink(rundir.events_jsonl, self.guard), ConsoleSink()])
-        self.logs = LogRouter(rundir, echo=echo_logs, guard=self.guard, all_output=all_output)
+        self.logs = LogRouter(rundir, echo=echo_logs, guard=self.guard, all_output=all_output, open_logs=open_logs)
         self.logs.limit(max_log_bytes, self._log_cut)  # a flooding task costs neither disk nor memory
         if self.live is not None:
             self.logs.console_hook = self.live.print_log

@@ -4,6 +4,7 @@ for the launcher's own notes (attempt boundaries). One codec, so the two sides c
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -13,9 +14,22 @@ _LINE = re.compile(r"^(\S+) \[([^\]]*)\] ?(.*)$", re.DOTALL)
 _TS_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
+_second: list = [None, ""]  # the last whole second formatted, and its text up to the decimal point
+
+
 def iso(ts: float) -> str:
-    """A Unix time as combined.log writes it: UTC, milliseconds, ``Z``."""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    """A Unix time as combined.log writes it: UTC, milliseconds (truncated), ``Z``. Every task's line is
+    stamped, so the second's text is kept: the fraction is split as ``datetime.fromtimestamp`` splits it
+    (microseconds rounded half to even, 1,000,000 carried), and the same text comes out."""
+    if not math.isfinite(ts):
+        return datetime.fromtimestamp(ts, UTC).isoformat()  # raises as before
+    second = math.floor(ts)
+    micros = round((ts - second) * 1e6)
+    if micros >= 1_000_000:
+        second, micros = second + 1, micros - 1_000_000
+    if _second[0] != second:
+        _second[:] = [second, datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S.")]
+    return f"{_second[1]}{micros // 1000:03d}Z"
 
 
 def parse_iso(text: str) -> float | None:
