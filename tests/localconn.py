@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from fakechannel import drain
+
 from orchestrator.backends import Channel, Connection
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,18 +30,7 @@ class LocalChannel(Channel):
         return list(self._open)
 
     def read(self) -> tuple[bytes, bytes, bool]:
-        got = {fd: bytearray() for fd in (self.proc.stdout.fileno(), self.proc.stderr.fileno())}
-        for fd in list(self._open):
-            while True:
-                try:
-                    data = os.read(fd, 1 << 20)
-                except BlockingIOError:
-                    break
-                if not data:
-                    self._open.remove(fd)
-                    break
-                got[fd] += data
-        out, err = got.values()
+        out, err = drain(self._open, (self.proc.stdout.fileno(), self.proc.stderr.fileno()), close=False).values()
         return bytes(out), bytes(err), not self._open
 
     def send(self, data: bytes) -> None:

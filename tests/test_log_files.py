@@ -115,17 +115,21 @@ def test_a_file_that_failed_is_not_opened_again_after_it_was_closed_for_room(tmp
     assert run.combined_log.read_bytes().count(b"[worker:0") == 2
 
 
-def test_every_tasks_log_stays_open_where_the_open_file_limit_has_room_for_them():
-    """Below the limit nothing is closed for room (at 4,096 tasks logging in turn a cap of 1,024 opened and
-    closed a file for every line); past it, at least ``OPEN_LOGS`` stay open, never more than the tasks."""
-    assert limits.log_files(4096, per_task=3, soft=20_000) == 4096
-    assert limits.log_files(4096, per_task=1, soft=resource.RLIM_INFINITY) == 4096
-    assert limits.log_files(16_384, per_task=1, soft=20_000) == 20_000 - 64 - 1024 - 16_384 - 512
-    assert limits.log_files(16_384, per_task=3, soft=20_000) == limits.OPEN_LOGS  # no room: the floor
-    assert limits.log_files(3, per_task=3, soft=1024) == 3
-    # the warning's count holds whatever log_files keeps open above its floor: the floor is what it counts
-    tasks, soft = 16_384, 20_000
-    assert limits.needed(tasks, 1) - limits.OPEN_LOGS + limits.log_files(tasks, 1, soft) <= soft
+def test_every_tasks_log_and_event_file_stay_open_where_the_open_file_limit_has_room_for_them():
+    """Below the limit nothing is closed for room (at 4,096 tasks a cap of 1,024 logs opened and closed a
+    file for every line, one of 512 event files for most points); past it the logs get the room first,
+    never fewer than the floors ``needed`` counts, never more than the tasks (and the job's own run)."""
+    assert limits.open_files(4096, per_task=1, soft=20_000) == (4096, 4097)
+    assert limits.open_files(4096, per_task=1, soft=resource.RLIM_INFINITY) == (4096, 4097)
+    assert limits.open_files(4096, per_task=3, soft=20_000) == (4096, 20_000 - 64 - 1024 - 3 * 4096 - 4096)
+    assert limits.open_files(16_384, per_task=1, soft=20_000) == (20_000 - 64 - 1024 - 16_384 - 512, 512)
+    assert limits.open_files(16_384, per_task=3, soft=20_000) == (limits.OPEN_LOGS, limits.OPEN_EVENT_FILES)
+    assert limits.open_files(3, per_task=3, soft=1024) == (3, 4)
+    for tasks, per_task, soft in [(16_384, 1, 20_000), (4096, 3, 20_000), (9000, 2, 30_000), (100, 3, 5000)]:
+        logs, events = limits.open_files(tasks, per_task, soft)
+        floors = min(tasks, limits.OPEN_LOGS) + min(tasks + 1, limits.OPEN_EVENT_FILES)
+        # what needed() counts for the floors, the rest of the room past them: never past the limit
+        assert limits.needed(tasks, per_task) - floors + logs + events <= max(soft, limits.needed(tasks, per_task))
 
 
 @pytest.mark.parametrize("seed", range(3))

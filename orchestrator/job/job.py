@@ -13,7 +13,7 @@ import sys
 import time
 
 from ..backends import Backend
-from ..backends.limits import log_files, nofile_warning
+from ..backends.limits import nofile_warning, open_files
 from ..core.result import AttemptResult, Failure, RunResult
 from ..core.states import JobState, interrupted_state
 from ..events import kinds as ev
@@ -74,7 +74,7 @@ class Job:
             echo_logs=opts.echo_logs,
             max_log_bytes=self.spec.logs.max_bytes_per_task,
             all_output=opts.all_output,
-            open_logs=log_files(len(plan.nodes), backend.fds_per_task),
+            open_files=open_files(len(plan.nodes), backend.fds_per_task),
         )
         self.bus = self.out.bus
         if hasattr(backend, "bind_events"):  # a forged pod is reported as it is seen (test doubles may lack it)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ..backends.limits import OPEN_LOGS
+from ..backends.limits import OPEN_EVENT_FILES, OPEN_LOGS
 from ..events import EventBus, read_events
 from ..events import kinds as ev
 from ..events.evaluations import Evaluations
@@ -64,9 +64,10 @@ class RunOutputs:
         echo_logs: bool,
         max_log_bytes: int | None = None,
         all_output: bool = False,
-        open_logs: int = OPEN_LOGS,
+        open_files: tuple[int, int] = (OPEN_LOGS, OPEN_EVENT_FILES),
     ) -> None:
         self.plan = plan
+        self.open_files = open_files  # (task logs, event files) open at once: ``backends.limits.open_files``
         self.elastic: dict[str, Any] | None = None  # status.json's "elastic": hosts excluded, spares left
         self.live: Any = None
         if live and echo_logs and use_color(sys.stdout) and sys.stdout.isatty():
@@ -75,7 +76,7 @@ class RunOutputs:
             self.live = LiveTable(plan)
         self.guard = WriteGuard()  # the run directory may fill up mid-run: one warning, the job goes on
         self.bus = EventBus([EventFileSink(rundir.events_jsonl, self.guard), ConsoleSink()])
-        self.logs = LogRouter(rundir, echo=echo_logs, guard=self.guard, all_output=all_output, open_logs=open_logs)
+        self.logs = LogRouter(rundir, echo=echo_logs, guard=self.guard, all_output=all_output, open_logs=open_files[0])
         self.logs.limit(max_log_bytes, self._log_cut)  # a flooding task costs neither disk nor memory
         if self.live is not None:
             self.logs.console_hook = self.live.print_log
@@ -132,7 +133,9 @@ class RunOutputs:
         root = tensorboard_root(self.rundir, self.plan.run_id, own_dir or spec.tensorboard.dir)
         try:
             history = self.rundir.heartbeats_jsonl if self.rundir.heartbeats_jsonl.exists() else None
-            self.tensorboard = TensorBoardSink(root, [str(n.task) for n in self.plan.nodes], history=history)
+            self.tensorboard = TensorBoardSink(
+                root, [str(n.task) for n in self.plan.nodes], history=history, open_files=self.open_files[1]
+            )
         except ImportError as exc:
             self.bus.emit(ev.JobWarning(message=f"no TensorBoard files: {exc} (pip install tensorboardX)"))
             return {}

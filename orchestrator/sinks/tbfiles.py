@@ -7,8 +7,8 @@ installed: a dependency, ~0.3 µs a record against ~60 µs for tensorboardX's pu
 The framing is ours rather than tensorboardX's ``EventsWriter``, for one reason: a file must be
 reopened for appending. ``EventsWriter`` makes a new file each time it is built and keeps it open to
 the end, so a launcher of 16,384 tasks held 16,384 event files open beside 16,384 channels, past a
-20,000 open-file limit (issue 33). Here at most ``open_files`` are open (``backends.limits.OPEN_EVENT_FILES``):
-past that the least recently written file is closed, and its run's next point appends to the same file.
+20,000 open-file limit (issue 33). Here at most ``open_files`` are open (``backends.limits.open_files``: every
+run's where the limit has room, else ``OPEN_EVENT_FILES``): past that the least recently written file is closed, and its run's next point appends to the same file.
 TensorBoard reads a file written in several sittings as one (it is a sequence of records).
 
 Why tensorboardX at all: TensorBoard's own writer goes through ``tensorboard.compat.tf``, which imports
@@ -104,6 +104,7 @@ class EventFiles:
         self._names: dict[str, Path] = {}  # each run's file, made at its first point
         self._open: dict[str, IO[bytes]] = {}  # the files open now, the least recently written first
         self._dirty: set[str] = set()
+        self._host = socket.gethostname()  # in every file's name: asked once, not at each run's first point
         private_dirs(root)
 
     def add(self, point: Point) -> None:
@@ -133,7 +134,7 @@ class EventFiles:
         private_dirs(directory)
         # tensorboardX's name for it: events.out.tfevents.<seconds>.<host><suffix> (another writer's of
         # the same second, a requeued run's, is left alone: this one takes the next free name)
-        base = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}{self.suffix}"
+        base = f"events.out.tfevents.{int(time.time())}.{self._host}{self.suffix}"
         for k in range(100):
             name = directory / (base if k == 0 else f"{base}.{k}")
             try:

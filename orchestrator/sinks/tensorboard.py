@@ -22,8 +22,8 @@ thread takes what came every ``DRAIN_S`` in one batch (a ``queue.Queue`` put wok
 and writes the events, each task's heartbeats at most one per ``min_interval_s`` and its step-clock
 windows at most one per ``min_interval_s`` too (1 s, longer for jobs of more than ``TASKS_PER_SECOND``
 tasks: 64 s at 4,096; the writes stay under ~128 events/s whatever the size). Directories are 0700,
-files 0600, at most ``backends.limits.OPEN_EVENT_FILES`` open at once (``tbfiles``: the event files and
-why tensorboardX writes them).
+files 0600, as many open at once as the open-file limit has room for (``backends.limits.open_files``; at
+least ``OPEN_EVENT_FILES``; ``tbfiles``: the event files and why tensorboardX does not write them).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..backends.limits import OPEN_EVENT_FILES
 from ..events.base import BaseEvent
 from ..events.kinds import Evaluation
 from ..runs import RunDir, read_jsonl
@@ -209,13 +210,22 @@ class TensorBoardSink:
     ``handle`` (the bus's events: evaluations) only queue; a thread turns them into events.
     ``problems`` says what went wrong (reported at close)."""
 
-    def __init__(self, root: Path, tasks: Sequence[str], *, flush_s: float = 5.0, history: Path | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        tasks: Sequence[str],
+        *,
+        flush_s: float = 5.0,
+        history: Path | None = None,
+        open_files: int = OPEN_EVENT_FILES,
+    ) -> None:
         if importlib.util.find_spec("tensorboardX") is None:
             raise ImportError("tensorboardX is not installed")
         self.root = root
         private_dirs(root)  # a directory we cannot write says so at the start
         # tensorboardX (and numpy) is imported by the thread, at the first point: not on the launch's path
         self.files: EventFiles | None = None
+        self.open_files = open_files  # event files open at once (``backends.limits.open_files``)
         self.scalars = Scalars(min_interval_s=max(1.0, len(tasks) / TASKS_PER_SECOND))
         self.problems: list[str] = []
         self.dropped = 0
@@ -276,7 +286,7 @@ class TensorBoardSink:
                             # files, and does not pay tensorboardX's import: ~0.2 s of a core)
                             pending.append(point)
                             continue
-                        self.files = self.files or EventFiles(self.root)
+                        self.files = self.files or EventFiles(self.root, open_files=self.open_files)
                         while pending:
                             self.files.add(pending.popleft())
                         self.files.add(point)

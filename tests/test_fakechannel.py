@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import os
 
-from fakenode import FakeChannel
+from fakechannel import FakeChannel
 
 
 def _fds() -> set[int]:
