@@ -157,7 +157,8 @@ def test_past_the_open_files_cap_a_run_appends_to_its_own_file_and_tensorboard_r
 
 def test_a_link_planted_in_place_of_a_closed_event_file_is_refused_not_followed(tmp_path):
     """A file closed for room is reopened without following links: one planted at its path between two
-    sittings makes the write fail (the sink then stops and says so), and the link's target is untouched."""
+    sittings fails that run alone (its points go nowhere, the reason kept), the link's target is
+    untouched, and the other runs are written on."""
     root, target = tmp_path / "tb", tmp_path / "elsewhere"
     target.write_bytes(b"theirs")
     files = EventFiles(root, open_files=1)
@@ -166,10 +167,47 @@ def test_a_link_planted_in_place_of_a_closed_event_file_is_refused_not_followed(
     (made,) = (root / "worker-0").iterdir()
     made.unlink()
     made.symlink_to(target)
-    with pytest.raises(OSError):
-        files.add(Point("worker-0", 2, T0 + 1, {"host/cpu_pct": 2.0}))
+    files.add(Point("worker-0", 2, T0 + 1, {"host/cpu_pct": 2.0}))
+    files.add(Point("worker-0", 3, T0 + 2, {"host/cpu_pct": 3.0}))  # not tried again
+    files.add(Point("worker-1", 2, T0 + 1, {"host/cpu_pct": 5.0}))
     files.close()
     assert target.read_bytes() == b"theirs"
+    assert list(files.failed) == ["worker-0"] and "worker-0" in files.failed["worker-0"]
+    assert [s for s, _, _ in scalars(accumulate(root / "worker-1"), "host/cpu_pct")] == [1, 2]
+
+
+def test_a_run_directory_swapped_for_a_link_between_two_sittings_is_refused_not_followed(tmp_path):
+    """The file's directory is opened with ``O_NOFOLLOW`` too: a run directory replaced by a link to
+    elsewhere after its file was closed for room fails that run; nothing is written through the link."""
+    root, elsewhere = tmp_path / "tb", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    files = EventFiles(root, open_files=1)
+    files.add(Point("worker-0", 1, T0, {"host/cpu_pct": 1.0}))
+    files.add(Point("worker-1", 1, T0, {"host/cpu_pct": 1.0}))  # worker-0's file closed for room
+    (made,) = (root / "worker-0").iterdir()
+    (root / "worker-0").rename(tmp_path / "moved")
+    (elsewhere / made.name).write_bytes(b"")  # what a reopen through the link would append to
+    (root / "worker-0").symlink_to(elsewhere)
+    files.add(Point("worker-0", 2, T0 + 1, {"host/cpu_pct": 2.0}))
+    files.close()
+    assert (elsewhere / made.name).read_bytes() == b"" and list(files.failed) == ["worker-0"]
+
+
+def test_an_event_file_deleted_between_two_sittings_is_made_again_and_the_writer_goes_on(tmp_path):
+    """Someone cleans the TensorBoard directory mid-run: the run's next point starts a new file (with
+    its version record, so TensorBoard reads it), the other runs are not stopped, nothing is failed."""
+    root = tmp_path / "tb"
+    files = EventFiles(root, open_files=1)
+    files.add(Point("worker-0", 1, T0, {"host/cpu_pct": 1.0}))
+    files.add(Point("worker-1", 1, T0, {"host/cpu_pct": 1.0}))  # worker-0's file closed for room
+    for made in (root / "worker-0").iterdir():
+        made.unlink()
+    files.add(Point("worker-0", 2, T0 + 1, {"host/cpu_pct": 2.0}))
+    files.add(Point("worker-1", 2, T0 + 1, {"host/cpu_pct": 5.0}))
+    files.close()
+    assert files.failed == {}
+    assert scalars(accumulate(root / "worker-0"), "host/cpu_pct") == [(2, T0 + 1, pytest.approx(2.0))]
+    assert [s for s, _, _ in scalars(accumulate(root / "worker-1"), "host/cpu_pct")] == [1, 2]
 
 
 def test_a_second_writer_of_the_same_second_takes_its_own_file(tmp_path):
@@ -217,6 +255,29 @@ def test_the_sink_only_queues_and_writes_from_its_thread(tmp_path):
     got = scalars(acc, "throughput/examples_per_s")
     assert len(got) >= 25 and all(v == pytest.approx(640.0) for _, _, v in got)
     assert [s for s, _, _ in scalars(accumulate(tmp_path / "tb" / "job"), "throughput/steps_per_s")][-1] == 290
+
+
+def test_a_run_whose_directory_was_planted_with_a_link_is_one_problem_at_close_and_the_rest_are_written(tmp_path):
+    """The live sink: worker-1's directory is a link planted before its first point (never followed,
+    as ``private_dirs`` refuses it or its file refuses it); the job and worker-0 are written, and the close
+    names what was not."""
+    root, elsewhere = tmp_path / "tb", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    root.mkdir(mode=0o700)
+    (root / "worker-1").symlink_to(elsewhere)
+    sink = TensorBoardSink(root, ["worker:0", "worker:1"], flush_s=0.05)
+    for k in range(1, 4):
+        for i in range(2):
+            sink.write(f"worker:{i}", beat(10 * k, T0 + k, examples=640 * k))
+        live = {f"worker:{i}": {"state": "running", "steps_per_s": 10.0, "examples_per_s": 640.0} for i in range(2)}
+        sink.update({"updated": T0 + k, "throughput": {"steps_per_s": 10.0, "examples_per_s": 640.0}, "tasks": live})
+    sink.close()
+    assert list(elsewhere.iterdir()) == []
+    assert len(sink.problems) == 1 and "1 run not written" in sink.problems[0] and "worker-1" in sink.problems[0]
+    assert scalars(accumulate(root / "worker-0"), "host/cpu_pct") or scalars(
+        accumulate(root / "worker-0"), "throughput/examples_per_s"
+    )
+    assert scalars(accumulate(root / "job"), "throughput/steps_per_s")
 
 
 def test_a_continued_run_goes_on_from_the_steps_written_before(tmp_path):

@@ -77,10 +77,17 @@ def private_dirs(path: Path) -> None:
         os.chmod(d, 0o700)
 
 
-def _open_append(path: Path, create: bool) -> IO[bytes]:
-    """``path`` for appending, 0600, never through a symlink (a planted link is refused, not followed)."""
-    flags = os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+def _open_append(directory: Path, name: str, create: bool) -> IO[bytes]:
+    """``directory/name`` for appending, 0600, never through a symlink: neither the file nor its run's
+    directory (a link planted at either is refused, not followed: the file is opened relative to the
+    directory, itself opened with ``O_NOFOLLOW``)."""
+    nofollow, cloexec = getattr(os, "O_NOFOLLOW", 0), getattr(os, "O_CLOEXEC", 0)
+    dfd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | nofollow | cloexec)
+    try:
+        flags = os.O_WRONLY | os.O_APPEND | nofollow | cloexec | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(name, flags, 0o600, dir_fd=dfd)
+    finally:
+        os.close(dfd)
     try:
         return os.fdopen(fd, "ab")
     except BaseException:
@@ -98,6 +105,7 @@ class EventFiles:
 
     def __init__(self, root: Path, suffix: str = "", open_files: int = OPEN_EVENT_FILES) -> None:
         self._event, self._crc = _tensorboardx()
+        self.failed: dict[str, str] = {}  # runs whose file could not be opened or written: their points go nowhere
         self.root = root
         self.suffix = suffix
         self.open_files = max(1, open_files)
@@ -108,10 +116,20 @@ class EventFiles:
         private_dirs(root)
 
     def add(self, point: Point) -> None:
+        """One point of one run. A run whose file fails (a link planted at its path, a directory made
+        unwritable) loses its points from then on, with the reason in ``failed``; the other runs go on."""
+        if point.run in self.failed:
+            return
         event = self._event(wall_time=point.wall, step=max(0, point.step))
         for tag, value in point.values.items():
             event.summary.value.add(tag=tag, simple_value=value)
-        self._file(point.run).write(self._record(event.SerializeToString()))
+        try:
+            self._file(point.run).write(self._record(event.SerializeToString()))
+        except OSError as exc:
+            self.failed[point.run] = f"{self.root / point.run}: {exc.strerror or exc}"
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                self._close(point.run)
+            return
         self._dirty.add(point.run)
 
     def _record(self, data: bytes) -> bytes:
@@ -128,8 +146,11 @@ class EventFiles:
             self._close(next(iter(self._open)))
         name = self._names.get(run)
         if name is not None:
-            f = self._open[run] = _open_append(name, create=False)
-            return f
+            try:
+                f = self._open[run] = _open_append(name.parent, name.name, create=False)
+                return f
+            except FileNotFoundError:  # deleted since it was closed for room: a new file takes the points on
+                del self._names[run]
         directory = self.root / run
         private_dirs(directory)
         # tensorboardX's name for it: events.out.tfevents.<seconds>.<host><suffix> (another writer's of
@@ -138,7 +159,7 @@ class EventFiles:
         for k in range(100):
             name = directory / (base if k == 0 else f"{base}.{k}")
             try:
-                f = _open_append(name, create=True)
+                f = _open_append(directory, name.name, create=True)
                 break
             except FileExistsError:
                 continue

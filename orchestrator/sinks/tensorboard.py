@@ -300,6 +300,11 @@ class TensorBoardSink:
         finally:
             if self.files is not None:
                 self.files.close()
+                if failed := self.files.failed:
+                    first = next(iter(failed.values()))
+                    more = f" (and {len(failed) - 1} more runs)" if len(failed) > 1 else ""
+                    runs = f"{len(failed)} run{'s' if len(failed) > 1 else ''}"
+                    self.problems.append(f"TensorBoard: the points of {runs} not written: {first}{more}")
 
 
 def tensorboard_root(run: RunDir, run_id: str, own_dir: str | None) -> Path:
