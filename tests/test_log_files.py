@@ -67,8 +67,8 @@ def _capped(tmp_path: Path, tasks: int, cap: int) -> tuple[LogRouter, RunDir]:
 
 def test_past_the_open_files_cap_the_least_recently_written_file_closes_and_no_line_is_lost(tmp_path):
     """At most ``open_logs`` tasks' files open at once (a 16,384-task launcher ran out of descriptors
-    under a 20,000 limit): the least recently written is flushed and closed, and its next line opens it again, appending,
-    in order."""
+    under a 20,000 limit): the least recently written is flushed and closed, and its next line opens it
+    again, appending, in order."""
     router, run = _capped(tmp_path, tasks=7, cap=3)
     for rnd in range(4):
         for i in range(6):  # worker:6 says nothing

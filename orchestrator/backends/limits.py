@@ -3,9 +3,9 @@
 A channel is one to three descriptors (a socket; an SSH transport's socket and its channel's pipe), and
 a task's live log and its TensorBoard event file one more each while they are open (every one where the
 limit has room, else ``OPEN_LOGS`` and ``OPEN_EVENT_FILES`` of them: ``open_files``; ``sinks.logs`` and
-``sinks.tbfiles`` close the one written least recently past that). At a thousand tasks the usual soft limit (1024) is gone before the
-job starts, and the failure would come late and look like anything but a limit (a refused accept, a
-log that cannot be opened). So the launcher raises its soft limit to the hard limit when it starts,
+``sinks.tbfiles`` close the one written least recently past that). At a thousand tasks the usual soft
+limit (1024) is gone before the job starts, and the failure would come late and look like anything but
+a limit (a refused accept, a log that cannot be opened). So the launcher raises its soft limit to the hard limit when it starts,
 and says so — before anything runs — when even the hard limit is too low for the job.
 """
 

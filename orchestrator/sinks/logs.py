@@ -54,7 +54,7 @@ class LogRouter:
         # at most this many tasks' files open at once, the least recently written closed past it (its next
         # line opens it again, appending): a descriptor per task on top of its channel took a 16,384-task
         # launcher past a 20,000 open-file limit ("Too many open files": lines lost from the per-task files)
-        self.open_logs = open_logs  # ``backends.limits.log_files``: every task's where the limit has room
+        self.open_logs = open_logs  # ``backends.limits.open_files``: every task's where the limit has room
         self.prefix: dict[str, bytes] = {}
         self.console_prefix: dict[str, bytes] = {}
         self.lines_written: dict[str, int] = {}

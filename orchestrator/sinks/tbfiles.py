@@ -7,8 +7,9 @@ installed: a dependency, ~0.3 µs a record against ~60 µs for tensorboardX's pu
 The framing is ours rather than tensorboardX's ``EventsWriter``, for one reason: a file must be
 reopened for appending. ``EventsWriter`` makes a new file each time it is built and keeps it open to
 the end, so a launcher of 16,384 tasks held 16,384 event files open beside 16,384 channels, past a
-20,000 open-file limit (issue 33). Here at most ``open_files`` are open (``backends.limits.open_files``: every
-run's where the limit has room, else ``OPEN_EVENT_FILES``): past that the least recently written file is closed, and its run's next point appends to the same file.
+20,000 open-file limit (issue 33). Here at most ``open_files`` are open (``backends.limits.open_files``:
+every run's where the limit has room, else ``OPEN_EVENT_FILES``): past that the least recently written
+file is closed, and its run's next point appends to the same file.
 TensorBoard reads a file written in several sittings as one (it is a sequence of records).
 
 Why tensorboardX at all: TensorBoard's own writer goes through ``tensorboard.compat.tf``, which imports
@@ -105,7 +106,7 @@ class EventFiles:
 
     def __init__(self, root: Path, suffix: str = "", open_files: int = OPEN_EVENT_FILES) -> None:
         self._event, self._crc = _tensorboardx()
-        self.failed: dict[str, str] = {}  # runs whose file could not be opened or written: their points go nowhere
+        self.failed: dict[str, str] = {}  # runs whose file could not be opened or written: points go nowhere
         self.root = root
         self.suffix = suffix
         self.open_files = max(1, open_files)
