@@ -38,9 +38,14 @@ def raise_nofile() -> tuple[int, int]:
     return soft, hard
 
 
+def _floors(tasks: int) -> tuple[int, int]:
+    """(task logs, event files) open at once at the least: the caps, or every one (+ 1: the job's own run)."""
+    return min(tasks, OPEN_LOGS), min(tasks + 1, OPEN_EVENT_FILES)
+
+
 def needed(tasks: int, per_task: int = PER_TASK) -> int:
     """Descriptors a launcher of ``tasks`` tasks may hold at once, ``per_task`` for each one's channel."""
-    return BASE + per_task * tasks + min(tasks, OPEN_LOGS) + min(tasks + 1, OPEN_EVENT_FILES)
+    return BASE + per_task * tasks + sum(_floors(tasks))
 
 
 def open_files(tasks: int, per_task: int = PER_TASK, soft: int | None = None) -> tuple[int, int]:
@@ -49,7 +54,7 @@ def open_files(tasks: int, per_task: int = PER_TASK, soft: int | None = None) ->
     the channels and ``LOG_HEADROOM``; else at least ``OPEN_LOGS`` and ``OPEN_EVENT_FILES`` (what
     ``needed`` counts). Why not always the floors: past them the least recently written file is closed,
     and at 4,096 tasks every log line and most TensorBoard points opened and closed a file."""
-    logs, events = min(tasks, OPEN_LOGS), min(tasks + 1, OPEN_EVENT_FILES)  # + 1: the job's own run
+    logs, events = _floors(tasks)
     if soft is None:
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:

@@ -14,22 +14,26 @@ _LINE = re.compile(r"^(\S+) \[([^\]]*)\] ?(.*)$", re.DOTALL)
 _TS_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
-_second: list = [None, ""]  # the last whole second formatted, and its text up to the decimal point
+#: The last whole second formatted, and its text up to the decimal point: one tuple, replaced whole, so
+#: a thread that reads it never pairs one second with another's text.
+_second: tuple[int | None, str] = (None, "")
 
 
 def iso(ts: float) -> str:
     """A Unix time as combined.log writes it: UTC, milliseconds (truncated), ``Z``. Every task's line is
     stamped, so the second's text is kept: the fraction is split as ``datetime.fromtimestamp`` splits it
     (microseconds rounded half to even, 1,000,000 carried), and the same text comes out."""
+    global _second
     if not math.isfinite(ts):
         return datetime.fromtimestamp(ts, UTC).isoformat()  # raises as before
     second = math.floor(ts)
     micros = round((ts - second) * 1e6)
     if micros >= 1_000_000:
         second, micros = second + 1, micros - 1_000_000
-    if _second[0] != second:
-        _second[:] = [second, datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S.")]
-    return f"{_second[1]}{micros // 1000:03d}Z"
+    kept = _second
+    if kept[0] != second:
+        kept = _second = (second, datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S."))
+    return f"{kept[1]}{micros // 1000:03d}Z"
 
 
 def parse_iso(text: str) -> float | None:

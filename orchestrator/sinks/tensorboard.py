@@ -301,10 +301,9 @@ class TensorBoardSink:
             if self.files is not None:
                 self.files.close()
                 if failed := self.files.failed:
-                    first = next(iter(failed.values()))
-                    more = f" (and {len(failed) - 1} more runs)" if len(failed) > 1 else ""
                     runs = f"{len(failed)} run{'s' if len(failed) > 1 else ''}"
-                    self.problems.append(f"TensorBoard: the points of {runs} not written: {first}{more}")
+                    first = next(iter(failed.values()))
+                    self.problems.append(f"TensorBoard: the points of {runs} not written (the first: {first})")
 
 
 def tensorboard_root(run: RunDir, run_id: str, own_dir: str | None) -> Path:
