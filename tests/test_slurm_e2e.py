@@ -51,7 +51,12 @@ def mwms(*args: str, hold: Path | None = None) -> list[str]:
     show = 'echo "TF_CONFIG $TF_CONFIG"; echo "SECRET ${TFCLUSTER_SECRET:-none}"; echo "TOKENLEN ${#API_TOKEN}"'
     if hold is None:
         return ["sh", "-c", show + '; exec "$0" "$@"', PY, *MWMS, *args]
-    wait = f"; rc=$?; until [ -e {shlex.quote(str(hold))} ]; do sleep 0.1; done; echo RELEASED; exit $rc"
+    # ``HOLD.waiting.PID``: this task's training process has exited and the shell waits (a "done" printed
+    # is not that: TensorFlow's exit can take seconds on a loaded box, and its RELEASED would come late)
+    waiting = shlex.quote(f"{hold}.waiting.")
+    wait = (
+        f"; rc=$?; : > {waiting}$$; until [ -e {shlex.quote(str(hold))} ]; do sleep 0.1; done; echo RELEASED; exit $rc"
+    )
     return ["sh", "-c", show + '; "$0" "$@"' + wait, PY, *MWMS, *args]
 
 
@@ -75,9 +80,11 @@ def test_mwms_submitted_from_the_login_node(slurm, tmp_path):
         private_while_running = (
             (private.stat().st_mode & 0o777, token in private.read_text()) if private.exists() else None
         )
-        # released once every task has trained and waits for the file: then all three print RELEASED
-        # within ~0.1 s (released while the chief still finished its last epoch, its line came > 1 s later)
+        # released once every task has trained, its TensorFlow process has exited and its shell waits for
+        # the file: then all three print RELEASED within ~0.1 s (released while the chief still finished
+        # its last epoch, or while one process still exited, its line came > 1 s later)
         wait_for(lambda: all(f"worker:{i}: done" in run_log(run_dir) for i in range(3)), 120, "every task done")
+        wait_for(lambda: len(list(tmp_path.glob("checked.waiting.*"))) == 3, 120, "every task waiting for the file")
     finally:
         checked.touch()
         rc, out, err = finish(proc, timeout=150)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import time
 
@@ -104,10 +105,15 @@ def test_a_requeued_job_takes_the_nodes_to_avoid_on_this_slurm(slurm, tmp_path):
 
     version = parse_version(slurm.run(["sinfo", "--version"]).stdout)
     assert version is not None and version >= (22, 5, 0), version
-    job = slurm.run(["sbatch", "--parsable", "--nodes=1", "--requeue", f"--output={tmp_path}/o", "--wrap=sleep 60"])
+    # requeued only once its script runs: Slurm says RUNNING before the batch step has started, and a
+    # requeue in that moment left the script's ``sleep`` running, outside any job, on this one-machine Slurm
+    started = tmp_path / "started"
+    script = f"--wrap=touch {shlex.quote(str(started))}; exec sleep 60"
+    job = slurm.run(["sbatch", "--parsable", "--nodes=1", "--requeue", f"--output={tmp_path}/o", script])
     job_id = job.stdout.strip().split(";")[0]
     try:
         wait_for(lambda: "JobState=RUNNING" in show_job(slurm, job_id), 30, "the job to run")
+        wait_for(started.exists, 30, "the job's script to run")
         slurm.run(["scontrol", "requeuehold", job_id])  # requeued, held so that it stays pending here
         wait_for(lambda: "JobState=PENDING" in show_job(slurm, job_id), 30, "the requeued job to be pending")
         slurm.run(avoid_nodes_argv(job_id, ["n2", "n3"]))

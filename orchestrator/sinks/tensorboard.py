@@ -21,7 +21,8 @@ thread takes what came every ``DRAIN_S`` in one batch (a ``queue.Queue`` put wok
 ~9 % of the launcher's GIL time at 1,024 tasks, docs/benchmarks.md §11); it builds
 and writes the events, each task's heartbeats at most one per ``min_interval_s`` and its step-clock
 windows at most one per ``min_interval_s`` too (1 s, longer for jobs of more than ``TASKS_PER_SECOND``
-tasks: 64 s at 4,096; the writes stay under ~128 events/s whatever the size). Directories are 0700,
+tasks: 64 s at 4,096; the writes stay under ~128 events/s whatever the size, the first points included:
+the k-th task's first waits k // ``TASKS_PER_SECOND`` s). Directories are 0700,
 files 0600, as many open at once as the open-file limit has room for (``backends.limits.open_files``; at
 least ``OPEN_EVENT_FILES``; ``tbfiles``: the event files and why tensorboardX does not write them).
 """
@@ -75,6 +76,7 @@ class _Task:
     steps: int = 0  # this attempt's
     written: float = -math.inf  # wall time of the last heartbeat event
     split_written: float = -math.inf  # wall time of the last step-clock window's event
+    scores_written: float = -math.inf  # wall time of the last straggler scores' event
     scores: tuple[Any, ...] = ()
     #: steps/s, examples/s and loss: the supervisor's live figures, from its last status snapshot
     rates: tuple[Any, Any, Any] = (None, None, None)
@@ -90,6 +92,8 @@ class Scalars:
 
     min_interval_s: float = 1.0
     tasks: dict[str, _Task] = field(default_factory=dict)
+    #: tasks whose first heartbeat came: the k-th's first point waits k // TASKS_PER_SECOND s (``record``)
+    firsts: int = 0
 
     def record(self, task: str, rec: Mapping[str, Any]) -> list[Point]:
         """A heartbeats.jsonl record of ``task``: a heartbeat (at most one point per ``min_interval_s``)
@@ -99,6 +103,12 @@ class Scalars:
             t = self.tasks[task] = _Task()
         get = rec.get
         wall = _finite(get("ts")) or time.time()
+        if t.written == -math.inf == t.split_written:
+            # Its first record. The first TASKS_PER_SECOND tasks' first points are written at once, the
+            # next ones a second later each (every task's first heartbeat comes within a second: 4,096
+            # first event files opened at once held the writer back for seconds, and its queue overflowed)
+            t.written = t.split_written = wall - self.min_interval_s + self.firsts // TASKS_PER_SECOND
+            self.firsts += 1
         attempt = get("attempt")
         if attempt != t.attempt and type(attempt) is int:
             t.attempt, t.offset, t.steps = attempt, t.offset + t.steps, 0
@@ -171,7 +181,12 @@ class Scalars:
             scores = (st.get("relative_score"), st.get("individual_score"), bool(st.get("straggler")))
             if scores == t.scores:
                 continue
-            t.scores = scores
+            # a large job's scores at most once per interval too (every round changes every task's: 4,096
+            # events every 5 s); a task named or cleared as a straggler at once, whatever the size
+            named = bool(t.scores) and t.scores[2]
+            if self.min_interval_s > 1.0 and wall - t.scores_written < self.min_interval_s and scores[2] == named:
+                continue
+            t.scores, t.scores_written = scores, wall
             values = {"straggler/named": 1.0 if scores[2] else 0.0}
             for tag, v in (("straggler/relative_score", scores[0]), ("straggler/individual_score", scores[1])):
                 if (f := _finite(v)) is not None:
@@ -228,7 +243,8 @@ class TensorBoardSink:
         self.open_files = open_files  # event files open at once (``backends.limits.open_files``)
         self.scalars = Scalars(min_interval_s=max(1.0, len(tasks) / TASKS_PER_SECOND))
         self.problems: list[str] = []
-        self.dropped = 0
+        self.dropped = 0  # records the queue had no room for
+        self.dropped_points = 0  # points made and not written: the files' writes fell behind
         self._items: deque[tuple[Any, ...]] = deque()  # appended by the loop, taken by the thread (GIL-atomic)
         self._wake = threading.Event()  # set by close only
         self._flush_s = flush_s
@@ -261,6 +277,10 @@ class TensorBoardSink:
             )
         if self.dropped:
             self.problems.append(f"TensorBoard: {self.dropped} records not written (the writer fell behind)")
+        if self.dropped_points:
+            self.problems.append(
+                f"TensorBoard: {self.dropped_points} points not written (the files' writes fell behind)"
+            )
 
     def _put(self, item: tuple[Any, ...]) -> None:
         if len(self._items) >= QUEUE_SIZE:
@@ -270,6 +290,7 @@ class TensorBoardSink:
 
     def _run(self) -> None:
         flushed = time.monotonic()
+        todo: deque[Point] = deque()  # points made, not written yet (a file being opened holds them up)
         pending: deque[Point] = deque(maxlen=PENDING_POINTS)
         try:
             if self._history is not None:  # already written by an earlier supervisor: only counted
@@ -278,18 +299,23 @@ class TensorBoardSink:
                         self.scalars.record(rec["task"], rec)
             while True:
                 stopping = self._wake.wait(min(DRAIN_S, self._flush_s))
-                while self._items:
-                    item = self._items.popleft()  # (no star-unpacking: a list built per record)
-                    for point in item[0](*item[1:]):
-                        if self.files is None and self.scalars.job_step() == 0:
-                            # before the first training step: held (a job that trains nothing writes no
-                            # files, and does not pay tensorboardX's import: ~0.2 s of a core)
-                            pending.append(point)
-                            continue
-                        self.files = self.files or EventFiles(self.root, open_files=self.open_files)
-                        while pending:
-                            self.files.add(pending.popleft())
-                        self.files.add(point)
+                self._points(todo)
+                while todo:
+                    point = todo.popleft()
+                    if self.files is None and self.scalars.job_step() == 0:
+                        # before the first training step: held (a job that trains nothing writes no
+                        # files, and does not pay tensorboardX's import: ~0.2 s of a core)
+                        pending.append(point)
+                        continue
+                    self.files = self.files or EventFiles(self.root, open_files=self.open_files)
+                    while pending:
+                        self.files.add(pending.popleft())
+                    self.files.add(point)
+                    if self._items:
+                        # records are made points between two writes: opening thousands of new event
+                        # files (each syscall waits for the GIL on a busy launcher) took seconds, in
+                        # which 4,096 tasks' records overflowed the queue; the points, ~128 a second, wait
+                        self._points(todo)
                 if stopping:
                     break
                 if self.files is not None and time.monotonic() - flushed >= self._flush_s:
@@ -304,6 +330,16 @@ class TensorBoardSink:
                     runs = f"{len(failed)} run{'s' if len(failed) > 1 else ''}"
                     first = next(iter(failed.values()))
                     self.problems.append(f"TensorBoard: the points of {runs} not written (the first: {first})")
+
+    def _points(self, todo: deque[Point]) -> None:
+        """Every record and snapshot queued so far, made points (in order) onto ``todo``."""
+        items = self._items
+        while items:
+            item = items.popleft()  # (no star-unpacking: a list built per record)
+            todo.extend(item[0](*item[1:]))
+        while len(todo) > QUEUE_SIZE:  # writes slower than ~128 points a second for a long time (a slow disk)
+            todo.popleft()
+            self.dropped_points += 1
 
 
 def tensorboard_root(run: RunDir, run_id: str, own_dir: str | None) -> Path:
