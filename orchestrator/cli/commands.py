@@ -271,7 +271,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     """`tfcluster status RUN`: the run's state and every task's figures, with its scheduler's view;
     without RUN, the recent runs (``views.runs``)."""
-    from ..views.control import job_status, status_text
+    from ..views.control import job_status, json_safe, status_text
 
     if args.run is None:
         return _list_runs(args)
@@ -280,7 +280,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     run, handle = _run_and_handle(args)
     status = job_status(run, handle)
     # the root cause quotes a task's last lines, the pods' reasons are the cluster's: safe for a terminal
-    print(json.dumps(status, indent=2) if args.json else safe_text(status_text(status, handle, show_all=args.all)))
+    print(
+        json.dumps(json_safe(status), indent=2)
+        if args.json
+        else safe_text(status_text(status, handle, show_all=args.all))
+    )
     return EXIT_OK
 
 

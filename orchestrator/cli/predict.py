@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from ..core.errors import UsageError
@@ -54,7 +55,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.network:
         network_of(None, args.network)  # a bad value is named before anything is read
     path = Path(args.run)
-    if not (path / SCALE_JSON).is_file():
+    if not os.path.lexists(path / SCALE_JSON):  # (a planted link or FIFO there is refused by name, not skipped)
         path = resolve_run(args.run, args.runs_dir).path
     net = network_of(args.check, args.network, near=[path, path.parent])
     pred = build_prediction(path, sizes, net)

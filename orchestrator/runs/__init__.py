@@ -6,6 +6,7 @@ from .planfile import plan_or_none, read_plan, write_plan
 from .rundir import (
     RunDir,
     check_new_dir,
+    open_regular,
     read_jsonl,
     resolve_run,
     wait_for_run,
@@ -13,16 +14,20 @@ from .rundir import (
     write_json_atomic,
     write_private,
 )
+from .untrusted import private_subdir, read_tail
 
 __all__ = [
     "RunDir",
     "check_new_dir",
     "json_objects",
     "launcher_info",
+    "open_regular",
     "plan_or_none",
+    "private_subdir",
     "process_start_time",
     "read_jsonl",
     "read_plan",
+    "read_tail",
     "resolve_run",
     "wait_for_run",
     "write_bytes_atomic",

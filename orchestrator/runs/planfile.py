@@ -5,11 +5,10 @@ record reads the file (``tests/test_architecture.py`` fails on one that does).""
 
 from __future__ import annotations
 
-import json
-
 from ..plan import Plan
 from ..plan.record import PlanChange, PlanRecord, PlanRecordError
-from .rundir import RunDir, open_regular, write_bytes_atomic
+from .rundir import RunDir, write_bytes_atomic
+from .untrusted import read_json_strict
 
 #: A plan.json larger than this is refused (this version's record of 65,536 tasks is ~10 MB; a version-1
 #: record kept every task's TF_CONFIG and reached hundreds of MB at 4,096 tasks).
@@ -28,22 +27,20 @@ def read_plan(run: RunDir) -> PlanRecord | None:
     """The run's plan record; None when the run has no plan.json (yet); ``PlanRecordError`` naming the
     file and field when it is damaged or written by a newer tfcluster."""
     path = run.plan_json
-    try:
-        with open_regular(path) as f:  # a FIFO or device planted in a shared runs/ cannot hang us
-            text = f.read(MAX_PLAN_BYTES + 1)
-    except FileNotFoundError:
+    try:  # (another user's run: its PermissionError goes up, for the caller to say so its own way)
+        data = read_json_strict(path, MAX_PLAN_BYTES)
+    except ValueError as exc:  # its text starts with the file's name
+        raise PlanRecordError(f"{path.parent}/{exc}") from None
+    if data is None:
         return None
-    except PermissionError:
-        raise  # another user's run: the caller says so its own way
-    except OSError as exc:
-        raise PlanRecordError(f"{path}: unreadable ({exc.strerror or exc})") from None
-    if len(text) > MAX_PLAN_BYTES:
-        raise PlanRecordError(f"{path}: larger than {MAX_PLAN_BYTES >> 20} MiB: not a plan this version reads")
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise PlanRecordError(f"{path}: not JSON ({str(exc)[:120]})") from None
-    return PlanRecord.from_dict(data, str(path))
+        return PlanRecord.from_dict(data, str(path))
+    except PlanRecordError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, ArithmeticError, RecursionError) as exc:
+        # a field of a type no check foresaw: still a damaged plan.json, named (a planted run in a shared
+        # runs/ made every lookup by name fail with a TypeError)
+        raise PlanRecordError(f"{path}: damaged ({type(exc).__name__}: {str(exc)[:120]})") from None
 
 
 def plan_or_none(run: RunDir) -> PlanRecord | None:

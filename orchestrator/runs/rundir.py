@@ -384,8 +384,8 @@ def _job_of(plan: Path) -> tuple[str | None, str | None]:
     except PlanRecordError:  # a damaged record: its job name still counts, as before
         job = data.get("job") if isinstance(data, dict) else None
         return (job if isinstance(job, str) else None), None
-    except (OSError, ValueError, AttributeError, RecursionError):
-        return None, None
+    except (OSError, ValueError, AttributeError, TypeError, KeyError, IndexError, ArithmeticError, RecursionError):
+        return None, None  # (any other damage: one planted run must not break every lookup by name)
     return record.job, record.purpose
 
 

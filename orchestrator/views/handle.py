@@ -95,7 +95,7 @@ class RunHandle:
     def stop(self, timeout_s: float) -> str:
         """The launcher's own clean teardown (SIGTERM, like Ctrl-C), then wait for its result."""
         if self.run.is_finished():
-            return f"the job already finished: {(self.run.read_json(self.run.result_json) or {}).get('state')}"
+            return already_finished(self.run)
         owner = self.check_owner()
         proc = self.launcher()
         if proc is None:
@@ -131,8 +131,16 @@ class RunHandle:
         return "the launcher is not running (no result.json either: it was killed); its workers stop by themselves"
 
 
-def stopped_text(result: dict[str, Any]) -> str:
-    tasks = result.get("tasks") or {}
+def already_finished(run: RunDir) -> str:
+    """What ``stop`` says of a run that has a result.json (read as untrusted: any damage is said)."""
+    result = run.read_json(run.result_json)
+    state = result.get("state") if isinstance(result, dict) else None
+    return f"the job already finished: {state if isinstance(state, str) else '(result.json damaged)'}"
+
+
+def stopped_text(result: Any) -> str:
+    result = result if isinstance(result, dict) else {}
+    tasks = result.get("tasks") if isinstance(result.get("tasks"), dict) else {}
     states = ", ".join(f"{k}: {v.get('state')}" for k, v in sorted(tasks.items()) if isinstance(v, dict))
     return f"stopped: job {result.get('state')}" + (f" ({states})" if states else "")
 

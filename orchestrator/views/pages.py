@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..events.kinds import Straggler
-from ..runs import RunDir, write_bytes_atomic
+from ..runs import RunDir, private_subdir, write_bytes_atomic
 from ..supervise.summary import FULL_UP_TO
 from . import lossplots, plots
 from .control import throughput_lines
@@ -161,8 +161,7 @@ def report_page(
     """RUN/report/{report.html, step_times.png, time_split.png (, step_hist.png)}: what `report --html` writes.
     ``records``: the heartbeat records the report was built from (a 4,096-task run's file is read once);
     ``series``: the step-time picture's ``step_series`` when the run's summary holds it (no records read)."""
-    out = out or run.path / "report"
-    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    out = private_subdir(out or run.path / "report")
     workers = flat_workers(rep.workers)  # the table's and the pictures' rows (the outliers' ranking reads them)
     named = rep.straggler_tasks()
     page = Page(f"tfcluster report: {rep.job}")

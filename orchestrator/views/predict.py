@@ -6,8 +6,8 @@ directories, fills its inputs, compares with every size a `scale` sweep measured
 
 from __future__ import annotations
 
-import json
 import math
+import os
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,9 +33,7 @@ from .split import JobSplit
 from .stateff import bound_sizes, lr_advice, noise_json, noise_of, predict_lines
 from .stateff import time_to_loss_curve as ttl_curve
 from .stateff import time_to_loss_summary as ttl_summary
-
-CHECK_JSON = "check.json"
-SCALE_JSON = "scale.json"
+from .sweepfiles import CHECK_JSON, SCALE_JSON, read_json_file, sweep_sizes
 
 
 def network_of(check: str | None, network: str | None, near: Sequence[Path] = ()) -> Network:
@@ -53,13 +51,11 @@ def network_of(check: str | None, network: str | None, near: Sequence[Path] = ()
             "--network RATE,LATENCY (like 25Gbit,5us)"
         )
     path = paths[0]
+    data = read_json_file(path, f"--check {path}")
     try:
-        data = json.loads(path.read_text())
         net = data["network"]
         lat, bw = float(net["latency_s"]), float(net["bandwidth_Bps"])
-    except FileNotFoundError:
-        raise UsageError(f"--check {path}: no such file") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, IndexError, OverflowError) as exc:
         raise UsageError(
             f"--check {path}: expected check.json with network.latency_s and network.bandwidth_Bps "
             f"({type(exc).__name__}: {exc})"
@@ -79,12 +75,8 @@ def measured_sizes(path: Path) -> list[dict[str, Any]]:
     """The sizes measured at PATH: a `scale` sweep's (scale.json) or one finished run's."""
     from .scale import measure_size
 
-    if (path / SCALE_JSON).is_file():
-        try:
-            sizes = json.loads((path / SCALE_JSON).read_text()).get("sizes") or []
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"{path / SCALE_JSON}: unreadable ({exc})") from None
-        return [s for s in sizes if isinstance(s, dict) and s.get("run_dir") and s.get("split")]
+    if os.path.lexists(path / SCALE_JSON):
+        return sweep_sizes(path)
     run = RunDir(path)
     if not run.plan_json.is_file():
         raise UsageError(f"{path}: neither a run directory (plan.json) nor a scale sweep (scale.json)")

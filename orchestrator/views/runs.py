@@ -14,7 +14,6 @@ note — never a traceback. Sweeps (``tfcluster scale``) keep each size's run on
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -24,7 +23,7 @@ from typing import Any
 
 from ..core.text import table
 from ..runs import RunDir, read_plan
-from ..runs.rundir import open_regular
+from ..runs.untrusted import read_json_strict
 from .handle import RunHandle
 
 MAX_JSON_BYTES = 16 << 20  # a run's JSON file larger than this is damaged (plan.json of 10,000 tasks: ~10 MB)
@@ -71,20 +70,9 @@ class _Unreadable(Exception):
 def _read(path: Path) -> Any:
     """A run's JSON file: None when absent; ValueError when damaged; _Unreadable when not ours to read."""
     try:
-        with open_regular(path) as f:  # a FIFO or device planted in a shared runs/ cannot hang us
-            data = f.read(MAX_JSON_BYTES + 1)
-    except FileNotFoundError:
-        return None
+        return read_json_strict(path, MAX_JSON_BYTES)
     except PermissionError as exc:
         raise _Unreadable(str(path)) from exc
-    except OSError as exc:
-        raise ValueError(f"{path.name}: {exc.strerror}") from exc
-    if len(data) > MAX_JSON_BYTES:
-        raise ValueError(f"{path.name}: larger than {MAX_JSON_BYTES >> 20} MiB")
-    try:
-        return json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"{path.name}: not JSON") from exc
 
 
 def _obj(x: Any) -> dict[str, Any]:

@@ -113,7 +113,8 @@ def split_lines(split: JobSplit, over: str) -> list[str]:
     if split.other_ms:
         parts.append(("unattributed (no replica-function stamps)", split.other_ms))
     lines = [f"a step takes {s:.1f} ms ({split.worker}, the median worker; {over}):"]
-    lines += [f"  {label:<52}{ms:8.1f} ms  {ms / s:6.1%}" for label, ms in parts]
+    # (shares only of a step that took time: a summary.json planted with step_ms 0 crashed report)
+    lines += [f"  {label:<52}{ms:8.1f} ms  " + (f"{ms / s:6.1%}" if s > 0 else "") for label, ms in parts]
     return lines
 
 

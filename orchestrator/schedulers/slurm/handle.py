@@ -19,11 +19,11 @@ from typing import Any
 from ...core.errors import UsageError
 from ...core.result import AttemptResult, Failure, RunResult
 from ...core.states import JobState, interrupted_state
-from ...runs import RunDir, plan_or_none, write_json_atomic
+from ...runs import RunDir, open_regular, plan_or_none, read_tail, write_json_atomic
 from ...sinks.record import record_result
 from ...supervise.figures import Figures
 from ...supervise.status import final_tasks
-from ...views.handle import RunHandle, stopped_text
+from ...views.handle import RunHandle, already_finished, stopped_text
 from . import commands as sc
 from .commands import JobInfo, SlurmError
 from .plan import job_comment
@@ -162,11 +162,11 @@ def _signum(name: str) -> int:
 
 
 def _started(run: RunDir) -> float | None:
-    try:
-        with open(run.events_jsonl) as f:
-            first = json.loads(f.readline())
+    try:  # the first event (job_started), read as every run file is: no link, no FIFO, one bounded line
+        with open_regular(run.events_jsonl) as f:
+            first = json.loads(f.readline(1 << 16))
         return float(first["ts"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         data = run.read_json(submitted_path(run))
         return data.get("ts") if isinstance(data, dict) and isinstance(data.get("ts"), int | float) else None
 
@@ -176,10 +176,8 @@ def out_tail(run: RunDir, job: str | None, lines: int = 5) -> str:
     if not job:
         return ""
     path: Path = run.slurm_dir / f"slurm-{job}.out"
-    try:
-        data = path.read_bytes()[-4096:].decode("utf-8", "replace")
-    except OSError:
-        return ""
+    # (a link planted there leaked its target's tail into status and result.json; a FIFO hung status)
+    data = read_tail(path, 4096).decode("utf-8", "replace")
     return " | ".join(line.strip() for line in data.strip().splitlines()[-lines:] if line.strip())[:1000]
 
 
@@ -238,7 +236,7 @@ def cancel(run: RunDir, *, signal_name: str, by: str) -> str:
 def stop_slurm(run: RunDir, *, timeout_s: float) -> str:
     """``tfcluster stop`` for a submitted run."""
     if run.is_finished():
-        return f"the job already finished: {(run.read_json(run.result_json) or {}).get('state')}"
+        return already_finished(run)
     job = current_job(run)
     ident = sc.job_identity(job) if job else None
     why = _not_ours(run, ident) if ident is not None else None

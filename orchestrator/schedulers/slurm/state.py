@@ -10,7 +10,6 @@ the job is gone, the supervisor while it runs. Read tolerantly (a torn or foreig
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -89,9 +88,8 @@ def request_stop(rundir: RunDir, signal_name: str, by: str) -> None:
 
 def stop_requested(rundir: RunDir) -> str | None:
     """The signal name of a user's stop request (SIGTERM: `tfcluster stop`; SIGINT: Ctrl-C), or None."""
-    try:
-        data = json.loads(stop_request_path(rundir).read_text())
-    except (OSError, ValueError):
+    data = rundir.read_json(stop_request_path(rundir))  # (no link, no FIFO, bounded)
+    if data is None:
         return None
     sig = data.get("signal") if isinstance(data, dict) else None
     return sig if sig in STOP_SIGNALS else ("SIGTERM" if data is not None else None)

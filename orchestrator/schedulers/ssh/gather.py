@@ -18,8 +18,9 @@ from ...transfer import gather_after_run
 def gather_run(rundir: RunDir, loaded: LoadedSpec, plan: Plan) -> dict[str, Any]:
     """Copy what the run left on its nodes (complete logs, the chief's checkpoint), verified and
     resumable; result.json then records the gather."""
-    result = rundir.read_json(rundir.result_json) or {}
-    attempts = max(1, len(result.get("attempts", [])))
+    result = rundir.read_json(rundir.result_json)
+    listed = result.get("attempts") if isinstance(result, dict) else None
+    attempts = max(1, len(listed) if isinstance(listed, list) else 0)
     backend = SshBackend()
     try:
         problems = backend.connect(plan.nodes)
