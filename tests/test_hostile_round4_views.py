@@ -177,3 +177,16 @@ def test_a_hostile_scale_json_is_named_and_its_runs_stay_in_the_sweep(tmp_path):
     assert time.monotonic() - t0 < 10
     r = run_cli("predict", str(root), "--network", "10Gbit,5us", timeout=60)
     assert r.returncode != 0 and "Traceback" not in r.stderr and "scale.json" in r.stderr, r.stderr
+
+
+def test_a_planted_combined_log_is_said_and_an_unknown_scheduler_names_plan_json(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text(SECRET + "\n")
+    d = _run(tmp_path / "runs", "r", result={"state": "succeeded", "tasks": {}})
+    (d / "combined.log").symlink_to(secret)
+    r = run_cli("logs", str(d), timeout=60)
+    assert SECRET not in r.stdout + r.stderr and "combined.log: not a regular file" in r.stderr, r
+    other = _run(tmp_path / "runs", "s", result={"state": "succeeded", "tasks": {}}, scheduler="mesos")
+    r = run_cli("status", str(other), timeout=60)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert f"{other / 'plan.json'}: scheduler: mesos is not supported" in r.stderr, r.stderr

@@ -43,7 +43,10 @@ def scheduler_of(run: RunDir) -> Scheduler:
     from ..spec.sections import default_scheduler
 
     plan = plan_or_none(run)
-    return scheduler_named(plan.scheduler if plan else default_scheduler())
+    try:
+        return scheduler_named(plan.scheduler if plan else default_scheduler())
+    except UsageError as exc:  # a plan.json naming a scheduler this version lacks (newer, or damaged)
+        raise UsageError(f"{run.plan_json}: {exc}") from None
 
 
 def plan_spec(loaded: LoadedSpec, run_id: str | None = None) -> Plan:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -113,6 +115,9 @@ def show_logs(
     alive = alive or RunHandle(run).alive
     color = use_color(out)
     tail = Tail(run.combined_log)
+    if os.path.lexists(run.combined_log) and not stat.S_ISREG(os.lstat(run.combined_log).st_mode):
+        # (a link or a FIFO planted there is never read: said, rather than showing an empty log)
+        print(f"tfcluster: {run.combined_log}: not a regular file (a link or a FIFO?); not read", file=sys.stderr)
 
     def show(raw: bytes) -> None:
         shown = query.render(raw.decode("utf-8", "replace"), color)
