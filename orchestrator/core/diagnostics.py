@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from .terminal import safe_text
+
 Severity = Literal["error", "warning", "info"]
 
 
@@ -50,7 +52,8 @@ class Diagnostic:
         """Console form: ``WHERE: [warning: ]message`` and, when there is one, ``  fix: hint``."""
         tag = f"{self.severity}: " if self.severity != "error" else ""
         head = f"{self.where}: {tag}{self.message}" if self.where else f"{tag}{self.message}"
-        return head + (f"\n  fix: {self.hint}" if self.hint else "")
+        # a spec's own keys, values and file name are quoted here: nothing in them drives the terminal
+        return safe_text(head + (f"\n  fix: {self.hint}" if self.hint else ""))
 
     def __str__(self) -> str:
         return self.render()

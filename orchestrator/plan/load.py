@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pydantic import ValidationError
 
 from ..core.diagnostics import Diagnostic
-from ..core.errors import SpecError
+from ..core.errors import SpecError, UsageError
 from ..spec import ClusterSpec, LoadedSpec, format_path
 from ..spec.model import JobSpec
 
@@ -20,6 +20,21 @@ def default_run_id(name: str) -> str:
     """NAME-<UTC time>-<4 hex>: unique, because it names the run's directories on every node (two runs
     sharing one would mix their logs and checkpoints)."""
     return f"{name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(2)}"
+
+
+#: A run id names directories on every node and lines of generated scripts: a safe path component, always
+#: (``plan --run-id`` took "x\ntouch ..." into the Slurm batch script, and "../../etc" into paths)
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_run_id(run_id: str, option: str = "--run-id") -> str:
+    """``run_id`` if it is one (letters, digits, '.', '_', '-'; up to 128; not '.' or '-' first); a
+    UsageError naming ``option`` otherwise."""
+    if not RUN_ID_RE.fullmatch(run_id):
+        raise UsageError(
+            f"{option} {run_id[:80]!r}: a run id is letters, digits, '.', '_' and '-' (up to 128), not '.' or '-' first"
+        )
+    return run_id
 
 
 def run_id_for_dir(run_dir: str) -> str:

@@ -30,7 +30,7 @@ from worker_entry.protocol.cluster import tf_config
 from ..core.errors import UsageError
 from .model import Plan, TaskId
 from .policy import StragglerPolicy
-from .secrets import redact_argv, redact_env
+from .secrets import redact_argv, redact_env, redact_path
 
 PLAN_VERSION = 3
 #: The check workload's module (``job.check.check_spec`` runs it as the job's command).
@@ -181,10 +181,11 @@ class PlanRecord:
             "argv": list(c.argv),
             "shell_line": plan.nodes[0].shell_line() if plan.nodes else "",
             "command": list(c.command) if show_secrets else redact_argv(c.command),
-            "workdir": c.workdir,
+            # (a directory may be a URL with its credentials: s3://KEY:SECRET@bucket)
+            "workdir": c.workdir if show_secrets else redact_path(c.workdir),
             "task_root": c.task_root,
-            "checkpoint_dir": c.checkpoint_dir,
-            "backup_dir": c.backup_dir,
+            "checkpoint_dir": c.checkpoint_dir if show_secrets else redact_path(c.checkpoint_dir),
+            "backup_dir": c.backup_dir if show_secrets else redact_path(c.backup_dir),
             "env": dict(c.env) if show_secrets else redact_env(c.env),
             **({"node_builds_cluster": True} if c.node_builds_cluster else {}),
             **({"backup_shared": True} if c.backup_shared else {}),

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
-from ..core.redact import REDACTED, SECRET_NAME_RE, redact_argv, redact_env
+from ..core.redact import REDACTED, SECRET_NAME_RE, redact_argv, redact_env, redact_text
 
-__all__ = ["REDACTED", "SECRET_NAME_RE", "redact_argv", "redact_env"]
+__all__ = ["REDACTED", "SECRET_NAME_RE", "redact_argv", "redact_env", "redact_path", "redact_text"]
+
+
+def redact_path(value: str | None) -> str | None:
+    """A directory or URL of the spec with its credentials hidden (``s3://KEY:SECRET@bucket``)."""
+    return redact_text(value) if value else value

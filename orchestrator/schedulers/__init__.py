@@ -46,7 +46,7 @@ def scheduler_of(run: RunDir) -> Scheduler:
     try:
         return scheduler_named(plan.scheduler if plan else default_scheduler())
     except UsageError as exc:  # a plan.json naming a scheduler this version lacks (newer, or damaged)
-        raise UsageError(f"{run.plan_json}: {exc}") from None
+        raise UsageError(f"{run.path}/plan.json: {exc}") from None  # (named, not read here)
 
 
 def plan_spec(loaded: LoadedSpec, run_id: str | None = None) -> Plan:
@@ -59,8 +59,11 @@ def plan_spec(loaded: LoadedSpec, run_id: str | None = None) -> Plan:
 def load_plan(spec_path: str, run_id: str | None = None, command: list[str] | None = None) -> tuple[LoadedSpec, Plan]:
     """Validate the spec (``command`` overrides job.command) and plan it as ``launch`` would."""
     from ..plan import with_command
+    from ..plan.load import check_run_id
     from ..spec import load_spec
 
+    if run_id is not None:
+        check_run_id(run_id)
     loaded = with_command(load_spec(spec_path), command)
     return loaded, plan_spec(loaded, run_id)
 

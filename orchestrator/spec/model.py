@@ -113,6 +113,14 @@ def _env_value(value: str) -> str:
     return _no_control_chars(value, "\t")
 
 
+def _check_login(value: str) -> str:
+    """A login name reaches ssh's command line through a ProxyCommand's %r: never one that starts with
+    '-' (an option: "-oProxyCommand=..." ran a command) or holds a space or a shell character."""
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*\$?", value):
+        raise ValueError(f"{value[:80]!r} is not a login name (letters, digits, '_', '.', '@', '-'; not '-' first)")
+    return value
+
+
 def _python(value: str) -> str:
     if value.startswith("-"):
         raise ValueError(f"{value!r} starts with '-': it would be read as an option, not an interpreter")
@@ -121,8 +129,11 @@ def _python(value: str) -> str:
 
 StrictInt = Annotated[int, Field(strict=True)]
 Port = Annotated[int, Field(strict=True), AfterValidator(_check_port)]
-PosFloat = Annotated[float, Field(gt=0)]
-NonNegFloat = Annotated[float, Field(ge=0)]
+#: Seconds and rates: finite, and at most ~31 years (``.inf`` passed validate, then crashed a render; 1e30
+#: rendered an integer past int64)
+FLOAT_MAX = 1e9
+PosFloat = Annotated[float, Field(gt=0, le=FLOAT_MAX, allow_inf_nan=False)]
+NonNegFloat = Annotated[float, Field(ge=0, le=FLOAT_MAX, allow_inf_nan=False)]
 NonEmptyStr = Annotated[str, Field(min_length=1, max_length=4096, strict=True), AfterValidator(_no_control_chars)]
 ArgStr = Annotated[str, BeforeValidator(_scalar_to_str), Field(strict=True, max_length=1 << 20), AfterValidator(_arg)]
 EnvValue = Annotated[
@@ -133,6 +144,12 @@ Interpreter = Annotated[
 ]
 EnvName = Annotated[str, Field(strict=True), AfterValidator(_check_env_name)]
 Address = Annotated[str, Field(strict=True), AfterValidator(_check_address)]
+LoginName = Annotated[
+    str,
+    Field(strict=True, min_length=1, max_length=64),
+    AfterValidator(_no_control_chars),
+    AfterValidator(_check_login),
+]
 
 
 Role = Literal["chief", "worker", "ps", "evaluator"]  # worker_entry.protocol.ROLES
@@ -241,8 +258,9 @@ class JobSpec(_Model):
 
 
 class HeartbeatSpec(_Model):
-    interval_s: PosFloat = Field(1.0, description="Heartbeat period of every worker.")
-    timeout_s: PosFloat = Field(
+    interval_s: Annotated[PosFloat, Field(le=3600)] = Field(1.0, description="Heartbeat period of every worker.")
+    # (at most a day: the node's own limit on how long it waits for the launcher, which this sets)
+    timeout_s: Annotated[PosFloat, Field(le=86400)] = Field(
         10.0,
         description="A worker silent this long is lost; a stopped (SIGSTOP) worker is hung. Must exceed interval_s.",
     )
@@ -321,7 +339,7 @@ class TensorboardSpec(_Model):
     CPU, GPUs, goodput), written by the launcher: RUN/tensorboard/, or DIR/tfcluster/<run id>/."""
 
     enabled: bool = Field(True, description="Write them (false: no TensorBoard files).")
-    dir: str | None = Field(
+    dir: NonEmptyStr | None = Field(
         None,
         description="Your own TensorBoard log dir on the launcher's machine (~ allowed): events go to "
         "DIR/tfcluster/<run id>/ beside your runs; null: RUN/tensorboard/. `launch --tensorboard DIR` overrides it.",

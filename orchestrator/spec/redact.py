@@ -11,15 +11,28 @@ from typing import Any
 
 import yaml
 
-from ..core.redact import REDACTED, redact_argv, redact_env, secret_values
+from ..core.redact import REDACTED, redact_argv, redact_env, redact_text, secret_values
 from .load import LoadedSpec
 
 MIN_LITERAL = 4  # shorter values could match other text ("1" in "version: 1"): dump instead
 
 
+def path_values(spec: Any) -> dict[str, str]:
+    """The spec's directories and URLs (a checkpoint dir may be ``s3://KEY:SECRET@bucket``): checked for
+    credentials like the environment's values (they leaked into plan.json and the spec's copy)."""
+    fields = {
+        "job.workdir": spec.job.workdir,
+        "job.remote_dir": spec.job.remote_dir,
+        "checkpoint.dir": getattr(spec.checkpoint, "dir", None),
+        "restart.backup_dir": getattr(spec.restart, "backup_dir", None),
+        "tensorboard.dir": getattr(spec.tensorboard, "dir", None),
+    }
+    return {k: v for k, v in fields.items() if isinstance(v, str) and v}
+
+
 def redacted_text(loaded: LoadedSpec) -> str:
     job = loaded.spec.job
-    values = secret_values(job.env, job.command)
+    values = secret_values({**path_values(loaded.spec), **job.env}, job.command)
     if not values:
         return loaded.text
     text = loaded.text
@@ -61,4 +74,8 @@ def _redacted_data(loaded: LoadedSpec) -> dict[str, Any]:
     job["command"] = redact_argv(loaded.spec.job.command)
     if "env" in job:
         job["env"] = redact_env(loaded.spec.job.env)
+    for dotted, value in path_values(loaded.spec).items():
+        section, key = dotted.split(".")
+        if isinstance(data.get(section), dict) and key in data[section]:
+            data[section][key] = redact_text(value)
     return data

@@ -60,7 +60,7 @@ def role_problems(data: dict, section: Any, filename: str, positions: Positions)
 
     tf = data.get("tensorflow") if isinstance(data.get("tensorflow"), dict) else {}
     strategy = tf.get("strategy", "multi_worker_mirrored")
-    if strategy not in ALLOWED:
+    if not isinstance(strategy, str) or strategy not in ALLOWED:  # (a list here was a TypeError)
         return out  # the field's own check names the allowed values
     layout = section.roles(data) if section is not None and section.roles is not None else None
     if layout is None:

@@ -7,7 +7,9 @@ holds nothing but the quoted interpreter (see shellquote); data goes over stdin.
 from __future__ import annotations
 
 import errno
+import os
 import socket
+import stat
 import sys
 import threading
 import time
@@ -131,6 +133,7 @@ class KeyCache:
         full = str(Path(path).expanduser())
         with self._lock:
             if full not in self._keys:
+                _check_key_file(full, path)  # a FIFO hung every connection (this lock), /dev/zero ate memory
                 try:
                     self._keys[full] = paramiko.PKey.from_path(full)
                 except FileNotFoundError:
@@ -343,3 +346,16 @@ class SshConnection(Connection):
                 except Exception:
                     pass
         self.jump_clients = []
+
+
+def _check_key_file(full: str, path: str) -> None:
+    """A private key is a regular file of a few KB: anything else is named before paramiko reads it."""
+    try:
+        st = os.stat(full)
+    except FileNotFoundError:
+        return  # said by the caller, as before
+    except OSError as exc:
+        raise ConnectFailure("key", f"identity file {path}: {exc.strerror or exc}", "fix ssh.identity_file") from None
+    if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
+        what = "not a regular file" if not stat.S_ISREG(st.st_mode) else "larger than 1 MiB"
+        raise ConnectFailure("key", f"identity file {path}: {what}, not a private key", "fix ssh.identity_file")

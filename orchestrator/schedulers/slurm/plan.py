@@ -28,6 +28,7 @@ from ...plan.build import (
     resolve_communication,
     role_slots,
 )
+from ...plan.load import check_run_id
 from ...plan.model import WORKER_ENTRY_MODULE, Plan
 from ...plan.roles import rule_of
 from ...runs.rundir import SLURM_DIR
@@ -183,7 +184,7 @@ def batch_script(python: str, run_dir: str, run_id: str) -> str:
     """The batch script: comments and one quoted exec line; options are on sbatch's command line."""
     return (
         "#!/bin/sh\n"
-        f"# tfcluster run {run_id}: the supervisor runs inside the allocation and starts one srun step.\n"
+        f"# tfcluster run {check_run_id(run_id, 'run id')}: the supervisor runs inside the allocation and starts one srun step.\n"
         "# Generated; options are on the sbatch command line (RUN/slurm/sbatch.json). Nothing secret here:\n"
         "# the supervisor makes the run's connect-back secret in the allocation.\n"
         f"exec {shlex.quote(python)} -m orchestrator {BATCH_COMMAND} {shlex.quote(run_dir)}\n"

@@ -44,8 +44,12 @@ SLURM_RESERVED_OPTIONS = frozenset(
         "dependency",
         "kill-on-bad-exit",
         "comment",
+        "open-mode",
+        "parsable",
     }
 )
+#: Tasks of one job at most (the plan record and the supervisor are measured to 16,384; 4x that still plans)
+MAX_TASKS = 65_536
 SLURM_OPTION_RE = re.compile(r"^--([a-z][a-z0-9-]*)(?:=([^\x00-\x1f\x7f]*))?$")
 
 
@@ -53,8 +57,12 @@ def _slurm_option(value: str) -> str:
     m = SLURM_OPTION_RE.fullmatch(value)
     if m is None:
         raise ValueError(f"{value!r} is not an sbatch long option (--name or --name=value, no control characters)")
-    if m.group(1) in SLURM_RESERVED_OPTIONS:
-        raise ValueError(f"--{m.group(1)} is set by tfcluster (or by its own field in slurm:); remove it here")
+    name = m.group(1)
+    # sbatch's getopt_long takes any unique prefix of a long option: --outp= is --output=
+    hit = next((r for r in sorted(SLURM_RESERVED_OPTIONS) if r == name or r.startswith(name)), None)
+    if hit is not None:
+        what = f"--{name}" if hit == name else f"--{name} (sbatch reads it as --{hit})"
+        raise ValueError(f"{what} is set by tfcluster (or by its own field in slurm:); remove it here")
     return value
 
 
@@ -138,6 +146,13 @@ def _rules(data: dict[str, Any], add: Add) -> None:
         )
     roles = slurm.get("roles")
     nodes = slurm.get("nodes")
+    if type(nodes) is int and type(per_node) is int and nodes * per_node > MAX_TASKS:
+        add(  # (each field alone was in range: 10^5 x 10^5 tasks ran the planner out of memory)
+            ("slurm", "tasks_per_node"),
+            f"slurm.nodes x slurm.tasks_per_node = {nodes} x {per_node} = {nodes * per_node} tasks; tfcluster "
+            f"plans at most {MAX_TASKS:,}",
+        )
+        return
     clean = isinstance(roles, dict) and roles == raw_roles({"roles": roles}, 0, False)  # the fields say the rest
     if clean and isinstance(nodes, int) and isinstance(per_node, int) and nodes > 0 < per_node:
         n = sum(roles.values())

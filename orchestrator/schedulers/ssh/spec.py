@@ -9,6 +9,7 @@ from pydantic import Field
 
 from ...spec.model import (
     Address,
+    LoginName,
     NonEmptyStr,
     NonNegFloat,
     Port,
@@ -25,7 +26,7 @@ from ...spec.sections import Add, RoleHolders, SchedulerSection
 class SshSpec(SpecModel):
     """How to reach every host; each host may override user, port and identity_file."""
 
-    user: NonEmptyStr | None = Field(
+    user: LoginName | None = Field(
         None, description="Login user. Default: ~/.ssh/config's User for the host, else the current user."
     )
     port: Port | None = Field(None, description="sshd port. Default: ~/.ssh/config's Port, else 22.")
@@ -53,7 +54,7 @@ class HostSpec(SpecModel):
         0, description="GPUs this task uses. MWMS needs the same count on every task."
     )
     port: Port | None = Field(None, description="sshd port of this host (overrides ssh.port).")
-    user: NonEmptyStr | None = Field(None, description="Login user on this host (overrides ssh.user).")
+    user: LoginName | None = Field(None, description="Login user on this host (overrides ssh.user).")
     identity_file: NonEmptyStr | None = Field(
         None, description="Private key for this host (overrides ssh.identity_file)."
     )

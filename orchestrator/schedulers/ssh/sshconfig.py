@@ -10,11 +10,13 @@ tfcluster does not honour is reported (a warning in the plan), never silently dr
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import getpass
 import glob
 import os
 import shlex
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,7 +123,7 @@ class SshConfig:
     @classmethod
     def _read(cls, path: Path, blocks: list[_Block], unreadable: list[str], depth: int, count: list[int]) -> None:
         try:
-            text = path.read_text(errors="replace")
+            text = _read_config(path)
         except OSError as exc:
             unreadable.append(f"{path}: {exc.strerror or exc}")
             return
@@ -224,3 +226,20 @@ def ssh_config_lookup(config_file: str | None) -> Any:
         return config.lookup(host)
 
     return lookup
+
+
+#: An ssh config (with its Includes) larger than this is not one: read no further (a 3 GB file took 9 GB)
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _read_config(path: Path) -> str:
+    """The text of one config file: a regular file (links followed, as ssh does: dotfiles often are
+    links), never a FIFO waited on, at most ``MAX_CONFIG_BYTES``; an OSError saying why otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise OSError(errno.EFBIG, f"larger than {MAX_CONFIG_BYTES >> 20} MiB")
+    return data.decode("utf-8", "replace")

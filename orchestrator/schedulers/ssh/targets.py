@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...core.errors import UsageError
+from ...core.terminal import safe_text
 from ...plan import SshTarget
 from ...spec import ClusterSpec
 
@@ -53,6 +54,8 @@ def expand_tokens(template: str, *, hostname: str, port: int, user: str, origina
         if key not in values:
             raise UsageError(f"~/.ssh/config: ProxyCommand {template!r}: token %{key} is not supported by tfcluster")
         value = values[key]
+        if value.startswith("-"):  # quoting does not stop an option: ssh reads '-oProxyCommand=...' as one
+            raise UsageError(f"ProxyCommand {template!r}: %{key} would be {value[:60]!r}, which starts with '-'")
         return value if re.fullmatch(r"[\w.:@\[\]/+-]*", value) else shlex.quote(value)
 
     return _TOKEN.sub(sub, template)
@@ -142,6 +145,7 @@ def _jumps(
 def _report(cfg: Mapping[str, Any], host: str, warnings: list[str]) -> None:
     ignored = cfg.get("_ignored") or []
     if ignored:
-        line = f"~/.ssh/config: for {host}, tfcluster ignores: {', '.join(ignored)}"
+        # (the keywords are the config file's own text: nothing in them drives the terminal)
+        line = safe_text(f"ssh config: for {host}, tfcluster ignores: {', '.join(map(str, ignored))}")
         if line not in warnings:
             warnings.append(line)
