@@ -7,12 +7,14 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
-from ...spec.model import Count, GpuCount, Role, SpecModel, matches
+from ...spec.model import Count, GpuCount, Role, SpecModel, TensorflowSpec, matches
 from ...spec.roles import raw_roles
 from ...spec.sections import Add, RoleHolders, SchedulerSection
 
 #: Slurm's time formats (sbatch --time): M, M:S, H:M:S, D-H, D-H:M, D-H:M:S; or UNLIMITED/INFINITE.
-SLURM_TIME_RE = re.compile(r"^(?:\d+(?::\d{1,2}){0,2}|\d+-\d{1,2}(?::\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
+SLURM_TIME_RE = re.compile(  # ASCII digits: \d took Arabic-Indic digits, which Slurm does not read
+    r"^(?:[0-9]+(?::[0-9]{1,2}){0,2}|[0-9]+-[0-9]{1,2}(?::[0-9]{1,2}){0,2}|UNLIMITED|INFINITE)$"
+)
 #: A Slurm name (partition, account, qos): letters, digits and ._- only.
 SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 #: sbatch options tfcluster sets itself (or that have their own field): not allowed in extra_args.
@@ -143,6 +145,14 @@ def _rules(data: dict[str, Any], add: Add) -> None:
             "not used by this job: slurm.roles fill the step exactly, so a node lost for good is replaced by a "
             "spare node (slurm.spare_nodes) or the run ends; it never goes on with fewer nodes",
             "warning",
+        )
+    tf = data.get("tensorflow") if isinstance(data.get("tensorflow"), dict) else {}
+    port = tf.get("port", TensorflowSpec.model_fields["port"].default)
+    if type(port) is int and type(per_node) is int and port > 0 and port + per_node - 1 > 65535:
+        add(  # a node's tasks take port, port + 1, ...: past 65535 it was found only inside the allocation
+            ("slurm", "tasks_per_node"),
+            f"{per_node} tasks per node take TF ports {port}..{port + per_node - 1}, past 65535: lower "
+            "tensorflow.port or the tasks per node",
         )
     roles = slurm.get("roles")
     nodes = slurm.get("nodes")

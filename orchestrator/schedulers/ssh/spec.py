@@ -9,6 +9,7 @@ from pydantic import Field
 
 from ...spec.model import (
     Address,
+    GpuCount,
     LoginName,
     NonEmptyStr,
     NonNegFloat,
@@ -50,9 +51,7 @@ class HostSpec(SpecModel):
     """One MWMS task. Hosts run in list order: task index = position (after the chief, if any)."""
 
     address: Address = Field(description="IP address or hostname (or ~/.ssh/config alias) to ssh to.")
-    gpus: Annotated[int, Field(strict=True, ge=0)] = Field(
-        0, description="GPUs this task uses. MWMS needs the same count on every task."
-    )
+    gpus: GpuCount = Field(0, description="GPUs this task uses. MWMS needs the same count on every task.")
     port: Port | None = Field(None, description="sshd port of this host (overrides ssh.port).")
     user: LoginName | None = Field(None, description="Login user on this host (overrides ssh.user).")
     identity_file: NonEmptyStr | None = Field(
