@@ -143,6 +143,13 @@ def test_non_finite_seconds_and_a_strategy_of_the_wrong_type_are_named(tmp_path)
 def test_values_only_the_allocation_or_the_node_used_to_refuse_are_named_by_validate(tmp_path):
     over = _spec(tmp_path, SLURM, slurm={"nodes": 1, "tasks_per_node": 60000}, tensorflow={"port": 60000})
     _refused(run_cli("validate", str(over), timeout=60), "slurm.tasks_per_node", "past 65535")
-    _refused(run_cli("validate", str(_spec(tmp_path, SLURM, slurm={"time": "\u0661\u0662:\u0660\u0660:\u0660\u0660"})), timeout=60), "slurm.time")
+    _refused(
+        run_cli(
+            "validate",
+            str(_spec(tmp_path, SLURM, slurm={"time": "\u0661\u0662:\u0660\u0660:\u0660\u0660"})),
+            timeout=60,
+        ),
+        "slurm.time",
+    )
     hosts = [{**SSH["hosts"][0], "gpus": 10**23}, *SSH["hosts"][1:]]
     _refused(run_cli("validate", str(_spec(tmp_path, SSH, hosts=hosts)), timeout=60), "hosts[0].gpus")
