@@ -153,3 +153,14 @@ def test_values_only_the_allocation_or_the_node_used_to_refuse_are_named_by_vali
     )
     hosts = [{**SSH["hosts"][0], "gpus": 10**23}, *SSH["hosts"][1:]]
     _refused(run_cli("validate", str(_spec(tmp_path, SSH, hosts=hosts)), timeout=60), "hosts[0].gpus")
+
+
+@pytest.mark.parametrize(
+    "path", ["/", "/tfcluster", "/tfcluster/ckpt", "/dev/shm", "/data/../tfcluster", "//tfcluster/"]
+)
+def test_a_kubernetes_volume_is_not_mounted_where_tfcluster_mounts_its_own(tmp_path, path):
+    k8s = yaml.safe_load((REPO / "cluster_specs" / "k8s-jobset.yaml").read_text())
+    k8s["kubernetes"]["volume"] = {"claim_name": "ckpt", "mount_path": path}
+    _refused(run_cli("validate", str(_spec(tmp_path, k8s)), timeout=60), "kubernetes.volume.mount_path")
+    k8s["kubernetes"]["volume"] = {"claim_name": "ckpt", "mount_path": "/data/ckpt"}
+    assert run_cli("validate", str(_spec(tmp_path, k8s)), timeout=60).returncode == 0

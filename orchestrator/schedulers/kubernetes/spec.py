@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from ...spec.model import Count, GpuCount, Role, SpecModel, matches
 from ...spec.sections import Add, RoleHolders, SchedulerSection
@@ -43,9 +43,25 @@ class TolerationSpec(SpecModel):
     toleration_seconds: Annotated[int, Field(strict=True, ge=0)] | None = None
 
 
+#: Where the pods' own volumes are: the PVC mounted there (or over the root) broke the pod, and two
+#: mounts at one path Kubernetes refuses at apply time (render --validate passed it)
+POD_DIR = "/tfcluster"  # the pods' own emptyDir: task dirs, logs
+TAKEN_MOUNTS = (POD_DIR, "/dev/shm")
+
+
+def _mount_path(value: str) -> str:
+    parts = value.split("/")
+    if ".." in parts or "." in parts:
+        raise ValueError(f"{value!r}: a mount path without '.' or '..' components")
+    norm = "/" + "/".join(p for p in parts if p)
+    if norm == "/" or any(norm == t or norm.startswith(t + "/") for t in TAKEN_MOUNTS):
+        raise ValueError(f"{value!r}: not '/', nor {' or '.join(TAKEN_MOUNTS)} (or under them): tfcluster mounts those")
+    return value
+
+
 class VolumeSpec(SpecModel):
     claim_name: DnsName = Field(description="PersistentVolumeClaim that holds checkpoints and the backup.")
-    mount_path: Annotated[str, Field(strict=True, pattern=r"^/[^\x00-\x1f]*$")] = Field(
+    mount_path: Annotated[str, Field(strict=True, pattern=r"^/[^\x00-\x1f]*$"), AfterValidator(_mount_path)] = Field(
         description="Where it is mounted in every pod (an absolute path)."
     )
 
