@@ -164,3 +164,12 @@ def test_a_kubernetes_volume_is_not_mounted_where_tfcluster_mounts_its_own(tmp_p
     _refused(run_cli("validate", str(_spec(tmp_path, k8s)), timeout=60), "kubernetes.volume.mount_path")
     k8s["kubernetes"]["volume"] = {"claim_name": "ckpt", "mount_path": "/data/ckpt"}
     assert run_cli("validate", str(_spec(tmp_path, k8s)), timeout=60).returncode == 0
+
+
+def test_render_refuses_two_specs_that_would_write_one_file(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    for p in (a, b):
+        p.write_text((REPO / "cluster_specs" / "k8s-jobset.yaml").read_text())
+    out = tmp_path / "out"
+    _refused(run_cli("render", str(a), str(b), "-o", str(out), timeout=60), "two specs are named")
+    assert not out.exists()

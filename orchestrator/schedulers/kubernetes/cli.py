@@ -48,6 +48,11 @@ def render_specs(
         )
         texts.append((spec.name, to_yaml(docs, header)))
     if output_dir:
+        names = [name for name, _ in texts]
+        if twice := sorted({n for n in names if names.count(n) > 1}):  # one file each: the second overwrote the first
+            raise UsageError(
+                f"-o {output_dir}: two specs are named {twice[0]!r}: each is written to NAME.yaml; rename one"
+            )
         try:
             os.makedirs(output_dir, mode=0o700, exist_ok=True)
             for name, text in texts:
