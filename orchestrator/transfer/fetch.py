@@ -5,9 +5,11 @@ resumes where it stopped. Verified files are made durable in batches (one ``sync
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import queue
+import stat
 import sys
 import threading
 import time
@@ -144,9 +146,11 @@ def fetch(
     writer.start()
     chan = conn.exec([python, "-m", "worker_entry", "send"])
     try:
-        chan.send(p.command_line({"root": root, "files": _requests(todo)}))
+        requests = _requests(todo)
+        chan.send(p.command_line({"root": root, "files": requests}))
         by_rel = {it.rel: it for it in todo}
-        receive_files(chan, p.FrameDecoder(), root, by_rel, writer, totals, stop=stop, as_listed=as_listed)
+        asked = {r["path"]: r["offset"] for r in requests}
+        receive_files(chan, p.FrameDecoder(), root, by_rel, writer, totals, stop=stop, as_listed=as_listed, asked=asked)
     finally:
         writer.q.put(("stop", None))
         writer.join()
@@ -172,9 +176,11 @@ def fetch_over(
     writer = _PartWriter(state, totals, progress)
     writer.start()
     try:
-        requests = [p.FileRequest(r["path"], r["offset"]) for r in _requests(todo)]
+        asked = {r["path"]: r["offset"] for r in _requests(todo)}
+        requests = [p.FileRequest(path, offset) for path, offset in asked.items()]
         chan.send(p.command_line(p.Fetch(root=root, files=requests)))
-        return receive_files(chan, decoder, root, {it.rel: it for it in todo}, writer, totals, on_frame, stop)
+        by_rel = {it.rel: it for it in todo}
+        return receive_files(chan, decoder, root, by_rel, writer, totals, on_frame, stop, asked=asked)
     except OSError as exc:
         totals.errors.append(f"{root}: {exc}")
         return False
@@ -193,6 +199,7 @@ def receive_files(
     on_frame: OnFrame | None = None,
     stop: StopCheck | None = None,
     as_listed: bool = False,
+    asked: dict[str, int] | None = None,
 ) -> bool:
     """Route a file stream into the writer; every message validated, every byte counted against the
     listing (a file may not grow past what was listed, nor end at another size). Between files a
@@ -210,13 +217,13 @@ def receive_files(
             return False
         wait_readable(chan.filenos(), 1.0)
         out, err, eof = chan.read()
-        if out or err:
-            idle_since = time.monotonic()
-        elif time.monotonic() - idle_since > IDLE_TIMEOUT_S:
+        if time.monotonic() - idle_since > IDLE_TIMEOUT_S:  # (only the transfer's own frames count: below)
             totals.errors.append(f"{root}: no data for {IDLE_TIMEOUT_S:g}s; the transfer was abandoned")
             return False
         try:
             for fr in decoder.feed(out) if out else []:
+                if fr.type in (p.T_DATA, p.T_MSG):  # progress: noise on stderr or log lines never hold a transfer
+                    idle_since = time.monotonic()
                 if fr.type == p.T_DATA:
                     if cur is not None:
                         got += len(fr.payload)
@@ -235,6 +242,10 @@ def receive_files(
                     got = m.offset
                     if cur is None:
                         totals.errors.append(f"{root}: node sent an unrequested file {m.path!r}")
+                    elif m.offset != (asked or {}).get(m.path, m.offset if asked is None else 0):
+                        # it resumes where the launcher asked, or the copy would splice two files
+                        totals.errors.append(f"{root}/{m.path}: the node sent from byte {m.offset}, not where asked")
+                        cur = None
                     elif m.size != cur.size or m.offset > cur.size:
                         totals.errors.append(
                             f"{root}/{m.path}: {m.size} bytes now, {cur.size} when listed; not copied "
@@ -267,22 +278,25 @@ def receive_files(
 def _open_part(it: Item, offset: int) -> dict[str, Any]:
     part = it.dest.with_name(it.dest.name + ".part")
     h = hashlib.sha256()
-    if offset and part.is_file():
-        with open(part, "rb") as f:
-            left = offset
-            while left:
-                chunk = f.read(min(1 << 20, left))
-                if not chunk:
-                    break
-                h.update(chunk)
-                left -= len(chunk)
-        f = open(part, "r+b")  # noqa: SIM115
-        f.truncate(offset)
-        f.seek(offset)
-    else:
-        offset = 0
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        f = os.fdopen(fd, "wb")
+    # never through a link, never waiting on a FIFO planted there; resumed only from a regular file that
+    # holds the offset (a link at NAME.part was truncated and rewritten, a FIFO hung the gather)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (0 if offset else os.O_TRUNC)
+    fd = os.open(part, flags, 0o600)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or offset > st.st_size:
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{part}: not a regular file holding the {offset} bytes to resume from")
+    os.set_blocking(fd, True)
+    f = os.fdopen(fd, "r+b")
+    left = offset
+    while left:
+        chunk = f.read(min(1 << 20, left))
+        if not chunk:
+            break
+        h.update(chunk)
+        left -= len(chunk)
+    f.truncate(offset)
+    f.seek(offset)
     return {"item": it, "part": part, "f": f, "h": h, "n": offset}
 
 
@@ -379,12 +393,24 @@ def list_files(
 def items_of(manifest: p.Manifest, dest_base: Path, totals: Totals) -> list[Item]:
     """The files of a listing that may be written under ``dest_base``; the others are skipped."""
     items = []
+    dests: set[Path] = set()
     for f in manifest.files:
         try:
             dest = dest_path(dest_base, f.path)
-        except UnsafePath as exc:
+        except (UnsafePath, OSError) as exc:  # (a name too long for this disk: one file skipped, not the gather)
             totals.skipped.append({"path": f.path, "reason": str(exc)})
             continue
+        if dest in dests or dest.with_name(dest.name + ".part") in dests or _part_of(dest) in dests:
+            # two entries on one local file ("./a" and "a"), or one on another's partial copy ("a.part" beside
+            # "a"): the second would overwrite a verified copy or pass a cap the first was held to
+            totals.skipped.append({"path": f.path, "reason": "names the same local file as another entry"})
+            continue
+        dests.add(dest)
         items.append(Item(f.path, dest, f.size, f.mtime_ns))
     totals.skipped.extend({"path": s.path, "reason": s.reason} for s in manifest.skipped)
     return items
+
+
+def _part_of(dest: Path) -> Path | None:
+    """The file whose partial copy ``dest`` would be (``a.part``: ``a``), or None."""
+    return dest.with_name(dest.name[: -len(".part")]) if dest.name.endswith(".part") else None

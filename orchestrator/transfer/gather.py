@@ -19,6 +19,7 @@ from ..events.kinds import GatherFailed, GatherFinished, GatherStarted, JobWarni
 from ..plan import NodePlan, Plan
 from ..runs import RunDir, write_bytes_atomic
 from .fetch import StopCheck, fetch, items_of, list_files
+from .paths import UnsafePath, real_dirs
 from .state import GatherState, Item, Progress, Totals, check_space
 
 
@@ -78,11 +79,15 @@ def gather_after_run(
                 logs_summary[key] = "no node-side directory"
                 continue
             dest = rundir.gather_dir / node.task.slug / f"attempt-{a}"
-            dest.mkdir(parents=True, exist_ok=True, mode=0o700)
-            items = items_of(m, dest, totals)
+            try:
+                items = items_of(m, real_dirs(rundir.path, dest), totals)
+            except UnsafePath as exc:  # a link planted in the run: that task's files are not written through it
+                totals.errors.append(f"{node.task}: {exc}")
+                continue
             live = rundir.task_log(node.task.slug, a)
             live_size = live.stat().st_size if live.is_file() else -1
-            node_log = next((i for i in items if i.rel == "output.log"), None)
+            # (by where it lands: "./output.log" is output.log too, and was copied past the cap)
+            node_log = next((i for i in items if i.dest == dest / "output.log"), None)
             cut = rundir.cut_from(str(node.task))
             if node_log is not None and cut is not None and a >= cut:
                 items.remove(node_log)  # the launcher's cap, not a loss: the node keeps it
@@ -101,8 +106,11 @@ def gather_after_run(
                 "task": str(node.task),
             }
             if m.exists:
-                rundir.checkpoints_dir.mkdir(exist_ok=True, mode=0o700)
-                jobs.append((m.root, items_of(m, rundir.checkpoints_dir, totals)))
+                try:
+                    jobs.append((m.root, items_of(m, real_dirs(rundir.path, rundir.checkpoints_dir), totals)))
+                except UnsafePath as exc:
+                    totals.errors.append(f"{node.task}: {exc}")
+                    ckpt_summary["gathered"] = False
         work.append((node, conn, jobs))
 
     progress = Progress(sum(it.size for _, _, jobs in work for _, items in jobs for it in items))
@@ -210,8 +218,7 @@ def gather_checkpoint(
         summary["source"] = f"{node.host}:{m.root}"
         if not m.exists:
             return summary
-        rundir.checkpoints_dir.mkdir(exist_ok=True, mode=0o700)
-        items = items_of(m, rundir.checkpoints_dir, totals)
+        items = items_of(m, real_dirs(rundir.path, rundir.checkpoints_dir), totals)
         if not check_space(
             rundir.path, [it for it in items if not state.verified(it.dest, it.size, it.mtime_ns)], totals
         ):

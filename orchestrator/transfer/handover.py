@@ -26,6 +26,7 @@ from ..supervise import TaskSession
 from ..supervise.session import Output, Violation
 from .fetch import StopCheck, fetch_over, items_of
 from .gather import complete_live_log
+from .paths import real_dirs
 from .state import GatherState, Progress, Totals, check_space
 
 FILES_TIMEOUT_S = 5.0  # a task that said exited sends task_files right after it
@@ -122,9 +123,9 @@ def _one(
     elif files.log_bytes is not None:
         missed = files.log_bytes - live_size
         logs[key] = f"completed from the node: {missed} bytes missed live"
-        node_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         # the node's own record of the task's end comes along (the launcher has it from `exited`)
-        items = [it for it in items_of(files.task_dir, node_dir, totals) if it.rel in ("output.log", "exit.json")]
+        wanted = (node_dir / "output.log", node_dir / "exit.json")
+        items = [it for it in items_of(files.task_dir, real_dirs(rundir.path, node_dir), totals) if it.dest in wanted]
         todo = [it for it in items if not state.verified(it.dest, it.size, it.mtime_ns)]
         if not check_space(rundir.path, todo, totals):  # what a node declares, checked before it is fetched
             logs[key] = f"not completed: {missed} bytes missed live; not enough space to fetch them"
@@ -177,8 +178,7 @@ def _checkpoint(
     summary["source"] = f"{s.host}:{listing.root}"
     if not listing.exists:
         return summary
-    rundir.checkpoints_dir.mkdir(exist_ok=True, mode=0o700)
-    items = items_of(listing, rundir.checkpoints_dir, totals)
+    items = items_of(listing, real_dirs(rundir.path, rundir.checkpoints_dir), totals)
     if not check_space(rundir.path, [it for it in items if not state.verified(it.dest, it.size, it.mtime_ns)], totals):
         return summary
     progress = Progress(sum(it.size for it in items))

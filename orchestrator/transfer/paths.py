@@ -26,6 +26,8 @@ def safe_relpath(rel: str) -> PurePosixPath:
 def dest_path(base: Path, rel: str) -> Path:
     """base/rel, creating real directories only; refuses anything that resolves outside base."""
     rp = safe_relpath(rel)
+    if base.is_symlink():  # (resolved, a link planted at RUN/checkpoints sent every write through it)
+        raise UnsafePath(f"{base} is a symlink; refusing to write through it")
     base = base.resolve()
     cur = base
     for part in rp.parts[:-1]:
@@ -40,3 +42,18 @@ def dest_path(base: Path, rel: str) -> Path:
     if real_parent != base and base not in real_parent.parents:
         raise UnsafePath(f"{rel!r} resolves outside {base}")
     return target
+
+
+def real_dirs(root: Path, dest: Path) -> Path:
+    """``dest`` (below ``root``, the run directory) as real directories, each made 0700 when absent: a
+    link or file planted at any of them is refused (UnsafePath), never followed."""
+    cur = root
+    for part in dest.relative_to(root).parts:
+        cur = cur / part
+        try:
+            os.mkdir(cur, 0o700)
+        except FileExistsError:
+            pass
+        if cur.is_symlink() or not cur.is_dir():
+            raise UnsafePath(f"{cur}: not a directory of the run (a link or a file planted there?); not written")
+    return dest

@@ -120,8 +120,8 @@ def stream_files(root: str, files: list[dict[str, Any]], put: Callable[[bytes], 
                 h.update(chunk)
                 left -= len(chunk)
             sent = offset
-            while True:
-                chunk = f.read(CHUNK)
+            while sent < size:  # what FileStart announced: a file that grows meanwhile is sent as it was
+                chunk = f.read(min(CHUNK, size - sent))
                 if not chunk:
                     break
                 h.update(chunk)
