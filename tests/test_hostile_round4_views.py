@@ -9,12 +9,12 @@ from __future__ import annotations
 import io
 import json
 import os
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from waiting import returns_within
 
 from orchestrator.core.errors import UsageError
 from orchestrator.runs import RunDir, private_subdir, read_plan
@@ -35,16 +35,6 @@ def _run(base: Path, name: str, *, result: object = None, status: object = None,
     return d
 
 
-def _within(seconds: float, fn):
-    """``fn()``'s value, failing (not hanging the suite) when it does not return within ``seconds``."""
-    out: list = []
-    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"{fn} still blocked after {seconds} s"
-    return out[0]
-
-
 def test_slurm_batch_output_planted_as_a_link_or_a_fifo_is_not_read(tmp_path):
     from orchestrator.schedulers.slurm.handle import _started, out_tail
     from orchestrator.schedulers.slurm.state import stop_requested
@@ -56,11 +46,11 @@ def test_slurm_batch_output_planted_as_a_link_or_a_fifo_is_not_read(tmp_path):
     (run.slurm_dir / "slurm-123.out").symlink_to(secret)
     assert out_tail(run, "123") == ""  # it printed the link's target into status and result.json
     os.mkfifo(run.slurm_dir / "slurm-124.out")
-    assert _within(10, lambda: out_tail(run, "124")) == ""  # it hung status for ever
+    assert returns_within(10, lambda: out_tail(run, "124")) == ""  # it hung status for ever
     (run.slurm_dir / "slurm-125.out").write_bytes(b"x" * 10_000 + b"".join(b"\nline %d" % i for i in range(9)))
     assert out_tail(run, "125") == "line 4 | line 5 | line 6 | line 7 | line 8"  # a real file: its tail
     os.mkfifo(run.events_jsonl)
-    assert _within(10, lambda: _started(run)) is None
+    assert returns_within(10, lambda: _started(run)) is None
     stop = run.slurm_dir / "stop.json"
     stop.symlink_to(secret)
     assert stop_requested(run) is None

@@ -24,3 +24,18 @@ def wait_for(
     except WaitTimeout as exc:
         why = str(exc)
     pytest.fail(why)
+
+
+def returns_within(seconds: float, fn: Callable[[], T]) -> T:
+    """``fn()``'s value, failing the test (not hanging the suite) when it has not returned within
+    ``seconds``: for what must not block (a FIFO planted where a file was expected). The call runs on a
+    daemon thread, left behind only when the test fails."""
+    import threading
+
+    out: list[T] = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        pytest.fail(f"{fn} still blocked after {seconds} s")
+    return out[0]
