@@ -186,3 +186,27 @@ def test_a_file_that_grows_while_it_is_sent_is_sent_as_announced(tmp_path):
     ends = [m for m in msgs if isinstance(m, p.FileEnd)]
     assert [(m.path, m.size) for m in ends] == [("shard", 1000), ("later", 10)]
     assert sum(len(f.payload) for f in frames if f.type == p.T_DATA) == 1010
+
+
+def test_every_gather_error_names_its_task_and_host(tmp_path):
+    loaded, plan = make_plan(2)
+    run = RunDir.create(tmp_path / "run")
+    homes = {}
+    for n in plan.nodes:
+        h = homes[str(n.task)] = tmp_path / n.task.slug
+        d = h / n.remote_dir.removeprefix("~/") / "attempt-0"
+        d.mkdir(parents=True)
+        (d / "output.log").write_bytes(b"x\n" * 10)
+
+    def lying(argv):  # worker:1 lists its log one byte longer than it is: the copy fails verification
+        if argv[-1] != "manifest":
+            return None
+        root = homes["worker:1"] / plan.nodes[1].remote_dir.removeprefix("~/") / "attempt-0"
+        files = [{"path": "output.log", "size": 21, "mtime_ns": 1}]
+        return (json.dumps({"manifests": [{"root": str(root), "exists": True, "files": files}]}) + "\n").encode()
+
+    conns = {"worker:0": LocalConnection(homes["worker:0"]), "worker:1": LocalConnection(homes["worker:1"], lying)}
+    summary = gather_after_run(loaded.spec, plan, conns, run, EventBus([]), attempts=1)
+    assert summary["errors"] and all(e.startswith(f"worker:1 ({plan.nodes[1].host}): ") for e in summary["errors"]), (
+        summary
+    )

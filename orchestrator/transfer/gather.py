@@ -133,7 +133,10 @@ def gather_after_run(
             for root, items in jobs:
                 fetch(conn, node.argv[0], root, items, state, mine, progress, stop)
         except Exception as exc:  # one node never stops the others
-            mine.errors.append(f"{node.task} ({node.host}): {type(exc).__name__}: {exc}")
+            mine.errors.append(f"{type(exc).__name__}: {exc}")
+        # every error says whose: nodes are copied in parallel, and a file's name alone named no task
+        who = f"{node.task} ({node.host}): "
+        mine.errors[:] = [e if e.startswith(who) else who + e for e in mine.errors]
         return mine
 
     try:
