@@ -173,3 +173,9 @@ def test_render_refuses_two_specs_that_would_write_one_file(tmp_path):
     out = tmp_path / "out"
     _refused(run_cli("render", str(a), str(b), "-o", str(out), timeout=60), "two specs are named")
     assert not out.exists()
+
+
+def test_a_task_of_thousands_of_digits_is_named_briefly():
+    r = run_cli("plan", str(REPO / "cluster_specs" / "loopback-3.yaml"), "--task", "worker:" + "9" * 5000, timeout=60)
+    _refused(r, "is not a task")
+    assert len(r.stderr) < 400 and "int_max_str_digits" not in r.stderr, r.stderr

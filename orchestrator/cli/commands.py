@@ -73,7 +73,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         try:
             node = find_task(plan, args.task)
         except ValueError as exc:
-            raise UsageError(f"--task {args.task}: {exc}") from None
+            raise UsageError(f"--task {args.task[:60]}: {exc}") from None
         if args.json:
             print(json.dumps(task_dict(node, show_secrets=args.show_secrets), indent=2))
         else:

@@ -37,8 +37,9 @@ class TaskId:
     @classmethod
     def parse(cls, text: str) -> TaskId:
         kind, sep, idx = text.replace("-", ":").partition(":")
-        if not sep or kind not in p.ROLES or not idx.isdigit():
-            raise ValueError(f"{text!r} is not a task (expected chief:0, worker:N, ps:N or evaluator:0)")
+        # (ASCII digits, at most 9: "worker:<5000 digits>" got Python's own int-conversion message)
+        if not sep or kind not in p.ROLES or not (idx.isascii() and idx.isdigit() and len(idx) <= 9):
+            raise ValueError(f"{text[:60]!r} is not a task (expected chief:0, worker:N, ps:N or evaluator:0)")
         return cls(kind, int(idx))
 
 
