@@ -124,7 +124,8 @@ def test_two_entries_on_one_local_file_never_overwrite_a_verified_copy(tmp_path)
     assert [it.rel for it in items_of(same, dest, totals)] == ["a", "b"] and totals.skipped[0]["path"] == "./a"
 
 
-def test_a_name_this_disk_refuses_skips_one_file_and_the_other_node_is_gathered(tmp_path):
+def _two_nodes(tmp_path: Path, log: bytes):
+    """Two tasks' node homes, each with an attempt-0 output.log: (loaded, plan, run, homes by task)."""
     loaded, plan = make_plan(2)
     run = RunDir.create(tmp_path / "run")
     homes = {}
@@ -132,7 +133,12 @@ def test_a_name_this_disk_refuses_skips_one_file_and_the_other_node_is_gathered(
         h = homes[str(n.task)] = tmp_path / n.task.slug
         d = h / n.remote_dir.removeprefix("~/") / "attempt-0"
         d.mkdir(parents=True)
-        (d / "output.log").write_bytes(b"line from " + n.task.slug.encode() + b"\n" * 100)
+        (d / "output.log").write_bytes(log)
+    return loaded, plan, run, homes
+
+
+def test_a_name_this_disk_refuses_skips_one_file_and_the_other_node_is_gathered(tmp_path):
+    loaded, plan, run, homes = _two_nodes(tmp_path, b"a line\n" * 100)
 
     def hostile(argv):
         if argv[-1] != "manifest":
@@ -189,14 +195,7 @@ def test_a_file_that_grows_while_it_is_sent_is_sent_as_announced(tmp_path):
 
 
 def test_every_gather_error_names_its_task_and_host(tmp_path):
-    loaded, plan = make_plan(2)
-    run = RunDir.create(tmp_path / "run")
-    homes = {}
-    for n in plan.nodes:
-        h = homes[str(n.task)] = tmp_path / n.task.slug
-        d = h / n.remote_dir.removeprefix("~/") / "attempt-0"
-        d.mkdir(parents=True)
-        (d / "output.log").write_bytes(b"x\n" * 10)
+    loaded, plan, run, homes = _two_nodes(tmp_path, b"x\n" * 10)
 
     def lying(argv):  # worker:1 lists its log one byte longer than it is: the copy fails verification
         if argv[-1] != "manifest":
