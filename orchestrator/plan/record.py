@@ -182,10 +182,10 @@ class PlanRecord:
             "shell_line": plan.nodes[0].shell_line() if plan.nodes else "",
             "command": list(c.command) if show_secrets else redact_argv(c.command),
             # (a directory may be a URL with its credentials: s3://KEY:SECRET@bucket)
-            "workdir": c.workdir if show_secrets else redact_path(c.workdir),
+            "workdir": redact_path(c.workdir, show_secrets),
             "task_root": c.task_root,
-            "checkpoint_dir": c.checkpoint_dir if show_secrets else redact_path(c.checkpoint_dir),
-            "backup_dir": c.backup_dir if show_secrets else redact_path(c.backup_dir),
+            "checkpoint_dir": redact_path(c.checkpoint_dir, show_secrets),
+            "backup_dir": redact_path(c.backup_dir, show_secrets),
             "env": dict(c.env) if show_secrets else redact_env(c.env),
             **({"node_builds_cluster": True} if c.node_builds_cluster else {}),
             **({"backup_shared": True} if c.backup_shared else {}),

@@ -67,9 +67,9 @@ def plan_text(plan: Plan, notes: PlanNotes, *, show_secrets: bool = False, every
         "every task:",
         notes.started_by(first),
         f"  command:    {_command(first, show_secrets)}",
-        f"  workdir:    {_shown(first.workdir, show_secrets) or notes.workdir_default}",
+        f"  workdir:    {redact_path(first.workdir, show_secrets) or notes.workdir_default}",
         f"  task dir:   {common.task_root}/<type>-<index>",
-        f"  backup:     {_shown(common.backup_dir, show_secrets)}   "
+        f"  backup:     {redact_path(common.backup_dir, show_secrets)}   "
         + (notes.backup_note or _backup_note(common.backup_shared)),
         "  TF_CONFIG:  built on the node: the cluster below, the task's own type and index, rpc_layer grpc"
         + notes.tf_config_note,
@@ -101,7 +101,7 @@ def task_text(plan: Plan, node: NodePlan, notes: PlanNotes, *, show_secrets: boo
             f"  ssh:        {node.ssh.user}@{node.ssh.hostname}:{node.ssh.port}" if node.ssh else "  ssh:        -",
             f"  TF address: {_address(node)}   GPUs {node.gpus}",
             f"  command:    {_command(node, show_secrets)}",
-            f"  workdir:    {_shown(node.workdir, show_secrets) or notes.workdir_default}",
+            f"  workdir:    {redact_path(node.workdir, show_secrets) or notes.workdir_default}",
             f"  task dir:   {node.remote_dir}",
             f"  TF_CONFIG:  {json.dumps(node.tf_config, separators=(',', ':'))}" + notes.tf_config_note,
             "  env:",
@@ -133,10 +133,10 @@ def task_dict(node: NodePlan, *, show_secrets: bool = False) -> dict[str, Any]:
         "argv": list(node.argv),
         "shell_line": node.shell_line(),
         "command": list(node.command) if show_secrets else redact_argv(node.command),
-        "workdir": _shown(node.workdir, show_secrets),
+        "workdir": redact_path(node.workdir, show_secrets),
         "remote_dir": node.remote_dir,
-        "checkpoint_dir": _shown(node.checkpoint_dir, show_secrets),
-        "backup_dir": _shown(node.backup_dir, show_secrets),
+        "checkpoint_dir": redact_path(node.checkpoint_dir, show_secrets),
+        "backup_dir": redact_path(node.backup_dir, show_secrets),
     }
 
 
@@ -201,7 +201,3 @@ def _cluster_lines(plan: Plan) -> list[str]:
             listed = f"{endpoints[0]}, {endpoints[1]}, ... {endpoints[-1]} (every one: the TF ADDRESS column)"
         out.append(f"    {role} ({len(endpoints)}): {listed}")
     return out or ["    (none)"]
-
-
-def _shown(path: str | None, show_secrets: bool) -> str | None:
-    return path if show_secrets else redact_path(path)

@@ -43,16 +43,23 @@ def read_json_strict(path: Path, limit: int = MAX_JSON) -> Any:
         raise ValueError(f"{path.name}: not JSON ({str(exc)[:120]})") from exc
 
 
-def private_subdir(path: Path) -> Path:
-    """``path`` (a directory of the run: ``report/``) made 0700 if it is absent; a UsageError naming it
-    if something else is there — a link planted there sent ``report --html`` to write wherever it pointed."""
+def made_dir_mode(path: Path) -> int:
+    """``path`` made a directory (0700) if nothing is there; the ``lstat`` mode of what is there now (a
+    link is a link: the caller refuses anything but a directory). OSError if it cannot be made."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
+    return os.lstat(path).st_mode
+
+
+def private_subdir(path: Path) -> Path:
+    """``path`` (a directory of the run: ``report/``) made 0700 if it is absent; a UsageError naming it
+    if something else is there — a link planted there sent ``report --html`` to write wherever it pointed."""
+    try:
+        mode = made_dir_mode(path)
     except OSError as exc:
         raise UsageError(f"{path}: cannot make the directory ({exc.strerror or exc})") from None
-    mode = os.lstat(path).st_mode
     if not stat.S_ISDIR(mode):
         kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a directory"
         raise UsageError(f"{path}: {kind} (planted in the run directory?); move it away and run again")

@@ -113,14 +113,6 @@ def _env_value(value: str) -> str:
     return _no_control_chars(value, "\t")
 
 
-def _check_login(value: str) -> str:
-    """A login name reaches ssh's command line through a ProxyCommand's %r: never one that starts with
-    '-' (an option: "-oProxyCommand=..." ran a command) or holds a space or a shell character."""
-    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*\$?", value):
-        raise ValueError(f"{value[:80]!r} is not a login name (letters, digits, '_', '.', '@', '-'; not '-' first)")
-    return value
-
-
 def _python(value: str) -> str:
     if value.startswith("-"):
         raise ValueError(f"{value!r} starts with '-': it would be read as an option, not an interpreter")
@@ -144,12 +136,6 @@ Interpreter = Annotated[
 ]
 EnvName = Annotated[str, Field(strict=True), AfterValidator(_check_env_name)]
 Address = Annotated[str, Field(strict=True), AfterValidator(_check_address)]
-LoginName = Annotated[
-    str,
-    Field(strict=True, min_length=1, max_length=64),
-    AfterValidator(_no_control_chars),
-    AfterValidator(_check_login),
-]
 
 
 Role = Literal["chief", "worker", "ps", "evaluator"]  # worker_entry.protocol.ROLES
@@ -166,6 +152,17 @@ def matches(pattern: re.Pattern, what: str) -> AfterValidator:
         return value
 
     return AfterValidator(check)
+
+
+#: A login name reaches ssh's command line through a ProxyCommand's %r: never one that starts with '-'
+#: (an option: "-oProxyCommand=..." ran a command) or holds a space or a shell character.
+LOGIN_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*\$?")
+LoginName = Annotated[
+    str,
+    Field(strict=True, min_length=1, max_length=64),
+    AfterValidator(_no_control_chars),
+    matches(LOGIN_RE, "a login name (letters, digits, '_', '.', '@', '-'; not '-' first)"),
+]
 
 
 class SpecModel(BaseModel):

@@ -199,7 +199,8 @@ def receive_files(
     on_frame: OnFrame | None = None,
     stop: StopCheck | None = None,
     as_listed: bool = False,
-    asked: dict[str, int] | None = None,
+    *,
+    asked: dict[str, int],
 ) -> bool:
     """Route a file stream into the writer; every message validated, every byte counted against the
     listing (a file may not grow past what was listed, nor end at another size). Between files a
@@ -242,7 +243,7 @@ def receive_files(
                     got = m.offset
                     if cur is None:
                         totals.errors.append(f"{root}: node sent an unrequested file {m.path!r}")
-                    elif m.offset != (asked or {}).get(m.path, m.offset if asked is None else 0):
+                    elif m.offset != asked.get(m.path, 0):
                         # it resumes where the launcher asked, or the copy would splice two files
                         totals.errors.append(f"{root}/{m.path}: the node sent from byte {m.offset}, not where asked")
                         cur = None

@@ -4,7 +4,10 @@ nothing is written through a symlink."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path, PurePosixPath
+
+from ..runs.untrusted import made_dir_mode
 
 
 class UnsafePath(ValueError):
@@ -50,10 +53,6 @@ def real_dirs(root: Path, dest: Path) -> Path:
     cur = root
     for part in dest.relative_to(root).parts:
         cur = cur / part
-        try:
-            os.mkdir(cur, 0o700)
-        except FileExistsError:
-            pass
-        if cur.is_symlink() or not cur.is_dir():
+        if not stat.S_ISDIR(made_dir_mode(cur)):
             raise UnsafePath(f"{cur}: not a directory of the run (a link or a file planted there?); not written")
     return dest

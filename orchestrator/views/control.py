@@ -8,7 +8,6 @@ the scheduler sees, and how to stop it — the same clean teardown as Ctrl-C.
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from ..core.text import table
 from ..plan.record import PlanRecordError
 from ..runs import RunDir, read_plan
+from ..runs.untrusted import read_json_strict
 from ..supervise.figures import TaskFigures
 from ..supervise.summary import FULL_UP_TO, summarize, summary_lines
 from .evaluations import status_lines
@@ -27,14 +27,19 @@ def launcher_alive(run: RunDir, handle: RunHandle | None = None) -> bool:
     return (handle or RunHandle(run)).alive()
 
 
-def _json_file(run: RunDir, path: Path, problems: list[str]) -> dict[str, Any] | None:
-    """A run file's object; None when it is absent, or damaged (then said in ``problems``, by name)."""
-    if not os.path.lexists(path):
+def _json_file(path: Path, problems: list[str]) -> dict[str, Any] | None:
+    """A run file's object; None when it is absent, or damaged (then said in ``problems``, by name and why)."""
+    try:
+        data = read_json_strict(path)  # (no link, no FIFO, bounded)
+    except PermissionError:
+        problems.append(f"{path.name}: not readable; left out")
         return None
-    data = run.read_json(path)  # (no link, no FIFO, bounded: None for any of them)
-    if isinstance(data, dict):
+    except ValueError as exc:  # (its text names the file and why)
+        problems.append(f"{exc}; left out")
+        return None
+    if data is None or isinstance(data, dict):
         return data
-    problems.append(f"{path.name}: damaged (not a JSON object, or not a regular file); left out")
+    problems.append(f"{path.name}: damaged (not a JSON object); left out")
     return None
 
 
@@ -50,10 +55,10 @@ def job_status(run: RunDir, handle: RunHandle | None = None) -> dict[str, Any]:
     handle = handle or RunHandle(run)
     handle.settle()
     problems: list[str] = []
-    result = _json_file(run, run.result_json, problems)
+    result = _json_file(run.result_json, problems)
     damaged_result = bool(problems)
-    status = _json_file(run, run.status_json, problems) or {}
-    launcher = _json_file(run, run.launcher_json, problems) or {}
+    status = _json_file(run.status_json, problems) or {}
+    launcher = _json_file(run.launcher_json, problems) or {}
     try:
         plan = read_plan(run)
     except PermissionError:

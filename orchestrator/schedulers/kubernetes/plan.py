@@ -32,7 +32,6 @@ from ...plan.model import Plan, TaskId
 from ...spec import ClusterSpec
 from .spec import POD_DIR
 
-#: The per-pod emptyDir where worker_entry keeps each task's log and exit status.
 #: The pod name's random suffix ("-" + 5 characters), which must still fit a DNS label.
 POD_SUFFIX = 6
 DNS_LABEL_MAX = 63

@@ -45,7 +45,8 @@ class TolerationSpec(SpecModel):
 
 #: Where the pods' own volumes are: the PVC mounted there (or over the root) broke the pod, and two
 #: mounts at one path Kubernetes refuses at apply time (render --validate passed it)
-POD_DIR = "/tfcluster"  # the pods' own emptyDir: task dirs, logs
+#: The per-pod emptyDir where worker_entry keeps each task's log and exit status.
+POD_DIR = "/tfcluster"
 TAKEN_MOUNTS = (POD_DIR, "/dev/shm")
 
 
